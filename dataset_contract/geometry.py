@@ -1,0 +1,55 @@
+"""Resize geometry shared by the offline job (PIL) and the serving model (TF).
+
+Both paths must cut the same window out of the same image, so the arithmetic
+lives here once, in integers (round half up), and each side applies it with
+its own ops: `preprocess` with PIL on numpy arrays, `train`'s serving
+signature with `tf.image` on tensors. The functions take Python ints or
+integer tensors alike: they use only `*`, `+`, `//`, `-` and `minimum`/
+`maximum` passed in by the caller.
+"""
+
+CROP = "crop"  # aspect-preserving resize of the short side, then center crop
+PAD = "pad"  # aspect-preserving resize of the long side, then letterbox
+RESIZE_METHODS = (CROP, PAD)
+
+# Transparent pixels are composited onto white before anything else (a logo on
+# a transparent background looks like it does in a browser); letterbox bars
+# are black.
+ALPHA_BACKGROUND = (255, 255, 255)
+PAD_VALUE = 0
+
+
+def _scaled(length, target, reference):
+    """round(length * target / reference), half up, in integer arithmetic."""
+    return (2 * length * target + reference) // (2 * reference)
+
+
+def resized_shape(height, width, size, method, minimum=min, maximum=max):
+    """The (height, width) an image is resized to before crop or pad.
+
+    `crop` scales the short side to `size`, `pad` scales the long side to
+    `size`; the other side keeps the aspect ratio and is at least 1 pixel.
+    """
+    if method == CROP:
+        reference = minimum(height, width)
+        return (
+            maximum(_scaled(height, size, reference), size),
+            maximum(_scaled(width, size, reference), size),
+        )
+    if method == PAD:
+        reference = maximum(height, width)
+        return (
+            minimum(maximum(_scaled(height, size, reference), 1), size),
+            minimum(maximum(_scaled(width, size, reference), 1), size),
+        )
+    raise ValueError(f"unknown resize method {method!r}; expected one of {RESIZE_METHODS}")
+
+
+def crop_offsets(resized_height, resized_width, size):
+    """Top-left corner of the centered `size` x `size` window (crop)."""
+    return (resized_height - size) // 2, (resized_width - size) // 2
+
+
+def pad_offsets(resized_height, resized_width, size):
+    """Top-left corner where the resized image sits in the canvas (pad)."""
+    return (size - resized_height) // 2, (size - resized_width) // 2

@@ -1,0 +1,4 @@
+"""Stage 1: an Apache Beam + tf.Transform job that turns image files into a dataset directory.
+
+Entry point: `python -m preprocess --help` (see preprocess/pipeline.py).
+"""

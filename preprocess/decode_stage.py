@@ -1,0 +1,55 @@
+"""The per-image step of the job: read, decode, orient, to RGB, resize.
+
+Turns each UniqueInput into a raw example for tf.Transform (the resized
+pixels as bytes plus label, hash, uri, split) or into an error record with a
+reason. Nothing an image can contain stops the job.
+"""
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from preprocess import errors
+from preprocess.content import UniqueInput, read_file_bytes
+from preprocess.image_decode import load_image
+
+
+class DecodeImagesFn(beam.DoFn):
+    """UniqueInput -> raw example dict, or an ErrorRecord on the 'errors' output."""
+
+    def __init__(self, image_size: int, resize_method: str, max_pixels: int):
+        self._image_size = image_size
+        self._resize_method = resize_method
+        self._max_pixels = max_pixels
+        self._decoded = Metrics.counter("preprocess", "decoded")
+        self._failed = {}
+
+    def _count_failure(self, reason: str):
+        if reason not in self._failed:
+            self._failed[reason] = Metrics.counter("preprocess", f"failed_{reason}")
+        self._failed[reason].inc()
+
+    def process(self, item: UniqueInput):
+        try:
+            data = read_file_bytes(item.uri)
+            pixels = load_image(
+                data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
+            )
+        except errors.ImageError as exc:
+            self._count_failure(exc.reason)
+            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
+            return
+        except Exception as exc:  # noqa: BLE001 - a reader bug on one file must not stop a million-file job
+            reason = errors.UNREADABLE if isinstance(exc, OSError) else errors.DECODE_ERROR
+            self._count_failure(reason)
+            yield beam.pvalue.TaggedOutput(
+                "errors", errors.ErrorRecord(item.uri, reason, f"{type(exc).__name__}: {exc}")
+            )
+            return
+        self._decoded.inc()
+        yield {
+            "image_raw": pixels.tobytes(),
+            "label": item.label,
+            "sha256": item.sha256,
+            "uri": item.uri,
+            "split": item.split,
+        }

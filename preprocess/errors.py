@@ -1,0 +1,58 @@
+"""Why an input was not written: stable reason codes and the error record.
+
+Every input that is found but not written ends up as exactly one line of
+`errors.jsonl` ({"uri", "reason", "detail"}) or as a counted duplicate, so the
+manifest's accounting (found = written + failed + duplicates) always holds.
+The codes are part of the dataset format: users grep for them, so they never
+change meaning.
+"""
+
+import dataclasses
+import json
+
+EMPTY_FILE = "empty_file"  # zero bytes
+UNREADABLE = "unreadable"  # the file could not be read (permissions, vanished, I/O error)
+NOT_AN_IMAGE = "not_an_image"  # content is not any supported image format
+TRUNCATED = "truncated"  # a supported format, but the data ends early
+DECODE_ERROR = "decode_error"  # a supported format that the decoder rejects
+TOO_MANY_PIXELS = "too_many_pixels"  # over --max-pixels (decompression bomb guard)
+MISSING_LABEL = "missing_label"  # a manifest row with an empty label
+UNKNOWN_LABEL = "unknown_label"  # a label not among --labels
+BAD_MANIFEST_ROW = "bad_manifest_row"  # a manifest row that cannot be parsed
+UNKNOWN_SPLIT = "unknown_split"  # a manifest row naming a split other than train/validation/test
+CONFLICTING_LABELS = "conflicting_labels"  # identical content listed under different labels
+LABEL_NOT_IN_TRAIN = "label_not_in_train"  # a class with no training example: the model cannot learn it
+
+REASONS = (
+    EMPTY_FILE,
+    UNREADABLE,
+    NOT_AN_IMAGE,
+    TRUNCATED,
+    DECODE_ERROR,
+    TOO_MANY_PIXELS,
+    MISSING_LABEL,
+    UNKNOWN_LABEL,
+    BAD_MANIFEST_ROW,
+    UNKNOWN_SPLIT,
+    CONFLICTING_LABELS,
+    LABEL_NOT_IN_TRAIN,
+)
+
+
+class ImageError(Exception):
+    """An image that cannot be used; `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorRecord:
+    uri: str
+    reason: str
+    detail: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -1,0 +1,236 @@
+"""Turn the bytes of one image file into the fixed-size RGB array stage 1 writes.
+
+`load_image` is the one call the Beam job makes per input: recognise the
+format by content, refuse bad input with an `ImageError` whose `reason` goes
+to errors.jsonl, decode (JPEG at reduced DCT scale when the target is much
+smaller), turn the image upright by its EXIF orientation, convert any mode to
+RGB (transparency composited onto white), and resize with the geometry in
+`dataset_contract.geometry`.
+
+The serving signature repeats every step with TF ops
+(`train/serving_image.py`); the choices here are made so that it can:
+
+- EXIF orientation is read only from the EXIF block (JPEG APP1, PNG eXIf
+  before the image data, WebP EXIF chunk), never from XMP, because that is
+  what the in-graph parser reads.
+- BMP alpha is ignored: most 32-bit BMPs carry an undefined fourth byte, and
+  TF's decoder cannot tell the two apart.
+
+PIL only, no TensorFlow: this runs on Dataflow workers once per image, on
+corpora of millions, so it avoids copies it does not need.
+"""
+
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from dataset_contract import geometry
+from preprocess import errors
+
+JPEG = "jpeg"
+PNG = "png"
+GIF = "gif"
+BMP = "bmp"
+WEBP = "webp"
+FORMATS = (JPEG, PNG, GIF, BMP, WEBP)
+
+# PIL's plugin names: opening with only the sniffed plugin means a file is
+# never parsed by a decoder it was not meant for.
+_PIL_FORMAT = {JPEG: "JPEG", PNG: "PNG", GIF: "GIF", BMP: "BMP", WEBP: "WEBP"}
+
+_EXIF_ORIENTATION_TAG = 0x0112
+_TRANSPOSE_FOR_ORIENTATION = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_SWAPS_AXES = (5, 6, 7, 8)
+
+_SIXTEEN_BIT_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_MODES_WITH_ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The image format by content (magic bytes), whatever the file is named."""
+    if data[:3] == b"\xff\xd8\xff":
+        return JPEG
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return PNG
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return GIF
+    if data[:2] == b"BM":
+        return BMP
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return WEBP
+    return None
+
+
+def decode_image(
+    data: bytes, *, target_size: int | None = None, method: str = geometry.CROP, max_pixels: int
+) -> np.ndarray:
+    """Decode, orient and convert to RGB: a uint8 array of shape [height, width, 3].
+
+    With `target_size`, a JPEG may be decoded at 1/2, 1/4 or 1/8 scale (libjpeg
+    DCT scaling), never smaller than what resizing to `target_size` with
+    `method` needs. Raises `errors.ImageError` for unusable input.
+    """
+    pixels, _ = _decode(data, target_size, method, max_pixels)
+    return pixels
+
+
+def resize_image(image: np.ndarray, size: int, method: str) -> np.ndarray:
+    """Resize an RGB uint8 array to [size, size, 3]: crop or letterbox (see geometry)."""
+    height, width = image.shape[:2]
+    return _resize_to_target(
+        Image.fromarray(image), geometry.resized_shape(height, width, size, method), size, method
+    )
+
+
+def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.ndarray:
+    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError`."""
+    pixels, (height, width) = _decode(data, size, method, max_pixels)
+    # The geometry comes from the full-resolution size, not the DCT-scaled one
+    # (whose sides are rounded up to whole pixels), so it is the same with or
+    # without scaling, and the same as the serving signature computes.
+    target_shape = geometry.resized_shape(height, width, size, method)
+    return _resize_to_target(Image.fromarray(pixels), target_shape, size, method)
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) of an opened image; 1 when absent or invalid.
+
+    Call it before `load()`: a PNG's eXIf chunk after the image data is then
+    not yet read, matching the serving parser, which stops at the image data.
+    """
+    raw = image.info.get("exif")
+    if not raw:
+        return 1
+    exif = Image.Exif()
+    try:
+        exif.load(raw)
+        orientation = exif.get(_EXIF_ORIENTATION_TAG, 1)
+    except Exception:  # noqa: BLE001 - broken metadata must not cost the image; treat as upright
+        return 1
+    return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+
+
+def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
+    """(RGB uint8 array, (height, width) of the upright full-resolution image)."""
+    if not data:
+        raise errors.ImageError(errors.EMPTY_FILE, "the file is empty")
+    image_format = sniff_format(data)
+    if image_format is None:
+        raise errors.ImageError(errors.NOT_AN_IMAGE, f"unrecognised content, starts with {data[:8]!r}")
+
+    reader = _ShortReadTrackingBytesIO(data)
+    try:
+        image = Image.open(reader, formats=[_PIL_FORMAT[image_format]])
+    except Image.DecompressionBombError as error:
+        raise errors.ImageError(errors.TOO_MANY_PIXELS, str(error)) from None
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - decoders raise many types on bad headers
+        raise _decode_failure(error, image_format, data, header_hit_end=reader.hit_end) from None
+
+    # No `with image:` - closing a PIL image destroys the pixels it returns;
+    # the BytesIO needs no closing.
+    width, height = image.size
+    if width * height > max_pixels:
+        raise errors.ImageError(
+            errors.TOO_MANY_PIXELS, f"{width}x{height} = {width * height} pixels > {max_pixels}"
+        )
+    orientation = exif_orientation(image)
+    if target_size is not None and image_format == JPEG:
+        # Draft works on the stored (not yet rotated) image; resized_shape
+        # is symmetric in height and width, so the stored-orientation
+        # target is the rotated target, transposed.
+        target_height, target_width = geometry.resized_shape(height, width, target_size, method)
+        image.draft("RGB", (target_width, target_height))
+    try:
+        image.load()
+        rgb = _to_rgb(image, image_format)
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - decoders raise many types on bad data
+        raise _decode_failure(error, image_format, data, header_hit_end=False) from None
+
+    transpose = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
+    if transpose is not None:
+        rgb = rgb.transpose(transpose)
+    if orientation in _SWAPS_AXES:
+        height, width = width, height
+    return np.asarray(rgb), (height, width)
+
+
+def _to_rgb(image: Image.Image, image_format: str) -> Image.Image:
+    """Any PIL mode -> RGB, compositing transparency onto geometry.ALPHA_BACKGROUND."""
+    mode = image.mode
+    if mode == "RGB" and "transparency" not in image.info:
+        return image
+    if mode in _SIXTEEN_BIT_GRAY_MODES:
+        # PIL's own I;16 -> L conversion clips at 255; keep the high byte
+        # instead, as PIL already does for 16-bit RGB and as TF does.
+        high_byte = (np.asarray(image).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+        return Image.fromarray(high_byte).convert("RGB")
+    if image_format == BMP:
+        return image.convert("RGB")
+    if mode in _MODES_WITH_ALPHA or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, geometry.ALPHA_BACKGROUND)
+        background.paste(rgba, mask=rgba)
+        return background
+    return image.convert("RGB")
+
+
+def _resize_to_target(image: Image.Image, target_shape, size: int, method: str) -> np.ndarray:
+    """Bilinear (antialiased when shrinking) resize to target_shape, then crop or pad to size."""
+    target_height, target_width = target_shape
+    if image.size != (target_width, target_height):
+        image = image.resize((target_width, target_height), Image.Resampling.BILINEAR)
+    resized = np.asarray(image)
+    if method == geometry.CROP:
+        top, left = geometry.crop_offsets(target_height, target_width, size)
+        return np.ascontiguousarray(resized[top : top + size, left : left + size])
+    top, left = geometry.pad_offsets(target_height, target_width, size)
+    canvas = np.full((size, size, 3), geometry.PAD_VALUE, dtype=np.uint8)
+    canvas[top : top + target_height, left : left + target_width] = resized
+    return canvas
+
+
+def _decode_failure(error: Exception, image_format: str, data: bytes, *, header_hit_end: bool):
+    """The ImageError for a decoder exception: TRUNCATED when the data ended early."""
+    message = str(error) or type(error).__name__
+    truncated = (
+        isinstance(error, EOFError)
+        or "truncated" in message.lower()
+        # The header parser ran out of bytes (PIL reports it as unidentified).
+        or header_hit_end
+        # libwebp only says "could not create decoder object"; the RIFF header
+        # says how long the file should be.
+        or (image_format == WEBP and _riff_declared_length(data) > len(data))
+    )
+    reason = errors.TRUNCATED if truncated else errors.DECODE_ERROR
+    if isinstance(error, UnidentifiedImageError):
+        message = f"not a valid {image_format} header"
+    return errors.ImageError(reason, f"{image_format}: {message}")
+
+
+def _riff_declared_length(data: bytes) -> int:
+    return 8 + int.from_bytes(data[4:8], "little")
+
+
+class _ShortReadTrackingBytesIO(io.BytesIO):
+    """BytesIO that remembers whether a sized read came back short (end of data)."""
+
+    hit_end = False
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if size is not None and size > 0 and len(chunk) < size:
+            self.hit_end = True
+        return chunk

@@ -1,0 +1,109 @@
+"""The job's own flags. Everything else on the command line goes to Beam untouched."""
+
+import argparse
+
+from dataset_contract import features, geometry
+from dataset_contract import manifest as manifest_lib
+
+DEFAULT_SPLIT = "0.8,0.1,0.1"
+
+
+def parse_split_fractions(text: str) -> dict[str, float]:
+    """'0.8,0.1,0.1' -> {'train': 0.8, 'validation': 0.1, 'test': 0.1} (must sum to 1)."""
+    try:
+        values = [float(value) for value in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--split {text!r}: expected three numbers like {DEFAULT_SPLIT}"
+        ) from None
+    if len(values) != len(manifest_lib.SPLITS) or any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(
+            f"--split {text!r}: expected three non-negative fractions for train,validation,test"
+        )
+    if abs(sum(values) - 1.0) > 1e-6 or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"--split {text!r}: fractions must sum to 1 and train must be > 0")
+    return dict(zip(manifest_lib.SPLITS, values, strict=True))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess",
+        description="Turn a corpus of images into a dataset directory of normalized, sharded TFRecords "
+        "with a manifest (dataset.json). Any flag not listed here is passed to Apache Beam "
+        "(--runner, --project, --region, --temp_location, --num_workers, --setup_file, ...).",
+    )
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="A directory tree ROOT/<class>/<image> or a CSV/JSONL manifest of uri,label[,split]; local or gs://.",
+    )
+    parser.add_argument("--output", required=True, help="The dataset directory to write; local or gs://.")
+    parser.add_argument(
+        "--image-size", type=_positive_int, default=224, help="Output height and width (default 224)."
+    )
+    parser.add_argument(
+        "--resize-method",
+        choices=geometry.RESIZE_METHODS,
+        default=geometry.CROP,
+        help="crop: scale the short side, center-crop (default); pad: scale the long side, letterbox in black.",
+    )
+    parser.add_argument(
+        "--encoding",
+        choices=features.ENCODINGS,
+        default=features.BFLOAT16,
+        help="How images are stored: bfloat16 (default, normalized, TPU-native), float32 (normalized), "
+        "uint8 (pixels), jpeg (re-encoded pixels); uint8 and jpeg are normalized at read time.",
+    )
+    parser.add_argument(
+        "--jpeg-quality", type=int, default=90, help="JPEG quality for --encoding jpeg (default 90)."
+    )
+    parser.add_argument(
+        "--split",
+        type=parse_split_fractions,
+        default=parse_split_fractions(DEFAULT_SPLIT),
+        help=f"train,validation,test fractions (default {DEFAULT_SPLIT}), assigned by content hash; "
+        "a manifest's split column takes precedence.",
+    )
+    parser.add_argument(
+        "--labels",
+        type=lambda text: [label.strip() for label in text.split(",") if label.strip()],
+        default=None,
+        help="Comma-separated class names to accept; inputs with any other label are errors (unknown_label).",
+    )
+    parser.add_argument(
+        "--shard-size-mb", type=_positive_int, default=150, help="Target shard size in MB (default 150)."
+    )
+    parser.add_argument(
+        "--min-shards",
+        type=_positive_int,
+        default=8,
+        help="At least this many shards per split, so several hosts can each read their own (default 8).",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=_positive_int,
+        default=100_000_000,
+        help="Refuse images with more pixels than this, without decoding them (default 100M).",
+    )
+    parser.add_argument(
+        "--transform-batch-size",
+        type=_positive_int,
+        default=64,
+        help="Images per Arrow record batch fed to tf.Transform; bounds its memory (default 64).",
+    )
+    return parser
+
+
+def parse_args(argv):
+    """(our args, the rest for Beam's PipelineOptions)."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    if not 1 <= args.jpeg_quality <= 100:
+        raise SystemExit(f"--jpeg-quality {args.jpeg_quality}: expected 1..100")
+    return args, beam_args

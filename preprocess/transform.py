@@ -1,0 +1,184 @@
+"""tf.Transform: the analysis on the train split and the transform of every split.
+
+The raw examples reach tf.Transform as Arrow record batches (TFXIO), the
+columnar form it works on internally, so no per-example dict conversion sits
+between the decode step and the analyzers. The transform graph written to
+`transform_fn/` is the single definition of the model input:
+
+  image        (pixel - mean) / std per channel, float32, flattened H*W*3
+               (for the uint8 and jpeg encodings: the raw pixel bytes, unchanged,
+               and the model normalizes at read time with the same statistics)
+  label        index of the class name in the sorted label vocabulary
+  normalization_mean, normalization_std
+               the statistics the transform used, as float32 [3] per example,
+               so the manifest records exactly what the graph applies
+
+Analyzers: mean and std of every training pixel per channel, accumulated in
+float64 (mean of per-image means is the pixel mean: every image has H*W
+pixels after resize), and the label vocabulary ordered by class name (a custom
+analyzer; tft.vocabulary orders by frequency, which would renumber classes
+whenever the class balance changes).
+"""
+
+import functools
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
+import tensorflow_transform as tft
+import tensorflow_transform.beam as tft_beam
+from apache_beam.io.filesystems import FileSystems
+from tensorflow_transform.tf_metadata import schema_utils
+from tfx_bsl.public import tfxio
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+
+IMAGE_RAW = "image_raw"
+MEAN = "normalization_mean"
+STD = "normalization_std"
+LABEL_VOCABULARY_FILE = "labels"
+
+# Raw features, all scalar strings: the resized uint8 pixels and the metadata.
+RAW_FEATURE_SPEC = {
+    IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
+    features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
+    features.SHA256: tf.io.FixedLenFeature([], tf.string),
+    features.URI: tf.io.FixedLenFeature([], tf.string),
+}
+
+# A std below this (a constant colour channel over the whole train split)
+# would blow pixels up to infinity; treat such a channel as unscaled.
+_MIN_STD = 1e-3
+
+
+def tensor_adapter_config() -> tfxio.TensorAdapterConfig:
+    """How the record batches below map to the raw feature tensors."""
+    schema = schema_utils.schema_from_feature_spec(RAW_FEATURE_SPEC)
+    source = tfxio.TFExampleBeamRecord(
+        physical_format="inmem", telemetry_descriptors=["preprocess"], schema=schema
+    )
+    return source.TensorAdapterConfig()
+
+
+# Column names of the raw record batches, and the raw example dict key each is taken from.
+_COLUMN_SOURCES = {
+    IMAGE_RAW: "image_raw",
+    features.CLASS_NAME: "label",
+    features.SHA256: "sha256",
+    features.URI: "uri",
+}
+
+
+@functools.cache
+def _arrow_schema() -> pa.Schema:
+    """The Arrow schema TFXIO expects for RAW_FEATURE_SPEC (its column order, its types)."""
+    return tensor_adapter_config().arrow_schema
+
+
+def _binary_column(values: list[bytes]) -> pa.Array:
+    offsets = pa.array(np.arange(len(values) + 1, dtype=np.int64))
+    return pa.LargeListArray.from_arrays(offsets, pa.array(values, type=pa.large_binary()))
+
+
+def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
+    """A batch of raw example dicts (from DecodeImagesFn) as one Arrow record batch."""
+    schema = _arrow_schema()
+    columns = []
+    for name in schema.names:
+        key = _COLUMN_SOURCES[name]
+        values = [example[key] for example in examples]
+        columns.append(
+            _binary_column(values if key == "image_raw" else [value.encode("utf-8") for value in values])
+        )
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class ToRecordBatches(beam.PTransform):
+    """Raw example dicts -> Arrow record batches of at most `max_batch_size` rows.
+
+    The cap bounds memory: a batch holds max_batch_size images, once as bytes
+    and once as floats inside the transform.
+    """
+
+    def __init__(self, max_batch_size: int):
+        super().__init__()
+        self._max_batch_size = max_batch_size
+
+    def expand(self, examples):
+        return (
+            examples
+            | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._max_batch_size)
+            | "ToArrow" >> beam.Map(to_record_batch)
+        )
+
+
+class SortedLabelVocabulary(tft_beam.experimental.PTransformAnalyzer):
+    """Analyzer: the distinct labels of the analyzed data, sorted, as a vocabulary file."""
+
+    def expand(self, batches):
+        return (
+            batches
+            | "Labels" >> beam.FlatMap(lambda batch: {value for value in np.asarray(batch[0]).reshape(-1)})
+            | "Distinct" >> beam.Distinct()
+            | "ToList" >> beam.combiners.ToList()
+            | "Write" >> beam.Map(self._write_vocabulary)
+        )
+
+    def _write_vocabulary(self, labels):
+        directory = manifest_lib.join(self.base_temp_dir, uuid.uuid4().hex)
+        path = manifest_lib.join(directory, LABEL_VOCABULARY_FILE)
+        names = sorted(label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels)
+        with FileSystems.create(path) as handle:
+            handle.write("".join(f"{name}\n" for name in names).encode("utf-8"))
+        return path.encode("utf-8")
+
+
+def make_preprocessing_fn(image_size: int, encoding: str):
+    """The tf.Transform preprocessing_fn for square `image_size` images."""
+    num_values = image_size * image_size * features.CHANNELS
+
+    def preprocessing_fn(inputs):
+        pixels = tf.io.decode_raw(inputs[IMAGE_RAW], tf.uint8)
+        pixels = tf.reshape(pixels, [-1, image_size * image_size, features.CHANNELS])
+        as_float64 = tf.cast(pixels, tf.float64)
+        mean64 = tft.mean(
+            tf.reduce_mean(as_float64, axis=1), reduce_instance_dims=False, output_dtype=tf.float64
+        )
+        mean_square64 = tft.mean(
+            tf.reduce_mean(tf.square(as_float64), axis=1), reduce_instance_dims=False, output_dtype=tf.float64
+        )
+        std64 = tf.sqrt(tf.maximum(mean_square64 - tf.square(mean64), 0.0))
+        std64 = tf.where(std64 < _MIN_STD, tf.ones_like(std64), std64)
+        mean = tf.cast(mean64, tf.float32)
+        std = tf.cast(std64, tf.float32)
+
+        vocabulary_path = tft.experimental.ptransform_analyzer(
+            inputs=[inputs[features.CLASS_NAME]],
+            ptransform=SortedLabelVocabulary(),
+            output_dtypes=[tf.string],
+            output_shapes=[[]],
+            output_asset_default_values=[LABEL_VOCABULARY_FILE.encode()],
+            name="sorted_label_vocabulary",
+        )[0]
+        labels = tft.apply_vocabulary(inputs[features.CLASS_NAME], vocabulary_path, default_value=-1)
+
+        batch_size = tf.shape(pixels)[0]
+        outputs = {
+            features.LABEL: tf.cast(labels, tf.int64),
+            features.CLASS_NAME: inputs[features.CLASS_NAME],
+            features.SHA256: inputs[features.SHA256],
+            features.URI: inputs[features.URI],
+            MEAN: tf.broadcast_to(mean, [batch_size, features.CHANNELS]),
+            STD: tf.broadcast_to(std, [batch_size, features.CHANNELS]),
+        }
+        if encoding in features.NORMALIZED_ENCODINGS:
+            normalized = (tf.cast(pixels, tf.float32) - mean) / std
+            outputs[features.IMAGE] = tf.reshape(normalized, [-1, num_values])
+        else:
+            outputs[features.IMAGE] = inputs[IMAGE_RAW]
+        return outputs
+
+    return preprocessing_fn
