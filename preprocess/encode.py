@@ -36,7 +36,9 @@ def _column_values(batch, name) -> list:
 def encode_jpeg(pixels: bytes, image_size: int, quality: int) -> bytes:
     image = Image.frombuffer("RGB", (image_size, image_size), pixels, "raw", "RGB", 0, 1)
     out = io.BytesIO()
-    image.save(out, format="JPEG", quality=quality)
+    # 4:4:4 chroma: at training resolutions 4:2:0 subsampling smears colour
+    # edges over a visible share of a small image (mean error doubles at 32 px).
+    image.save(out, format="JPEG", quality=quality, subsampling=0)
     return out.getvalue()
 
 

@@ -1,0 +1,186 @@
+"""The real stage 1 job on the DirectRunner, end to end, read back with plain tf.data."""
+
+import collections
+import csv
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow_transform as tft
+
+from dataset_contract import manifest as manifest_lib
+from pipelines import sample_corpus
+from preprocess import errors
+from preprocess.content import assign_split
+from preprocess.image_decode import load_image
+from tests.stage1 import read_errors, read_manifest, read_split, run_stage1, write_corpus
+
+pytestmark = pytest.mark.slow
+
+SIZE = 32
+MAX_PIXELS = 100_000_000
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=10)
+
+
+@pytest.fixture(scope="module")
+def dataset(corpus, tmp_path_factory):
+    output = tmp_path_factory.mktemp("dataset")
+    manifest = run_stage1(corpus.root, output, image_size=SIZE, encoding="float32", min_shards=2)
+    return str(output), manifest
+
+
+def _source_pixels(path):
+    with open(path, "rb") as handle:
+        return load_image(handle.read(), size=SIZE, method="crop", max_pixels=MAX_PIXELS).astype(np.float64)
+
+
+def test_accounting_holds_and_matches_the_corpus(corpus, dataset):
+    _, manifest = dataset
+    inputs = manifest["inputs"]
+    assert inputs["num_found"] == corpus.num_found
+    assert inputs["num_duplicates"] == corpus.num_duplicates
+    assert inputs["num_failed"] == corpus.num_failed
+    assert inputs["num_written"] == corpus.num_usable
+    assert inputs["num_found"] == inputs["num_written"] + inputs["num_failed"] + inputs["num_duplicates"]
+
+
+def test_every_bad_file_is_in_errors_jsonl_with_its_reason(corpus, dataset):
+    output, manifest = dataset
+    logged = {os.path.relpath(error["uri"], corpus.root): error for error in read_errors(output)}
+    assert {path: error["reason"] for path, error in logged.items()} == corpus.expected_errors
+    assert all(error["detail"] for error in logged.values())
+    assert manifest["inputs"]["failures_by_reason"] == dict(
+        collections.Counter(corpus.expected_errors.values())
+    )
+
+
+def test_shards_hold_what_the_manifest_says(dataset):
+    output, manifest = dataset
+    for split, info in manifest["splits"].items():
+        rows = read_split(output, split, manifest)
+        assert len(rows) == info["num_examples"]
+        counts = collections.Counter(row["class_name"] for row in rows)
+        assert {name: counts.get(name, 0) for name in manifest["labels"]} == info["num_examples_per_class"]
+        assert all(manifest["labels"][row["label"]] == row["class_name"] for row in rows)
+        for shard in info["shards"]:
+            with open(os.path.join(output, shard["path"]), "rb") as handle:
+                data = handle.read()
+            assert len(data) == shard["num_bytes"]
+            assert hashlib.sha256(data).hexdigest() == shard["sha256"]
+        assert sum(shard["num_examples"] for shard in info["shards"]) == info["num_examples"]
+
+
+def test_labels_are_the_class_names_sorted(corpus, dataset):
+    _, manifest = dataset
+    assert manifest["labels"] == sorted(corpus.class_names)
+
+
+def test_splits_follow_the_content_hash_and_never_share_an_image(dataset):
+    output, manifest = dataset
+    seen = {}
+    for split in manifest_lib.SPLITS:
+        for row in read_split(output, split, manifest):
+            assert row["sha256"] not in seen
+            seen[row["sha256"]] = split
+            assert assign_split(row["sha256"], manifest["split_fractions"]) == split
+    assert set(seen.values()) == set(manifest_lib.SPLITS)
+
+
+def test_pixels_round_trip_and_normalization_uses_train_statistics(dataset):
+    output, manifest = dataset
+    mean = np.array(manifest["normalization"]["mean"])
+    std = np.array(manifest["normalization"]["std"])
+    train = read_split(output, "train", manifest)
+    train_pixels = np.stack([_source_pixels(row["uri"]) for row in train])
+    np.testing.assert_allclose(mean, train_pixels.mean(axis=(0, 1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(std, train_pixels.std(axis=(0, 1, 2)), rtol=1e-4)
+    # Every split is normalized with the train statistics, including held-out images.
+    for split in ("train", "validation"):
+        for row in read_split(output, split, manifest)[:5]:
+            restored = row["image"] * std + mean
+            np.testing.assert_allclose(restored, _source_pixels(row["uri"]), atol=1e-3)
+
+
+def test_transform_output_loads_with_tft(dataset):
+    output, manifest = dataset
+    transform_output = tft.TFTransformOutput(output)
+    assert "image" in transform_output.transformed_feature_spec()
+    assert transform_output.vocabulary_by_name("labels") == [label.encode() for label in manifest["labels"]]
+
+
+def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
+    output, manifest = dataset
+    listed = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
+    expected = listed | {"dataset.json", "errors.jsonl", "transform_fn", "transformed_metadata"}
+    assert set(os.listdir(output)) == expected
+
+
+def test_a_rerun_with_other_shard_settings_leaves_no_stale_shards(corpus, tmp_path):
+    output = tmp_path / "dataset"
+    first = run_stage1(corpus.root, output, image_size=16, min_shards=3)
+    (output / "train-00099-of-00100.tfrecord").write_bytes(b"stale from some older run")
+    second = run_stage1(corpus.root, output, image_size=16, min_shards=1, encoding="uint8")
+    shards = {name for name in os.listdir(output) if name.endswith(".tfrecord")}
+    assert shards == {shard["path"] for info in second["splits"].values() for shard in info["shards"]}
+    assert len(first["splits"]["train"]["shards"]) == 3
+    assert len(second["splits"]["train"]["shards"]) == 1
+    assert read_manifest(output)["image"]["encoding"] == "uint8"
+
+
+# bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
+# jpeg (quality 90, 32x32 noisy images): a few levels on average.
+@pytest.mark.parametrize(
+    "encoding,mean_error,max_error", [("bfloat16", None, None), ("uint8", 0, 0), ("jpeg", 6, 80)]
+)
+def test_each_encoding_round_trips_within_its_precision(corpus, tmp_path, encoding, mean_error, max_error):
+    output = tmp_path / encoding
+    manifest = run_stage1(corpus.root, output, image_size=SIZE, encoding=encoding, min_shards=1)
+    mean = np.array(manifest["normalization"]["mean"])
+    std = np.array(manifest["normalization"]["std"])
+    rows = read_split(str(output), "validation", manifest)
+    assert rows
+    for row in rows:
+        source = _source_pixels(row["uri"])
+        if encoding == "bfloat16":
+            normalized = (source - mean) / std
+            np.testing.assert_allclose(row["image"], normalized, rtol=2**-8, atol=1e-6)
+        else:
+            assert np.abs(row["image"] - source).mean() <= mean_error
+            assert np.abs(row["image"] - source).max() <= max_error
+
+
+def test_csv_manifest_input_with_splits_and_unknown_labels(corpus, tmp_path):
+    manifest_path = tmp_path / "labels.csv"
+    sample_corpus.write_manifest_csv(corpus, str(manifest_path), with_split=True)
+    with open(manifest_path, "a", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([corpus.uri(corpus.files[0]).replace("_0000", "_9999"), "circle", ""])  # no such file
+        writer.writerow([corpus.uri(corpus.files[1]), "", ""])  # no label
+    with open(manifest_path) as handle:
+        rows = list(csv.DictReader(handle))
+    named_splits = {row["uri"]: row["split"] for row in rows if row["split"]}
+    labels = ",".join(sorted(set(corpus.class_names) - {"star"}))
+    output = tmp_path / "dataset"
+    manifest = run_stage1(manifest_path, output, "--labels", labels, image_size=16, min_shards=1)
+    reasons = collections.Counter(error["reason"] for error in read_errors(output))
+    assert reasons[errors.UNREADABLE] == 1
+    assert reasons[errors.MISSING_LABEL] == 1
+    assert reasons[errors.UNKNOWN_LABEL] == sum(1 for row in rows if row["label"] == "star")
+    assert "star" not in manifest["labels"]
+    inputs = manifest["inputs"]
+    assert (
+        inputs["num_found"]
+        == len(rows)
+        == inputs["num_written"] + inputs["num_failed"] + inputs["num_duplicates"]
+    )
+    for split in manifest_lib.SPLITS:
+        for row in read_split(str(output), split, manifest):
+            if row["uri"] in named_splits:
+                assert named_splits[row["uri"]] == split
+    assert json.loads(json.dumps(manifest))["source"]["kind"] == "csv"
