@@ -79,8 +79,8 @@ def decode_image(
     DCT scaling), never smaller than what resizing to `target_size` with
     `method` needs. Raises `errors.ImageError` for unusable input.
     """
-    pixels, _ = _decode(data, target_size, method, max_pixels)
-    return pixels
+    image, _ = _decode(data, target_size, method, max_pixels)
+    return np.asarray(image)
 
 
 def resize_image(image: np.ndarray, size: int, method: str) -> np.ndarray:
@@ -92,13 +92,19 @@ def resize_image(image: np.ndarray, size: int, method: str) -> np.ndarray:
 
 
 def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.ndarray:
-    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError`."""
-    pixels, (height, width) = _decode(data, size, method, max_pixels)
+    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError`.
+
+    `max_pixels` (width * height) is checked from the header, before any
+    pixel is decoded. PIL's own decompression-bomb guard also refuses, at
+    open, anything over 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 megapixels by
+    default) as TOO_MANY_PIXELS; raise that attribute to allow larger images.
+    """
+    image, (height, width) = _decode(data, size, method, max_pixels)
     # The geometry comes from the full-resolution size, not the DCT-scaled one
     # (whose sides are rounded up to whole pixels), so it is the same with or
     # without scaling, and the same as the serving signature computes.
     target_shape = geometry.resized_shape(height, width, size, method)
-    return _resize_to_target(Image.fromarray(pixels), target_shape, size, method)
+    return _resize_to_target(image, target_shape, size, method)
 
 
 def exif_orientation(image: Image.Image) -> int:
@@ -120,7 +126,7 @@ def exif_orientation(image: Image.Image) -> int:
 
 
 def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
-    """(RGB uint8 array, (height, width) of the upright full-resolution image)."""
+    """(upright RGB PIL image, possibly DCT-scaled; (height, width) of it at full resolution)."""
     if not data:
         raise errors.ImageError(errors.EMPTY_FILE, "the file is empty")
     image_format = sniff_format(data)
@@ -164,7 +170,7 @@ def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
         rgb = rgb.transpose(transpose)
     if orientation in _SWAPS_AXES:
         height, width = width, height
-    return np.asarray(rgb), (height, width)
+    return rgb, (height, width)
 
 
 def _to_rgb(image: Image.Image, image_format: str) -> Image.Image:
@@ -175,7 +181,7 @@ def _to_rgb(image: Image.Image, image_format: str) -> Image.Image:
     if mode in _SIXTEEN_BIT_GRAY_MODES:
         # PIL's own I;16 -> L conversion clips at 255; keep the high byte
         # instead, as PIL already does for 16-bit RGB and as TF does.
-        high_byte = (np.asarray(image).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+        high_byte = (np.asarray(image).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
         return Image.fromarray(high_byte).convert("RGB")
     if image_format == BMP:
         return image.convert("RGB")

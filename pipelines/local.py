@@ -1,0 +1,160 @@
+"""The local workflow: stage 1 on the DirectRunner, then training on this machine.
+
+    python -m pipelines.local --workdir /tmp/run                 # the embedded sample corpus
+    python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small
+    python -m pipelines.local --workdir /tmp/run --skip-preprocess   # retrain on the existing dataset
+
+Without --input it generates the sample corpus (shapes in five classes, with
+a few broken files) into WORKDIR/sample_corpus and uses that. Stage 1 runs
+with one DirectRunner worker process per core. Outputs: WORKDIR/dataset (the
+dataset directory) and WORKDIR/model (checkpoints, logs, metrics.json and
+the serving export). Paths may be gs:// URIs.
+"""
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+
+import tensorflow as tf
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+from pipelines import sample_corpus
+from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
+from train.config import TrainConfig
+from train.errors import SetupError
+from train.trainer import train_and_evaluate
+
+SAMPLE_SUBDIR = "sample_corpus"
+
+# The demo's settings: the sample corpus is learned to >= 90% validation
+# accuracy by the small CNN at 64x64 in a couple of minutes on two cores.
+DEMO_IMAGE_SIZE = 64
+DEMO_EPOCHS = 12
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.local",
+        description="Preprocess (Beam DirectRunner) then train (Keras) on this machine.",
+    )
+    parser.add_argument("--workdir", required=True, help="Where the dataset and the model go (local or gs://).")
+    parser.add_argument(
+        "--input", help="Images: a ROOT/<class>/<file> tree or a CSV/JSONL manifest. Default: the sample corpus."
+    )
+    parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset as it is.")
+    parser.add_argument("--image-size", type=int, default=DEMO_IMAGE_SIZE)
+    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.BFLOAT16)
+    parser.add_argument("--model", default="small_cnn")
+    parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
+    parser.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
+    parser.add_argument("--global-batch-size", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes.")
+    parser.add_argument(
+        "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
+    )
+    return parser
+
+
+def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
+    argv = [
+        "--input",
+        input_spec,
+        "--output",
+        dataset_dir,
+        "--image-size",
+        str(args.image_size),
+        "--encoding",
+        args.encoding,
+        "--runner",
+        "DirectRunner",
+    ]
+    if args.workers > 1:
+        argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]
+    return argv
+
+
+def predict_one(export_dir: str, dataset_dir: str, manifest: dict):
+    """(source file, true class, predicted class, probability) for one validation image, via the export."""
+    shard = manifest_lib.join(dataset_dir, manifest["splits"][manifest_lib.VALIDATION]["shards"][0]["path"])
+    record = next(iter(tf.data.TFRecordDataset(shard).take(1)))
+    example = tf.io.parse_single_example(
+        record,
+        {
+            features.URI: tf.io.FixedLenFeature([], tf.string),
+            features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
+        },
+    )
+    uri = example[features.URI].numpy().decode()
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    outputs = serve(tf.constant([tf.io.gfile.GFile(uri, "rb").read()]))
+    probability = float(tf.reduce_max(outputs["probabilities"][0]))
+    return uri, example[features.CLASS_NAME].numpy().decode(), outputs["label"][0].numpy().decode(), probability
+
+
+def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
+    inputs = manifest["inputs"]
+    lines = [
+        "",
+        "Done.",
+        f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, failures: errors.jsonl)",
+        f"  model:        {paths.model_dir}  (metrics.json, checkpoints, TensorBoard logs)",
+        f"  export:       {metrics.get('export_dir', '(not exported)')}",
+        f"  images:       {inputs['num_found']} found, {inputs['num_written']} written, "
+        f"{inputs['num_failed']} failed, {inputs['num_duplicates']} duplicates",
+    ]
+    for reason, count in inputs["failures_by_reason"].items():
+        lines.append(f"    failed: {reason} x{count}")
+    validation = metrics["validation"]
+    lines.append(
+        f"  validation accuracy: {validation['accuracy']:.1%} on {validation['num_examples']} images "
+        f"({metrics['epochs']} epochs, {metrics['images_per_second']:.0f} images/s)"
+    )
+    if "export_dir" in metrics:
+        uri, truth, predicted, probability = predict_one(metrics["export_dir"], paths.dataset_dir, manifest)
+        lines.append(f"  prediction by the exported model on {uri}:")
+        lines.append(f"    {predicted} (p={probability:.2f}); true class: {truth}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    paths = WorkflowPaths(args.workdir)
+    stage1_argv = None
+    if not args.skip_preprocess:
+        input_spec = args.input
+        if input_spec is None:
+            input_spec = manifest_lib.join(args.workdir.rstrip("/"), SAMPLE_SUBDIR)
+            if "://" in input_spec:  # the generator writes local files; stage 1 reads them from here
+                input_spec = os.path.join(tempfile.mkdtemp(prefix="sample_corpus_"), SAMPLE_SUBDIR)
+            print(f"Generating the sample corpus in {input_spec} ...")
+            sample_corpus.write_sample_corpus(input_spec, images_per_class=args.sample_images_per_class)
+        stage1_argv = preprocess_argv(args, input_spec, paths.dataset_dir)
+    config = TrainConfig(
+        data_dir=paths.dataset_dir,
+        model_dir=paths.model_dir,
+        model=args.model,
+        epochs=args.epochs,
+        steps=args.steps,
+        global_batch_size=args.global_batch_size,
+        learning_rate=args.learning_rate,
+    )
+    try:
+        manifest, metrics = run_workflow(
+            dataset_dir=paths.dataset_dir,
+            preprocess_argv=stage1_argv,
+            launch_training=lambda manifest: train_and_evaluate(config),
+        )
+    except (WorkflowError, SetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report(paths, manifest, metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The two-stage batch workflow, defined once: preprocess, check, train.
+
+`run_workflow` is shared by the local workflow (DirectRunner + local
+training) and the cloud one (Dataflow + TPU): they differ only in the Beam
+flags handed to stage 1 and in how stage 2 is launched. Stage 2 never starts
+on a stage 1 that failed or left an incomplete dataset: the check between
+them reads the manifest exactly as stage 2 will, and over every split
+(train and validation non-empty, every listed shard present at its size).
+"""
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import pipeline as preprocess_pipeline
+from train import checks
+from train.errors import DatasetError
+
+log = logging.getLogger(__name__)
+
+DATASET_SUBDIR = "dataset"
+MODEL_SUBDIR = "model"
+
+
+class WorkflowError(Exception):
+    """A stage failed or its output cannot be used; the message says which and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowPaths:
+    """Where a workflow keeps its stages' outputs: WORKDIR/dataset and WORKDIR/model."""
+
+    workdir: str
+
+    @property
+    def dataset_dir(self) -> str:
+        return manifest_lib.join(self.workdir.rstrip("/"), DATASET_SUBDIR)
+
+    @property
+    def model_dir(self) -> str:
+        return manifest_lib.join(self.workdir.rstrip("/"), MODEL_SUBDIR)
+
+
+def check_stage1_output(dataset_dir: str) -> dict:
+    """The manifest of a complete, usable dataset; WorkflowError otherwise."""
+    try:
+        manifest = checks.read_manifest(dataset_dir)
+        # The splits training reads must be non-empty, and every shard of
+        # every split present at its listed size.
+        splits = [manifest_lib.TRAIN, manifest_lib.VALIDATION]
+        if manifest["splits"].get(manifest_lib.TEST, {}).get("shards"):
+            splits.append(manifest_lib.TEST)
+        checks.check_dataset(dataset_dir, manifest, splits=splits)
+    except DatasetError as exc:
+        raise WorkflowError(f"stage 1 output is not a usable dataset: {exc}") from exc
+    return manifest
+
+
+def run_stage1(preprocess_argv: list[str]) -> None:
+    """Runs stage 1 and waits for it; WorkflowError if it fails."""
+    log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
+    try:
+        preprocess_pipeline.run(preprocess_argv)
+    except Exception as exc:
+        raise WorkflowError(f"stage 1 (preprocess) failed, so training will not start: {exc}") from exc
+
+
+def run_workflow(
+    *,
+    dataset_dir: str,
+    preprocess_argv: list[str] | None,
+    launch_training: Callable[[dict], object],
+):
+    """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
+
+    Returns (manifest, whatever `launch_training(manifest)` returned).
+    """
+    if preprocess_argv is not None:
+        run_stage1(preprocess_argv)
+    manifest = check_stage1_output(dataset_dir)
+    log.info("stage 1 output checked: %s", manifest_lib.join(dataset_dir, manifest_lib.MANIFEST_FILE))
+    return manifest, launch_training(manifest)

@@ -1,0 +1,266 @@
+"""The serving signature's decode/resize gives stage 1's pixels, from graph ops only.
+
+Tolerance, per image, against `preprocess.image_decode.load_image` on the same
+bytes: mean absolute difference <= MEAN_TOLERANCE and every pixel within
+MAX_TOLERANCE levels. Measured: max 1, mean <= 0.2 (PIL rounds to 8 bits
+between its two resize passes, TF does not; TF's CMYK conversion rounds
+differently).
+"""
+
+import functools
+import io
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from dataset_contract import geometry
+from preprocess.image_decode import load_image
+from train.serving_image import decode_and_resize, decode_and_resize_batch
+
+SIZE = 48
+MEAN_TOLERANCE = 0.5
+MAX_TOLERANCE = 2
+
+# Some cases carry deliberately broken EXIF; PIL warns about it, as expected.
+pytestmark = pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")
+
+
+def encode(image: Image.Image, image_format: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, image_format, **options)
+    return buffer.getvalue()
+
+
+def photo(height: int = 60, width: int = 90) -> np.ndarray:
+    """A smooth gradient with a red block near the top-left corner (asymmetric on purpose)."""
+    rows, columns = np.mgrid[:height, :width]
+    image = np.stack(
+        [columns * 255 // width, rows * 255 // height, (rows + columns) * 255 // (height + width)], axis=-1
+    ).astype(np.uint8)
+    image[height // 10 : height // 3, width // 10 : width // 4] = (255, 0, 0)
+    return image
+
+
+def stored_for_orientation(upright: np.ndarray, orientation: int) -> np.ndarray:
+    """The pixels a camera stores so that EXIF `orientation` displays as `upright`."""
+    return {
+        1: lambda u: u,
+        2: lambda u: u[:, ::-1],
+        3: lambda u: u[::-1, ::-1],
+        4: lambda u: u[::-1, :],
+        5: lambda u: u.transpose(1, 0, 2),
+        6: lambda u: np.rot90(u, 1),
+        7: lambda u: u[::-1, ::-1].transpose(1, 0, 2),
+        8: lambda u: np.rot90(u, -1),
+    }[orientation](upright)
+
+
+def tiff_with_orientation(byte_order: str = "<", field_type: int = 3, value: int = 6) -> bytes:
+    """A minimal EXIF TIFF block: IFD0 with one Orientation entry of the given type."""
+    value_bytes = {1: struct.pack(byte_order + "B3x", value), 3: struct.pack(byte_order + "H2x", value)}.get(
+        field_type, struct.pack(byte_order + "I", value)
+    )
+    header = (b"II*\x00" if byte_order == "<" else b"MM\x00*") + struct.pack(byte_order + "I", 8)
+    entry = struct.pack(byte_order + "HHI", 0x0112, field_type, 1) + value_bytes
+    return header + struct.pack(byte_order + "H", 1) + entry + struct.pack(byte_order + "I", 0)
+
+
+def jpeg_with_exif(exif: bytes | Image.Exif, orientation: int = 6) -> bytes:
+    """The test photo stored for `orientation`, as a JPEG carrying `exif`."""
+    stored = stored_for_orientation(photo(), orientation)
+    return encode(Image.fromarray(stored), "JPEG", quality=92, exif=exif)
+
+
+def png_chunk(chunk_type: bytes, payload: bytes) -> bytes:
+    return (
+        struct.pack(">I", len(payload))
+        + chunk_type
+        + payload
+        + struct.pack(">I", zlib.crc32(chunk_type + payload))
+    )
+
+
+def png_with_exif_after_image_data() -> bytes:
+    """Orientation 6 in an eXIf chunk placed after IDAT: ignored by both stages."""
+    data = encode(Image.fromarray(photo()), "PNG")
+    return data[:-12] + png_chunk(b"eXIf", tiff_with_orientation()) + data[-12:]
+
+
+def palette_image() -> Image.Image:
+    indices = (np.arange(60 * 90).reshape(60, 90) // 7 % 4).astype(np.uint8)
+    image = Image.fromarray(indices, "P")
+    image.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255, 40, 40, 40])
+    return image
+
+
+def rgba_image() -> Image.Image:
+    alpha = (np.arange(60 * 90).reshape(60, 90) % 256).astype(np.uint8)
+    return Image.fromarray(np.dstack([photo(), alpha]))
+
+
+def animated_gif() -> bytes:
+    frames = [Image.fromarray(photo()), Image.new("RGB", (90, 60), (0, 255, 0))]
+    return encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+
+
+def orientation_exif(orientation: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif
+
+
+CASES = {
+    **{
+        f"jpeg_orientation_{orientation}": functools.partial(
+            jpeg_with_exif, orientation_exif(orientation), orientation
+        )
+        for orientation in range(1, 9)
+    },
+    "jpeg_progressive": lambda: encode(Image.fromarray(photo()), "JPEG", quality=90, progressive=True),
+    "jpeg_grayscale": lambda: encode(Image.fromarray(photo()).convert("L"), "JPEG", quality=90),
+    "jpeg_cmyk": lambda: encode(Image.fromarray(photo()).convert("CMYK"), "JPEG", quality=90),
+    "jpeg_large_reduced_dct_scale": lambda: encode(Image.fromarray(photo(1200, 1600)), "JPEG", quality=90),
+    "jpeg_big_endian_exif": lambda: jpeg_with_exif(b"Exif\x00\x00" + tiff_with_orientation(">")),
+    "jpeg_exif_long_orientation": lambda: jpeg_with_exif(b"Exif\x00\x00" + tiff_with_orientation("<", 4)),
+    "jpeg_exif_orientation_of_wrong_type": lambda: jpeg_with_exif(
+        b"Exif\x00\x00" + tiff_with_orientation("<", 2)
+    ),
+    "jpeg_exif_ifd_past_the_end": lambda: jpeg_with_exif(b"Exif\x00\x00II*\x00\xff\xff\xff\x7f"),
+    "jpeg_exif_garbage": lambda: jpeg_with_exif(b"Exif\x00\x00" + bytes(range(200))),
+    "png_rgb": lambda: encode(Image.fromarray(photo()), "PNG"),
+    "png_rgba": lambda: encode(rgba_image(), "PNG"),
+    "png_grayscale": lambda: encode(Image.fromarray(photo()).convert("L"), "PNG"),
+    "png_gray_alpha": lambda: encode(rgba_image().convert("LA"), "PNG"),
+    "png_palette": lambda: encode(palette_image(), "PNG"),
+    "png_palette_transparency": lambda: encode(palette_image(), "PNG", transparency=1),
+    "png_colour_key_transparency": lambda: encode(
+        palette_image().convert("RGB"), "PNG", transparency=(0, 0, 255)
+    ),
+    "png_16_bit_gray": lambda: encode(Image.fromarray(photo()[:, :, 0].astype(np.uint16) * 256 + 100), "PNG"),
+    "png_exif_orientation_6": lambda: encode(
+        Image.fromarray(stored_for_orientation(photo(), 6)), "PNG", exif=orientation_exif(6)
+    ),
+    "png_exif_after_image_data": png_with_exif_after_image_data,
+    "gif": lambda: encode(palette_image(), "GIF"),
+    "gif_transparency": lambda: encode(palette_image(), "GIF", transparency=2),
+    "gif_animated_first_frame": animated_gif,
+    "bmp_24_bit": lambda: encode(Image.fromarray(photo()), "BMP"),
+    "bmp_8_bit_palette": lambda: encode(palette_image(), "BMP"),
+    "bmp_32_bit_alpha_ignored": lambda: encode(rgba_image(), "BMP"),
+    "webp_lossy": lambda: encode(Image.fromarray(photo()), "WEBP", quality=90),
+    "webp_lossless_rgba": lambda: encode(rgba_image(), "WEBP", lossless=True),
+    "webp_exif_orientation_6": lambda: encode(
+        Image.fromarray(stored_for_orientation(photo(), 6)), "WEBP", lossless=True, exif=orientation_exif(6)
+    ),
+}
+
+
+@functools.cache
+def case_bytes(name: str) -> bytes:
+    return CASES[name]()
+
+
+def assert_matches_stage_one(served, data: bytes, method: str):
+    expected = load_image(data, size=SIZE, method=method, max_pixels=10**8).astype(int)
+    served = np.asarray(served)
+    assert served.shape == (SIZE, SIZE, 3) and served.dtype == np.uint8
+    difference = np.abs(served.astype(int) - expected)
+    assert difference.mean() <= MEAN_TOLERANCE, difference.mean()
+    assert difference.max() <= MAX_TOLERANCE, difference.max()
+
+
+@pytest.mark.parametrize("method", geometry.RESIZE_METHODS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eager_decode_matches_stage_one(name, method):
+    data = case_bytes(name)
+    assert_matches_stage_one(decode_and_resize(tf.constant(data), SIZE, method), data, method)
+
+
+@pytest.mark.parametrize("method", geometry.RESIZE_METHODS)
+def test_decode_inside_dataset_map_matches_stage_one(method):
+    names = sorted(CASES)
+    dataset = tf.data.Dataset.from_tensor_slices([case_bytes(name) for name in names]).map(
+        lambda image_bytes: decode_and_resize(image_bytes, SIZE, method)
+    )
+    assert dataset.element_spec.shape == (SIZE, SIZE, 3)
+    for name, served in zip(names, dataset.as_numpy_iterator(), strict=True):
+        assert_matches_stage_one(served, case_bytes(name), method)
+
+
+@pytest.mark.parametrize("method", geometry.RESIZE_METHODS)
+def test_batch_decode_inside_tf_function_matches_stage_one(method):
+    names = sorted(CASES)
+    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, method))
+    served = decode_batch(tf.constant([case_bytes(name) for name in names])).numpy()
+    assert served.shape == (len(names), SIZE, SIZE, 3)
+    for name, image in zip(names, served, strict=True):
+        assert_matches_stage_one(image, case_bytes(name), method)
+
+
+def test_orientation_is_applied_not_ignored_by_both_stages():
+    # Parity alone would also hold if both ignored EXIF; the red block must be top-left.
+    served = decode_and_resize(tf.constant(case_bytes("jpeg_orientation_6")), SIZE, geometry.PAD).numpy()
+    expected = load_image(
+        encode(Image.fromarray(photo()), "PNG"), size=SIZE, method=geometry.PAD, max_pixels=10**8
+    )
+    assert np.abs(served.astype(int) - expected).mean() < 2
+
+
+def test_unknown_content_is_an_invalid_argument_error():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a supported image"):
+        decode_and_resize(tf.constant(b"%PDF-1.7 definitely not an image"), SIZE, geometry.CROP)
+
+
+def test_unknown_resize_method_is_refused_when_building():
+    with pytest.raises(ValueError, match="unknown resize method"):
+        decode_and_resize(tf.constant(case_bytes("png_rgb")), SIZE, "stretch")
+
+
+def all_op_types(graph_def) -> set[str]:
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
+def test_serving_graph_has_no_python_ops():
+    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, geometry.CROP))
+    graph_def = decode_batch.get_concrete_function(tf.TensorSpec([None], tf.string)).graph.as_graph_def()
+    op_types = all_op_types(graph_def)
+    assert "DecodeJpeg" in op_types  # the walk reached the function bodies
+    assert not op_types & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+@pytest.mark.slow  # a second Python process importing TensorFlow: ~10 s
+def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(tmp_path):
+    module = tf.Module()
+    module.decode = tf.function(
+        lambda batch: {"image": decode_and_resize_batch(batch, SIZE, geometry.CROP)},
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.decode})
+    names = ["jpeg_orientation_6", "png_rgba", "gif_transparency", "webp_lossy"]
+    for index, name in enumerate(names):
+        (tmp_path / f"{index}.img").write_bytes(case_bytes(name))
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, tensorflow as tf
+        signature = tf.saved_model.load("model").signatures["serving_default"]
+        batch = tf.constant([open(f"{{i}}.img", "rb").read() for i in range({len(names)})])
+        np.save("served.npy", signature(batch)["image"].numpy())
+        """
+    )
+    # cwd is the temporary directory and PYTHONPATH is unset: the project's code is not importable there.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True, capture_output=True)
+    served = np.load(tmp_path / "served.npy")
+    for name, image in zip(names, served, strict=True):
+        assert_matches_stage_one(image, case_bytes(name), geometry.CROP)
