@@ -40,9 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m pipelines.local",
         description="Preprocess (Beam DirectRunner) then train (Keras) on this machine.",
     )
-    parser.add_argument("--workdir", required=True, help="Where the dataset and the model go (local or gs://).")
     parser.add_argument(
-        "--input", help="Images: a ROOT/<class>/<file> tree or a CSV/JSONL manifest. Default: the sample corpus."
+        "--workdir", required=True, help="Where the dataset and the model go (local or gs://)."
+    )
+    parser.add_argument(
+        "--input",
+        help="Images: a ROOT/<class>/<file> tree or a CSV/JSONL manifest. Default: the sample corpus.",
     )
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset as it is.")
     parser.add_argument("--image-size", type=int, default=DEMO_IMAGE_SIZE)
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
     parser.add_argument("--global-batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes.")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes."
+    )
     parser.add_argument(
         "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
     )
@@ -92,7 +97,12 @@ def predict_one(export_dir: str, dataset_dir: str, manifest: dict):
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     outputs = serve(tf.constant([tf.io.gfile.GFile(uri, "rb").read()]))
     probability = float(tf.reduce_max(outputs["probabilities"][0]))
-    return uri, example[features.CLASS_NAME].numpy().decode(), outputs["label"][0].numpy().decode(), probability
+    return (
+        uri,
+        example[features.CLASS_NAME].numpy().decode(),
+        outputs["label"][0].numpy().decode(),
+        probability,
+    )
 
 
 def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
