@@ -13,8 +13,9 @@ On Dataflow (same code; the package is installed on the workers from setup.py):
 
 Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
 URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
-Arrow record batches -> tf.Transform (analyze on train, transform all splits)
--> encode -> shard parts -> shards packed by bytes -> finalize (move into
+Arrow record batches -> tf.Transform (analyze on train as the batches are
+decoded; transform all splits, read back from a spill on disk so that memory
+does not grow with the corpus) -> encode -> shard parts -> shards packed by bytes -> finalize (move into
 place, manifest last). Every input that is not written is an error record or
 a counted duplicate. Our flags: `python -m preprocess --help`; all other flags
 go to Beam's PipelineOptions untouched.
@@ -35,6 +36,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
+from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeExamplesFn
 from preprocess.finalize import delete_tree, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
@@ -104,8 +106,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
             adapter_config,
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(preprocessing_fn)
         transform_written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(staging_dir)
+        decoded_dir = manifest_lib.join(staging_dir, "decoded")
         for index, split in enumerate(manifest_lib.SPLITS):
-            transformed, _ = ((batches[split], adapter_config), transform_fn) | f"Transform[{split}]" >> (
+            # Decoded once; the analysis consumes the batches as they are made,
+            # the transform reads them back from disk (see decoded_cache.py).
+            reloaded = batches[split] | f"Spill[{split}]" >> SpillAndReload(split, decoded_dir)
+            transformed, _ = ((reloaded, adapter_config), transform_fn) | f"Transform[{split}]" >> (
                 tft_beam.TransformDataset(output_record_batches=True)
             )
             encoded = transformed | f"Encode[{split}]" >> beam.ParDo(

@@ -1,0 +1,95 @@
+"""A spill of decoded images to disk, so no runner has to hold a split in memory.
+
+tf.Transform's transform needs the analysis result, and the analysis needs
+every training image: between the two, a runner must keep the decoded split
+somewhere. Dataflow spills it to disk by itself; Beam's local runner keeps
+every PCollection that crosses a stage boundary in memory, so the local job's
+memory would grow with the corpus (a 224x224 image is 147 KiB of pixels).
+Decoding twice would double the job's dominant cost instead.
+
+So the decoded record batches are written once, as they are produced, to
+Arrow IPC stream files in the run's staging directory (`WriteBatchPartsFn`,
+one file per bundle and split, rolled over at `part_bytes`), and the
+transform reads them back (`read_batch_part`) after the analysis is done.
+Only the list of part paths crosses the stage boundary. The cost is one
+write and one read of the raw pixels, small next to decoding a JPEG.
+"""
+
+import uuid
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
+
+from dataset_contract import manifest as manifest_lib
+
+DEFAULT_PART_BYTES = 64 << 20
+
+
+class WriteBatchPartsFn(beam.DoFn):
+    """Arrow record batches of one split -> paths of Arrow IPC files holding them."""
+
+    def __init__(self, split: str, parts_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
+        self._split = split
+        self._parts_dir = parts_dir
+        self._part_bytes = part_bytes
+
+    def start_bundle(self):
+        self._handle = None
+
+    def _close(self) -> str | None:
+        if self._handle is None:
+            return None
+        self._writer.close()
+        self._handle.close()
+        self._handle = None
+        return self._path
+
+    def process(self, batch: pa.RecordBatch):
+        if self._handle is None:
+            self._path = manifest_lib.join(self._parts_dir, f"{self._split}-{uuid.uuid4().hex}.arrow")
+            self._handle = FileSystems.create(self._path)
+            self._writer = pa.ipc.new_stream(pa.PythonFile(self._handle, mode="w"), batch.schema)
+            self._written = 0
+        self._writer.write_batch(batch)
+        self._written += batch.nbytes
+        if self._written >= self._part_bytes:
+            yield self._close()
+
+    def finish_bundle(self):
+        path = self._close()
+        if path is not None:
+            yield GlobalWindows.windowed_value(path)
+
+
+def read_batch_part(path: str):
+    """Yield the record batches of one part file."""
+    with FileSystems.open(path) as handle:
+        reader = pa.ipc.open_stream(pa.PythonFile(handle, mode="r"))
+        yield from reader
+
+
+class SpillAndReload(beam.PTransform):
+    """Record batches -> the same record batches, via part files on disk.
+
+    The output is produced from the complete list of parts, so everything
+    downstream starts only after the input is fully written, and reads it
+    back in parallel, one part per element.
+    """
+
+    def __init__(self, split: str, parts_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
+        super().__init__()
+        self._split = split
+        self._parts_dir = parts_dir
+        self._part_bytes = part_bytes
+
+    def expand(self, batches):
+        return (
+            batches
+            | "WriteParts" >> beam.ParDo(WriteBatchPartsFn(self._split, self._parts_dir, self._part_bytes))
+            | "AllParts" >> beam.combiners.ToList()
+            | "EachPart" >> beam.FlatMap(sorted)
+            | "SpreadParts" >> beam.Reshuffle()
+            | "ReadParts" >> beam.FlatMap(read_batch_part)
+        )
