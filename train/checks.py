@@ -1,0 +1,102 @@
+"""Read `dataset.json` and check a dataset directory before the first training step.
+
+A run that dies an hour in on a missing shard, or trains happily on the
+wrong image size, wastes a TPU; everything that can be known from the
+manifest and a stat of each shard is checked here, up front, and reported
+as a DatasetError that names the file or the mismatch.
+"""
+
+import json
+
+import tensorflow as tf
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+from train import models, verify
+from train.errors import DatasetError
+
+
+def read_manifest(data_dir: str) -> dict:
+    """The parsed and structurally checked `dataset.json` of `data_dir`."""
+    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
+    if not tf.io.gfile.exists(path):
+        raise DatasetError(
+            f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
+            "without it is not a dataset (wrong --data path, or preprocess has not finished)"
+        )
+    try:
+        with tf.io.gfile.GFile(path, "r") as handle:
+            manifest = json.loads(handle.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise DatasetError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    try:
+        manifest_lib.check_manifest(manifest, where=path)
+    except manifest_lib.ManifestError as exc:
+        raise DatasetError(str(exc)) from exc
+    return manifest
+
+
+def check_dataset(
+    data_dir: str,
+    manifest: dict,
+    splits=(manifest_lib.TRAIN, manifest_lib.VALIDATION),
+    verify_sha256: bool = False,
+) -> None:
+    """Raise DatasetError naming every problem that would stop or spoil training on `splits`."""
+    where = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
+    image = manifest["image"]
+    if image["encoding"] not in features.ENCODINGS:
+        raise DatasetError(
+            f"{where}: image.encoding {image['encoding']!r} is not one this code can decode "
+            f"({', '.join(features.ENCODINGS)})"
+        )
+    if image["channels"] != features.CHANNELS:
+        raise DatasetError(
+            f"{where}: image.channels is {image['channels']}, expected {features.CHANNELS} (RGB)"
+        )
+    if image["height"] != image["width"]:
+        # The serving signature resizes to a square (as stage 1's --image-size does);
+        # finding out at export time would waste the whole run.
+        raise DatasetError(
+            f"{where}: images are {image['height']}x{image['width']}; training and serving expect square images"
+        )
+    if not manifest["labels"]:
+        raise DatasetError(f"{where}: labels is empty; there is nothing to classify")
+    normalization = manifest["normalization"]
+    for key in ("mean", "std"):
+        values = normalization.get(key)
+        if not isinstance(values, list) or len(values) != features.CHANNELS:
+            raise DatasetError(
+                f"{where}: normalization.{key} must list {features.CHANNELS} per-channel values"
+            )
+    if min(normalization["std"]) <= 0:
+        raise DatasetError(f"{where}: normalization.std {normalization['std']} has a non-positive value")
+    for split in splits:
+        info = manifest["splits"].get(split)
+        if info is None or not info["shards"] or info["num_examples"] < 1:
+            raise DatasetError(f"{where}: split {split!r} has no examples; training needs {list(splits)}")
+        listed = sum(shard["num_examples"] for shard in info["shards"])
+        if listed != info["num_examples"]:
+            raise DatasetError(
+                f"{where}: split {split!r} says num_examples={info['num_examples']} "
+                f"but its shards add up to {listed}"
+            )
+    problems = verify.verify_shards(data_dir, manifest, splits=splits, check_sha256=verify_sha256)
+    if problems:
+        raise DatasetError(
+            f"{len(problems)} shard(s) do not match {where}:\n"
+            + "\n".join(f"  {problem}" for problem in problems)
+        )
+
+
+def check_model_fits(model_name: str, manifest: dict) -> None:
+    """Raise DatasetError if `model_name` cannot take the dataset's images."""
+    height, width = manifest["image"]["height"], manifest["image"]["width"]
+    minimum = models.min_image_size(model_name)
+    if height < minimum or width < minimum:
+        raise DatasetError(
+            f"model {model_name!r} needs images of at least {minimum}x{minimum}, but the dataset's images are "
+            f"{height}x{width}; re-run preprocess with a larger --image-size or pick another --model"
+        )

@@ -1,0 +1,121 @@
+"""What a training run is asked to do (TrainConfig) and what it will do (TrainingPlan).
+
+TrainConfig mirrors the command line one field per flag, so a notebook or a
+test builds the same run as `python -m train ...` does. TrainingPlan is the
+config resolved against the dataset and the strategy: epochs, steps and
+batch sizes as numbers, checked for consistency before anything is built.
+"""
+
+import dataclasses
+import math
+
+from train.errors import ConfigError
+
+# On a TPU every host->device round trip costs about as much as a small step,
+# so a TPU runs many steps per call by default.
+TPU_STEPS_PER_EXECUTION = 32
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One training run. Paths may be local or gs://."""
+
+    data_dir: str
+    model_dir: str
+    model: str = "small_cnn"
+    epochs: int | None = 10  # passes over the train split; ignored when `steps` is set
+    steps: int | None = None  # total training steps instead of epochs
+    steps_per_epoch: int | None = None  # default: one pass over the train split
+    global_batch_size: int = 64
+    learning_rate: float = 1e-3
+    strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
+    tpu: str | None = None  # a TPU name, or "local" on a TPU VM
+    mixed_precision: str = "auto"  # auto|bfloat16|float16|off
+    steps_per_execution: int | None = None  # default: TPU_STEPS_PER_EXECUTION on a TPU, else 1
+    jit_compile: bool | None = None  # XLA on CPU/GPU; None lets Keras decide (TPUs always compile)
+    augment: bool = False
+    verify_data: bool = False  # sha256 of every shard before training
+    shuffle_buffer: int = 2048  # examples
+    export: bool = True  # write the serving SavedModel at the end
+    checkpoints_to_keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """The numbers a run trains with, resolved from the config, the dataset and the replica count."""
+
+    epochs: int
+    steps_per_epoch: int
+    steps_per_execution: int
+    global_batch_size: int
+    per_replica_batch_size: int
+    num_replicas: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+
+def _largest_divisor_at_most(number: int, limit: int) -> int:
+    return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
+
+
+def plan_training(
+    config: TrainConfig, num_train_examples: int, num_replicas: int, on_tpu: bool
+) -> TrainingPlan:
+    """Resolve epochs, steps and batch sizes; raise ConfigError if they cannot work.
+
+    Keras runs `steps_per_execution` steps per call and does not cut the last
+    call of an epoch short, so the steps of an epoch must be a multiple of it,
+    or an epoch would train past its plan. When the epoch length comes from the
+    dataset it is rounded down to a multiple (an epoch stays about one pass);
+    when the user fixed it, steps_per_execution shrinks to a divisor instead.
+    """
+    batch = config.global_batch_size
+    if batch < 1 or batch % num_replicas:
+        raise ConfigError(
+            f"--global-batch-size {batch} must be a positive multiple of the number of replicas ({num_replicas})"
+        )
+    one_pass = num_train_examples // batch
+    if one_pass < 1:
+        raise ConfigError(
+            f"the train split has {num_train_examples} examples, fewer than one global batch of {batch}; "
+            "lower --global-batch-size"
+        )
+    if config.steps is not None and config.steps < 1:
+        raise ConfigError(f"--steps must be positive, got {config.steps}")
+    if config.steps is None and (config.epochs is None or config.epochs < 1):
+        raise ConfigError(f"--epochs must be positive, got {config.epochs}")
+    if config.steps_per_epoch is not None and config.steps_per_epoch < 1:
+        raise ConfigError(f"--steps-per-epoch must be positive, got {config.steps_per_epoch}")
+
+    fixed_epoch_length = config.steps_per_epoch is not None
+    steps_per_epoch = config.steps_per_epoch or one_pass
+    if config.steps is not None:
+        # An epoch is the unit of checkpointing and evaluation: split the steps
+        # into equal epochs no longer than the chosen epoch length (so the
+        # total is `steps` rounded up to a multiple of the epoch count).
+        epochs = math.ceil(config.steps / steps_per_epoch)
+        steps_per_epoch = math.ceil(config.steps / epochs)
+    else:
+        epochs = config.epochs
+
+    requested = config.steps_per_execution
+    if requested is None:
+        requested = TPU_STEPS_PER_EXECUTION if on_tpu else 1
+    if requested < 1:
+        raise ConfigError(f"--steps-per-execution must be positive, got {requested}")
+    per_call = min(requested, steps_per_epoch)
+    if steps_per_epoch % per_call:
+        if fixed_epoch_length or config.steps is not None:
+            per_call = _largest_divisor_at_most(steps_per_epoch, per_call)
+        else:
+            steps_per_epoch -= steps_per_epoch % per_call
+    return TrainingPlan(
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        steps_per_execution=per_call,
+        global_batch_size=batch,
+        per_replica_batch_size=batch // num_replicas,
+        num_replicas=num_replicas,
+    )

@@ -1,0 +1,346 @@
+"""The input pipeline: the shards of one split -> batches a TPU can consume at full speed.
+
+    make_train_dataset   one input pipeline's endless, shuffled stream of (images, labels)
+    make_eval_dataset    one input pipeline's single pass over a split: (images, labels, weights)
+    distribute_train_dataset / distribute_eval_dataset
+                         the same under a strategy, one pipeline per host
+
+Everything is built from the manifest's shard list (never a glob) and plain
+TF ops (no py_function), so the whole pipeline runs in the tf.data runtime,
+in parallel, on every core of the host. Every element has a fully static
+shape, batch dimension included, because XLA (and so a TPU) compiles one
+program per shape.
+
+Decoding a serialized example and turning it into model input are separate
+pieces (`parse_batch`, `decode_images`, `normalize`), shared with the serving
+export, so training and serving cannot drift apart.
+"""
+
+import dataclasses
+import functools
+import math
+
+import tensorflow as tf
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+from train.errors import DatasetError
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+# Read from up to this many shards at once: enough to mix examples from many
+# files (shards are written in whatever order the Beam job produced them),
+# few enough to bound the read buffers held open.
+MAX_PARALLEL_FILES = 16
+# TFRecordDataset's read-ahead per open file; large reads are what keep GCS
+# at streaming speed (the 256 KiB default is tuned for local disks).
+READ_BUFFER_BYTES = 8 << 20
+DEFAULT_SHUFFLE_BUFFER = 2048
+
+_FEATURE_SPEC = {
+    features.IMAGE: tf.io.FixedLenFeature([], tf.string),
+    features.LABEL: tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFormat:
+    """What the pipeline needs to know about the stored images, from the manifest."""
+
+    height: int
+    width: int
+    encoding: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "ImageFormat":
+        image, normalization = manifest["image"], manifest["normalization"]
+        return cls(
+            height=int(image["height"]),
+            width=int(image["width"]),
+            encoding=image["encoding"],
+            mean=tuple(float(v) for v in normalization["mean"]),
+            std=tuple(float(v) for v in normalization["std"]),
+        )
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.height, self.width, features.CHANNELS)
+
+    @property
+    def dtype(self) -> tf.DType:
+        """The dtype of the pipeline's images: bfloat16 stays bfloat16 (the host only bitcasts)."""
+        return tf.bfloat16 if self.encoding == features.BFLOAT16 else tf.float32
+
+
+# ---------------------------------------------------------------- per batch
+
+
+def parse_batch(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A batch of serialized Examples -> {'image': [B] bytes, 'label': [B] int64}, in one op."""
+    return tf.io.parse_example(serialized, _FEATURE_SPEC)
+
+
+def normalize(pixels: tf.Tensor, mean, std) -> tf.Tensor:
+    """(pixel - mean) / std per channel, in float32, pixels in 0-255 units (as stage 1 does)."""
+    mean = tf.constant(mean, tf.float32)
+    std = tf.constant(std, tf.float32)
+    return (tf.cast(pixels, tf.float32) - mean) / std
+
+
+def _decode_jpeg(image_bytes: tf.Tensor, image_format: ImageFormat) -> tf.Tensor:
+    pixels = tf.io.decode_jpeg(image_bytes, channels=features.CHANNELS)
+    # A JPEG of another size would break the batch's static shape; fail loudly instead.
+    return tf.ensure_shape(pixels, image_format.shape)
+
+
+def decode_images(image_bytes: tf.Tensor, image_format: ImageFormat) -> tf.Tensor:
+    """A batch of `image` features -> normalized images [B, H, W, 3] of `image_format.dtype`.
+
+    The raw encodings decode the whole batch with one `decode_raw` (a bitcast
+    for bfloat16 and float32, which stage 1 already normalized). JPEG has no
+    batched decoder, so each image is decoded in a `map_fn` inside this
+    batched map: the per-element overhead of a per-example `Dataset.map` is
+    avoided, and several batches still decode at once (the map runs with
+    num_parallel_calls), which keeps every core busy.
+    """
+    batch = image_bytes.shape[0] if image_bytes.shape.rank == 1 and image_bytes.shape[0] is not None else -1
+    shape = [batch, *image_format.shape]
+    encoding = image_format.encoding
+    if encoding in features.NORMALIZED_ENCODINGS:
+        return tf.reshape(tf.io.decode_raw(image_bytes, image_format.dtype, little_endian=True), shape)
+    if encoding == features.UINT8:
+        pixels = tf.reshape(tf.io.decode_raw(image_bytes, tf.uint8), shape)
+    elif encoding == features.JPEG:
+        pixels = tf.map_fn(
+            functools.partial(_decode_jpeg, image_format=image_format),
+            image_bytes,
+            fn_output_signature=tf.TensorSpec(image_format.shape, tf.uint8),
+            parallel_iterations=16,
+        )
+    else:
+        raise DatasetError(f"unknown image encoding {encoding!r}; expected one of {features.ENCODINGS}")
+    return normalize(pixels, image_format.mean, image_format.std)
+
+
+def augment_images(images: tf.Tensor, max_shift: int | None = None) -> tf.Tensor:
+    """Random horizontal flip and random translation (pad + crop) of each image of a batch.
+
+    Vectorized over the batch with gathers (no per-image map), and the output
+    has the input's static shape. Padding reflects the border, so no
+    artificial frame appears.
+    """
+    batch, height, width, _ = images.shape
+    if max_shift is None:
+        max_shift = max(1, min(height, width) // 8)
+    padded = tf.pad(images, [[0, 0], [max_shift, max_shift], [max_shift, max_shift], [0, 0]], mode="REFLECT")
+    top = tf.random.uniform([batch], 0, 2 * max_shift + 1, dtype=tf.int32)
+    left = tf.random.uniform([batch], 0, 2 * max_shift + 1, dtype=tf.int32)
+    rows = top[:, None] + tf.range(height)[None, :]
+    cols = left[:, None] + tf.range(width)[None, :]
+    images = tf.gather(padded, rows, axis=1, batch_dims=1)
+    images = tf.gather(images, cols, axis=2, batch_dims=1)
+    flip = tf.random.uniform([batch]) < 0.5
+    return tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
+
+
+# ---------------------------------------------------------------- files
+
+
+def split_shards(manifest: dict, split: str) -> list[dict]:
+    """The manifest's shard entries of `split`, in manifest order."""
+    info = manifest["splits"].get(split)
+    if not info or not info["shards"]:
+        raise DatasetError(f"split {split!r} has no shards in {manifest_lib.MANIFEST_FILE}")
+    return list(info["shards"])
+
+
+def shards_for_input_pipeline(shards: list, input_context: tf.distribute.InputContext | None) -> list:
+    """The shards one input pipeline reads: every num_input_pipelines-th, from its id on.
+
+    Sharding by file is what lets every host read only its own files (no host
+    reads and discards the others' examples), but it needs at least one shard
+    per pipeline: a host with no file would have no data, and the others would
+    wait for it forever.
+    """
+    if input_context is None or input_context.num_input_pipelines == 1:
+        return list(shards)
+    count, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if len(shards) < count:
+        raise DatasetError(
+            f"{len(shards)} shard(s) for {count} input pipelines (one per host): each host reads whole shards, so "
+            f"a split needs at least {count}; re-run preprocess with --min-shards {count} or more"
+        )
+    return list(shards[index::count])
+
+
+def _read_records(path: tf.Tensor) -> tf.data.Dataset:
+    return tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES)
+
+
+def _interleave_records(paths: tf.data.Dataset, num_files: int) -> tf.data.Dataset:
+    # deterministic=False: take a record from whichever file has one ready,
+    # instead of stalling the round robin on the slowest read (GCS latency varies).
+    return paths.interleave(
+        _read_records,
+        cycle_length=max(1, min(num_files, MAX_PARALLEL_FILES)),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=False,
+    )
+
+
+def pipeline_options() -> tf.data.Options:
+    """Options for every pipeline: throughput over order, tuned at run time."""
+    options = tf.data.Options()
+    options.deterministic = False  # the default for every parallel stage that does not set its own
+    options.autotune.enabled = True  # AUTOTUNE parallelism and prefetch depths, adjusted while running
+    # Files are sharded per pipeline above; tf.distribute must not shard again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return options
+
+
+# ---------------------------------------------------------------- pipelines
+
+
+def make_train_dataset(
+    data_dir: str,
+    manifest: dict,
+    batch_size: int,
+    input_context: tf.distribute.InputContext | None = None,
+    augment: bool = False,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    split: str = manifest_lib.TRAIN,
+) -> tf.data.Dataset:
+    """One input pipeline's endless stream of (images [B,H,W,3], labels [B]) for training.
+
+    `batch_size` is the per-replica batch size (InputContext.get_per_replica_batch_size).
+    """
+    image_format = ImageFormat.from_manifest(manifest)
+    shards = shards_for_input_pipeline(split_shards(manifest, split), input_context)
+    paths = [manifest_lib.join(data_dir, shard["path"]) for shard in shards]
+
+    # Shard first, shuffle second: every pipeline starts from the same manifest
+    # order, so the file sets stay disjoint; each pipeline then shuffles its own
+    # files, anew on every pass (with few large shards, file order is most of
+    # the randomness). Repeating the file list here, before the readers, keeps
+    # the interleave full across epoch boundaries instead of draining it.
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    files = files.shuffle(len(paths), reshuffle_each_iteration=True).repeat()
+    records = _interleave_records(files, len(paths))
+    # The example shuffle mixes records from the open files; its buffer holds
+    # serialized records, which are small for jpeg and up to H*W*12 bytes for float32.
+    records = records.shuffle(shuffle_buffer)
+    # drop_remainder: every batch has the same static shape, which XLA needs.
+    # Batching before parsing lets one parse_example / decode_raw handle the batch.
+    batches = records.batch(batch_size, drop_remainder=True)
+
+    def to_model_input(serialized):
+        parsed = parse_batch(serialized)
+        images = decode_images(parsed[features.IMAGE], image_format)
+        if augment:
+            images = augment_images(images)
+        return images, tf.cast(parsed[features.LABEL], tf.int32)
+
+    batches = batches.map(to_model_input, num_parallel_calls=AUTOTUNE, deterministic=False)
+    return batches.prefetch(AUTOTUNE).with_options(pipeline_options())
+
+
+def eval_steps(
+    manifest: dict, split: str, batch_size: int, num_input_pipelines: int = 1, num_replicas: int = 1
+) -> int:
+    """Steps that cover every example of `split` once, whichever pipeline holds the most.
+
+    Every pipeline must yield the same number of batches (replicas run in
+    lockstep), so each is padded to the number the fullest one needs.
+    """
+    replicas_per_pipeline = max(1, num_replicas // num_input_pipelines)
+    shards = split_shards(manifest, split)
+    steps = 0
+    for pipeline in range(num_input_pipelines):
+        examples = sum(shard["num_examples"] for shard in shards[pipeline::num_input_pipelines])
+        batches = math.ceil(examples / batch_size)
+        steps = max(steps, math.ceil(batches / replicas_per_pipeline))
+    return max(steps, 1)
+
+
+def make_eval_dataset(
+    data_dir: str,
+    manifest: dict,
+    split: str,
+    batch_size: int,
+    input_context: tf.distribute.InputContext | None = None,
+) -> tf.data.Dataset:
+    """One input pipeline's single pass over `split`: (images, labels, weights), static shapes.
+
+    Evaluation must see every example exactly once, with the static shapes a
+    TPU needs. So the last partial batch is padded with blank images of
+    weight 0, and pipelines with fewer examples add blank batches until all
+    yield `eval_steps` batches per replica; the metrics are weighted metrics,
+    so padding counts for nothing. One scheme for every strategy: the path a
+    TPU takes is the path the CPU tests take.
+    """
+    image_format = ImageFormat.from_manifest(manifest)
+    all_shards = split_shards(manifest, split)
+    shards = shards_for_input_pipeline(all_shards, input_context)
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    replicas = input_context.num_replicas_in_sync if input_context else 1
+    steps = eval_steps(manifest, split, batch_size, pipelines, replicas)
+    total_batches = steps * max(1, replicas // pipelines)
+    real_examples = sum(shard["num_examples"] for shard in shards)
+    real_batches = math.ceil(real_examples / batch_size)
+
+    paths = [manifest_lib.join(data_dir, shard["path"]) for shard in shards]
+    records = _interleave_records(tf.data.Dataset.from_tensor_slices(paths), len(paths))
+    batches = records.batch(batch_size, drop_remainder=False)
+
+    def to_padded_model_input(serialized):
+        parsed = parse_batch(serialized)
+        images = decode_images(parsed[features.IMAGE], image_format)
+        labels = tf.cast(parsed[features.LABEL], tf.int32)
+        real = tf.shape(labels)[0]
+        missing = batch_size - real
+        images = tf.pad(images, [[0, missing], [0, 0], [0, 0], [0, 0]])
+        labels = tf.pad(labels, [[0, missing]])
+        weights = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
+        return (
+            tf.ensure_shape(images, [batch_size, *image_format.shape]),
+            tf.ensure_shape(labels, [batch_size]),
+            tf.ensure_shape(weights, [batch_size]),
+        )
+
+    batches = batches.map(to_padded_model_input, num_parallel_calls=AUTOTUNE, deterministic=False)
+    blank = tf.data.Dataset.from_tensors(
+        (
+            tf.zeros([batch_size, *image_format.shape], image_format.dtype),
+            tf.zeros([batch_size], tf.int32),
+            tf.zeros([batch_size], tf.float32),
+        )
+    )
+    batches = batches.concatenate(blank.repeat(total_batches - real_batches))
+    # take(): a shard holding more records than the manifest says must not add a step.
+    return batches.take(total_batches).prefetch(AUTOTUNE).with_options(pipeline_options())
+
+
+def distribute_train_dataset(
+    strategy: tf.distribute.Strategy, data_dir: str, manifest: dict, global_batch_size: int, **kwargs
+) -> tf.distribute.DistributedDataset:
+    """make_train_dataset under `strategy`: each host builds its own pipeline over its own files."""
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        return make_train_dataset(data_dir, manifest, batch_size, input_context=input_context, **kwargs)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_eval_dataset(
+    strategy: tf.distribute.Strategy, data_dir: str, manifest: dict, split: str, global_batch_size: int
+) -> tf.distribute.DistributedDataset:
+    """make_eval_dataset under `strategy`; every replica runs the same number of steps."""
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        return make_eval_dataset(data_dir, manifest, split, batch_size, input_context=input_context)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

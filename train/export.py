@@ -1,0 +1,61 @@
+"""The serving SavedModel: encoded image bytes in, class probabilities and names out.
+
+    MODEL_DIR/export/      signature `serving_default`:
+        image_bytes   tf.string [None]              JPEG/PNG/GIF/BMP/WebP file contents
+        -> probabilities  float32 [None, num_classes]
+           label          tf.string [None]          the most probable class name
+
+The signature runs the same steps as stage 1 + the training pipeline:
+decode by content, turn upright by EXIF orientation, RGB, resize with the
+shared geometry (train/serving_image.py), normalize with the manifest's mean
+and std (dataset.normalize), cast to the model's input dtype, run the model.
+It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
+"""
+
+import keras
+import tensorflow as tf
+
+from dataset_contract import manifest as manifest_lib
+from train import dataset, serving_image
+
+EXPORT_DIR = "export"
+SIGNATURE = "serving_default"
+INPUT_KEY = "image_bytes"
+
+
+def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) -> str:
+    """Write `model` with a bytes-in signature to `export_dir`; returns the path.
+
+    Called outside the training strategy's scope: the model is rebuilt there
+    from its config and given the trained weights, so the SavedModel holds
+    plain variables whatever strategy trained it (TPU, mirrored or
+    multi-worker variables do not save into a serving graph as they are).
+    The layers keep their dtype policy, so a mixed-precision model serves
+    in the precision it was trained in; its outputs are float32.
+    """
+    serving_model = keras.Model.from_config(model.get_config())
+    serving_model.set_weights(model.get_weights())
+    image = manifest["image"]
+    size, resize_method = int(image["height"]), image["resize_method"]
+    mean, std = manifest["normalization"]["mean"], manifest["normalization"]["std"]
+    class_names = tf.constant(manifest["labels"], tf.string)
+    input_dtype = serving_model.inputs[0].dtype
+
+    def serve(image_bytes):
+        pixels = serving_image.decode_and_resize_batch(image_bytes, size, resize_method)
+        images = tf.cast(dataset.normalize(pixels, mean, std), input_dtype)
+        probabilities = tf.cast(serving_model(images, training=False), tf.float32)
+        label = tf.gather(class_names, tf.argmax(probabilities, axis=-1))
+        return {"probabilities": probabilities, "label": label}
+
+    archive = keras.export.ExportArchive()
+    archive.track(serving_model)
+    archive.add_endpoint(
+        name=SIGNATURE, fn=serve, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
+    )
+    archive.write_out(export_dir, verbose=False)
+    return export_dir
+
+
+def export_path(model_dir: str) -> str:
+    return manifest_lib.join(model_dir, EXPORT_DIR)
