@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
+from preprocess.progress import ProgressCounter
 
 _READ_CHUNK_BYTES = 1 << 20
 
@@ -41,6 +42,8 @@ class HashContentFn(beam.DoFn):
 
     def __init__(self):
         self._hashed = Metrics.counter("preprocess", "hashed")
+        self._progress = ProgressCounter("hashed")
+        self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
         digest = hashlib.sha256()
@@ -51,16 +54,19 @@ class HashContentFn(beam.DoFn):
                     digest.update(chunk)
                     size += len(chunk)
         except Exception as exc:  # noqa: BLE001 - any I/O failure is this input's problem, not the job's
+            self._progress_failed.inc()
             yield beam.pvalue.TaggedOutput(
                 "errors", errors.ErrorRecord(record.uri, errors.UNREADABLE, f"{type(exc).__name__}: {exc}")
             )
             return
         if size == 0:
+            self._progress_failed.inc()
             yield beam.pvalue.TaggedOutput(
                 "errors", errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
             )
             return
         self._hashed.inc()
+        self._progress.inc()
         yield digest.hexdigest(), record
 
 
@@ -96,6 +102,8 @@ class ResolveDuplicatesFn(beam.DoFn):
     def __init__(self, fractions: dict[str, float]):
         self._fractions = fractions
         self._duplicates = Metrics.counter("preprocess", "duplicates")
+        self._progress_duplicates = ProgressCounter("duplicates")
+        self._progress_failed = ProgressCounter("failed")
 
     def process(self, element):
         sha256, records = element
@@ -103,6 +111,7 @@ class ResolveDuplicatesFn(beam.DoFn):
         labels = sorted({record.label for record in records})
         if len(labels) > 1:
             uris = [record.uri for record in records]
+            self._progress_failed.inc(len(records))
             for record in records:
                 others = [uri for uri in uris if uri != record.uri]
                 yield beam.pvalue.TaggedOutput(
@@ -117,6 +126,7 @@ class ResolveDuplicatesFn(beam.DoFn):
         kept = records[0]
         for duplicate in records[1:]:
             self._duplicates.inc()
+            self._progress_duplicates.inc()
             yield beam.pvalue.TaggedOutput("duplicates", {"uri": duplicate.uri, "duplicate_of": kept.uri})
         split = kept.split or assign_split(sha256, self._fractions)
         yield UniqueInput(uri=kept.uri, label=kept.label, split=split, sha256=sha256)

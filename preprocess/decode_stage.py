@@ -11,6 +11,7 @@ from apache_beam.metrics import Metrics
 from preprocess import errors
 from preprocess.content import UniqueInput, read_file_bytes
 from preprocess.image_decode import load_image
+from preprocess.progress import ProgressCounter
 
 
 class DecodeImagesFn(beam.DoFn):
@@ -22,11 +23,14 @@ class DecodeImagesFn(beam.DoFn):
         self._max_pixels = max_pixels
         self._decoded = Metrics.counter("preprocess", "decoded")
         self._failed = {}
+        self._progress = ProgressCounter("decoded")
+        self._progress_failed = ProgressCounter("failed")
 
     def _count_failure(self, reason: str):
         if reason not in self._failed:
             self._failed[reason] = Metrics.counter("preprocess", f"failed_{reason}")
         self._failed[reason].inc()
+        self._progress_failed.inc()
 
     def process(self, item: UniqueInput):
         try:
@@ -46,6 +50,7 @@ class DecodeImagesFn(beam.DoFn):
             )
             return
         self._decoded.inc()
+        self._progress.inc()
         yield {
             "image_raw": pixels.tobytes(),
             "label": item.label,

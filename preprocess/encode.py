@@ -16,6 +16,7 @@ from PIL import Image
 
 from dataset_contract import features
 from preprocess import errors
+from preprocess.progress import ProgressCounter
 from preprocess.transform import MEAN, STD
 
 # Little-endian on every host: the reader's decode_raw assumes it.
@@ -70,6 +71,8 @@ class EncodeExamplesFn(beam.DoFn):
         self._image_size = image_size
         self._jpeg_quality = jpeg_quality
         self._encoded = Metrics.counter("preprocess", f"encoded_{split}")
+        self._progress = ProgressCounter("encoded")
+        self._progress_failed = ProgressCounter("failed")
 
     def process(self, element):
         batch = element[0] if isinstance(element, tuple) else element
@@ -87,6 +90,7 @@ class EncodeExamplesFn(beam.DoFn):
             labels, class_names, hashes, uris, payloads, strict=True
         ):
             if label < 0:
+                self._progress_failed.inc()
                 yield beam.pvalue.TaggedOutput(
                     "errors",
                     errors.ErrorRecord(
@@ -109,4 +113,5 @@ class EncodeExamplesFn(beam.DoFn):
                 )
             )
             self._encoded.inc()
+            self._progress.inc()
             yield example.SerializeToString(), class_name.decode("utf-8")

@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors
+from preprocess import errors, progress
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -42,7 +42,7 @@ from preprocess.finalize import delete_tree, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
 from preprocess.shards import WriteShards
-from preprocess.summary import format_summary
+from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 
 # Per-record framing and metadata features around the image payload (sha256,
@@ -193,8 +193,10 @@ def run(argv=None) -> dict | None:
     options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, staging_dir)
-    result = pipeline.run()
-    state = result.wait_until_finish()
+    # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
+    with progress.ProgressReporter(enabled=progress.runs_locally(options)):
+        result = pipeline.run()
+        state = result.wait_until_finish()
     # tf.Transform may still write temporary files after the finalize step
     # has cleaned up staging; whatever is left goes now.
     delete_tree(staging_dir)
@@ -211,4 +213,5 @@ def main(argv=None):
     manifest = run(sys.argv[1:] if argv is None else argv)
     if manifest is not None:
         args, _ = parse_args(sys.argv[1:] if argv is None else argv)
-        print(format_summary(manifest, args.output.rstrip("/")))
+        output_dir = args.output.rstrip("/")
+        print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))

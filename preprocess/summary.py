@@ -1,41 +1,141 @@
-"""The short report the job prints when it ends: what was written and what failed."""
+"""The readable report of a dataset: what was written and what failed.
+
+Printed by the job when it ends and by `python -m preprocess.inspect`; built
+from the manifest alone, plus, when given, a few example URIs per failure
+reason from errors.jsonl (`read_error_examples`).
+"""
+
+import json
+import statistics
+
+import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 
+# Above this many classes the table shows the smallest ones (where problems
+# are) and a one-line distribution of the rest.
+_MAX_CLASS_ROWS = 20
 
-def _size(num_bytes: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if num_bytes < 1024 or unit == "GB":
+
+def format_bytes(num_bytes: float) -> str:
+    """1536 -> '1.5 KB' (powers of 1024)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if num_bytes < 1024 or unit == "TB":
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
         num_bytes /= 1024
-    return f"{num_bytes:.1f} TB"
+    raise AssertionError("unreachable")
 
 
-def format_summary(manifest: dict, output_dir: str) -> str:
+def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> dict[str, list[str]]:
+    """Up to `per_reason` URIs for each failure reason, from errors.jsonl (local or gs://).
+
+    Stops reading once every reason the manifest counts has its examples, so a
+    huge error log costs a few lines, not a full read.
+    """
+    path = manifest_lib.join(data_dir, manifest.get("errors", manifest_lib.ERRORS_FILE))
+    wanted = manifest["inputs"].get("failures_by_reason", {})
+    examples: dict[str, list[str]] = {}
+    if not wanted or not tf.io.gfile.exists(path):
+        return examples
+    with tf.io.gfile.GFile(path, "r") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                error = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            uris = examples.setdefault(error.get("reason", "?"), [])
+            if len(uris) < per_reason:
+                uris.append(error.get("uri", "?"))
+            if all(
+                len(examples.get(reason, [])) >= min(per_reason, count) for reason, count in wanted.items()
+            ):
+                break
+    return examples
+
+
+def _class_table(manifest: dict) -> list[str]:
+    splits = [split for split in manifest["splits"] if manifest["splits"][split]["num_examples"] > 0]
+    labels = manifest["labels"]
+    counts = {split: manifest["splits"][split]["num_examples_per_class"] for split in splits}
+    first = splits[0] if splits else None
+    shown = labels
+    if len(labels) > _MAX_CLASS_ROWS and first is not None:
+        shown = sorted(labels, key=lambda name: (counts[first].get(name, 0), name))[: _MAX_CLASS_ROWS // 2]
+    name_width = max([len("class"), len("total"), *(len(name) for name in shown)])
+    widths = [max(len(split), 7) for split in splits]
+    header = "class".ljust(name_width) + "".join(
+        f"  {split:>{width}}" for split, width in zip(splits, widths, strict=True)
+    )
+    rows = [header]
+    for name in shown:
+        rows.append(
+            name.ljust(name_width)
+            + "".join(
+                f"  {counts[split].get(name, 0):>{width}}"
+                for split, width in zip(splits, widths, strict=True)
+            )
+        )
+    if len(shown) < len(labels):
+        per_class = [counts[first].get(name, 0) for name in labels]
+        rows.append(
+            f"... {len(labels) - len(shown)} more classes ({first} per class: min {min(per_class)}, "
+            f"median {statistics.median(per_class):g}, max {max(per_class)})"
+        )
+    rows.append(
+        "total".ljust(name_width)
+        + "".join(
+            f"  {manifest['splits'][split]['num_examples']:>{width}}"
+            for split, width in zip(splits, widths, strict=True)
+        )
+    )
+    return rows
+
+
+def format_summary(
+    manifest: dict, output_dir: str, error_examples: dict[str, list[str]] | None = None
+) -> str:
+    """The report of a dataset directory; `error_examples` from `read_error_examples`."""
     inputs = manifest["inputs"]
     image = manifest["image"]
+    normalization = manifest["normalization"]
+    source = manifest.get("source", {})
+    origin = [f"from {source['input']}"] if source.get("input") else []
+    origin += [f"written {manifest['created_at']}"] if manifest.get("created_at") else []
     lines = [
-        f"Dataset written to {output_dir}",
+        f"Dataset {output_dir}" + (f" ({', '.join(origin)})" if origin else ""),
         f"  images: {inputs['num_found']} found = {inputs['num_written']} written"
         f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates",
-        f"  image: {image['height']}x{image['width']}x{image['channels']} {image['encoding']},"
-        f" resize {image['resize_method']}",
-        f"  normalization (train): mean {[round(v, 2) for v in manifest['normalization']['mean']]}"
-        f" std {[round(v, 2) for v in manifest['normalization']['std']]}",
+        f"  image: {image['height']}x{image['width']}x{image['channels']} {image['encoding']}"
+        + (f" (quality {image['jpeg_quality']})" if image.get("jpeg_quality") else "")
+        + f", resize {image['resize_method']}",
+        f"  normalization ({normalization.get('computed_on', manifest_lib.TRAIN)}):"
+        f" mean {[round(v, 2) for v in normalization['mean']]}"
+        f" std {[round(v, 2) for v in normalization['std']]}",
+        f"  classes: {len(manifest['labels'])}",
     ]
-    total_bytes = 0
+    lines += [f"    {row}" for row in _class_table(manifest)]
+    total_bytes = total_shards = 0
+    lines.append("  shards:")
     for split, info in manifest["splits"].items():
-        split_bytes = sum(shard["num_bytes"] for shard in info["shards"])
-        total_bytes += split_bytes
-        per_class = ", ".join(f"{name} {count}" for name, count in info["num_examples_per_class"].items())
-        lines.append(
-            f"  {split}: {info['num_examples']} examples in {len(info['shards'])} shards ({_size(split_bytes)}): {per_class}"
-        )
-    lines.append(f"  total size: {_size(total_bytes)}")
-    if inputs["failures_by_reason"]:
-        reasons = ", ".join(f"{reason} {count}" for reason, count in inputs["failures_by_reason"].items())
-        lines.append(
-            f"  failures: {reasons} (details: {manifest_lib.join(output_dir, manifest_lib.ERRORS_FILE)})"
-        )
+        sizes = [shard["num_bytes"] for shard in info["shards"]]
+        total_bytes += sum(sizes)
+        total_shards += len(sizes)
+        if sizes:
+            lines.append(
+                f"    {split}: {len(sizes)} shards, {format_bytes(sum(sizes))}"
+                f" ({format_bytes(min(sizes))} - {format_bytes(max(sizes))} each)"
+            )
+        else:
+            lines.append(f"    {split}: none")
+    lines.append(f"  total size: {format_bytes(total_bytes)} in {total_shards} shards")
+    if inputs.get("failures_by_reason"):
+        errors_path = manifest_lib.join(output_dir, manifest.get("errors", manifest_lib.ERRORS_FILE))
+        lines.append(f"  failures by reason (details: {errors_path}):")
+        for reason, count in inputs["failures_by_reason"].items():
+            examples = (error_examples or {}).get(reason, [])
+            more = ", ..." if examples and count > len(examples) else ""
+            lines.append(f"    {reason} {count}" + (f": {', '.join(examples)}{more}" if examples else ""))
     lines.append(f"  manifest: {manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)}")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ def test_directory_tree_takes_the_class_from_the_folder(tmp_path):
         path.write_bytes(b"x")
     (tmp_path / "dog" / "nested").mkdir()
     (tmp_path / "dog" / "nested" / "deep.jpg").write_bytes(b"x")
-    records = list_directory_tree(str(tmp_path))
+    records = sorted(list_directory_tree(str(tmp_path)), key=lambda record: record.uri)
     assert records == [
         InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
         InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),

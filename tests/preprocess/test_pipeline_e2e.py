@@ -76,6 +76,15 @@ def test_shards_hold_what_the_manifest_says(dataset):
         assert sum(shard["num_examples"] for shard in info["shards"]) == info["num_examples"]
 
 
+def test_classes_are_mixed_within_a_shard(dataset):
+    output, manifest = dataset
+    first_shard = {**manifest, "splits": {"train": {"shards": manifest["splits"]["train"]["shards"][:1]}}}
+    classes = [row["class_name"] for row in read_split(output, "train", first_shard)]
+    runs = 1 + sum(1 for before, after in zip(classes, classes[1:], strict=False) if before != after)
+    # Listed folder by folder, a shard would hold a few long runs of one class.
+    assert runs > 2 * len(manifest["labels"]), classes
+
+
 def test_labels_are_the_class_names_sorted(corpus, dataset):
     _, manifest = dataset
     assert manifest["labels"] == sorted(corpus.class_names)

@@ -1,0 +1,461 @@
+"""Check a dataset directory against its manifest: every shard whole, every record sound.
+
+Shared by training (the cheap checks before every run, `--verify-data`) and by
+`python -m preprocess.verify`, so both hold a dataset to one standard. Only
+TensorFlow, no Beam: stage 2 imports it. All file access goes through
+`tf.io.gfile`, so the same code checks `gs://` datasets.
+
+Three levels, cheapest first, each finding what the one before cannot:
+
+- presence and size of each listed shard: one stat per shard;
+- `check_sha256`: the shard's bytes hash to the manifest's sha256;
+- `check_records`: in the same single read, the TFRecord framing (lengths and
+  CRC32C checksums, as TensorFlow's reader checks them), the record count, and
+  every example: it parses with the schema of `dataset_contract.features`, its
+  image payload has the encoding's byte length (or decodes to the right shape,
+  for jpeg) and finite values (float encodings), and its label is in range and
+  is `labels.index(class_name)`. Once every shard of a split has been read,
+  the split's examples per class are held against the manifest too.
+
+Every problem is reported, not just the first, each naming the shard.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import struct
+from collections.abc import Iterator
+
+import google_crc32c
+import ml_dtypes
+import numpy as np
+import tensorflow as tf
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+
+MISSING = "missing"
+WRONG_SIZE = "wrong_size"
+WRONG_SHA256 = "wrong_sha256"
+CORRUPT_RECORDS = "corrupt_records"  # framing, checksum or truncation: the reader would fail here
+WRONG_RECORD_COUNT = "wrong_record_count"
+BAD_EXAMPLE = "bad_example"  # a record that does not parse with the schema
+BAD_IMAGE = "bad_image"  # wrong payload length, undecodable jpeg, NaN or inf
+BAD_LABEL = "bad_label"  # out of range, or not the index of its class_name
+WRONG_CLASS_COUNTS = "wrong_class_counts"  # a split's shards disagree with num_examples_per_class
+
+# Large reads keep a full pass over GCS at streaming speed.
+_READ_CHUNK_BYTES = 8 << 20
+# Records checked per vectorized parse and decode, up to a size that keeps a
+# few shards checked at once well inside memory (224x224 float32 is 588 KiB).
+_BATCH_RECORDS = 256
+_BATCH_BYTES = 32 << 20
+# Records quoted per problem; the rest are counted.
+_QUOTED_RECORDS = 3
+
+_HEADER = struct.Struct("<QI")  # record length, masked CRC32C of the length
+_FOOTER = struct.Struct("<I")  # masked CRC32C of the data
+_CRC_MASK_DELTA = 0xA282EAD8
+
+_RAW_DTYPES = {
+    features.BFLOAT16: np.dtype(ml_dtypes.bfloat16).newbyteorder("<"),
+    features.FLOAT32: np.dtype("<f4"),
+    features.UINT8: np.dtype("u1"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardProblem:
+    """One shard (or, for a split-wide count, the manifest) that does not match the manifest."""
+
+    path: str  # the shard's full path (local or gs://)
+    kind: str  # one of the constants above
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}"
+
+
+class RecordError(Exception):
+    """The TFRecord framing is broken at record `index`, `offset` bytes into the file."""
+
+    def __init__(self, index: int, offset: int, message: str):
+        super().__init__(f"record {index} (byte {offset}): {message}")
+        self.index = index
+        self.offset = offset
+
+
+def read_manifest(data_dir: str) -> dict:
+    """The parsed, structurally checked `dataset.json` of `data_dir`; ManifestError if there is none."""
+    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
+    if not tf.io.gfile.exists(path):
+        raise manifest_lib.ManifestError(
+            f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
+            "without it is not a dataset (wrong path, or preprocess has not finished)"
+        )
+    try:
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            manifest = json.loads(handle.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise manifest_lib.ManifestError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise manifest_lib.ManifestError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    manifest_lib.check_manifest(manifest, where=path)
+    return manifest
+
+
+def sha256_of_file(path: str) -> str:
+    """Hex sha256 of a file's bytes, read in large chunks."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        while chunk := handle.read(_READ_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------ records
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+class _ChunkedReader:
+    """Exact-size reads from a GFile in large chunks, hashing every byte it reads."""
+
+    def __init__(self, handle, digest=None):
+        self._handle = handle
+        self._digest = digest
+        self._buffer = b""
+        self._position = 0
+
+    def read(self, size: int) -> bytes:
+        """`size` bytes, or fewer only at the end of the file."""
+        parts = []
+        while size > 0:
+            if self._position == len(self._buffer):
+                self._buffer = self._handle.read(_READ_CHUNK_BYTES)
+                self._position = 0
+                if not self._buffer:
+                    break
+                if self._digest is not None:
+                    self._digest.update(self._buffer)
+            part = self._buffer[self._position : self._position + size]
+            self._position += len(part)
+            size -= len(part)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def drain(self):
+        """Read to the end of the file (so that the hash covers all of it)."""
+        while self.read(_READ_CHUNK_BYTES):
+            pass
+
+
+def _records(reader: _ChunkedReader) -> Iterator[bytes]:
+    index = offset = 0
+    while True:
+        header = reader.read(_HEADER.size)
+        if not header:
+            return
+        if len(header) < _HEADER.size:
+            raise RecordError(index, offset, "the file ends inside a record header (truncated)")
+        length, length_crc = _HEADER.unpack(header)
+        if _masked_crc(header[:8]) != length_crc:
+            raise RecordError(index, offset, "the record length fails its checksum (corrupted)")
+        body = reader.read(length + _FOOTER.size)
+        if len(body) < length + _FOOTER.size:
+            raise RecordError(
+                index,
+                offset,
+                f"the file ends inside the record: {length + _FOOTER.size - len(body)} of its bytes are missing "
+                "(truncated)",
+            )
+        data = body[:length]
+        if _masked_crc(data) != _FOOTER.unpack(body[length:])[0]:
+            raise RecordError(index, offset, "the record data fails its checksum (corrupted)")
+        yield data
+        index += 1
+        offset += _HEADER.size + length + _FOOTER.size
+
+
+def read_records(path: str) -> Iterator[bytes]:
+    """The serialized records of one TFRecord file, checksums verified; RecordError where framing breaks.
+
+    Streams: stopping the iteration early reads no further.
+    """
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        yield from _records(_ChunkedReader(handle))
+
+
+# ----------------------------------------------------------------- examples
+
+
+def example_spec() -> dict:
+    """The parse spec of a record: every key of `dataset_contract.features`, one value each."""
+    return {
+        features.IMAGE: tf.io.FixedLenFeature([], tf.string),
+        features.LABEL: tf.io.FixedLenFeature([], tf.int64),
+        features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
+        features.SHA256: tf.io.FixedLenFeature([], tf.string),
+        features.URI: tf.io.FixedLenFeature([], tf.string),
+    }
+
+
+def parse_examples(serialized: list[bytes]) -> dict[str, np.ndarray]:
+    """Parse a batch of records (tf.errors.InvalidArgumentError if any does not fit the schema)."""
+    parsed = tf.io.parse_example(tf.constant(serialized, dtype=tf.string), example_spec())
+    return {key: value.numpy() for key, value in parsed.items()}
+
+
+def decode_image(payload: bytes, image: dict) -> np.ndarray:
+    """The `image` feature as float32 [height, width, 3], in the stored units.
+
+    Normalized values for bfloat16/float32, 0-255 pixels for uint8/jpeg;
+    `image` is the manifest's `image` entry. ValueError for a payload of the
+    wrong length, tf.errors.InvalidArgumentError for a jpeg that does not decode.
+    """
+    shape = (image["height"], image["width"], features.CHANNELS)
+    if image["encoding"] == features.JPEG:
+        return tf.io.decode_jpeg(payload, channels=features.CHANNELS).numpy().astype(np.float32)
+    dtype = _RAW_DTYPES[image["encoding"]]
+    expected = features.raw_bytes_per_image(image["encoding"], image["height"], image["width"])
+    if len(payload) != expected:
+        raise ValueError(f"image is {len(payload)} bytes, expected {expected}")
+    return np.frombuffer(payload, dtype=dtype).astype(np.float32).reshape(shape)
+
+
+@dataclasses.dataclass
+class _RecordFindings:
+    """What the record checks of one shard found."""
+
+    num_records: int = 0
+    class_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    bad: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(list))  # kind -> messages
+
+    def add(self, kind: str, index: int, message: str):
+        self.bad[kind].append(f"record {index}: {message}")
+
+
+def _image_problem(payload: bytes, image: dict) -> str | None:
+    expected = features.raw_bytes_per_image(image["encoding"], image["height"], image["width"])
+    if expected is not None:
+        if len(payload) != expected:
+            return (
+                f"image is {len(payload)} bytes, but {image['height']}x{image['width']}x{features.CHANNELS} "
+                f"{image['encoding']} takes {expected}"
+            )
+        return None  # values are checked a batch at a time
+    try:
+        decoded = tf.io.decode_jpeg(payload, channels=features.CHANNELS)
+    except tf.errors.InvalidArgumentError as exc:
+        return f"image does not decode as jpeg ({exc.message.splitlines()[0]})"
+    shape = (image["height"], image["width"], features.CHANNELS)
+    if tuple(decoded.shape) != shape:
+        return f"jpeg decodes to {tuple(decoded.shape)}, expected {shape}"
+    return None
+
+
+def _check_batch(serialized: list[bytes], first_index: int, manifest: dict, findings: _RecordFindings):
+    try:
+        parsed = parse_examples(serialized)
+        indices = list(range(first_index, first_index + len(serialized)))
+    except tf.errors.InvalidArgumentError:
+        # Find which records fail; check the rest as usual.
+        good = []
+        for offset, record in enumerate(serialized):
+            try:
+                parse_examples([record])
+                good.append(offset)
+            except tf.errors.InvalidArgumentError as exc:
+                findings.add(BAD_EXAMPLE, first_index + offset, exc.message.splitlines()[0])
+        if not good:
+            return
+        parsed = parse_examples([serialized[offset] for offset in good])
+        indices = [first_index + offset for offset in good]
+
+    image, labels = manifest["image"], manifest["labels"]
+    dtype = _RAW_DTYPES.get(image["encoding"])
+    finite_checked = []
+    for position, (index, payload) in enumerate(zip(indices, parsed[features.IMAGE], strict=True)):
+        problem = _image_problem(payload, image)
+        if problem:
+            findings.add(BAD_IMAGE, index, problem)
+        elif image["encoding"] in features.NORMALIZED_ENCODINGS:
+            finite_checked.append(position)
+    if finite_checked:
+        payloads = b"".join(parsed[features.IMAGE][position] for position in finite_checked)
+        values = np.frombuffer(payloads, dtype=dtype).reshape(len(finite_checked), -1)
+        not_finite = (~np.isfinite(values.astype(np.float32))).sum(axis=1)
+        for position, count in zip(finite_checked, not_finite, strict=True):
+            if count:
+                findings.add(BAD_IMAGE, indices[position], f"image has {count} NaN or infinite values")
+
+    for index, label, class_name in zip(
+        indices, parsed[features.LABEL], parsed[features.CLASS_NAME], strict=True
+    ):
+        name = class_name.decode("utf-8", errors="replace")
+        findings.class_counts[name] += 1
+        if not 0 <= label < len(labels):
+            findings.add(
+                BAD_LABEL, index, f"label {label} is outside [0, {len(labels)}) (class_name {name!r})"
+            )
+        elif labels[label] != name:
+            expected = labels.index(name) if name in labels else None
+            findings.add(
+                BAD_LABEL,
+                index,
+                f"label {label} is {labels[label]!r} in {manifest_lib.MANIFEST_FILE}, but class_name is {name!r}"
+                + (f" (label {expected})" if expected is not None else ", which is not among the labels"),
+            )
+
+
+def _summarize(messages: list[str]) -> str:
+    quoted = "; ".join(messages[:_QUOTED_RECORDS])
+    more = len(messages) - _QUOTED_RECORDS
+    prefix = f"{len(messages)} records: " if len(messages) > 1 else ""
+    return prefix + quoted + (f"; and {more} more" if more > 0 else "")
+
+
+# ------------------------------------------------------------------- shards
+
+
+def _verify_shard(data_dir: str, manifest: dict, shard: dict, check_sha256: bool, check_records: bool):
+    """(problems, class counts or None if the records were not all read) of one shard."""
+    path = manifest_lib.join(data_dir, shard["path"])
+    if not tf.io.gfile.exists(path):
+        return [ShardProblem(path, MISSING, f"listed in {manifest_lib.MANIFEST_FILE} but absent")], None
+    problems = []
+    size = tf.io.gfile.stat(path).length
+    size_ok = size == shard["num_bytes"]
+    if not size_ok:
+        problems.append(
+            ShardProblem(
+                path,
+                WRONG_SIZE,
+                f"{size} bytes, but {manifest_lib.MANIFEST_FILE} says {shard['num_bytes']} "
+                "(truncated, still being written, or from another run)",
+            )
+        )
+    # A shard of the wrong size is not hashed: it is already known to be wrong.
+    hash_it = check_sha256 and size_ok
+    if not (hash_it or check_records):
+        return problems, None
+
+    digest = hashlib.sha256() if hash_it else None
+    findings = _RecordFindings() if check_records else None
+    broken = None
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        reader = _ChunkedReader(handle, digest)
+        if check_records:
+            batch, batch_bytes = [], 0
+            try:
+                for record in _records(reader):
+                    batch.append(record)
+                    batch_bytes += len(record)
+                    if len(batch) == _BATCH_RECORDS or batch_bytes >= _BATCH_BYTES:
+                        _check_batch(batch, findings.num_records, manifest, findings)
+                        findings.num_records += len(batch)
+                        batch, batch_bytes = [], 0
+            except RecordError as exc:
+                broken = exc
+            if batch:
+                _check_batch(batch, findings.num_records, manifest, findings)
+                findings.num_records += len(batch)
+        if digest is not None:
+            reader.drain()
+
+    if digest is not None and digest.hexdigest() != shard["sha256"]:
+        problems.append(
+            ShardProblem(
+                path,
+                WRONG_SHA256,
+                f"sha256 {digest.hexdigest()}, but {manifest_lib.MANIFEST_FILE} says {shard['sha256']} "
+                "(the content changed after it was written)",
+            )
+        )
+    if findings is None:
+        return problems, None
+    if broken is not None:
+        problems.append(
+            ShardProblem(
+                path,
+                CORRUPT_RECORDS,
+                f"{broken}; {findings.num_records} records before it are readable, "
+                f"{manifest_lib.MANIFEST_FILE} lists {shard['num_examples']}",
+            )
+        )
+    elif findings.num_records != shard["num_examples"]:
+        problems.append(
+            ShardProblem(
+                path,
+                WRONG_RECORD_COUNT,
+                f"{findings.num_records} records, but {manifest_lib.MANIFEST_FILE} says {shard['num_examples']}",
+            )
+        )
+    for kind in (BAD_EXAMPLE, BAD_IMAGE, BAD_LABEL):
+        if findings.bad[kind]:
+            problems.append(ShardProblem(path, kind, _summarize(findings.bad[kind])))
+    return problems, (findings.class_counts if broken is None else None)
+
+
+def _split_problems(data_dir: str, manifest: dict, split: str, class_counts: list) -> list[ShardProblem]:
+    """The split's examples per class, once all of its shards were read whole."""
+    if not class_counts or any(counts is None for counts in class_counts):
+        return []
+    found = sum(class_counts, collections.Counter())
+    listed = manifest["splits"][split]["num_examples_per_class"]
+    differ = sorted(name for name in set(found) | set(listed) if found.get(name, 0) != listed.get(name, 0))
+    if not differ:
+        return []
+    where = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
+    shown = differ[:10]
+    return [
+        ShardProblem(
+            where,
+            WRONG_CLASS_COUNTS,
+            f"split {split!r}: the shards hold "
+            + ", ".join(f"{name} {found.get(name, 0)}" for name in shown)
+            + "; the manifest says "
+            + ", ".join(f"{name} {listed.get(name, 0)}" for name in shown)
+            + (f" (and {len(differ) - len(shown)} more classes differ)" if len(differ) > len(shown) else ""),
+        )
+    ]
+
+
+def verify_shards(
+    data_dir: str,
+    manifest: dict,
+    splits=manifest_lib.SPLITS,
+    check_sha256: bool = False,
+    check_records: bool = False,
+    num_workers: int = 1,
+) -> list[ShardProblem]:
+    """Every problem with the listed shards of `splits` (all of them, not just the first).
+
+    Existence and size cost one stat per shard; `check_sha256` and
+    `check_records` read every byte (once, whichever are asked for), which for
+    a large dataset on GCS takes minutes, so they are opt-in. `num_workers`
+    shards are read at a time.
+    """
+    jobs = [
+        (split, shard) for split in splits for shard in manifest["splits"].get(split, {}).get("shards", [])
+    ]
+    with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as pool:
+        results = list(
+            pool.map(lambda job: _verify_shard(data_dir, manifest, job[1], check_sha256, check_records), jobs)
+        )
+    problems = [problem for shard_problems, _ in results for problem in shard_problems]
+    if check_records:
+        for split in splits:
+            if split in manifest["splits"]:
+                counts = [
+                    counts
+                    for (job_split, _), (_, counts) in zip(jobs, results, strict=True)
+                    if job_split == split
+                ]
+                problems += _split_problems(data_dir, manifest, split, counts)
+    return problems

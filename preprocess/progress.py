@@ -1,0 +1,287 @@
+"""Progress of a local stage 1 run that a person can follow: images per stage and the rate.
+
+Beam's metrics reach the driver only when a DirectRunner job ends, and in
+`--direct_running_mode=multi_processing` the DoFns run in other processes. So:
+
+- DoFns count into a `ProgressCounter(stage)` (`.inc(n)`). Each process sums
+  its counts in memory and a background thread writes them, at most twice a
+  second and only when they changed, to one small JSON file of its own
+  (`{"decoded": 1234, ...}`, replaced atomically) in a local directory.
+- `ProgressReporter`, a context manager around `pipeline.run()` and
+  `wait_until_finish()` in the driver, makes that directory, sums the files
+  from a thread every `interval` seconds and prints one line:
+
+      [0:42] hashed 1234 (56.7/s) | decoded 1100 (51.2/s) | encoded 1000 (45.1/s) | failed 6
+
+  and a last line with the averages when the job ends.
+
+The directory reaches the workers as an environment variable that the
+reporter sets before the runner starts them (worker processes, Prism's
+loopback workers and in-process threads all inherit it), so nothing about it
+is pickled into the pipeline. Where it is not set (Dataflow, which has its
+own monitoring UI; a DoFn under test) `inc` costs one dict lookup.
+
+Counts are approximate (a retried bundle counts twice; the last half second
+of a worker that exits may be missed); the manifest written at the end is exact.
+"""
+
+import atexit
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+ENV_VAR = "PREPROCESS_PROGRESS_DIR"
+FLUSH_INTERVAL_SECONDS = 0.5
+DEFAULT_INTERVAL_SECONDS = 3.0
+SETTLE_LIMIT_SECONDS = 2.0
+
+# Stages shown with a rate, in pipeline order, and stages shown as a count.
+RATE_STAGES = ("hashed", "decoded", "encoded")
+COUNT_STAGES = ("failed", "duplicates")
+
+_LOCAL_RUNNERS = {
+    "directrunner",
+    "direct",
+    "switchingdirectrunner",
+    "bundlebaseddirectrunner",
+    "fnapirunner",
+    "prismrunner",
+    "prism",
+}
+_FILE_SUFFIX = ".json"
+
+
+class _ProcessTally:
+    """This process's counts for one progress directory, kept in a file of its own."""
+
+    def __init__(self, directory: str):
+        self._directory = directory
+        self._path = os.path.join(directory, f"{os.getpid()}-{uuid.uuid4().hex[:8]}{_FILE_SUFFIX}")
+        self._counts = collections.Counter()
+        self._changed = False
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        threading.Thread(target=self._flush_periodically, name="progress-flush", daemon=True).start()
+        atexit.register(self.flush)
+
+    def add(self, stage: str, n: int):
+        with self._lock:
+            self._counts[stage] += n
+            self._changed = True
+
+    def flush(self) -> bool:
+        """Write the counts if they changed; False once the directory is gone (the run is over)."""
+        with self._write_lock:
+            with self._lock:
+                if not self._changed:
+                    return os.path.isdir(self._directory)
+                payload = json.dumps(dict(self._counts))
+                self._changed = False
+            temporary = self._path + ".tmp"
+            try:
+                with open(temporary, "w") as handle:
+                    handle.write(payload)
+                os.replace(temporary, self._path)  # readers never see a half-written file
+            except OSError:
+                return False
+            return True
+
+    def _flush_periodically(self):
+        while True:
+            time.sleep(FLUSH_INTERVAL_SECONDS)
+            if not self.flush():
+                with _registry_lock:
+                    if _registry.get(self._directory) is self:
+                        del _registry[self._directory]
+                return
+
+
+_registry: dict[str, _ProcessTally] = {}
+_registry_pid = os.getpid()
+_registry_lock = threading.Lock()
+
+
+def _tally() -> _ProcessTally | None:
+    global _registry_pid
+    directory = os.environ.get(ENV_VAR)
+    if not directory:
+        return None
+    tally = _registry.get(directory)
+    if tally is not None and _registry_pid == os.getpid():
+        return tally
+    with _registry_lock:
+        if _registry_pid != os.getpid():  # a forked child: the parent's file and thread are not ours
+            _registry.clear()
+            _registry_pid = os.getpid()
+        if directory not in _registry:
+            _registry[directory] = _ProcessTally(directory)
+        return _registry[directory]
+
+
+class ProgressCounter:
+    """Counts items through one stage of a local run; a no-op where no reporter is listening.
+
+    Create it in a DoFn's `__init__` (it pickles as its stage name) and call
+    `inc()` where the Beam metric of the same stage is incremented.
+    """
+
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def inc(self, n: int = 1):
+        tally = _tally()
+        if tally is not None:
+            tally.add(self.stage, n)
+
+
+def read_totals(directory: str) -> dict[str, int]:
+    """The counts of every process that reported into `directory`, summed per stage."""
+    totals = collections.Counter()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    for name in names:
+        if not name.endswith(_FILE_SUFFIX):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as handle:
+                totals.update(json.load(handle))
+        except (OSError, ValueError):
+            continue  # replaced or removed while listed; next poll
+    return dict(totals)
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+def format_progress(totals: dict, rates: dict, elapsed: float, final: bool = False) -> str:
+    """One progress line: the count of each stage, and its rate (items/s) where known."""
+    others = sorted(set(totals) - set(RATE_STAGES) - set(COUNT_STAGES))
+    parts = []
+    for stage in (*RATE_STAGES, *others):
+        parts.append(
+            f"{stage} {totals.get(stage, 0)} ({rates.get(stage, 0.0):.1f}/s{' avg' if final else ''})"
+        )
+    parts += [f"{stage} {totals[stage]}" for stage in COUNT_STAGES if totals.get(stage)]
+    prefix = f"[{_clock(elapsed)}] " + ("done: " if final else "")
+    return prefix + " | ".join(parts)
+
+
+def runs_locally(options) -> bool:
+    """True for the runners whose workers share this machine (DirectRunner, Prism); not Dataflow."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    if runner is None:
+        return True
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1].lower() in _LOCAL_RUNNERS
+
+
+class ProgressReporter:
+    """Prints the progress of the `ProgressCounter`s of a local run every `interval` seconds.
+
+        with ProgressReporter(enabled=runs_locally(options)):
+            result = pipeline.run()
+            result.wait_until_finish()
+
+    Disabled, it does nothing. `stream` defaults to stderr, where Beam logs too.
+    """
+
+    def __init__(self, interval: float = DEFAULT_INTERVAL_SECONDS, stream=None, enabled: bool = True):
+        self._interval = interval
+        self._stream = stream
+        self._enabled = enabled
+        self._directory = None
+        self._thread = None
+        self._stop = threading.Event()
+        self.lines: list[str] = []  # everything printed, for whoever wants it afterwards
+
+    @property
+    def directory(self) -> str | None:
+        return self._directory
+
+    def __enter__(self):
+        if not self._enabled:
+            return self
+        self._directory = tempfile.mkdtemp(prefix="preprocess-progress-")
+        self._previous_env = os.environ.get(ENV_VAR)
+        os.environ[ENV_VAR] = self._directory
+        self._start = self._last_poll = time.monotonic()
+        self._totals, self._started, self._moved = {}, {}, {}
+        self._thread = threading.Thread(target=self._report_periodically, name="progress-report", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        if not self._enabled:
+            return False
+        self._stop.set()
+        self._thread.join()
+        tally = _registry.get(self._directory)
+        if tally is not None:
+            tally.flush()  # this process's own counts (in-process runners) are exact
+        self._settle()
+        self._print(self._final_line())
+        if self._previous_env is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = self._previous_env
+        shutil.rmtree(self._directory, ignore_errors=True)
+        return False
+
+    def _settle(self):
+        """Give worker processes their last flush: wait until the totals hold still (a second or two)."""
+        deadline = time.monotonic() + SETTLE_LIMIT_SECONDS
+        totals = read_totals(self._directory)
+        while time.monotonic() < deadline:
+            time.sleep(FLUSH_INTERVAL_SECONDS + 0.1)
+            latest = read_totals(self._directory)
+            if latest == totals:
+                return
+            totals = latest
+
+    def _print(self, line: str):
+        self.lines.append(line)
+        print(line, file=self._stream or sys.stderr, flush=True)
+
+    def _observe(self, now: float) -> dict[str, int]:
+        """Read the totals; note when each stage started (was last seen at 0) and last moved."""
+        totals = read_totals(self._directory)
+        for stage, count in totals.items():
+            if count != self._totals.get(stage, 0):
+                self._started.setdefault(stage, self._last_poll)
+                self._moved[stage] = now
+        self._totals, self._last_poll = totals, now
+        return totals
+
+    def _report_periodically(self):
+        while not self._stop.wait(self._interval):
+            previous, last = self._totals, self._last_poll
+            now = time.monotonic()
+            totals = self._observe(now)
+            rates = {
+                stage: (count - previous.get(stage, 0)) / (now - last) for stage, count in totals.items()
+            }
+            self._print(format_progress(totals, rates, now - self._start))
+
+    def _final_line(self) -> str:
+        now = time.monotonic()
+        totals = self._observe(now)
+        # Each stage's average over the time it was running (to within one interval), not the whole job.
+        rates = {
+            stage: count / max(self._moved[stage] - self._started[stage], 1e-3)
+            for stage, count in totals.items()
+            if stage in self._moved
+        }
+        return format_progress(totals, rates, now - self._start, final=True)
