@@ -34,9 +34,10 @@ queries with 308 and the committed ``Range``, and decodes ``Transfer-Encoding: c
 in tests/test_gcs_emulator.py hold multi-MB round trips byte-exact in every direction between the clients,
 including google-cloud-storage's multi-chunk resumable uploads (Beam writes in 16 MiB chunks) and
 TensorFlow's single-``PUT`` ones. Its limits: one request at a time (a single-threaded server, plenty for
-tests), whole objects kept in memory, no ``HEAD`` method (no client here sends one), and a crash on a media
-upload with an empty body, which the proxy works around (TensorFlow's directory placeholders are such
-uploads; see the proxy's notes below).
+tests), whole objects kept in memory, no ``HEAD`` method (no client here sends one), a crash on a media
+upload with an empty body, and no ``storageLayout`` endpoint; the proxy works around the last two
+(TensorFlow's directory placeholders are such uploads, and it asks for the layout before it renames a
+directory; see the proxy's notes below).
 
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
@@ -51,6 +52,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -446,7 +448,10 @@ class GcsEmulator:
 # * the emulator builds the URLs it returns from the request's Host header, and stores some of them (an
 #   object's ``mediaLink``, which google-cloud-storage downloads from): it is sent the emulator's own
 #   address, and the resumable-upload ``Location`` it answers with is turned back into
-#   ``https://www.googleapis.com/...`` so that TensorFlow's upload PUTs come through the proxy too.
+#   ``https://www.googleapis.com/...`` so that TensorFlow's upload PUTs come through the proxy too;
+# * TensorFlow (2.21) asks for the bucket's ``storageLayout`` before it renames a directory, and fails the
+#   rename on the emulator's 404 (tf.Transform's WriteTransformFn renames directories): the proxy answers
+#   it from the bucket's metadata, as GCS does for a bucket with a flat namespace.
 
 # Headers that belong to one connection, not to the request (RFC 9110 7.6.1), and the body framing,
 # which the proxy redoes itself.
@@ -488,6 +493,9 @@ class _GoogleApiHandler(http.server.BaseHTTPRequestHandler):
         path, headers, body = self.path, dict(self.headers.items()), self._read_body()
         if self.command == "POST" and not body and "uploadType=media" in path:
             path, headers, body = _as_multipart_upload(path, headers)
+        layout_of = _storage_layout_bucket(self.command, path)
+        if layout_of is not None:
+            path = f"/storage/v1/b/{layout_of}"  # the bucket's metadata, turned into its layout below
         upstream = http.client.HTTPConnection(LOOPBACK, self.server.upstream_port, timeout=300)
         try:
             # The emulator builds the URLs it hands out (upload sessions, an object's mediaLink, which it
@@ -507,6 +515,8 @@ class _GoogleApiHandler(http.server.BaseHTTPRequestHandler):
             return
         finally:
             upstream.close()
+        if layout_of is not None and response.status == 200:
+            data = _storage_layout(data)
         self.log_request(response.status, len(data))
         self.send_response_only(response.status, response.reason)
         for name, value in response.getheaders():
@@ -534,6 +544,32 @@ class _GoogleApiHandler(http.server.BaseHTTPRequestHandler):
         if url.startswith(emulator + "/") and self.headers.get("Host"):
             return f"https://{self.headers['Host']}{url.removeprefix(emulator)}"
         return url
+
+
+_STORAGE_LAYOUT_PATH = re.compile(r"/storage/v1/b/([^/?]+)/storageLayout(?:\?.*)?")
+
+
+def _storage_layout_bucket(command: str, path: str) -> str | None:
+    """The bucket whose ``storageLayout`` the request asks for, if it does."""
+    match = _STORAGE_LAYOUT_PATH.fullmatch(path) if command == "GET" else None
+    return match.group(1) if match else None
+
+
+def _storage_layout(bucket_metadata: bytes) -> bytes:
+    """GCS's ``storageLayout`` answer for a bucket with a flat namespace, from the bucket's metadata.
+
+    gcp-storage-emulator 2026.7.19 has no such endpoint. TensorFlow's ``RenameFile`` on a directory asks
+    for it and, unless ``hierarchicalNamespace.enabled``, renames the objects below it one by one.
+    """
+    bucket = json.loads(bucket_metadata)
+    layout = {
+        "kind": "storage#storageLayout",
+        "bucket": bucket["name"],
+        "location": bucket.get("location", "US"),
+        "locationType": bucket.get("locationType", "multi-region"),
+        "hierarchicalNamespace": {"enabled": False},
+    }
+    return json.dumps(layout).encode()
 
 
 def _as_multipart_upload(path: str, headers: dict[str, str]) -> tuple[str, dict[str, str], bytes]:

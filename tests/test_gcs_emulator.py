@@ -163,6 +163,22 @@ def test_tensorflow_gfile_write_read_list_rename_remove_on_gcs(gcs_emulator, gcs
     assert gcs_emulator.list_objects(f"{_object_name(gcs_dir)}/sub/data") == {}
 
 
+def test_tensorflow_renames_a_directory_on_gcs(gcs_emulator, gcs_dir):
+    # TensorFlow asks for the bucket's storageLayout first (tf.Transform publishes transform_fn/ so).
+    source, target = f"{gcs_dir}/staged", f"{gcs_dir}/final"
+    files = {"saved_model.pb": b"graph", "variables/variables.index": b"index"}
+    for name, data in files.items():
+        _write_with_tensorflow(f"{source}/{name}", data)
+
+    tf.io.gfile.rename(source, target, overwrite=True)
+
+    for name, data in files.items():
+        assert gcs_emulator.read_object(f"{_object_name(target)}/{name}") == data
+    assert not [
+        name for name in gcs_emulator.list_objects(f"{_object_name(source)}/") if not name.endswith("/")
+    ]
+
+
 @pytest.mark.parametrize("writer", WRITERS)
 def test_bytes_written_by_one_client_are_read_back_exactly_by_every_client(gcs_emulator, gcs_dir, writer):
     # 17 MiB: two chunks for Beam's resumable writer, one PUT for TensorFlow, resumable for google-cloud-storage.
