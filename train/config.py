@@ -61,7 +61,11 @@ def _largest_divisor_at_most(number: int, limit: int) -> int:
 
 
 def plan_training(
-    config: TrainConfig, num_train_examples: int, num_replicas: int, on_tpu: bool
+    config: TrainConfig,
+    num_train_examples: int,
+    num_replicas: int,
+    on_tpu: bool,
+    multi_step_supported: bool = True,
 ) -> TrainingPlan:
     """Resolve epochs, steps and batch sizes; raise ConfigError if they cannot work.
 
@@ -70,6 +74,8 @@ def plan_training(
     or an epoch would train past its plan. When the epoch length comes from the
     dataset it is rounded down to a multiple (an epoch stays about one pass);
     when the user fixed it, steps_per_execution shrinks to a divisor instead.
+    `multi_step_supported=False` forces one step per execution (see
+    trainer.multi_step_supported).
     """
     batch = config.global_batch_size
     if batch < 1 or batch % num_replicas:
@@ -105,7 +111,7 @@ def plan_training(
         requested = TPU_STEPS_PER_EXECUTION if on_tpu else 1
     if requested < 1:
         raise ConfigError(f"--steps-per-execution must be positive, got {requested}")
-    per_call = min(requested, steps_per_epoch)
+    per_call = min(requested, steps_per_epoch) if multi_step_supported else 1
     if steps_per_epoch % per_call:
         if fixed_epoch_length or config.steps is not None:
             per_call = _largest_divisor_at_most(steps_per_epoch, per_call)

@@ -336,11 +336,29 @@ def distribute_train_dataset(
 
 def distribute_eval_dataset(
     strategy: tf.distribute.Strategy, data_dir: str, manifest: dict, split: str, global_batch_size: int
-) -> tf.distribute.DistributedDataset:
-    """make_eval_dataset under `strategy`; every replica runs the same number of steps."""
+) -> tuple[tf.distribute.DistributedDataset, int]:
+    """make_eval_dataset under `strategy`, and the number of steps that covers `split` once.
+
+    The steps come from the input contexts the strategy hands to the
+    pipelines (how many pipelines, how many replicas), so they cannot
+    disagree with what the pipelines yield.
+    """
+    steps = set()
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        steps.add(
+            eval_steps(
+                manifest,
+                split,
+                batch_size,
+                input_context.num_input_pipelines,
+                input_context.num_replicas_in_sync,
+            )
+        )
         return make_eval_dataset(data_dir, manifest, split, batch_size, input_context=input_context)
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    if len(steps) != 1:  # the strategy builds its pipelines right away, and they all agree
+        raise RuntimeError(f"evaluation pipelines disagree on the number of steps: {sorted(steps)}")
+    return distributed, steps.pop()

@@ -136,17 +136,6 @@ def mixed_precision_policy(choice: str, strategy: tf.distribute.Strategy) -> str
     return {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16", "off": "float32"}[choice]
 
 
-def input_pipeline_count(strategy: tf.distribute.Strategy) -> int:
-    """How many input pipelines `distribute_datasets_from_function` will create: one per host."""
-    kind = strategy_kind(strategy)
-    if kind == TPU:
-        return strategy.extended.num_hosts
-    if kind == MULTIWORKER:
-        spec = strategy.cluster_resolver.cluster_spec()
-        return sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs)
-    return 1
-
-
 def worker_name(strategy: tf.distribute.Strategy) -> str | None:
     """`worker-3` on a non-chief multi-worker host, None where this process is the chief."""
     if strategy_kind(strategy) != MULTIWORKER:

@@ -89,6 +89,21 @@ class EvaluateEachEpoch(keras.callbacks.Callback):
             logs.update({f"val_{name}": value for name, value in results.items()})
 
 
+def multi_step_supported(strategy: tf.distribute.Strategy) -> bool:
+    """Whether Keras can run several steps per execution under `strategy`.
+
+    Keras 3 (up to at least 3.15) builds its multi-step loop from tf.cond
+    inside tf.while_loop, which breaks under a MirroredStrategy with more than
+    one replica ("You must feed a value for placeholder tensor ...",
+    keras-team/keras#19246): a merge_call cannot run inside a conditional
+    branch. TPUStrategy and single-replica strategies are not affected.
+    """
+    kind = strategy_lib.strategy_kind(strategy)
+    return not (
+        kind in (strategy_lib.MIRRORED, strategy_lib.MULTIWORKER) and strategy.num_replicas_in_sync > 1
+    )
+
+
 def _compile(model: keras.Model, config: TrainConfig, plan: TrainingPlan) -> None:
     schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=plan.total_steps)
     model.compile(
@@ -126,8 +141,20 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     policy = strategy_lib.mixed_precision_policy(config.mixed_precision, strategy)
     train_examples = manifest["splits"][manifest_lib.TRAIN]["num_examples"]
     plan = plan_training(
-        config, train_examples, strategy.num_replicas_in_sync, on_tpu=kind == strategy_lib.TPU
+        config,
+        train_examples,
+        strategy.num_replicas_in_sync,
+        on_tpu=kind == strategy_lib.TPU,
+        multi_step_supported=multi_step_supported(strategy),
     )
+    if (config.steps_per_execution or 1) > plan.steps_per_execution:
+        log.warning(
+            "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch, "
+            "and a multi-replica MirroredStrategy runs 1 (keras-team/keras#19246)",
+            plan.steps_per_execution,
+            config.steps_per_execution,
+            plan.steps_per_epoch,
+        )
     chief = strategy_lib.is_chief(strategy)
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
@@ -154,15 +181,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         augment=config.augment,
         shuffle_buffer=config.shuffle_buffer,
     )
-    eval_data = dataset.distribute_eval_dataset(
+    eval_data, eval_steps = dataset.distribute_eval_dataset(
         strategy, config.data_dir, manifest, manifest_lib.VALIDATION, plan.global_batch_size
-    )
-    eval_steps = dataset.eval_steps(
-        manifest,
-        manifest_lib.VALIDATION,
-        plan.per_replica_batch_size,
-        strategy_lib.input_pipeline_count(strategy),
-        plan.num_replicas,
     )
 
     with strategy.scope():

@@ -60,3 +60,14 @@ def test_steps_are_split_into_equal_epochs_no_longer_than_one_pass():
 def test_impossible_plans_stop_with_a_config_error(overrides, examples, replicas, message):
     with pytest.raises(ConfigError, match=message):
         plan_training(config(**overrides), num_train_examples=examples, num_replicas=replicas, on_tpu=False)
+
+
+def test_one_step_per_execution_where_multi_step_is_unsupported():
+    plan = plan_training(
+        config(steps_per_execution=8, global_batch_size=8),
+        num_train_examples=800,
+        num_replicas=2,
+        on_tpu=False,
+        multi_step_supported=False,
+    )
+    assert (plan.steps_per_epoch, plan.steps_per_execution) == (100, 1)

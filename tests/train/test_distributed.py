@@ -70,8 +70,10 @@ def test_training_under_mirrored_strategy_on_two_logical_cpus(stage1_dataset, tm
     assert len({r["device"] for r in report["per_replica"]}) == 2
     metrics = report["metrics"]
     assert metrics["strategy"] == "mirrored" and metrics["num_replicas"] == 2
-    assert metrics["per_replica_batch_size"] == 4 and metrics["steps_per_execution"] == 3
-    assert metrics["global_step"] == 6  # 3 steps per call, and not one step past the plan
+    assert metrics["per_replica_batch_size"] == 4 and metrics["global_step"] == 6
+    # Keras cannot run several steps per call under a multi-replica MirroredStrategy
+    # (keras-team/keras#19246); the plan falls back to one instead of failing.
+    assert metrics["steps_per_execution"] == 1
     # Evaluation across both replicas, padded to static batches, still counts every example exactly once.
     manifest = checks.read_manifest(data_dir)
     assert (

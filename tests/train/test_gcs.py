@@ -31,11 +31,18 @@ def test_trains_from_a_gcs_dataset_into_a_gcs_model_dir(stage1_dataset, gcs_dir,
 
     metrics = train_and_evaluate(
         TrainConfig(
-            data_dir=data_dir, model_dir=model_dir, epochs=1, steps_per_epoch=2, global_batch_size=8, verify_data=True
+            data_dir=data_dir,
+            model_dir=model_dir,
+            epochs=1,
+            steps_per_epoch=2,
+            global_batch_size=8,
+            verify_data=True,
         )
     )
 
-    assert metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
+    assert (
+        metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
+    )
     assert tf.io.gfile.exists(f"{model_dir}/metrics.json")
     assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints").endswith("ckpt-1")
     assert tf.io.gfile.glob(f"{model_dir}/logs/train/events.out.tfevents.*")

@@ -30,6 +30,7 @@ def test_killed_run_resumes_at_the_next_epoch_and_stops_at_the_planned_one(stage
         "--epochs", str(EPOCHS),
         "--steps-per-epoch", str(STEPS_PER_EPOCH),
         "--global-batch-size", "8",
+        "--steps-per-execution", "4",  # several steps per call must not overshoot the plan either
         "--no-export",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
