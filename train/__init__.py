@@ -12,7 +12,6 @@ Modules, one job each:
   config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes)
   errors.py        SetupError and its kinds: problems found before the first step
   checks.py        reading dataset.json and checking the dataset before training
-  verify.py        shard existence / size / sha256 checks (shared with `preprocess verify`)
   dataset.py       the tf.data input pipeline (train and evaluation)
   strategy.py      resolving the tf.distribute strategy and the mixed-precision policy
   models.py        the model zoo (a small CNN, ResNet50, MobileNetV3Small) with one head

@@ -10,9 +10,9 @@ import json
 
 import tensorflow as tf
 
-from dataset_contract import features
+from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
-from train import models, verify
+from train import models
 from train.errors import DatasetError
 
 
@@ -83,7 +83,15 @@ def check_dataset(
                 f"{where}: split {split!r} says num_examples={info['num_examples']} "
                 f"but its shards add up to {listed}"
             )
-    problems = verify.verify_shards(data_dir, manifest, splits=splits, check_sha256=verify_sha256)
+    # --verify-data reads every byte anyway: the record-level checks share that read.
+    problems = verification.verify_shards(
+        data_dir,
+        manifest,
+        splits=splits,
+        check_sha256=verify_sha256,
+        check_records=verify_sha256,
+        num_workers=8,
+    )
     if problems:
         raise DatasetError(
             f"{len(problems)} shard(s) do not match {where}:\n"

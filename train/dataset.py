@@ -230,7 +230,10 @@ def make_train_dataset(
     records = _interleave_records(files, len(paths))
     # The example shuffle mixes records from the open files; its buffer holds
     # serialized records, which are small for jpeg and up to H*W*12 bytes for float32.
-    records = records.shuffle(shuffle_buffer)
+    # A buffer larger than this pipeline's examples adds no randomness, only
+    # repeated passes over the files to fill it (on GCS: re-opening every shard).
+    examples_here = sum(shard["num_examples"] for shard in shards)
+    records = records.shuffle(max(1, min(shuffle_buffer, examples_here)))
     # drop_remainder: every batch has the same static shape, which XLA needs.
     # Batching before parsing lets one parse_example / decode_raw handle the batch.
     batches = records.batch(batch_size, drop_remainder=True)

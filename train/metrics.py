@@ -45,3 +45,28 @@ def evaluation_metrics() -> list[keras.metrics.Metric]:
         keras.metrics.SparseCategoricalCrossentropy(name="cross_entropy"),
         ExampleCount(name="num_examples"),
     ]
+
+
+def validation_confusion_matrix(strategy, model: keras.Model, eval_data, steps: int, num_classes: int):
+    """counts[true, predicted] over one pass of the (distributed, padded) evaluation data.
+
+    Runs on the replicas like evaluation does (TPU included) and sums the
+    per-replica matrices; padding examples have weight 0 and count for nothing.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    def replica_counts(images, labels, weights):
+        predicted = tf.argmax(model(images, training=False), axis=-1, output_type=tf.int32)
+        return tf.math.confusion_matrix(labels, predicted, num_classes, weights=weights, dtype=tf.float32)
+
+    @tf.function
+    def step(iterator):
+        per_replica = strategy.run(replica_counts, args=next(iterator))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    iterator = iter(eval_data)
+    total = np.zeros((num_classes, num_classes), dtype=np.float64)
+    for _ in range(steps):
+        total += step(iterator).numpy()
+    return np.rint(total).astype(np.int64)

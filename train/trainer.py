@@ -14,7 +14,8 @@ Model dir layout:
 
     checkpoints/     per-epoch checkpoints (tf.train.CheckpointManager), the resume point
     logs/            TensorBoard (train and validation curves)
-    metrics.json     final evaluation metrics, the plan, throughput
+    metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
+    learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
 """
 
@@ -26,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, export, metrics, models
+from train import checks, dataset, export, metrics, models, plots
 from train import strategy as strategy_lib
 from train.checkpoints import EpochCheckpoints, SaveCheckpointEachEpoch
 from train.config import TrainConfig, TrainingPlan, plan_training
@@ -251,7 +252,18 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "image_size": [image_format.height, image_format.width],
         "data_dir": config.data_dir,
     }
+    counts = metrics.validation_confusion_matrix(
+        strategy, model, eval_data, eval_steps, len(manifest["labels"])
+    )
+    result["validation"]["confusion_matrix"] = counts.tolist()
     if chief:
+        plots.plot_learning_curves(
+            plots.read_epoch_scalars(manifest_lib.join(config.model_dir, LOG_DIR)),
+            manifest_lib.join(config.model_dir, plots.LEARNING_CURVES_FILE),
+        )
+        plots.plot_confusion_matrix(
+            counts, manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
+        )
         if config.export:
             result["export_dir"] = export.export_serving_model(
                 model, manifest, export.export_path(config.model_dir)

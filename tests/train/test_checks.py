@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, strategy, verify
+from dataset_contract import verification
+from train import checks, dataset, strategy
 from train.config import TrainConfig
 from train.errors import DatasetError, StrategyError
 from train.trainer import train_and_evaluate
@@ -107,10 +108,10 @@ def test_verify_shards_reports_every_problem_not_just_the_first(dataset_copy):
     missing.unlink()
     with open(grown, "ab") as handle:
         handle.write(b"stale")
-    problems = verify.verify_shards(str(dataset_copy), manifest, check_sha256=True)
+    problems = verification.verify_shards(str(dataset_copy), manifest, check_sha256=True)
     assert {(os.path.basename(p.path), p.kind) for p in problems} == {
-        (missing.name, verify.MISSING),
-        (grown.name, verify.WRONG_SIZE),
+        (missing.name, verification.MISSING),
+        (grown.name, verification.WRONG_SIZE),
     }
 
 

@@ -1,11 +1,14 @@
 """Learning curves and the confusion matrix, drawn from what a run leaves behind."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from PIL import Image
 
 from train import plots
+from train.config import TrainConfig
 from train.summaries import EpochSummaries
+from train.trainer import train_and_evaluate
 
 
 def _log_epochs(log_dir, epochs):
@@ -54,3 +57,19 @@ def test_confusion_matrix_counts_true_against_predicted_and_draws_it(tmp_path):
         # The diagonal's largest count is drawn darkest: the heat map is not blank.
         assert np.asarray(image.convert("L")).min() < 100
     assert tf.io.gfile.exists(str(path))
+
+
+@pytest.mark.slow
+def test_a_training_run_leaves_learning_curves_and_a_confusion_matrix(stage1_dataset, tmp_path):
+    data_dir = stage1_dataset("uint8")
+    model_dir = tmp_path / "model"
+    metrics = train_and_evaluate(
+        TrainConfig(data_dir=data_dir, model_dir=str(model_dir), epochs=2, global_batch_size=8, export=False)
+    )
+    with Image.open(model_dir / plots.LEARNING_CURVES_FILE) as image:
+        assert image.size == (1000, 400)
+    with Image.open(model_dir / plots.CONFUSION_MATRIX_FILE) as image:
+        assert image.size == (600, 600)
+    counts = np.array(metrics["validation"]["confusion_matrix"])
+    assert counts.sum() == metrics["validation"]["num_examples"]
+    np.testing.assert_allclose(np.trace(counts) / counts.sum(), metrics["validation"]["accuracy"], atol=1e-6)
