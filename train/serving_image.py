@@ -193,7 +193,9 @@ def _apply_bmp_palette(data, indices):
     """TF decodes an 8-bit BMP to its palette indices; look the colours up."""
     info_header_length = _little_endian(_read_bytes(data, 14, 4))
     palette_bgrx = tf.reshape(_read_bytes(data, 14 + info_header_length, 256 * 4), [256, 4])
-    palette_rgb = tf.cast(palette_bgrx[:, 2::-1], tf.uint8)
+    # A gather, not a [:, 2::-1] slice: grappler's layout pass logs a spurious
+    # error for negative-stride slices in a saved graph.
+    palette_rgb = tf.cast(tf.gather(palette_bgrx, [2, 1, 0], axis=1), tf.uint8)
     return tf.gather(palette_rgb, tf.cast(indices[:, :, 0], tf.int32))
 
 
@@ -408,7 +410,9 @@ def _to_int_rows(byte_rows, little):
     width = byte_rows.shape[1]
     weights = tf.constant([256**i for i in range(width)], tf.int64)
     little_values = tf.reduce_sum(byte_rows * weights, axis=1)
-    big_values = tf.reduce_sum(byte_rows * weights[::-1], axis=1)
+    big_values = tf.reduce_sum(
+        byte_rows * tf.constant([256**i for i in reversed(range(width))], tf.int64), axis=1
+    )
     return tf.where(little, little_values, big_values)
 
 
