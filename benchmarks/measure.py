@@ -1,0 +1,299 @@
+"""Running a command as a subprocess and measuring it: wall time, peak memory of its process tree, phases.
+
+Memory is sampled from /proc every `interval` seconds: the resident set of
+the command's whole process tree (the main process and every descendant, e.g.
+Beam's SDK worker processes), summed. RSS counts pages shared between the
+processes (the TensorFlow and Beam libraries every worker maps) once per
+process, so the PSS sum (each shared page split among its users) is recorded
+too; RSS is what the targets are stated in.
+
+Optionally a directory is watched at the same interval: for each labelled
+regular expression (matched against paths relative to the directory), the
+time the first matching file appeared and the time their total size last
+grew. These mark the phases of a job from outside, without touching its code
+(stage 1 writes its decoded spill, then shard parts, then the shards).
+"""
+
+import dataclasses
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def machine_description() -> str:
+    """'N cores, M GiB RAM, <cpu model>': the machine line every benchmark prints."""
+    cores = os.cpu_count()
+    mem_gib = os.sysconf("SC_PHYS_PAGES") * _PAGE_BYTES / 2**30
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cores} cores, {mem_gib:.1f} GiB RAM" + (f", {model}" if model else "")
+
+
+def machine_load() -> str:
+    """The load average, and whether the kernel shares CPU per session (autogroup) rather than per thread.
+
+    With sched_autogroup on, a busy machine gives this whole benchmark one
+    session's fair share of the cores, however many processes it starts: what
+    a 2-process contender gains over 1 process is then capped by that share.
+    """
+    try:
+        with open("/proc/loadavg") as handle:
+            one, five, _ = handle.read().split()[:3]
+    except OSError:
+        return "load average unknown"
+    text = f"load average {one} (1 min), {five} (5 min)"
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as handle:
+            if handle.read().strip() == "1":
+                text += "; sched_autogroup on (CPU shared per session, not per process)"
+    except OSError:
+        pass
+    return text
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses; fields after the last ')' do not.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(name))
+    return children
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """root_pid and all its descendants that exist now."""
+    children = _children_by_parent()
+    tree, stack = [], [root_pid]
+    while stack:
+        pid = stack.pop()
+        tree.append(pid)
+        stack.extend(children.get(pid, ()))
+    return tree
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds_and_name(pid: int) -> tuple[float, str] | None:
+    """(user + system CPU seconds so far, command name) of a process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    name = stat[stat.find("(") + 1 : stat.rfind(")")]
+    fields = stat[stat.rfind(")") + 2 :].split()
+    # Fields 14 and 15 of stat (utime, stime) are 11 and 12 after the command name.
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, name
+
+
+def _role(pid: int, root_pid: int) -> str:
+    """'main', 'sdk worker' (a Beam SDK harness) or 'other', from the command line."""
+    if pid == root_pid:
+        return "main"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    if "sdk_worker_main" in cmdline:
+        return "sdk worker"
+    if "multiprocessing" in cmdline:
+        return "pool worker"
+    return "other"
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+@dataclasses.dataclass
+class RunResult:
+    argv: list[str]
+    returncode: int
+    wall_seconds: float
+    peak_rss_bytes: int  # max over samples of the sum of RSS over the process tree
+    peak_pss_bytes: int
+    peak_processes: int
+    peak_rss_main_bytes: int  # the root process alone
+    first_seen: dict[str, float]  # watch label -> seconds from launch to the first matching file
+    last_growth: dict[str, float]  # watch label -> seconds from launch to the last growth of those files
+    output_tail: str
+    cpu_seconds: list[tuple[int, str, float]]  # (pid, role, CPU seconds at its last sample) per process
+
+    def cpu_seconds_by_role(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for _, role, seconds in self.cpu_seconds:
+            totals[role] = totals.get(role, 0.0) + seconds
+        return totals
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, pid: int, interval: float, watch_dir: str | None, watch: dict[str, str]):
+        super().__init__(daemon=True)
+        self._pid = pid
+        self._interval = interval
+        self._watch_dir = watch_dir
+        self._patterns = {label: re.compile(pattern) for label, pattern in watch.items()}
+        self._last_size: dict[str, int] = {}
+        self.last_growth: dict[str, float] = {}
+        self._stopped = threading.Event()
+        self.start_time = time.perf_counter()
+        self.peak_rss = self.peak_pss = self.peak_processes = self.peak_main = 0
+        self.first_seen: dict[str, float] = {}
+        self.cpu_by_pid: dict[int, tuple[float, str]] = {}
+
+    def _watch(self, now: float) -> None:
+        if not self._watch_dir or not os.path.isdir(self._watch_dir):
+            return
+        sizes = dict.fromkeys(self._patterns, 0)
+        for dirpath, _, filenames in os.walk(self._watch_dir):
+            relative_dir = os.path.relpath(dirpath, self._watch_dir)
+            for filename in filenames:
+                relative = filename if relative_dir == "." else f"{relative_dir}/{filename}"
+                for label, pattern in self._patterns.items():
+                    if pattern.search(relative):
+                        try:
+                            sizes[label] += os.path.getsize(os.path.join(dirpath, filename)) + 1
+                        except OSError:
+                            pass
+        for label, size in sizes.items():
+            if size and label not in self.first_seen:
+                self.first_seen[label] = now - self.start_time
+            if size > self._last_size.get(label, 0):
+                self._last_size[label] = size
+                self.last_growth[label] = now - self.start_time
+
+    def sample(self) -> None:
+        now = time.perf_counter()
+        pids = process_tree(self._pid)
+        rss = sum(_rss_bytes(pid) for pid in pids)
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            self.peak_pss = max(self.peak_pss, sum(_pss_bytes(pid) for pid in pids))
+        self.peak_processes = max(self.peak_processes, len(pids))
+        self.peak_main = max(self.peak_main, _rss_bytes(self._pid))
+        for pid in pids:
+            cpu = _cpu_seconds_and_name(pid)
+            if cpu is not None:
+                role = self.cpu_by_pid[pid][1] if pid in self.cpu_by_pid else _role(pid, self._pid)
+                self.cpu_by_pid[pid] = (cpu[0], role)
+        self._watch(now)
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            self.sample()
+            self._stopped.wait(self._interval)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
+
+
+def run_measured(
+    argv: list[str],
+    *,
+    interval: float = 0.25,
+    watch_dir: str | None = None,
+    watch: dict[str, str] | None = None,
+    log_path: str | None = None,
+    env: dict | None = None,
+    check: bool = True,
+) -> RunResult:
+    """Run argv to completion, sampling its process tree; stdout+stderr go to log_path (or are kept)."""
+    log = open(log_path, "w") if log_path else None  # noqa: SIM115 - closed below
+    try:
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            argv,
+            stdout=log or subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+        )
+        sampler = _Sampler(process.pid, interval, watch_dir, watch or {})
+        sampler.start_time = start
+        sampler.start()
+        output, _ = process.communicate()
+        wall = time.perf_counter() - start
+        sampler.stop()
+    finally:
+        if log:
+            log.close()
+    if log_path:
+        with open(log_path) as handle:
+            output = handle.read()
+    tail = "\n".join((output or "").splitlines()[-30:])
+    if check and process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with {process.returncode}:\n{tail}")
+    return RunResult(
+        argv=list(argv),
+        returncode=process.returncode,
+        wall_seconds=wall,
+        peak_rss_bytes=sampler.peak_rss,
+        peak_pss_bytes=sampler.peak_pss,
+        peak_processes=sampler.peak_processes,
+        peak_rss_main_bytes=sampler.peak_main,
+        first_seen=dict(sampler.first_seen),
+        last_growth=dict(sampler.last_growth),
+        output_tail=tail,
+        cpu_seconds=sorted((pid, role, seconds) for pid, (seconds, role) in sampler.cpu_by_pid.items()),
+    )
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running `python -m module args` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def median(values) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def format_table(header: list[str], rows: list[list]) -> str:
+    """A GitHub-markdown table (readable as plain text too)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.0f}"

@@ -1,0 +1,314 @@
+"""Stage 1's overhead and scaling: the Beam job vs. a hand-written multiprocessing script, same images.
+
+    python -m benchmarks.stage1_vs_handwritten --cache /tmp/bench-cache --num-images 3000 --unique 600 \\
+        --repeats 3 --workdir /tmp/bench-stage1
+
+Contenders, each run as its own process from launch to exit (start-up
+included, as a user sees it), on the same corpus, to the same image size and
+encoding:
+
+  handwritten x2  benchmarks.handwritten_stage1, a Pool of 2 processes (see that module for
+                  why it is the fair baseline and what it leaves out)
+  beam x2         python -m preprocess, DirectRunner --direct_running_mode=multi_processing
+                  --direct_num_workers=2
+  beam x1         the same with --direct_num_workers=1
+  handwritten x1  (only if named in --contenders) the script with 1 process: how much a plain
+                  Pool gains from a second process on this machine, to read target 2 against
+
+The machines these run on are shared, so the contenders run in turns (the
+order rotates every repetition) and every ratio is taken within one
+repetition, then the median over repetitions is reported:
+
+  target 1: images/s of beam x2 / handwritten x2   >= 0.7
+  target 2: images/s of beam x2 / beam x1          >= 1.6
+
+Where the time goes is read from outside, by watching the output directory:
+stage 1 writes its decoded spill (staging/decoded/) during decode + analysis,
+shard parts (staging/parts/) during transform + encode, then the shards and
+the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
+job costs whatever the corpus (process and worker start-up, stage scheduling).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from benchmarks import corpus as corpus_lib
+from benchmarks.measure import (
+    format_table,
+    machine_description,
+    machine_load,
+    median,
+    mib,
+    python_module,
+    run_measured,
+)
+
+HANDWRITTEN_2 = "handwritten x2"
+HANDWRITTEN_1 = "handwritten x1"
+BEAM_2 = "beam x2"
+BEAM_1 = "beam x1"
+CONTENDERS = (HANDWRITTEN_2, BEAM_2, BEAM_1)
+# Not run by default: the scaling the machine allows a plain Pool, to read target 2 against.
+OPTIONAL_CONTENDERS = (HANDWRITTEN_1,)
+HANDWRITTEN = (HANDWRITTEN_2, HANDWRITTEN_1)
+
+# Stage 1's files, as paths relative to its output directory.
+BEAM_PHASE_FILES = {
+    "spill": r"/decoded/",
+    "parts": r"/parts/",
+    "shards": r"(^|/)(train|validation|test)-\d{5}-of-\d{5}\.tfrecord$",
+}
+HANDWRITTEN_PHASE_FILES = {
+    "spill": r"^\.spill/",
+    "shards": r"^(train|validation|test)-\d{5}-of-\d{5}\.tfrecord$",
+}
+
+
+def contender_argv(name: str, corpus: str, output: str, args) -> list[str]:
+    common = ["--input", corpus, "--output", output, "--image-size", str(args.image_size)]
+    common += ["--encoding", args.encoding]
+    if name in HANDWRITTEN:
+        processes = "2" if name == HANDWRITTEN_2 else "1"
+        return python_module("benchmarks.handwritten_stage1", *common, "--processes", processes)
+    workers = {BEAM_2: 2, BEAM_1: 1}[name]
+    return python_module(
+        "preprocess",
+        *common,
+        "--direct_running_mode=multi_processing",
+        f"--direct_num_workers={workers}",
+    )
+
+
+def images_written(name: str, output: str) -> int:
+    if name in HANDWRITTEN:
+        with open(os.path.join(output, "handwritten.json")) as handle:
+            return json.load(handle)["num_written"]
+    with open(os.path.join(output, "dataset.json")) as handle:
+        return json.load(handle)["inputs"]["num_written"]
+
+
+def phases(name: str, result) -> dict[str, float]:
+    """Seconds in each phase of a run, from the watched files (see the module docstring)."""
+    first, last, wall = result.first_seen, result.last_growth, result.wall_seconds
+    if name in HANDWRITTEN or "spill" not in first:
+        start = first.get("spill", wall)
+        decode_end = first.get("shards", wall)
+        write_end = last.get("shards", wall)
+        return {
+            "start-up": start,
+            "decode": decode_end - start,
+            "encode+write": write_end - decode_end,
+            "end": wall - write_end,
+        }
+    start = first["spill"]
+    decode_end = last.get("spill", start)
+    write_end = max(last.get("shards", 0.0), last.get("parts", 0.0)) or wall
+    return {
+        "start-up": start,
+        "decode+analyze": decode_end - start,
+        "transform+encode+write": write_end - decode_end,
+        "end": wall - write_end,
+    }
+
+
+def run_one(name: str, corpus: str, args, tag: str) -> dict:
+    output = os.path.join(args.workdir, f"out-{tag}")
+    shutil.rmtree(output, ignore_errors=True)
+    result = run_measured(
+        contender_argv(name, corpus, output, args),
+        watch_dir=output,
+        watch=HANDWRITTEN_PHASE_FILES if name in HANDWRITTEN else BEAM_PHASE_FILES,
+        log_path=os.path.join(args.workdir, f"log-{tag}.txt"),
+    )
+    images = images_written(name, output)
+    shutil.rmtree(output, ignore_errors=True)
+    return {
+        "contender": name,
+        "images": images,
+        "seconds": result.wall_seconds,
+        "images_per_second": images / result.wall_seconds,
+        "peak_rss_bytes": result.peak_rss_bytes,
+        "peak_pss_bytes": result.peak_pss_bytes,
+        "phases": phases(name, result),
+        "cpu_seconds": result.cpu_seconds_by_role(),
+        # Per worker process: are the workers sharing the work?
+        "worker_cpu_seconds": [
+            seconds for _, role, seconds in result.cpu_seconds if role in ("sdk worker", "pool worker")
+        ],
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.stage1_vs_handwritten", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--cache", default="/tmp/bench-cache", help="Where the photo corpus is cached.")
+    parser.add_argument("--corpus", default=None, help="Use this ROOT/<class>/<image> tree instead.")
+    parser.add_argument("--num-images", type=int, default=3000)
+    parser.add_argument(
+        "--unique", type=int, default=600, help="Distinct renders (see benchmarks/corpus.py)."
+    )
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--encoding", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="Comma-separated subset.")
+    parser.add_argument("--fixed-cost", action="store_true", help="Also time beam x2 on an 8-image corpus.")
+    parser.add_argument("--workdir", default="/tmp/bench-stage1")
+    parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
+    parser.add_argument("--tiny", action="store_true", help="Smoke test: 12 tiny photos, 32 px, 1 repeat.")
+    return parser
+
+
+def _ratio(runs: list[dict], numerator: str, denominator: str, per_cpu_second: bool = False) -> list[float]:
+    """images/s (or images per CPU second) of `numerator` / the same of `denominator`, per repetition."""
+
+    def rate(run):
+        if per_cpu_second:
+            return run["images"] / max(sum(run["cpu_seconds"].values()), 1e-9)
+        return run["images_per_second"]
+
+    ratios = []
+    for repeat in sorted({run["repeat"] for run in runs}):
+        by_name = {run["contender"]: run for run in runs if run["repeat"] == repeat}
+        if numerator in by_name and denominator in by_name:
+            ratios.append(rate(by_name[numerator]) / rate(by_name[denominator]))
+    return ratios
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.tiny:
+        args.num_images, args.unique, args.image_size, args.repeats = 12, 12, 32, 1
+    os.makedirs(args.workdir, exist_ok=True)
+    megapixels = corpus_lib.TINY_MEGAPIXELS if args.tiny else corpus_lib.PHOTO_MEGAPIXELS
+    corpus = args.corpus or corpus_lib.photo_corpus(
+        args.cache, args.num_images, unique=args.unique, megapixels=megapixels
+    )
+    contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
+    unknown = set(contenders) - set(CONTENDERS + OPTIONAL_CONTENDERS)
+    if unknown:
+        raise SystemExit(
+            f"unknown contenders {sorted(unknown)}; choose from {CONTENDERS + OPTIONAL_CONTENDERS}"
+        )
+    num_files = len(corpus_lib.corpus_files(corpus))
+    print(f"machine: {machine_description()}; {machine_load()}")
+    print(
+        f"corpus: {corpus}: {num_files} JPEGs, {corpus_lib.corpus_bytes(corpus) / 1e6:,.0f} MB; "
+        f"{args.image_size}x{args.image_size} {args.encoding}",
+        flush=True,
+    )
+
+    runs = []
+    for repeat in range(args.repeats):
+        order = contenders[repeat % len(contenders) :] + contenders[: repeat % len(contenders)]
+        for name in order:
+            run = run_one(name, corpus, args, f"{repeat}-{name.replace(' ', '')}")
+            run["repeat"] = repeat
+            runs.append(run)
+            phase_text = ", ".join(f"{k} {v:.0f}s" for k, v in run["phases"].items())
+            cpu_text = f"CPU s: main {run['cpu_seconds'].get('main', 0):.0f}, workers " + "+".join(
+                f"{v:.0f}" for v in run["worker_cpu_seconds"]
+            )
+            print(
+                f"  repeat {repeat} {name:15s} {run['seconds']:7.1f} s  {run['images_per_second']:6.1f} img/s  "
+                f"peak RSS {mib(run['peak_rss_bytes'])} MiB  ({phase_text}; {cpu_text})",
+                flush=True,
+            )
+
+    fixed = None
+    if args.fixed_cost:
+        small = corpus_lib.photo_corpus(args.cache, 8, unique=8, megapixels=corpus_lib.TINY_MEGAPIXELS)
+        fixed = run_one(BEAM_2, small, args, "fixed-cost")
+        print(f"  fixed cost: beam x2 on 8 tiny images: {fixed['seconds']:.1f} s", flush=True)
+
+    rows = []
+    for name in contenders:
+        mine = [run for run in runs if run["contender"] == name]
+        phase_names = list(mine[0]["phases"])
+        cpu = [sum(r["cpu_seconds"].values()) for r in mine]
+        rows.append(
+            [
+                name,
+                mine[0]["images"],
+                f"{median(r['seconds'] for r in mine):.1f}",
+                f"{median(r['images_per_second'] for r in mine):.1f}",
+                f"{median(cpu):.0f}",
+                f"{median(c / r['seconds'] for c, r in zip(cpu, mine, strict=True)):.2f}",
+                mib(median(r["peak_rss_bytes"] for r in mine)),
+                ", ".join(f"{p} {median(r['phases'][p] for r in mine):.0f}" for p in phase_names),
+            ]
+        )
+    print()
+    print(
+        format_table(
+            [
+                "contender",
+                "images",
+                "seconds",
+                "images/s",
+                "CPU s",
+                "cores busy",
+                "peak RSS MiB",
+                "phases, s",
+            ],
+            rows,
+        )
+    )
+    print(
+        "(medians over repetitions; CPU s: user+system of the whole process tree; cores busy: CPU s / seconds)"
+    )
+    ratios = {
+        "beam x2 / handwritten x2": _ratio(runs, BEAM_2, HANDWRITTEN_2),
+        "beam x2 / beam x1": _ratio(runs, BEAM_2, BEAM_1),
+        "handwritten x2 / handwritten x1": _ratio(runs, HANDWRITTEN_2, HANDWRITTEN_1),
+    }
+    targets = {
+        "beam x2 / handwritten x2": 0.7,
+        "beam x2 / beam x1": 1.6,
+        "handwritten x2 / handwritten x1": None,
+    }
+    print()
+    for label, values in ratios.items():
+        if values:
+            target = targets[label]
+            verdict = (
+                ""
+                if target is None
+                else f"; target >= {target}: " + ("met" if median(values) >= target else "NOT met")
+            )
+            print(
+                f"{label}: median {median(values):.2f} over {len(values)} repetitions "
+                f"({', '.join(f'{v:.2f}' for v in values)}){verdict}"
+            )
+    cpu_ratio = _ratio(runs, BEAM_2, HANDWRITTEN_2, per_cpu_second=True)
+    if cpu_ratio:
+        print(
+            f"images per CPU-second, beam x2 / handwritten x2: median {median(cpu_ratio):.2f} "
+            "(what the job costs in CPU, whatever share of the machine it got)"
+        )
+    if fixed is not None:
+        print(
+            f"beam x2 fixed cost (8 tiny images): {fixed['seconds']:.1f} s, "
+            f"{sum(fixed['cpu_seconds'].values()):.0f} CPU s"
+        )
+    report = {
+        "machine": machine_description(),
+        "load_at_end": machine_load(),
+        "corpus": corpus,
+        "num_files": num_files,
+        "runs": runs,
+        "ratios": {label: {"values": v, "median": median(v)} for label, v in ratios.items()},
+        "images_per_cpu_second_ratio": {"values": cpu_ratio, "median": median(cpu_ratio)},
+        "fixed_cost": fixed,
+    }
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
