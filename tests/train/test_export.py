@@ -10,10 +10,14 @@ probability ~0.55):
     rounding and bfloat16 rounding), <= 8 for jpeg (measured 4.2: stage 1 stores a lossy
     quality-90 JPEG, serving sees the original);
   - probabilities, max absolute difference: <= 0.01 (measured 0.003), jpeg <= 0.1 (measured 0.046);
-  - top-1: the same on >= 99% of the images that are not near-ties. An image whose two best
-    classes are within 2x the probability tolerance can legitimately flip (measured margins go
-    down to 0.003), so it is left out of the top-1 count; the probability bound still holds
-    for it, and at least a quarter of the images must be decided for the test to count.
+  - sensitivity: a near-constant model would pass the probability bound whatever the input,
+    so the bound is also taken relative to how much the model's output changes between two
+    validation images (median over pairs of the max absolute difference, measured 0.22-0.41):
+    the median serving-vs-pipeline difference must be below 2% of it (measured 0.1-0.15%), 10%
+    for jpeg (measured 1.7-2.0%). This holds for any model that learned something, however
+    confident: a check on top-1 labels would either depend on how sure a 6-epoch model happens
+    to be, or, restricted to images whose margin exceeds twice the probability bound, could not
+    fail once the bound holds.
 """
 
 import json
@@ -35,7 +39,7 @@ from train.trainer import train_and_evaluate
 ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
 INPUT_MEAN_LEVELS = {"bfloat16": 1.0, "float32": 1.0, "uint8": 1.0, "jpeg": 8.0}
 PROBABILITY_TOLERANCE = {"bfloat16": 0.01, "float32": 0.01, "uint8": 0.01, "jpeg": 0.1}
-MIN_TOP1_AGREEMENT = 0.99
+RELATIVE_TOLERANCE = {"bfloat16": 0.02, "float32": 0.02, "uint8": 0.02, "jpeg": 0.1}
 
 _URI_SPEC = {features.URI: tf.io.FixedLenFeature([], tf.string)}
 
@@ -168,10 +172,12 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
     through_serving = served["probabilities"].numpy()
     tolerance = PROBABILITY_TOLERANCE[encoding]
     assert np.abs(through_pipeline - through_serving).max() <= tolerance
-    top_two = np.sort(through_pipeline, axis=1)[:, -2:]
-    decided = top_two[:, 1] - top_two[:, 0] > 2 * tolerance
-    assert decided.mean() >= 0.25, "the model is too unsure for the top-1 comparison to mean anything"
-    same_top1 = through_pipeline.argmax(axis=1) == through_serving.argmax(axis=1)
-    assert same_top1[decided].mean() >= MIN_TOP1_AGREEMENT, f"top-1 agrees on {same_top1[decided].mean():.1%}"
+    pairs = np.triu_indices(len(uris), k=1)
+    between_images = np.abs(through_pipeline[pairs[0]] - through_pipeline[pairs[1]]).max(axis=1)
+    serving_vs_pipeline = np.abs(through_pipeline - through_serving).max(axis=1)
+    relative = np.median(serving_vs_pipeline) / np.median(between_images)
+    assert relative <= RELATIVE_TOLERANCE[encoding], (
+        f"serving differs from the pipeline by {relative:.1%} of the difference between two images"
+    )
     labels = [label.decode() for label in served["label"].numpy()]
     assert labels == [manifest["labels"][i] for i in through_serving.argmax(axis=1)]
