@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, progress
+from preprocess import errors, local_runner, progress
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -191,7 +191,7 @@ def run(argv=None) -> dict | None:
     output_dir = args.output.rstrip("/")
     staging_dir = manifest_lib.join(output_dir, f".staging-{uuid.uuid4().hex[:12]}")
     options = PipelineOptions(beam_args)
-    pipeline = beam.Pipeline(options=options)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
     build_pipeline(pipeline, args, staging_dir)
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
     with progress.ProgressReporter(enabled=progress.runs_locally(options)):

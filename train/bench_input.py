@@ -77,7 +77,11 @@ def synthetic_dataset(strategy, image_format: dataset.ImageFormat, per_replica_b
     """Endless batches of random images and labels of the training shape and dtype, one per replica."""
 
     def dataset_fn(_):
-        images = tf.random.stateless_normal([per_replica_batch, *image_format.shape], seed=[1, 2])
+        # Pixel-like values for the pixel encodings, normalized-like values for the others.
+        scale = 1.0 if image_format.normalized_offline else 64.0
+        images = scale * tf.random.stateless_normal([per_replica_batch, *image_format.shape], seed=[1, 2])
+        if not image_format.normalized_offline:
+            images = tf.clip_by_value(images + 128.0, 0.0, 255.0)
         labels = tf.random.stateless_uniform(
             [per_replica_batch], seed=[3, 4], maxval=num_classes, dtype=tf.int32
         )
@@ -176,9 +180,7 @@ def run(args) -> BenchResult:
     print(f"  input pipeline alone: {input_ips:,.1f} images/s", flush=True)
 
     with strategy.scope():
-        model = models.build_model(
-            config.model, image_format.shape, num_classes, input_dtype=image_format.dtype.name, policy=policy
-        )
+        model = models.build_model_for_dataset(config.model, image_format, num_classes, policy)
         trainer._compile(model, config, plan)
     synthetic = synthetic_dataset(strategy, image_format, plan.per_replica_batch_size, num_classes)
     step_ips = measure_fit(model, synthetic, plan.steps_per_execution, plan.global_batch_size, args.seconds)

@@ -69,9 +69,30 @@ class ImageFormat:
         return (self.height, self.width, features.CHANNELS)
 
     @property
+    def normalized_offline(self) -> bool:
+        """True when stage 1 stored normalized values (bfloat16, float32), False for pixels (uint8, jpeg)."""
+        return self.encoding in features.NORMALIZED_ENCODINGS
+
+    @property
     def dtype(self) -> tf.DType:
-        """The dtype of the pipeline's images: bfloat16 stays bfloat16 (the host only bitcasts)."""
-        return tf.bfloat16 if self.encoding == features.BFLOAT16 else tf.float32
+        """The dtype of the pipeline's images, which is the dtype the model takes.
+
+        bfloat16 and float32 are the normalized values stage 1 stored (the host
+        only bitcasts them). uint8 and jpeg reach the model as uint8 pixels and
+        are normalized in its first layer, on the accelerator: normalizing on
+        the host would cost it a float32 write per pixel and send 4x the bytes
+        to the device (benchmarks/RESULTS.md, target 5).
+        """
+        if self.encoding == features.BFLOAT16:
+            return tf.bfloat16
+        if self.encoding == features.FLOAT32:
+            return tf.float32
+        return tf.uint8
+
+    @property
+    def device_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """(mean, std) for the model's first layer to apply, or None when stage 1 normalized already."""
+        return None if self.normalized_offline else (self.mean, self.std)
 
 
 # ---------------------------------------------------------------- per batch
@@ -96,10 +117,12 @@ def _decode_jpeg(image_bytes: tf.Tensor, image_format: ImageFormat) -> tf.Tensor
 
 
 def decode_images(image_bytes: tf.Tensor, image_format: ImageFormat) -> tf.Tensor:
-    """A batch of `image` features -> normalized images [B, H, W, 3] of `image_format.dtype`.
+    """A batch of `image` features -> model input [B, H, W, 3] of `image_format.dtype`.
 
+    bfloat16 and float32 come out normalized (as stage 1 stored them), uint8
+    and jpeg as uint8 pixels (the model normalizes them: ImageFormat.dtype).
     The raw encodings decode the whole batch with one `decode_raw` (a bitcast
-    for bfloat16 and float32, which stage 1 already normalized). JPEG has no
+    for bfloat16 and float32, a reshape for uint8). JPEG has no
     batched decoder, so each image is decoded in a `map_fn` inside this
     batched map: the per-element overhead of a per-example `Dataset.map` is
     avoided, and several batches still decode at once (the map runs with
@@ -108,20 +131,16 @@ def decode_images(image_bytes: tf.Tensor, image_format: ImageFormat) -> tf.Tenso
     batch = image_bytes.shape[0] if image_bytes.shape.rank == 1 and image_bytes.shape[0] is not None else -1
     shape = [batch, *image_format.shape]
     encoding = image_format.encoding
-    if encoding in features.NORMALIZED_ENCODINGS:
+    if encoding in (*features.NORMALIZED_ENCODINGS, features.UINT8):
         return tf.reshape(tf.io.decode_raw(image_bytes, image_format.dtype, little_endian=True), shape)
-    if encoding == features.UINT8:
-        pixels = tf.reshape(tf.io.decode_raw(image_bytes, tf.uint8), shape)
-    elif encoding == features.JPEG:
-        pixels = tf.map_fn(
+    if encoding == features.JPEG:
+        return tf.map_fn(
             functools.partial(_decode_jpeg, image_format=image_format),
             image_bytes,
             fn_output_signature=tf.TensorSpec(image_format.shape, tf.uint8),
             parallel_iterations=16,
         )
-    else:
-        raise DatasetError(f"unknown image encoding {encoding!r}; expected one of {features.ENCODINGS}")
-    return normalize(pixels, image_format.mean, image_format.std)
+    raise DatasetError(f"unknown image encoding {encoding!r}; expected one of {features.ENCODINGS}")
 
 
 def augment_images(images: tf.Tensor, max_shift: int | None = None) -> tf.Tensor:

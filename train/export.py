@@ -7,8 +7,11 @@
 
 The signature runs the same steps as stage 1 + the training pipeline:
 decode by content, turn upright by EXIF orientation, RGB, resize with the
-shared geometry (train/serving_image.py), normalize with the manifest's mean
-and std (dataset.normalize), cast to the model's input dtype, run the model.
+shared geometry (train/serving_image.py) to uint8 pixels, then what the
+training pipeline gives the model: for the bfloat16 / float32 encodings the
+pixels normalized with the manifest's mean and std (dataset.normalize) in
+the model's input dtype; for uint8 / jpeg the pixels themselves (the model
+normalizes them in its first layer, as in training). Then the model.
 It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
 """
 
@@ -37,13 +40,17 @@ def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) ->
     serving_model.set_weights(model.get_weights())
     image = manifest["image"]
     size, resize_method = int(image["height"]), image["resize_method"]
-    mean, std = manifest["normalization"]["mean"], manifest["normalization"]["std"]
+    image_format = dataset.ImageFormat.from_manifest(manifest)
     class_names = tf.constant(manifest["labels"], tf.string)
-    input_dtype = serving_model.inputs[0].dtype
 
     def serve(image_bytes):
         pixels = serving_image.decode_and_resize_batch(image_bytes, size, resize_method)
-        images = tf.cast(dataset.normalize(pixels, mean, std), input_dtype)
+        if image_format.normalized_offline:
+            images = tf.cast(
+                dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype
+            )
+        else:
+            images = pixels
         probabilities = tf.cast(serving_model(images, training=False), tf.float32)
         label = tf.gather(class_names, tf.argmax(probabilities, axis=-1))
         return {"probabilities": probabilities, "label": label}

@@ -1,18 +1,25 @@
 """The models `--model` can name, all with the same input and head.
 
-Every model takes a batch of normalized images of the dataset's shape in the
-pipeline's dtype (bfloat16 for the bfloat16 encoding, else float32) and
-returns float32 class probabilities. Keras casts a floating input to each
-layer's compute dtype, so the bfloat16 -> compute-dtype cast happens once, on
-the device, in the first layer. The backbones come from `keras.applications`
-with `weights=None`: nothing is downloaded, and their own input
-preprocessing is off because stage 1 already normalized the pixels.
+Every model takes a batch of images of the dataset's shape in the pipeline's
+dtype (dataset.ImageFormat.dtype) and returns float32 class probabilities:
+  - bfloat16 / float32 encodings: the normalized values stage 1 stored.
+    Keras casts a floating input to each layer's compute dtype, so the
+    bfloat16 -> compute-dtype cast happens once, on the device, in the first
+    layer;
+  - uint8 / jpeg encodings: uint8 pixels, normalized by the model's first
+    layer (a Normalization layer holding the manifest's mean and std, in
+    float32), on the device.
+The backbones come from `keras.applications` with `weights=None`: nothing is
+downloaded, and their own input preprocessing is off because the pixels are
+normalized before they reach them.
 """
 
 import contextlib
+from collections.abc import Sequence
 
 import keras
 
+from train.dataset import ImageFormat
 from train.errors import ConfigError
 
 SMALL_CNN = "small_cnn"
@@ -78,7 +85,7 @@ def _backbone(name: str, image_shape: tuple[int, int, int]) -> keras.Model:
             weights=None,
             input_shape=image_shape,
             pooling="avg",
-            include_preprocessing=False,  # stage 1 normalized the pixels already
+            include_preprocessing=False,  # the pixels arrive normalized
         )
     raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
 
@@ -89,19 +96,46 @@ def build_model(
     num_classes: int,
     input_dtype: str = "float32",
     policy: str = "float32",
+    normalization: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> keras.Model:
-    """An uncompiled classifier `name` for `image_shape` images under the dtype policy `policy`."""
+    """An uncompiled classifier `name` for `image_shape` images under the dtype policy `policy`.
+
+    With `normalization` = (mean, std) per channel, the first layer computes
+    (pixel - mean) / std in float32 from inputs of any dtype (uint8 pixels).
+    """
     min_size = min_image_size(name)
     if min(image_shape[:2]) < min_size:
         raise ConfigError(f"model {name!r} needs images of at least {min_size}x{min_size}, got {image_shape}")
     with dtype_policy(policy):
         inputs = keras.Input(shape=image_shape, dtype=input_dtype, name="image")
+        x = inputs
+        if normalization is not None:
+            mean, std = normalization
+            # float32 whatever the policy: (pixel - mean) / std in bfloat16
+            # would round to 3 significant digits before the first convolution.
+            x = keras.layers.Normalization(
+                mean=list(mean), variance=[s * s for s in std], dtype="float32", name="normalize"
+            )(x)
         if name == SMALL_CNN:
-            features = _small_cnn_features(inputs)
+            features = _small_cnn_features(x)
         else:
-            features = _backbone(name, image_shape)(inputs)
+            features = _backbone(name, image_shape)(x)
         logits = keras.layers.Dense(num_classes, name="logits")(features)
         # Softmax in float32 whatever the policy: bfloat16 probabilities have
         # 3 significant digits, too few for the loss and for serving.
         probabilities = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
         return keras.Model(inputs, probabilities, name=name)
+
+
+def build_model_for_dataset(
+    name: str, image_format: ImageFormat, num_classes: int, policy: str = "float32"
+) -> keras.Model:
+    """build_model for the images the input pipeline yields for this dataset (its shape, dtype, normalization)."""
+    return build_model(
+        name,
+        image_format.shape,
+        num_classes,
+        input_dtype=image_format.dtype.name,
+        policy=policy,
+        normalization=image_format.device_normalization,
+    )

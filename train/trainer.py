@@ -187,13 +187,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     )
 
     with strategy.scope():
-        model = models.build_model(
-            config.model,
-            image_format.shape,
-            len(manifest["labels"]),
-            input_dtype=image_format.dtype.name,
-            policy=policy,
-        )
+        model = models.build_model_for_dataset(config.model, image_format, len(manifest["labels"]), policy)
         _compile(model, config, plan)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=epoch)

@@ -5,7 +5,7 @@ Parity, for every validation image of every encoding, between
   training:  stage 1 shards -> the training pipeline's parse + decode -> the trained Keras model
 Tolerances (measured on this corpus: 32x32 images, a small CNN trained 6 epochs, mean top
 probability ~0.55):
-  - input tensors (serving decode+resize+normalize vs pipeline), mean absolute difference per
+  - input tensors (serving decode+resize vs what the pipeline feeds the model), mean absolute difference per
     image in 0-255 levels: <= 1 for bfloat16/float32/uint8 (measured 0.27; PIL vs TF resize
     rounding and bfloat16 rounding), <= 8 for jpeg (measured 4.2: stage 1 stores a lossy
     quality-90 JPEG, serving sees the original);
@@ -63,9 +63,7 @@ def trained_run(stage1_dataset, tmp_path_factory):
 def restore_trained_model(data_dir, model_dir, manifest):
     """The Keras model of a finished run, from its last checkpoint."""
     image_format = dataset.ImageFormat.from_manifest(manifest)
-    model = models.build_model(
-        models.SMALL_CNN, image_format.shape, len(manifest["labels"]), input_dtype=image_format.dtype.name
-    )
+    model = models.build_model_for_dataset(models.SMALL_CNN, image_format, len(manifest["labels"]))
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     tf.train.Checkpoint(model=model).restore(latest).expect_partial()
     return model
@@ -150,18 +148,16 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
     assert len(uris) == manifest["splits"][manifest_lib.VALIDATION]["num_examples"] > 0
     file_bytes = read_bytes(uris)
 
-    # The input tensors: serving's decode/resize/normalize against the pipeline's decode.
-    normalization = manifest["normalization"]
-    serving_images = dataset.normalize(
-        serving_image.decode_and_resize_batch(
-            file_bytes, manifest["image"]["height"], manifest["image"]["resize_method"]
-        ),
-        normalization["mean"],
-        normalization["std"],
+    # The input tensors, in 0-255 levels: serving's decode + resize against what the pipeline feeds
+    # the model (de-normalized for the encodings stage 1 normalized; uint8 and jpeg are pixels).
+    serving_pixels = serving_image.decode_and_resize_batch(
+        file_bytes, manifest["image"]["height"], manifest["image"]["resize_method"]
     )
-    levels = np.abs(serving_images.numpy() - tf.cast(pipeline_images, tf.float32).numpy()) * np.array(
-        normalization["std"]
-    )
+    pipeline_pixels = tf.cast(pipeline_images, tf.float32).numpy()
+    if dataset.ImageFormat.from_manifest(manifest).normalized_offline:
+        normalization = manifest["normalization"]
+        pipeline_pixels = pipeline_pixels * np.array(normalization["std"]) + np.array(normalization["mean"])
+    levels = np.abs(tf.cast(serving_pixels, tf.float32).numpy() - pipeline_pixels)
     assert levels.mean(axis=(1, 2, 3)).max() <= INPUT_MEAN_LEVELS[encoding]
 
     # The predictions.
