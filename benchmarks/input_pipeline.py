@@ -7,7 +7,8 @@ same photos at 224x224, and these pipelines are timed, all yielding batches
 of 64:
 
   ours        train.dataset.make_train_dataset: the pipeline training uses (interleaved reads,
-              shuffle, batch, parse, decode per encoding, normalize where not done offline)
+              shuffle, batch, parse, decode per encoding; uint8 and jpeg leave the host as
+              uint8 pixels, which the model normalizes on the device)
   limit       tf.data.TFRecordDataset over the same shards with the same interleave and
               parallelism, batched, no parsing: what reading the bytes alone costs
   keras       keras.utils.image_dataset_from_directory on the original JPEGs

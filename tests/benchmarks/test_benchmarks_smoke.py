@@ -1,0 +1,84 @@
+"""Every benchmark script runs end to end at a tiny size (so none of them rots). No timing is asserted:
+the figures of a tiny run mean nothing; benchmarks/RESULTS.md holds the full-size ones."""
+
+import os
+
+import pytest
+
+from benchmarks import (
+    accuracy_parity,
+    corpus,
+    handwritten_stage1,
+    input_pipeline,
+    stage1_memory,
+    stage1_vs_handwritten,
+)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("bench-cache"))
+
+
+def test_corpus_variants_are_distinct_files_with_the_same_pixels(cache):
+    from PIL import Image
+
+    root = corpus.photo_corpus(cache, 6, unique=3, megapixels=corpus.TINY_MEGAPIXELS, processes=1)
+    files = corpus.corpus_files(root)
+    assert len(files) == 6
+    contents = {}
+    for path, _ in files:
+        with open(path, "rb") as handle:
+            contents[path] = handle.read()
+    assert len(set(contents.values())) == 6
+    variants = [path for path in contents if "_v1" in path]
+    assert len(variants) == 3
+    original = variants[0].replace("_v1", "")
+    with Image.open(original) as a, Image.open(variants[0]) as b:
+        assert a.tobytes() == b.tobytes()
+    # Cached: asking again returns the same tree without rewriting it.
+    assert corpus.photo_corpus(cache, 6, unique=3, megapixels=corpus.TINY_MEGAPIXELS, processes=1) == root
+
+
+@pytest.mark.slow
+def test_handwritten_stage1_writes_every_image_once(cache, tmp_path):
+    root = corpus.photo_corpus(cache, 6, unique=6, megapixels=corpus.TINY_MEGAPIXELS, processes=1)
+    summary = handwritten_stage1.main(
+        ["--input", root, "--output", str(tmp_path / "out"), "--image-size", "16", "--processes", "2"]
+    )
+    assert summary["num_written"] == 6
+    shards = [name for name in os.listdir(tmp_path / "out") if name.endswith(".tfrecord")]
+    assert len(shards) == summary["num_shards"] > 0
+
+
+@pytest.mark.slow
+def test_stage1_vs_handwritten_runs_at_tiny_size(cache, tmp_path, capsys):
+    report = stage1_vs_handwritten.main(
+        ["--tiny", "--cache", cache, "--workdir", str(tmp_path), "--contenders", "handwritten x2,beam x2"]
+    )
+    assert {run["contender"] for run in report["runs"]} == {"handwritten x2", "beam x2"}
+    assert all(run["images"] == 12 for run in report["runs"])
+    assert "beam x2 / handwritten x2" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
+    report = stage1_memory.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
+    assert [run["images"] for run in report["runs"]] == [6, 12]
+    assert all(run["peak_rss_bytes"] > 0 for run in report["runs"])
+    assert "target <= 1.5" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_input_pipeline_runs_at_tiny_size(cache, capsys):
+    report = input_pipeline.main(["--tiny", "--cache", cache, "--encodings", "bfloat16"])
+    figures = report["results"]["bfloat16"]["images_per_second"]
+    assert set(figures) == {"ours", "limit", "keras"} and all(v > 0 for v in figures.values())
+    assert "ours/limit" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_accuracy_parity_runs_at_tiny_size(cache, tmp_path, capsys):
+    report = accuracy_parity.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
+    assert 0.0 <= report["median"]["ours"] <= 1.0 and 0.0 <= report["median"]["keras"] <= 1.0
+    assert "difference of medians" in capsys.readouterr().out
