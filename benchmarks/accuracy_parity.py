@@ -38,7 +38,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import write_sample_corpus
@@ -231,9 +231,7 @@ def main(argv=None) -> dict:
     print(format_table(["seed", "ours", "image_dataset_from_directory", "difference, points"], rows))
     gap = abs(ours_median - keras_median) * 100
     print(f"\n|difference of medians| = {gap:.1f} points; target <= 2: {'met' if gap <= 2 else 'NOT met'}")
-    report = {
-        "machine": machine_description(),
-        "load_at_end": machine_load(),
+    figures = {
         "corpus": root,
         "num_files": num_files,
         "splits": counts,
@@ -242,10 +240,7 @@ def main(argv=None) -> dict:
         "median": {"ours": ours_median, "keras": keras_median},
         "gap_points": gap,
     }
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
+    return finish_report(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
 from dataset_contract import manifest as manifest_lib
 from train import dataset as dataset_lib
 
@@ -224,17 +224,12 @@ def main(argv=None) -> dict:
             f"image: keras {r['cpu_seconds_per_1000_images']['keras']:.1f} ms, ours "
             f"{r['cpu_seconds_per_1000_images']['ours']:.1f} ms"
         )
-    report = {
-        "machine": machine_description(),
-        "load_at_end": machine_load(),
+    figures = {
         "corpus": corpus,
         "batch": batch,
         "results": results,
     }
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
+    return finish_report(figures, args.json)
 
 
 if __name__ == "__main__":

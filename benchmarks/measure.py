@@ -15,6 +15,7 @@ grew. These mark the phases of a job from outside, without touching its code
 """
 
 import dataclasses
+import json
 import os
 import re
 import statistics
@@ -279,6 +280,15 @@ def run_measured(
 def python_module(module: str, *args: str) -> list[str]:
     """argv running `python -m module args` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def finish_report(figures: dict, json_path: str | None) -> dict:
+    """A benchmark's report: the machine and its load at the end, then `figures`; written to `json_path` if set."""
+    report = {"machine": machine_description(), "load_at_end": machine_load(), **figures}
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return report
 
 
 def median(values) -> float:

@@ -24,6 +24,7 @@ import sys
 
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import (
+    finish_report,
     format_table,
     machine_description,
     machine_load,
@@ -163,18 +164,13 @@ def main(argv=None) -> dict:
         f"\npeak RSS {args.factor}x / 1x: median {median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}); "
         f"target <= 1.5: {verdict}. Main process alone: {main_ratio:.2f}"
     )
-    report = {
-        "machine": machine_description(),
-        "load_at_end": machine_load(),
+    figures = {
         "corpora": {str(k): v for k, v in corpora.items()},
         "runs": runs,
         "ratio": {"values": ratios, "median": median(ratios)},
         "main_process_ratio": main_ratio,
     }
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
+    return finish_report(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import sys
 
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import (
+    finish_report,
     format_table,
     machine_description,
     machine_load,
@@ -294,9 +295,7 @@ def main(argv=None) -> dict:
             f"beam x2 fixed cost (8 tiny images): {fixed['seconds']:.1f} s, "
             f"{sum(fixed['cpu_seconds'].values()):.0f} CPU s"
         )
-    report = {
-        "machine": machine_description(),
-        "load_at_end": machine_load(),
+    figures = {
         "corpus": corpus,
         "num_files": num_files,
         "runs": runs,
@@ -304,10 +303,7 @@ def main(argv=None) -> dict:
         "images_per_cpu_second_ratio": {"values": cpu_ratio, "median": median(cpu_ratio)},
         "fixed_cost": fixed,
     }
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
+    return finish_report(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
-from preprocess.summary import format_bytes, format_summary, read_error_examples
+from preprocess.summary import format_bytes, format_summary, read_error_examples, read_manifest_or_explain
 
 # Without --classes, a sheet of a 1000-class dataset would be 1000 rows tall.
 MAX_DEFAULT_CLASSES = 64
@@ -305,10 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     data_dir = args.data_dir.rstrip("/")
-    try:
-        manifest = verification.read_manifest(data_dir)
-    except manifest_lib.ManifestError as exc:
-        print(f"not a dataset: {exc}", file=sys.stderr)
+    manifest = read_manifest_or_explain(data_dir)
+    if manifest is None:
         return 2
     print(format_summary(manifest, data_dir, read_error_examples(data_dir, manifest)))
     if args.split not in manifest["splits"] or not manifest["splits"][args.split]["shards"]:

@@ -7,10 +7,12 @@ reason from errors.jsonl (`read_error_examples`).
 
 import json
 import statistics
+import sys
 
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
 
 # Above this many classes the table shows the smallest ones (where problems
 # are) and a one-line distribution of the rest.
@@ -24,6 +26,15 @@ def format_bytes(num_bytes: float) -> str:
             return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
         num_bytes /= 1024
     raise AssertionError("unreachable")
+
+
+def read_manifest_or_explain(data_dir: str) -> dict | None:
+    """The checked manifest of `data_dir`, or None after saying on stderr why it is not a dataset."""
+    try:
+        return verification.read_manifest(data_dir)
+    except manifest_lib.ManifestError as exc:
+        print(f"not a dataset: {exc}", file=sys.stderr)
+        return None
 
 
 def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ import time
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
-from preprocess.summary import format_bytes
+from preprocess.summary import format_bytes, read_manifest_or_explain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,10 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     data_dir = args.data_dir.rstrip("/")
-    try:
-        manifest = verification.read_manifest(data_dir)
-    except manifest_lib.ManifestError as exc:
-        print(f"not a dataset: {exc}", file=sys.stderr)
+    manifest = read_manifest_or_explain(data_dir)
+    if manifest is None:
         return 2
     unknown = [split for split in args.splits if split not in manifest["splits"]]
     if unknown:

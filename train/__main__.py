@@ -18,18 +18,10 @@ import argparse
 import logging
 import sys
 
-from train import models
-from train import strategy as strategy_lib
+from train import flags
 from train.config import TrainConfig
 from train.errors import SetupError
 from train.trainer import train_and_evaluate
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,64 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. "
         "An existing run there is resumed.",
     )
-    parser.add_argument("--model", choices=models.MODELS, default=defaults.model, help="default %(default)s")
+    flags.add_setup_flags(parser)
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
         "--epochs",
-        type=_positive_int,
+        type=flags.positive_int,
         default=defaults.epochs,
         help="Passes over the train split (default %(default)s).",
     )
     length.add_argument(
         "--steps",
-        type=_positive_int,
+        type=flags.positive_int,
         default=None,
         help="Total training steps instead of --epochs, split into equal epochs of at most --steps-per-epoch.",
     )
     parser.add_argument(
         "--steps-per-epoch",
-        type=_positive_int,
+        type=flags.positive_int,
         default=None,
         help="Steps between checkpoints and evaluations (default: one pass over the train split).",
     )
-    parser.add_argument("--global-batch-size", type=_positive_int, default=defaults.global_batch_size)
     parser.add_argument(
         "--learning-rate", type=float, default=defaults.learning_rate, help="Peak of a cosine decay."
     )
-    parser.add_argument("--strategy", choices=strategy_lib.STRATEGIES, default=defaults.strategy)
-    parser.add_argument(
-        "--tpu", default=None, help="A TPU node name, or 'local' on a TPU VM (with --strategy auto or tpu)."
-    )
-    parser.add_argument(
-        "--mixed-precision",
-        choices=strategy_lib.MIXED_PRECISION_CHOICES,
-        default=defaults.mixed_precision,
-        help="auto: bfloat16 on TPU, off elsewhere (default).",
-    )
-    parser.add_argument(
-        "--steps-per-execution",
-        type=_positive_int,
-        default=None,
-        help="Training steps per device call (default: 32 on TPU, 1 elsewhere).",
-    )
-    parser.add_argument(
-        "--jit-compile",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="XLA-compile the train step on CPU/GPU (TPUs always compile).",
-    )
-    parser.add_argument("--augment", action="store_true", help="Random flips and shifts of training images.")
     parser.add_argument(
         "--verify-data",
         action="store_true",
         help="Check every shard's sha256 against the manifest before training.",
-    )
-    parser.add_argument(
-        "--shuffle-buffer",
-        type=_positive_int,
-        default=defaults.shuffle_buffer,
-        help="Examples held for shuffling (default %(default)s); host memory is this times the record size, "
-        "e.g. 2048 x 294 KiB = 600 MB for bfloat16 224x224.",
     )
     parser.add_argument("--no-export", dest="export", action="store_false", help="Skip the serving export.")
     return parser
@@ -115,21 +76,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         data_dir=args.data,
         model_dir=args.model_dir,
-        model=args.model,
         epochs=args.epochs,
         steps=args.steps,
         steps_per_epoch=args.steps_per_epoch,
-        global_batch_size=args.global_batch_size,
         learning_rate=args.learning_rate,
-        strategy=args.strategy,
-        tpu=args.tpu,
-        mixed_precision=args.mixed_precision,
-        steps_per_execution=args.steps_per_execution,
-        jit_compile={"auto": None, "on": True, "off": False}[args.jit_compile],
-        augment=args.augment,
         verify_data=args.verify_data,
-        shuffle_buffer=args.shuffle_buffer,
         export=args.export,
+        **flags.setup_config_fields(args),
     )
 
 

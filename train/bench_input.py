@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, models, trainer
+from train import checks, dataset, flags, models, trainer
 from train import strategy as strategy_lib
 from train.config import TrainConfig, plan_training
 from train.errors import SetupError
@@ -133,19 +133,7 @@ def verdict_for(
 
 
 def run(args) -> BenchResult:
-    config = TrainConfig(
-        data_dir=args.data,
-        model_dir="",
-        model=args.model,
-        global_batch_size=args.global_batch_size,
-        strategy=args.strategy,
-        tpu=args.tpu,
-        mixed_precision=args.mixed_precision,
-        steps_per_execution=args.steps_per_execution,
-        jit_compile={"auto": None, "on": True, "off": False}[args.jit_compile],
-        augment=args.augment,
-        shuffle_buffer=args.shuffle_buffer,
-    )
+    config = TrainConfig(data_dir=args.data, model_dir="", **flags.setup_config_fields(args))
     manifest = checks.read_manifest(config.data_dir)
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, splits=(manifest_lib.TRAIN,))
@@ -168,14 +156,7 @@ def run(args) -> BenchResult:
         flush=True,
     )
 
-    train_data = dataset.distribute_train_dataset(
-        strategy,
-        config.data_dir,
-        manifest,
-        plan.global_batch_size,
-        augment=config.augment,
-        shuffle_buffer=config.shuffle_buffer,
-    )
+    train_data = trainer.distribute_train_input(strategy, config, manifest, plan)
     input_ips = measure_input(train_data, plan.global_batch_size, args.seconds, args.warmup_batches)
     print(f"  input pipeline alone: {input_ips:,.1f} images/s", flush=True)
 
@@ -210,24 +191,13 @@ def run(args) -> BenchResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = TrainConfig(data_dir="", model_dir="")
     parser = argparse.ArgumentParser(
         prog="python -m train.bench_input",
         description="Measure the training input pipeline alone and the train step on synthetic input of the "
         "same shape (same model, batch size, strategy), and say which one is the bottleneck.",
     )
     parser.add_argument("--data", required=True, help="The dataset directory (dataset.json + shards).")
-    parser.add_argument("--model", choices=models.MODELS, default=defaults.model)
-    parser.add_argument("--global-batch-size", type=int, default=defaults.global_batch_size)
-    parser.add_argument("--strategy", choices=strategy_lib.STRATEGIES, default=defaults.strategy)
-    parser.add_argument("--tpu", default=None, help="A TPU node name, or 'local' on a TPU VM.")
-    parser.add_argument(
-        "--mixed-precision", choices=strategy_lib.MIXED_PRECISION_CHOICES, default=defaults.mixed_precision
-    )
-    parser.add_argument("--steps-per-execution", type=int, default=None)
-    parser.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto")
-    parser.add_argument("--augment", action="store_true", help="Measure the input with augmentation on.")
-    parser.add_argument("--shuffle-buffer", type=int, default=defaults.shuffle_buffer)
+    flags.add_setup_flags(parser)
     parser.add_argument(
         "--seconds", type=float, default=20.0, help="Length of each timed measurement (default %(default)s)."
     )

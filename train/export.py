@@ -38,9 +38,8 @@ def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) ->
     """
     serving_model = keras.Model.from_config(model.get_config())
     serving_model.set_weights(model.get_weights())
-    image = manifest["image"]
-    size, resize_method = int(image["height"]), image["resize_method"]
     image_format = dataset.ImageFormat.from_manifest(manifest)
+    size, resize_method = image_format.height, manifest["image"]["resize_method"]
     class_names = tf.constant(manifest["labels"], tf.string)
 
     def serve(image_bytes):

@@ -123,6 +123,20 @@ def _write_json(path: str, content: dict) -> None:
         handle.write(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
+def distribute_train_input(
+    strategy: tf.distribute.Strategy, config: TrainConfig, manifest: dict, plan: TrainingPlan
+):
+    """The training input of `config` under `strategy`, as train_and_evaluate feeds it (and bench_input times it)."""
+    return dataset.distribute_train_dataset(
+        strategy,
+        config.data_dir,
+        manifest,
+        plan.global_batch_size,
+        augment=config.augment,
+        shuffle_buffer=config.shuffle_buffer,
+    )
+
+
 def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> dict:
     """Train `config.model` on `config.data_dir`, evaluate on its validation split, export.
 
@@ -174,14 +188,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         plan.steps_per_execution,
     )
 
-    train_data = dataset.distribute_train_dataset(
-        strategy,
-        config.data_dir,
-        manifest,
-        plan.global_batch_size,
-        augment=config.augment,
-        shuffle_buffer=config.shuffle_buffer,
-    )
+    train_data = distribute_train_input(strategy, config, manifest, plan)
     eval_data, eval_steps = dataset.distribute_eval_dataset(
         strategy, config.data_dir, manifest, manifest_lib.VALIDATION, plan.global_batch_size
     )

@@ -12,6 +12,7 @@ from PIL import Image
 from dataset_contract import geometry
 from preprocess import errors
 from preprocess.image_decode import decode_image, load_image, resize_image, sniff_format
+from tests.exif import orientation_exif, stored_for_orientation
 
 MAX_PIXELS = 50_000_000
 
@@ -44,26 +45,6 @@ def gradient(height: int, width: int) -> np.ndarray:
         ],
         axis=-1,
     ).astype(np.uint8)
-
-
-def stored_for_orientation(upright: np.ndarray, orientation: int) -> np.ndarray:
-    """The pixels a camera stores so that EXIF `orientation` displays as `upright` (EXIF 2.3 table)."""
-    return {
-        1: lambda u: u,
-        2: lambda u: u[:, ::-1],
-        3: lambda u: u[::-1, ::-1],
-        4: lambda u: u[::-1, :],
-        5: lambda u: u.transpose(1, 0, 2),
-        6: lambda u: np.rot90(u, 1),
-        7: lambda u: u[::-1, ::-1].transpose(1, 0, 2),
-        8: lambda u: np.rot90(u, -1),
-    }[orientation](upright)
-
-
-def with_orientation(orientation: int) -> Image.Exif:
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    return exif
 
 
 def decode(data: bytes, **options) -> np.ndarray:
@@ -219,7 +200,7 @@ def test_bmp_alpha_is_ignored():
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_jpeg_exif_orientation_turns_the_image_upright(orientation):
     stored = stored_for_orientation(quadrants(), orientation)
-    data = encode(Image.fromarray(stored), "JPEG", quality=95, exif=with_orientation(orientation))
+    data = encode(Image.fromarray(stored), "JPEG", quality=95, exif=orientation_exif(orientation))
     decoded = decode(data)
     assert decoded.shape == quadrants().shape
     assert np.abs(decoded.astype(int) - quadrants()).mean() < 8
@@ -230,7 +211,7 @@ def test_jpeg_exif_orientation_turns_the_image_upright(orientation):
 @pytest.mark.parametrize("pil_format, options", [("PNG", {}), ("WEBP", {"lossless": True})])
 def test_png_and_webp_exif_orientation_turns_the_image_upright(pil_format, options):
     stored = stored_for_orientation(quadrants(), 6)
-    data = encode(Image.fromarray(stored), pil_format, exif=with_orientation(6), **options)
+    data = encode(Image.fromarray(stored), pil_format, exif=orientation_exif(6), **options)
     np.testing.assert_array_equal(decode(data), quadrants())
 
 
@@ -239,7 +220,7 @@ def test_png_exif_after_the_image_data_is_ignored_as_the_serving_parser_does():
     # orientation before loading the pixels (which is when PIL reads later chunks).
     stored = stored_for_orientation(quadrants(), 6)
     data = encode(Image.fromarray(stored), "PNG")
-    tiff = with_orientation(6).tobytes()[len(b"Exif\x00\x00") :]
+    tiff = orientation_exif(6).tobytes()[len(b"Exif\x00\x00") :]
     chunk = struct.pack(">I", len(tiff)) + b"eXIf" + tiff + struct.pack(">I", zlib.crc32(b"eXIf" + tiff))
     end_of_header = 8 + 25  # signature + IHDR chunk
     np.testing.assert_array_equal(decode(data[:end_of_header] + chunk + data[end_of_header:]), quadrants())
@@ -254,7 +235,7 @@ def test_garbage_exif_is_treated_as_upright():
 
 
 def test_out_of_range_orientation_is_treated_as_upright():
-    data = encode(Image.fromarray(quadrants()), "PNG", exif=with_orientation(9))
+    data = encode(Image.fromarray(quadrants()), "PNG", exif=orientation_exif(9))
     np.testing.assert_array_equal(decode(data), quadrants())
 
 
@@ -344,7 +325,7 @@ def test_reduced_scale_never_goes_below_what_the_resize_needs(width, height, met
 
 def test_reduced_scale_decode_of_a_rotated_jpeg_is_upright():
     stored = stored_for_orientation(gradient(1200, 1600), 6)  # stored 1600 high, 1200 wide
-    data = encode(Image.fromarray(stored), "JPEG", quality=90, exif=with_orientation(6))
+    data = encode(Image.fromarray(stored), "JPEG", quality=90, exif=orientation_exif(6))
     decoded = decode(data, target_size=100, method=geometry.CROP)
     assert decoded.shape == (150, 200, 3)  # 1/8 of the upright 1200 x 1600
     reference = resize_image(gradient(1200, 1600), 100, geometry.CROP).astype(int)

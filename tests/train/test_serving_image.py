@@ -23,6 +23,7 @@ from PIL import Image
 
 from dataset_contract import geometry
 from preprocess.image_decode import load_image
+from tests.exif import orientation_exif, stored_for_orientation
 from train.serving_image import decode_and_resize, decode_and_resize_batch
 
 SIZE = 48
@@ -47,20 +48,6 @@ def photo(height: int = 60, width: int = 90) -> np.ndarray:
     ).astype(np.uint8)
     image[height // 10 : height // 3, width // 10 : width // 4] = (255, 0, 0)
     return image
-
-
-def stored_for_orientation(upright: np.ndarray, orientation: int) -> np.ndarray:
-    """The pixels a camera stores so that EXIF `orientation` displays as `upright`."""
-    return {
-        1: lambda u: u,
-        2: lambda u: u[:, ::-1],
-        3: lambda u: u[::-1, ::-1],
-        4: lambda u: u[::-1, :],
-        5: lambda u: u.transpose(1, 0, 2),
-        6: lambda u: np.rot90(u, 1),
-        7: lambda u: u[::-1, ::-1].transpose(1, 0, 2),
-        8: lambda u: np.rot90(u, -1),
-    }[orientation](upright)
 
 
 def tiff_with_orientation(byte_order: str = "<", field_type: int = 3, value: int = 6) -> bytes:
@@ -109,12 +96,6 @@ def rgba_image() -> Image.Image:
 def animated_gif() -> bytes:
     frames = [Image.fromarray(photo()), Image.new("RGB", (90, 60), (0, 255, 0))]
     return encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
-
-
-def orientation_exif(orientation: int) -> Image.Exif:
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    return exif
 
 
 CASES = {
