@@ -1,9 +1,15 @@
 """Installs the image pipeline: stage 1 (`preprocess`), stage 2 (`train`), the
 workflows (`pipelines`) and their shared contract (`dataset_contract`).
 
-Dataflow workers install the job from this file (`--setup_file ./setup.py`),
-so `install_requires` lists what the workers need to run stage 1; the exact,
-tested versions of everything are pinned in requirements.txt / constraints.txt.
+Dataflow workers get the job one of two ways: the worker container built
+from `Dockerfile` (`--sdk_container_image`, the recommended way: nothing is
+installed at worker boot), or this file (`--setup_file ./setup.py`: each
+worker pip-installs `install_requires` when it starts). The exact, tested
+versions of everything are pinned in requirements.txt / constraints.txt.
+
+Beam is required as a range, never pinned here: a worker runs the Beam SDK of
+its container, and a pin that differs from it would make pip reinstall Beam
+over the SDK the harness was built for.
 """
 
 import setuptools
@@ -26,7 +32,7 @@ setuptools.setup(
         ]
     ),
     install_requires=[
-        "apache-beam[gcp]==2.77.0",
+        "apache-beam[gcp]>=2.77.0,<3",
         "tensorflow==2.21.0",
         "tensorflow-transform==1.21.0",
         "pillow>=10,<14",

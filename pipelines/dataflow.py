@@ -3,7 +3,10 @@
 Run it on the TPU VM itself and it does everything, start to finish:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
-        --project PROJECT --region us-central1 --tpu local
+        --project PROJECT --region us-central1 --tpu local \\
+        --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
+
+(the worker image built from the repository's Dockerfile: see its header).
 
 Run it anywhere else (a laptop, Cloud Shell) with the TPU VM's name and it
 runs stage 1 on Dataflow, checks the dataset, stages this package next to
@@ -81,7 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
     parser.add_argument("--dry-run-dir", default="dry-run", help="Local directory for --dry-run output.")
-    parser.add_argument("--setup-file", default=SETUP_FILE, help="The setup.py Dataflow workers install.")
+    parser.add_argument(
+        "--sdk_container_image",
+        help="The Dataflow worker image built from this repository's Dockerfile (recommended; see its header "
+        "for the build). Workers then start with everything installed. Without it, every worker pip-installs "
+        "TensorFlow and tf.Transform from --setup-file at boot: minutes per worker, and it needs internet "
+        "access from the workers.",
+    )
+    parser.add_argument(
+        "--setup-file",
+        default=SETUP_FILE,
+        help="The setup.py Dataflow workers install at boot when no --sdk_container_image is given.",
+    )
     return parser
 
 
@@ -106,13 +120,25 @@ def preprocess_argv(args, paths: WorkflowPaths, dataflow_args: list[str]) -> lis
         manifest_lib.join(workdir, "tmp"),
         "--staging_location",
         manifest_lib.join(workdir, "staging"),
-        "--setup_file",
-        args.setup_file,
+        *worker_setup_argv(args),
         *dataflow_args,
     ]
     if args.dry_run:
         argv += ["--template_location", os.path.abspath(os.path.join(args.dry_run_dir, TEMPLATE_FILE))]
     return argv
+
+
+def worker_setup_argv(args) -> list[str]:
+    """How Dataflow workers get this package: the prebuilt container, else setup.py at boot."""
+    if args.sdk_container_image:
+        # The package is in the image already; a --setup_file as well would
+        # make every worker build and pip-install it again at boot.
+        return ["--sdk_container_image", args.sdk_container_image]
+    log.warning(
+        "no --sdk_container_image: every Dataflow worker will pip-install TensorFlow and tf.Transform at boot "
+        "(minutes per worker; fails where workers have no internet access). See Dockerfile for the image."
+    )
+    return ["--setup_file", args.setup_file]
 
 
 def train_argv(args, paths: WorkflowPaths) -> list[str]:

@@ -19,10 +19,10 @@ from pipelines import dataflow
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dry_run(gcs_emulator, tmp_path_factory):
-    out = tmp_path_factory.mktemp("dry-run")
-    workdir = gcs_emulator.url("dry-run-workdir")
+WORKER_IMAGE = "europe-west4-docker.pkg.dev/test-project-123/images/tf-image-pipeline:abc123"
+
+
+def _run_dry_run(gcs_emulator, out, workdir, extra_args=()):
     code = dataflow.main(
         [
             "--input",
@@ -50,6 +50,7 @@ def dry_run(gcs_emulator, tmp_path_factory):
             "17",
             "--machine_type",
             "n2-standard-8",
+            *extra_args,
         ]
     )
     assert code == 0
@@ -58,6 +59,23 @@ def dry_run(gcs_emulator, tmp_path_factory):
     with open(out / dataflow.TRAINING_SPEC_FILE) as handle:
         spec = json.load(handle)
     return template, spec, workdir
+
+
+@pytest.fixture(scope="module")
+def dry_run(gcs_emulator, tmp_path_factory):
+    """The job as launched without a worker image: workers install setup.py at boot."""
+    return _run_dry_run(gcs_emulator, tmp_path_factory.mktemp("dry-run"), gcs_emulator.url("dry-run-workdir"))
+
+
+@pytest.fixture(scope="module")
+def container_dry_run(gcs_emulator, tmp_path_factory):
+    """The job as launched with the worker image built from the Dockerfile."""
+    return _run_dry_run(
+        gcs_emulator,
+        tmp_path_factory.mktemp("dry-run-container"),
+        gcs_emulator.url("dry-run-container-workdir"),
+        ["--sdk_container_image", WORKER_IMAGE],
+    )
 
 
 def _pipeline_options(template):
@@ -130,3 +148,21 @@ def test_dry_run_writes_nothing_to_the_dataset_or_model_dirs(dry_run, gcs_emulat
     prefix = workdir.removeprefix(f"gs://{gcs_emulator.bucket}/")
     written = [name for name in gcs_emulator.list_objects(prefix) if not name.endswith("/")]
     assert all("/staging/" in name for name in written), written
+
+
+def test_with_a_worker_image_the_job_runs_in_it_and_installs_nothing_at_boot(container_dry_run):
+    template, _, _ = container_dry_run
+    (pool,) = template["environment"]["workerPools"]
+    assert [image["containerImage"] for image in pool["sdkHarnessContainerImages"]] == [WORKER_IMAGE]
+    assert "setup_file" not in _pipeline_options(template)
+    # Without a setup file the staged packages are only Beam's own bookkeeping:
+    # no sdist that each worker would build and pip-install at boot.
+    staged = {package["name"] for package in pool["packages"]}
+    assert not any(name.endswith((".tar.gz", ".whl")) for name in staged), staged
+
+
+def test_without_a_worker_image_workers_install_the_package_from_setup_py(dry_run):
+    template, _, _ = dry_run
+    (pool,) = template["environment"]["workerPools"]
+    assert {package["name"] for package in pool["packages"]} >= {"workflow.tar.gz"}
+    assert _pipeline_options(template)["setup_file"] == dataflow.SETUP_FILE

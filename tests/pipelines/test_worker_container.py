@@ -1,0 +1,62 @@
+"""The Dataflow worker image (Dockerfile) stays in step with the launcher.
+
+No Docker engine runs here, so the image is not built in the tests. What a
+build on Cloud Build depends on is checked instead: Dataflow refuses (or
+breaks at run time) a worker whose Python minor version or Beam version
+differs from the launcher's, and the image must carry every package the
+workers import.
+"""
+
+import re
+import tomllib
+from pathlib import Path
+
+import setuptools
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    instructions = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+def _pinned_version(package: str) -> str:
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        match = re.fullmatch(rf"{re.escape(package)}(\[[\w,]+\])?==([\w.]+)", line.strip())
+        if match:
+            return match.group(2)
+    raise AssertionError(f"{package} is not pinned in requirements.txt")
+
+
+def test_base_image_is_the_beam_sdk_of_the_pinned_beam_and_python():
+    (base,) = [rest for keyword, rest in _dockerfile_instructions() if keyword == "FROM"]
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["target-version"]
+    python = f"{target[2]}.{target[3:]}"  # "py311" -> "3.11"
+    assert base == f"apache/beam_python{python}_sdk:{_pinned_version('apache-beam')}"
+
+
+def test_image_copies_every_package_that_setup_py_installs():
+    copied = {
+        source.rstrip("/")
+        for keyword, rest in _dockerfile_instructions()
+        if keyword == "COPY"
+        for source in rest.split()[:-1]  # the last word is the destination
+    }
+    top_level = {name.split(".")[0] for name in setuptools.find_packages(str(REPO), exclude=["tests*"])}
+    assert top_level - {"benchmarks"} <= copied, top_level - copied
+    assert {"constraints.txt", "setup.py"} <= copied
+    for source in copied:
+        assert (REPO / source).exists(), source
+
+
+def test_setup_py_does_not_pin_beam_over_the_workers_sdk():
+    requirements = re.findall(r'"(apache-beam[^"]*)"', (REPO / "setup.py").read_text())
+    assert requirements, "setup.py should still require apache-beam (as a range)"
+    assert all("==" not in requirement for requirement in requirements), requirements
