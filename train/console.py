@@ -31,8 +31,8 @@ _NATIVE_NOISE = re.compile(
 def configure(verbose: bool, tpu: str | None = None) -> None:
     """Logging levels and pre-import environment; call before importing TensorFlow."""
     level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
-    for name in ("tensorflow", "absl", "keras"):
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")  # unless configured already
+    for name in ("", "tensorflow", "absl", "keras"):
         logging.getLogger(name).setLevel(level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")
     if tpu and tpu != "local":
