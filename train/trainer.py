@@ -134,6 +134,52 @@ def compile_model(
     model.optimizer.build(model.trainable_variables)
 
 
+def build_from_shapes(model: keras.Model, strategy: tf.distribute.Strategy, batch: tuple) -> None:
+    """Build the compiled model's metrics from the batch's shapes, instead of from a batch of data.
+
+    Keras 3.15 (fit and evaluate, under any tf.distribute strategy) pulls one
+    batch from the input and all-reduces it to build its metrics
+    symbolically: under MultiWorkerMirroredStrategy that reduce fails on a
+    structure of tensors ("Attempt to convert a value (PerReplica ...) to a
+    Tensor"), and everywhere it consumes a batch. Only shapes and dtypes are
+    needed, so the build is done here once and Keras's own is skipped.
+    `batch` holds keras.KerasTensor placeholders of one replica's batch.
+    """
+    with strategy.scope():
+        model._symbolic_build(data_batch=batch)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def reduce_logs_as_vectors(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Under MultiWorkerMirroredStrategy, return each step's logs as shape-[1] tensors.
+
+    Keras 3.15 reduces a step's logs across workers with
+    strategy.reduce("MEAN", log, axis=0), which fails on the scalar logs every
+    compiled model returns ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388). A shape-[1] log reduces to the
+    scalar Keras expects. Metric results are already global (their variables
+    are aggregated on read), so the mean across workers is the value itself.
+    """
+    if strategy_lib.strategy_kind(strategy) != strategy_lib.MULTIWORKER:
+        return
+
+    def as_vectors(step):
+        def vector_step(data):
+            return {name: tf.reshape(value, [1]) for name, value in step(data).items()}
+
+        return vector_step
+
+    model.train_step = as_vectors(model.train_step)
+    model.test_step = as_vectors(model.test_step)
+
+
+def _replica_batch(plan: TrainingPlan, image_format, weighted: bool) -> tuple:
+    batch = plan.per_replica_batch_size
+    images = keras.KerasTensor((batch, *image_format.shape), image_format.dtype.name)
+    labels = keras.KerasTensor((batch,), "int32")
+    return (images, labels, keras.KerasTensor((batch,), "float32")) if weighted else (images, labels)
+
+
 def _write_json(path: str, content: dict) -> None:
     with tf.io.gfile.GFile(path, "w") as handle:
         handle.write(json.dumps(content, indent=2, sort_keys=True) + "\n")
@@ -285,7 +331,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
     )
     chief = strategy_lib.is_chief(strategy)
-    printer = print if chief else None
+    worker = strategy_lib.worker_name(strategy)
+    printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
     image_format = dataset.ImageFormat.from_manifest(manifest)
@@ -312,6 +359,10 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         )
         compile_model(model, config, plan, choice)
         evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
+        build_from_shapes(model, strategy, _replica_batch(plan, image_format, weighted=False))
+        build_from_shapes(evaluation_model, strategy, _replica_batch(plan, image_format, weighted=True))
+        reduce_logs_as_vectors(model, strategy)
+        reduce_logs_as_vectors(evaluation_model, strategy)
         step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, global_step=step_variable)
     checkpoints = Checkpoints(
@@ -343,6 +394,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         callbacks.append(EvaluateEverySteps(evaluator, progress, config.eval_every))
     callbacks.append(saver)
     callbacks.append(StepTelemetry(writer, progress, plan, config.log_every, printer=printer))
+    # Chief only: TensorBoard files, epoch lines, the profile.
     if chief:
         callbacks += [EpochSummaries(writer), EpochProgress(progress, plan, printer)]
         if config.profile_steps:
