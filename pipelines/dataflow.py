@@ -8,13 +8,25 @@ Run it on the TPU VM itself and it does everything, start to finish:
 
 (the worker image built from the repository's Dockerfile: see its header).
 
-Run it anywhere else (a laptop, Cloud Shell) with the TPU VM's name and it
+Run it anywhere else (a laptop, Cloud Shell) with the TPU's name and it
 runs stage 1 on Dataflow, checks the dataset, stages this package next to
 it, and prints (and writes to WORKDIR/jobs/train_tpu_vm.json) the exact
-commands that create the TPU VM and train there:
+commands that create the TPU and train there:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
-        --project PROJECT --region us-central1 --tpu my-tpu --zone us-central1-a
+        --project PROJECT --region us-central1 --tpu my-tpu --zone us-central1-a \\
+        --accelerator-type v4-32
+
+Single-host TPUs (up to 8 chips: v5litepod-8, v4-8, ...) run one command on
+the VM: install, then `python3 -m train --tpu local`. Multi-host slices
+(v4-32, v5litepod-16, ...) run TensorFlow the way TPUStrategy works there,
+single-client: the software is installed on every worker
+(`gcloud compute tpus tpu-vm ssh NAME --worker=all`), the slice is created
+with a TensorFlow *pod* runtime (each worker runs TensorFlow's TPU server),
+and training is launched on worker 0 with `--tpu NAME`, from where one
+process drives every host's TPU chips and every host's input pipeline (each
+host reads its own shards). Running `python -m train` on every worker would
+start one coordinator per worker, each re-initializing the whole slice.
 
 `--dry-run` builds both job descriptions and submits nothing: the Dataflow
 job as a template file (`--template_location`, which stages the package
@@ -34,6 +46,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -53,6 +66,9 @@ TEMPLATE_FILE = "dataflow_template.json"
 TRAINING_SPEC_FILE = "train_tpu_vm.json"
 DEFAULT_ACCELERATOR = "v5litepod-8"
 DEFAULT_RUNTIME = "v2-alpha-tpuv5-lite"
+# Multi-host slices need a runtime whose workers run TensorFlow's TPU server for the
+# coordinator on worker 0 to connect to: a TensorFlow pod runtime of the pinned version.
+DEFAULT_POD_RUNTIME = "tpu-vm-tf-2.21.0-pod-pjrt"
 TENSORFLOW_TPU_REQUIREMENT = "tensorflow-tpu==2.21.0"
 LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 
@@ -74,7 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--zone", help="TPU VM zone (default: REGION-a).")
     parser.add_argument("--accelerator-type", default=DEFAULT_ACCELERATOR, help="TPU type for a new TPU VM.")
-    parser.add_argument("--runtime-version", default=DEFAULT_RUNTIME, help="TPU VM software version.")
+    parser.add_argument(
+        "--runtime-version",
+        default=None,
+        help=f"TPU VM software version (default: {DEFAULT_RUNTIME}; for a multi-host slice {DEFAULT_POD_RUNTIME}, "
+        "a TensorFlow pod runtime).",
+    )
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.BFLOAT16)
     parser.add_argument("--model", default="resnet50")
@@ -141,7 +162,31 @@ def worker_setup_argv(args) -> list[str]:
     return ["--setup_file", args.setup_file]
 
 
-def train_argv(args, paths: WorkflowPaths) -> list[str]:
+def _parse_tpu_type(accelerator_type: str) -> tuple[int, str]:
+    match = re.fullmatch(r"v(\d+)(litepod|e|p)?-(\d+)", accelerator_type.strip().lower())
+    if not match:
+        raise ValueError(
+            f"--accelerator-type {accelerator_type!r}: expected a TPU type such as v5litepod-8, v4-32, v5p-16, v6e-8"
+        )
+    return int(match.group(3)), match.group(2) or ""
+
+
+def tpu_chips(accelerator_type: str) -> int:
+    """The chips of a TPU type: v5litepod-16 -> 16; v4-32 -> 16 (v2, v3, v4 and v5p count TensorCores, 2 a chip)."""
+    number, variant = _parse_tpu_type(accelerator_type)
+    return number if variant in ("litepod", "e") else max(1, number // 2)
+
+
+def is_multi_host(accelerator_type: str) -> bool:
+    """Whether a slice of this type spans several TPU VMs: more chips than one VM holds
+    (8 for v5e and v6e, 4 for v2, v3, v4 and v5p)."""
+    _, variant = _parse_tpu_type(accelerator_type)
+    chips_per_vm = 8 if variant in ("litepod", "e") else 4
+    return tpu_chips(accelerator_type) > chips_per_vm
+
+
+def train_argv(args, paths: WorkflowPaths, tpu: str = "local") -> list[str]:
+    """`python -m train`'s arguments: `tpu` is `local` on a single-host VM, the TPU's name for a slice."""
     return [
         "--data",
         paths.dataset_dir,
@@ -158,7 +203,7 @@ def train_argv(args, paths: WorkflowPaths) -> list[str]:
         "--strategy",
         "tpu",
         "--tpu",
-        "local",
+        tpu,
     ]
 
 
@@ -166,16 +211,57 @@ def package_uri(args) -> str:
     return manifest_lib.join(args.workdir.rstrip("/"), "packages", "tf-image-pipeline.tar.gz")
 
 
+def _ssh(name: str, location: list[str], worker: str, command: str) -> str:
+    return shlex.join(
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "ssh",
+            name,
+            *location,
+            f"--worker={worker}",
+            "--command",
+            command,
+        ]
+    )
+
+
 def training_job_spec(args, paths: WorkflowPaths) -> dict:
-    """What runs stage 2 on a TPU VM: the machine, the paths, and the exact commands."""
+    """What runs stage 2 on a TPU: the machine, the paths, and the exact commands (see the module docstring)."""
     zone = args.zone or f"{args.region}-a"
     name = args.tpu if args.tpu != "local" else "THIS-TPU-VM"
+    multi_host = is_multi_host(args.accelerator_type)
+    runtime = args.runtime_version or (DEFAULT_POD_RUNTIME if multi_host else DEFAULT_RUNTIME)
     location = ["--zone", zone, "--project", args.project]
     setup = (
         f"gcloud storage cp {package_uri(args)} /tmp/pkg.tar.gz && "
         f"pip install /tmp/pkg.tar.gz {TENSORFLOW_TPU_REQUIREMENT} -f {LIBTPU_INDEX}"
     )
-    train = shlex.join(["python3", "-m", "train", *train_argv(args, paths)])
+    tpu_target = name if multi_host else "local"
+    arguments = train_argv(args, paths, tpu_target)
+    train = shlex.join(["python3", "-m", "train", *arguments])
+    create = shlex.join(
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "create",
+            name,
+            *location,
+            "--accelerator-type",
+            args.accelerator_type,
+            "--version",
+            runtime,
+        ]
+    )
+    if multi_host:
+        # The same software on every worker; one coordinator, on worker 0, drives the whole slice.
+        commands = [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", train)]
+    else:
+        commands = [create, _ssh(name, location, "all", f"{setup} && {train}")]
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
@@ -183,42 +269,14 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
             "zone": zone,
             "project": args.project,
             "accelerator_type": args.accelerator_type,
-            "runtime_version": args.runtime_version,
+            "runtime_version": runtime,
+            "multi_host": multi_host,
         },
         "package": package_uri(args),
         "data_dir": paths.dataset_dir,
         "model_dir": paths.model_dir,
-        "train_args": train_argv(args, paths),
-        "commands": [
-            shlex.join(
-                [
-                    "gcloud",
-                    "compute",
-                    "tpus",
-                    "tpu-vm",
-                    "create",
-                    name,
-                    *location,
-                    "--accelerator-type",
-                    args.accelerator_type,
-                    "--version",
-                    args.runtime_version,
-                ]
-            ),
-            shlex.join(
-                [
-                    "gcloud",
-                    "compute",
-                    "tpus",
-                    "tpu-vm",
-                    "ssh",
-                    name,
-                    *location,
-                    "--command",
-                    f"{setup} && {train}",
-                ]
-            ),
-        ],
+        "train_args": arguments,
+        "commands": commands,
     }
 
 
@@ -261,7 +319,11 @@ def main(argv=None) -> int:
         )
         return 2
     paths = WorkflowPaths(args.workdir)
-    spec = training_job_spec(args, paths)
+    try:
+        spec = training_job_spec(args, paths)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     if args.dry_run:
@@ -282,7 +344,12 @@ def main(argv=None) -> int:
         build_package(package_uri(args))
         spec_uri = manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
         write_json(spec_uri, spec)
-        print(f"Dataset ready. Train on the TPU VM (spec: {spec_uri}):")
+        where = (
+            "the TPU slice (software on every worker, training from worker 0)"
+            if spec["tpu"]["multi_host"]
+            else "the TPU VM"
+        )
+        print(f"Dataset ready. Train on {where} (spec: {spec_uri}):")
         for command in spec["commands"]:
             print(f"  {command}")
         return None

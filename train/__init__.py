@@ -9,15 +9,19 @@ once, static shapes, a parallel non-deterministic input pipeline.
 
 Modules, one job each:
 
-  config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes)
+  config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes); no TensorFlow
+  flags.py         the flags train and bench_input share (parsed before TensorFlow is imported)
+  console.py       quiet start-up: log levels, TensorFlow's native start-up lines, pre-import environment
   errors.py        SetupError and its kinds: problems found before the first step
   checks.py        reading dataset.json and checking the dataset before training
   dataset.py       the tf.data input pipeline (train and evaluation)
-  strategy.py      resolving the tf.distribute strategy and the mixed-precision policy
+  strategy.py      resolving the tf.distribute strategy (TPU local or a multi-host slice), hosts, chief
+  accelerator.py   per-device defaults: mixed precision, XLA, steps per execution (a pure function)
   models.py        the model zoo (a small CNN, ResNet50, MobileNetV3Small) with one head
   metrics.py       weighted evaluation metrics (padding-proof) and the example counter
-  checkpoints.py   per-epoch checkpoints in the model dir, resume from the latest
-  summaries.py     TensorBoard scalars without the tensorboard package
+  checkpoints.py   step checkpoints (interval, epoch ends, SIGTERM), resume from the latest
+  evaluation.py    exact evaluation at epoch ends and every N steps
+  summaries.py     TensorBoard scalars (per epoch and per step) and profiles, progress lines
   trainer.py       train_and_evaluate: checks -> strategy -> data -> model -> fit -> evaluate -> export
   export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
   serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)

@@ -4,24 +4,39 @@ On this machine (CPU, or every local GPU through MirroredStrategy):
 
     python -m train --data /tmp/dataset --model-dir /tmp/run1 --epochs 10
 
-On a Cloud TPU VM (TPUStrategy, bfloat16 and 32 steps per execution by default):
+On a single-host Cloud TPU VM (TPUStrategy, bfloat16 and 32 steps per execution by default):
 
     python -m train --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/run1 \\
         --tpu local --model resnet50 --global-batch-size 1024 --epochs 90 --augment
 
+On a multi-host TPU slice (v4-32, v5litepod-16, ...), on its worker 0, with
+the TPU's name: TensorFlow drives every host of the slice from that one
+process, and each host reads its own shards (pipelines/dataflow.py prints
+the full launch, software on every worker included):
+
+    python -m train --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/run1 --tpu my-v4-32 ...
+
+On several GPU machines: the same command on each, with TF_CONFIG naming the
+cluster (MultiWorkerMirroredStrategy).
+
 Running the same command again after an interruption resumes from the last
-checkpoint in --model-dir. Problems with the dataset, the flags or the
-machine are printed as one message (no traceback) and exit with status 2.
+checkpoint in --model-dir, at its step. SIGTERM (spot VM preemption, TPU
+maintenance) saves a checkpoint at the next step boundary and exits with
+status 143. Problems with the dataset, the flags or the machine are printed
+as one message (no traceback) and exit with status 2.
+
+`--help` is printed before TensorFlow is imported.
 """
 
 import argparse
-import logging
 import sys
 
 from train import flags
 from train.config import TrainConfig
-from train.errors import SetupError
-from train.trainer import train_and_evaluate
+
+PREEMPTED_EXIT_CODE = (
+    143  # 128 + SIGTERM; train.checkpoints.PREEMPTED_EXIT_CODE, without importing TensorFlow
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train",
         description="Train a Keras image classifier on a dataset directory written by `python -m preprocess`, "
-        "evaluate it on the validation split and export a SavedModel that serves encoded image bytes.",
+        "evaluate it on the validation split and export a SavedModel that serves encoded image bytes. "
+        "SIGTERM saves a checkpoint at the next step and exits with status 143; the same command resumes.",
     )
     parser.add_argument(
         "--data", required=True, help="The dataset directory (dataset.json + shards); local or gs://."
@@ -38,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-dir",
         required=True,
         help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. "
-        "An existing run there is resumed.",
+        "An existing run there is resumed, mid-epoch included.",
     )
     flags.add_setup_flags(parser)
     length = parser.add_mutually_exclusive_group()
@@ -58,10 +74,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps-per-epoch",
         type=flags.positive_int,
         default=None,
-        help="Steps between checkpoints and evaluations (default: one pass over the train split).",
+        help="Steps between epoch-end evaluations and checkpoints (default: one pass over the train split).",
     )
     parser.add_argument(
         "--learning-rate", type=float, default=defaults.learning_rate, help="Peak of a cosine decay."
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        default=defaults.checkpoint_every,
+        help="Also checkpoint mid-epoch: every N steps (500) or every so much time (90s, 10m, 1h); 'epoch' for "
+        "epoch ends only (default %(default)s). A SIGKILL loses at most this much; SIGTERM loses nothing.",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=flags.positive_int,
+        default=defaults.log_every,
+        help="Steps between progress lines and TensorBoard step scalars: loss, learning rate, step time, "
+        "images/s overall and per replica (default %(default)s).",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=flags.positive_int,
+        default=None,
+        help="Also evaluate on the validation split every N steps (default: at epoch ends only).",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        default=None,
+        metavar="FIRST,LAST",
+        help="Capture a TensorBoard profile of global steps FIRST to LAST into MODEL_DIR/logs (profile tab).",
     )
     parser.add_argument(
         "--verify-data",
@@ -73,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    from train.config import parse_profile_steps
+
     return TrainConfig(
         data_dir=args.data,
         model_dir=args.model_dir,
@@ -80,6 +123,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps=args.steps,
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.learning_rate,
+        checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every,
+        eval_every=args.eval_every,
+        profile_steps=parse_profile_steps(args.profile_steps),
         verify_data=args.verify_data,
         export=args.export,
         **flags.setup_config_fields(args),
@@ -87,14 +134,28 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)  # TF's per-checkpoint chatter
-    config = config_from_args(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)  # --help and flag errors end here, before TensorFlow
+    from train import console
+    from train.errors import SetupError
+
+    console.configure(args.verbose, args.tpu)
+    try:
+        config = config_from_args(args)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    console.import_tensorflow(args.verbose)
+    from train.errors import TrainingPreempted
+    from train.trainer import train_and_evaluate
+
     try:
         train_and_evaluate(config)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TrainingPreempted as exc:
+        print(str(exc), file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

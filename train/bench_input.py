@@ -5,7 +5,8 @@
 
 Run this first when training is slower than it should be. With the flags a
 training run would use (same model, global batch size, strategy, mixed
-precision, steps per execution), it measures, one after the other:
+precision, XLA, steps per execution, the device's `auto` defaults resolved
+as training resolves them, and printed first), it measures, one after the other:
 
   input        the training input pipeline alone (train.dataset.distribute_train_dataset,
                exactly what training reads), batches pulled as fast as they come
@@ -20,18 +21,11 @@ are slower than either alone; on a TPU or GPU host they overlap.
 
 import argparse
 import dataclasses
-import logging
 import sys
 import time
 
-import keras
-import tensorflow as tf
-
-from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, flags, models, trainer
-from train import strategy as strategy_lib
-from train.config import TrainConfig, plan_training
-from train.errors import SetupError
+from train import flags
+from train.config import TrainConfig
 
 # The input pipeline counts as the bottleneck unless it delivers at least this
 # much more than the train step consumes: below that margin, any hiccup in
@@ -48,7 +42,9 @@ class BenchResult:
     strategy: str
     num_replicas: int
     policy: str
+    xla: str
     steps_per_execution: int
+    device: str
     bottleneck: str  # "input" or "train step"
     verdict: str
 
@@ -73,8 +69,9 @@ def measure_input(data, global_batch_size: int, seconds: float, warmup_batches: 
     return batches * global_batch_size / (time.perf_counter() - start)
 
 
-def synthetic_dataset(strategy, image_format: dataset.ImageFormat, per_replica_batch: int, num_classes: int):
+def synthetic_dataset(strategy, image_format, per_replica_batch: int, num_classes: int):
     """Endless batches of random images and labels of the training shape and dtype, one per replica."""
+    import tensorflow as tf
 
     def dataset_fn(_):
         # Pixel-like values for the pixel encodings, normalized-like values for the others.
@@ -90,9 +87,7 @@ def synthetic_dataset(strategy, image_format: dataset.ImageFormat, per_replica_b
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def measure_fit(
-    model: keras.Model, data, steps_per_execution: int, global_batch_size: int, seconds: float
-) -> float:
+def measure_fit(model, data, steps_per_execution: int, global_batch_size: int, seconds: float) -> float:
     """Images per second of model.fit on `data`: one short fit to compile, then a timed one of ~`seconds`."""
     model.fit(data, epochs=1, steps_per_epoch=2 * steps_per_execution, shuffle=False, verbose=0)
     # Compiled by now: a short probe sizes the timed run.
@@ -133,58 +128,63 @@ def verdict_for(
 
 
 def run(args) -> BenchResult:
+    import tensorflow as tf
+
+    from dataset_contract import manifest as manifest_lib
+    from train import accelerator, checks, dataset, models, trainer
+    from train import strategy as strategy_lib
+
     config = TrainConfig(data_dir=args.data, model_dir="", **flags.setup_config_fields(args))
     manifest = checks.read_manifest(config.data_dir)
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, splits=(manifest_lib.TRAIN,))
-    strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu)
-    kind = strategy_lib.strategy_kind(strategy)
-    policy = strategy_lib.mixed_precision_policy(config.mixed_precision, strategy)
-    plan = plan_training(
-        config,
-        manifest["splits"][manifest_lib.TRAIN]["num_examples"],
-        strategy.num_replicas_in_sync,
-        on_tpu=kind == strategy_lib.TPU,
-        multi_step_supported=trainer.multi_step_supported(strategy),
-    )
+    setup = trainer.setup_run(config, manifest)
+    strategy, plan, choice = setup.strategy, setup.plan, setup.choice
     image_format = dataset.ImageFormat.from_manifest(manifest)
     num_classes = len(manifest["labels"])
     print(
-        f"{config.model} on {kind} ({plan.num_replicas} replica(s)), policy {policy}, global batch "
-        f"{plan.global_batch_size}, {plan.steps_per_execution} step(s) per execution; images "
-        f"{image_format.height}x{image_format.width} {image_format.encoding}",
+        f"{config.model} on {setup.kind} ({plan.num_replicas} replica(s), {setup.device.kind}): policy "
+        f"{choice.policy}, XLA {choice.xla}, {plan.steps_per_execution} step(s) per execution, global batch "
+        f"{plan.global_batch_size}; images {image_format.height}x{image_format.width} {image_format.encoding}",
         flush=True,
     )
+    for note in choice.notes:
+        print(f"  ({note})", flush=True)
 
     train_data = trainer.distribute_train_input(strategy, config, manifest, plan)
     input_ips = measure_input(train_data, plan.global_batch_size, args.seconds, args.warmup_batches)
     print(f"  input pipeline alone: {input_ips:,.1f} images/s", flush=True)
 
-    with strategy.scope():
-        model = models.build_model_for_dataset(config.model, image_format, num_classes, policy)
-        trainer._compile(model, config, plan)
-    synthetic = synthetic_dataset(strategy, image_format, plan.per_replica_batch_size, num_classes)
-    step_ips = measure_fit(model, synthetic, plan.steps_per_execution, plan.global_batch_size, args.seconds)
-    print(f"  train step on synthetic input: {step_ips:,.1f} images/s", flush=True)
-
-    training_ips = None
-    if not args.skip_training:
-        training_ips = measure_fit(
-            model, train_data, plan.steps_per_execution, plan.global_batch_size, args.seconds
+    with accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
+        with strategy.scope():
+            model = models.build_model_for_dataset(config.model, image_format, num_classes, choice.policy)
+            trainer.compile_model(model, config, plan, choice)
+        synthetic = synthetic_dataset(strategy, image_format, plan.per_replica_batch_size, num_classes)
+        step_ips = measure_fit(
+            model, synthetic, plan.steps_per_execution, plan.global_batch_size, args.seconds
         )
-        print(f"  training (real input through the train step): {training_ips:,.1f} images/s", flush=True)
+        print(f"  train step on synthetic input: {step_ips:,.1f} images/s", flush=True)
 
-    on_cpu = kind != strategy_lib.TPU and not tf.config.list_logical_devices("GPU")
+        training_ips = None
+        if not args.skip_training:
+            training_ips = measure_fit(
+                model, train_data, plan.steps_per_execution, plan.global_batch_size, args.seconds
+            )
+            print(f"  training (real input through the train step): {training_ips:,.1f} images/s", flush=True)
+
+    on_cpu = setup.kind != strategy_lib.TPU and not tf.config.list_logical_devices("GPU")
     bottleneck, text = verdict_for(input_ips, step_ips, training_ips, on_cpu)
     return BenchResult(
         input_images_per_second=input_ips,
         step_images_per_second=step_ips,
         training_images_per_second=training_ips,
         global_batch_size=plan.global_batch_size,
-        strategy=kind,
+        strategy=setup.kind,
         num_replicas=plan.num_replicas,
-        policy=policy,
+        policy=choice.policy,
+        xla=choice.xla,
         steps_per_execution=plan.steps_per_execution,
+        device=setup.device.kind,
         bottleneck=bottleneck,
         verdict=text,
     )
@@ -211,8 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.WARNING)
     args = build_parser().parse_args(argv)
+    from train import console
+    from train.errors import SetupError
+
+    console.configure(args.verbose, args.tpu)
+    console.import_tensorflow(args.verbose)
     try:
         result = run(args)
     except SetupError as exc:

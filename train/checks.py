@@ -13,7 +13,7 @@ import tensorflow as tf
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from train import models
-from train.errors import DatasetError
+from train.errors import ConfigError, DatasetError
 
 
 def read_manifest(data_dir: str) -> dict:
@@ -108,3 +108,30 @@ def check_model_fits(model_name: str, manifest: dict) -> None:
             f"model {model_name!r} needs images of at least {minimum}x{minimum}, but the dataset's images are "
             f"{height}x{width}; re-run preprocess with a larger --image-size or pick another --model"
         )
+
+
+def check_paths_for_hosts(data_dir: str, model_dir: str, num_machines: int, shared_filesystem: bool) -> None:
+    """Refuse local --data / --model-dir when training spans several machines.
+
+    Every host reads its own shards of --data, and checkpoints must outlive
+    the machine that wrote them (a preempted TPU or spot VM loses its disk):
+    on more than one machine both belong on gs://, unless every host mounts
+    the same filesystem at the same path (--shared-filesystem).
+    """
+    if num_machines <= 1 or shared_filesystem:
+        return
+    local = [
+        (flag, path) for flag, path in (("--data", data_dir), ("--model-dir", model_dir)) if not _on_gcs(path)
+    ]
+    if local:
+        named = ", ".join(f"{flag} {path}" for flag, path in local)
+        raise ConfigError(
+            f"{named}: not on gs://, but this training spans {num_machines} machines. Every host reads its own "
+            "shards and the checkpoints must survive any one machine (a preempted VM loses its disk): put the "
+            "dataset and the model dir on gs://BUCKET/..., or pass --shared-filesystem if every host mounts the "
+            "same filesystem at these paths (NFS, Filestore, gcsfuse)"
+        )
+
+
+def _on_gcs(path: str) -> bool:
+    return path.startswith("gs://")

@@ -4,12 +4,29 @@ TrainConfig mirrors the command line one field per flag, so a notebook or a
 test builds the same run as `python -m train ...` does. TrainingPlan is the
 config resolved against the dataset and the strategy: epochs, steps and
 batch sizes as numbers, checked for consistency before anything is built.
+
+This module imports neither TensorFlow nor Keras: the command line parses
+its flags (and prints --help) from the names defined here before paying for
+those imports.
 """
 
 import dataclasses
 import math
+import re
 
 from train.errors import ConfigError
+
+# The names `--model` accepts (train.models builds them).
+SMALL_CNN = "small_cnn"
+RESNET50 = "resnet50"
+MOBILENET_V3_SMALL = "mobilenetv3small"
+MODELS = (SMALL_CNN, RESNET50, MOBILENET_V3_SMALL)
+
+# `--strategy` (train.strategy resolves them).
+STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")
+# `--mixed-precision` and `--jit-compile` (train.accelerator decides what `auto` means per device).
+MIXED_PRECISION_CHOICES = ("auto", "bfloat16", "float16", "off")
+JIT_COMPILE_CHOICES = ("auto", "on", "off")
 
 # On a TPU every host->device round trip costs about as much as a small step,
 # so a TPU runs many steps per call by default.
@@ -29,15 +46,73 @@ class TrainConfig:
     global_batch_size: int = 64
     learning_rate: float = 1e-3
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
-    tpu: str | None = None  # a TPU name, or "local" on a TPU VM
-    mixed_precision: str = "auto"  # auto|bfloat16|float16|off
-    steps_per_execution: int | None = None  # default: TPU_STEPS_PER_EXECUTION on a TPU, else 1
-    jit_compile: bool | None = None  # XLA on CPU/GPU; None lets Keras decide (TPUs always compile)
+    tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
+    mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.accelerator)
+    steps_per_execution: int | None = None  # None: per device (train.accelerator)
+    jit_compile: str = "auto"  # auto|on|off: XLA on CPU/GPU (TPUs always compile)
     augment: bool = False
     verify_data: bool = False  # sha256 of every shard before training
     shuffle_buffer: int = 2048  # examples
     export: bool = True  # write the serving SavedModel at the end
     checkpoints_to_keep: int = 3
+    checkpoint_every: str | None = "10m"  # steps ("500") or time ("30s", "10m", "1h"); None: epoch ends only
+    log_every: int = 100  # steps between TensorBoard step scalars and progress lines
+    eval_every: int | None = None  # steps between evaluations, besides the one at each epoch end
+    profile_steps: tuple[int, int] | None = None  # (first, last) global step of a TensorBoard profile
+    shared_filesystem: bool = False  # local paths are the same on every host (NFS, gcsfuse)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInterval:
+    """How often training saves a checkpoint besides the epoch ends: every `steps`, or every `seconds`."""
+
+    steps: int | None = None
+    seconds: float | None = None
+
+    def due(self, steps_since_save: int, seconds_since_save: float) -> bool:
+        if self.steps is not None:
+            return steps_since_save >= self.steps
+        if self.seconds is not None:
+            return seconds_since_save >= self.seconds
+        return False
+
+    def describe(self) -> str:
+        if self.steps is not None:
+            return f"every {self.steps} steps"
+        if self.seconds is not None:
+            return f"every {self.seconds:g} s"
+        return "at epoch ends only"
+
+
+_TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_checkpoint_interval(text: str | None) -> CheckpointInterval:
+    """`500` -> every 500 steps; `90s`, `10m`, `1h` -> every so much time; None/`epoch` -> epoch ends only."""
+    if text is None or text.strip().lower() in ("", "epoch", "none"):
+        return CheckpointInterval()
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text.lower())
+    if not match or float(match.group(1)) <= 0 or (not match.group(2) and "." in match.group(1)):
+        raise ConfigError(
+            f"--checkpoint-every {text!r}: expected a number of steps (500) or a time with a unit "
+            "(90s, 10m, 1h), or 'epoch'"
+        )
+    number, unit = match.groups()
+    if unit:
+        return CheckpointInterval(seconds=float(number) * _TIME_UNITS[unit])
+    return CheckpointInterval(steps=int(number))
+
+
+def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
+    """`--profile-steps 100,110` -> (100, 110): profile from global step 100 to step 110."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < int(match.group(1)):
+        raise ConfigError(
+            f"--profile-steps {text!r}: expected FIRST,LAST global steps with 1 <= FIRST <= LAST"
+        )
+    return int(match.group(1)), int(match.group(2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +130,11 @@ class TrainingPlan:
     def total_steps(self) -> int:
         return self.epochs * self.steps_per_epoch
 
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, step within that epoch) of a global step: where a run resumed at `step` continues."""
+        step = min(step, self.total_steps)
+        return step // self.steps_per_epoch, step % self.steps_per_epoch
+
 
 def _largest_divisor_at_most(number: int, limit: int) -> int:
     return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
@@ -66,6 +146,7 @@ def plan_training(
     num_replicas: int,
     on_tpu: bool,
     multi_step_supported: bool = True,
+    default_steps_per_execution: int | None = None,
 ) -> TrainingPlan:
     """Resolve epochs, steps and batch sizes; raise ConfigError if they cannot work.
 
@@ -75,7 +156,8 @@ def plan_training(
     dataset it is rounded down to a multiple (an epoch stays about one pass);
     when the user fixed it, steps_per_execution shrinks to a divisor instead.
     `multi_step_supported=False` forces one step per execution (see
-    trainer.multi_step_supported).
+    accelerator.multi_step_supported). `default_steps_per_execution` is what
+    the device would run when the user asked for nothing (accelerator.choose_defaults).
     """
     batch = config.global_batch_size
     if batch < 1 or batch % num_replicas:
@@ -108,7 +190,7 @@ def plan_training(
 
     requested = config.steps_per_execution
     if requested is None:
-        requested = TPU_STEPS_PER_EXECUTION if on_tpu else 1
+        requested = default_steps_per_execution or (TPU_STEPS_PER_EXECUTION if on_tpu else 1)
     if requested < 1:
         raise ConfigError(f"--steps-per-execution must be positive, got {requested}")
     per_call = min(requested, steps_per_epoch) if multi_step_supported else 1

@@ -4,10 +4,13 @@
     make_eval_dataset    one input pipeline's single pass over a split: (images, labels, weights)
     distribute_train_dataset / distribute_eval_dataset
                          the same under a strategy, one pipeline per host
+    input_share          which shards each host reads: whole shards of its own, and the few
+                         left over (or all, when there are fewer shards than hosts) record by record
 
 Everything is built from the manifest's shard list (never a glob) and plain
 TF ops (no py_function), so the whole pipeline runs in the tf.data runtime,
-in parallel, on every core of the host. Every element has a fully static
+in parallel, on every core of the host; on a multi-host TPU slice it runs on
+each host's own TensorFlow server, where no Python of ours exists. Every element has a fully static
 shape, batch dimension included, because XLA (and so a TPU) compiles one
 program per shape.
 
@@ -18,6 +21,7 @@ export, so training and serving cannot drift apart.
 
 import dataclasses
 import functools
+import logging
 import math
 
 import tensorflow as tf
@@ -36,6 +40,8 @@ MAX_PARALLEL_FILES = 16
 # at streaming speed (the 256 KiB default is tuned for local disks).
 READ_BUFFER_BYTES = 8 << 20
 DEFAULT_SHUFFLE_BUFFER = 2048
+
+log = logging.getLogger(__name__)
 
 _FEATURE_SPEC = {
     features.IMAGE: tf.io.FixedLenFeature([], tf.string),
@@ -175,33 +181,109 @@ def split_shards(manifest: dict, split: str) -> list[dict]:
     return list(info["shards"])
 
 
-def shards_for_input_pipeline(shards: list, input_context: tf.distribute.InputContext | None) -> list:
-    """The shards one input pipeline reads: every num_input_pipelines-th, from its id on.
+@dataclasses.dataclass(frozen=True)
+class InputShare:
+    """What one input pipeline (one host) reads of a split.
 
-    Sharding by file is what lets every host read only its own files (no host
-    reads and discards the others' examples), but it needs at least one shard
-    per pipeline: a host with no file would have no data, and the others would
-    wait for it forever.
+    `whole` shards are read entirely by this pipeline and by no other.
+    `split` shards are read by every pipeline, each keeping the records
+    whose index in the shard is `index` modulo `count` (record-level
+    sharding). `num_examples` is exact: what one pass over the share yields.
     """
-    if input_context is None or input_context.num_input_pipelines == 1:
-        return list(shards)
-    count, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-    if len(shards) < count:
-        raise DatasetError(
-            f"{len(shards)} shard(s) for {count} input pipelines (one per host): each host reads whole shards, so "
-            f"a split needs at least {count}; re-run preprocess with --min-shards {count} or more"
-        )
-    return list(shards[index::count])
+
+    whole: tuple[dict, ...]
+    split: tuple[dict, ...]
+    count: int
+    index: int
+
+    @property
+    def num_examples(self) -> int:
+        kept = sum(_records_kept(shard["num_examples"], self.count, self.index) for shard in self.split)
+        return sum(shard["num_examples"] for shard in self.whole) + kept
+
+    @property
+    def shards(self) -> tuple[dict, ...]:
+        return self.whole + self.split
 
 
-def _read_records(path: tf.Tensor) -> tf.data.Dataset:
-    return tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES)
+def _records_kept(num_records: int, count: int, index: int) -> int:
+    """How many of records 0..num_records-1 have `record % count == index`."""
+    return max(0, -(-(num_records - index) // count))
 
 
-def _interleave_records(paths: tf.data.Dataset, num_files: int) -> tf.data.Dataset:
+def input_share(shards: list, num_input_pipelines: int, input_pipeline_id: int) -> InputShare:
+    """The share of `shards` that input pipeline `input_pipeline_id` of `num_input_pipelines` reads.
+
+    Whole files where possible, so that a host reads only its own bytes: the
+    largest `num_input_pipelines * k` shards go round-robin (largest first,
+    so every host gets about as many examples). The few shards left over
+    (fewer than one per pipeline) are split record by record among all
+    pipelines, so that no host holds a whole extra shard: with 10 equal
+    shards on 4 hosts, whole-file sharding alone gives hosts 3, 3, 2 and 2
+    shards, and since every host contributes one batch per step, the
+    examples of the 2-shard hosts would be seen 1.5x as often. When there
+    are fewer shards than pipelines, every shard is split that way (the
+    fallback: every host then reads every byte of the split).
+    """
+    count, index = num_input_pipelines, input_pipeline_id
+    if count == 1:
+        return InputShare(whole=tuple(shards), split=(), count=1, index=0)
+    # Largest first, ties in manifest order: every pipeline computes the same assignment.
+    ordered = sorted(shards, key=lambda shard: -int(shard["num_examples"]))
+    num_whole = len(ordered) - len(ordered) % count
+    return InputShare(
+        whole=tuple(ordered[index:num_whole:count]),
+        split=tuple(ordered[num_whole:]),
+        count=count,
+        index=index,
+    )
+
+
+def shards_for_input_pipeline(shards: list, input_context: tf.distribute.InputContext | None) -> InputShare:
+    """input_share for the pipeline an InputContext describes (the whole split without one)."""
+    if input_context is None:
+        return input_share(shards, 1, 0)
+    return input_share(shards, input_context.num_input_pipelines, input_context.input_pipeline_id)
+
+
+def warn_if_record_sharded(num_shards: int, num_input_pipelines: int, split: str) -> None:
+    """Say how to re-shard when a split has fewer shards than input pipelines."""
+    if num_shards >= num_input_pipelines:
+        return
+    log.warning(
+        "split %r has %d shard(s) for %d input pipelines (one per host): every host reads every shard and "
+        "keeps one record in %d, so each host reads %dx the bytes it uses. Re-run preprocess with "
+        "--min-shards %d (or a multiple of it) so that each host reads whole shards of its own",
+        split,
+        num_shards,
+        num_input_pipelines,
+        num_input_pipelines,
+        num_input_pipelines,
+        num_input_pipelines,
+    )
+
+
+def _read_records(path: tf.Tensor, count: tf.Tensor, index: tf.Tensor) -> tf.data.Dataset:
+    # count=1, index=0 for a shard this pipeline reads whole.
+    return tf.data.TFRecordDataset(path, buffer_size=READ_BUFFER_BYTES).shard(count, index)
+
+
+def _share_files(data_dir: str, share: InputShare) -> tf.data.Dataset:
+    """(path, count, index) per shard of the share: the reader keeps records `index` mod `count`."""
+    # Manifest paths are relative to the dataset directory and may name a subdirectory
+    # (e.g. runs/<id>/train-00000-of-00016.tfrecord): joined, never assumed to be a bare file name.
+    paths = [manifest_lib.join(data_dir, shard["path"]) for shard in share.shards]
+    counts = [1] * len(share.whole) + [share.count] * len(share.split)
+    indexes = [0] * len(share.whole) + [share.index] * len(share.split)
+    return tf.data.Dataset.from_tensor_slices(
+        (tf.constant(paths, tf.string), tf.constant(counts, tf.int64), tf.constant(indexes, tf.int64))
+    )
+
+
+def _interleave_records(files: tf.data.Dataset, num_files: int) -> tf.data.Dataset:
     # deterministic=False: take a record from whichever file has one ready,
     # instead of stalling the round robin on the slowest read (GCS latency varies).
-    return paths.interleave(
+    return files.interleave(
         _read_records,
         cycle_length=max(1, min(num_files, MAX_PARALLEL_FILES)),
         num_parallel_calls=AUTOTUNE,
@@ -236,23 +318,30 @@ def make_train_dataset(
     `batch_size` is the per-replica batch size (InputContext.get_per_replica_batch_size).
     """
     image_format = ImageFormat.from_manifest(manifest)
-    shards = shards_for_input_pipeline(split_shards(manifest, split), input_context)
-    paths = [manifest_lib.join(data_dir, shard["path"]) for shard in shards]
+    all_shards = split_shards(manifest, split)
+    share = shards_for_input_pipeline(all_shards, input_context)
+    if share.index == 0:  # one warning per run, not one per host
+        warn_if_record_sharded(len(all_shards), share.count, split)
+    if share.num_examples < batch_size:
+        raise DatasetError(
+            f"input pipeline {share.index} of {share.count} gets {share.num_examples} example(s) of split "
+            f"{split!r}, fewer than one batch of {batch_size}: lower --global-batch-size or train on fewer hosts"
+        )
 
-    # Shard first, shuffle second: every pipeline starts from the same manifest
-    # order, so the file sets stay disjoint; each pipeline then shuffles its own
-    # files, anew on every pass (with few large shards, file order is most of
-    # the randomness). Repeating the file list here, before the readers, keeps
-    # the interleave full across epoch boundaries instead of draining it.
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    files = files.shuffle(len(paths), reshuffle_each_iteration=True).repeat()
-    records = _interleave_records(files, len(paths))
+    # Shard first, shuffle second: every pipeline computes the same share
+    # assignment from the manifest, so the shares stay disjoint; each pipeline
+    # then shuffles its own files, anew on every pass (with few large shards,
+    # file order is most of the randomness). Repeating the file list here,
+    # before the readers, keeps the interleave full across epoch boundaries
+    # instead of draining it.
+    files = _share_files(data_dir, share)
+    files = files.shuffle(len(share.shards), reshuffle_each_iteration=True).repeat()
+    records = _interleave_records(files, len(share.shards))
     # The example shuffle mixes records from the open files; its buffer holds
     # serialized records, which are small for jpeg and up to H*W*12 bytes for float32.
     # A buffer larger than this pipeline's examples adds no randomness, only
     # repeated passes over the files to fill it (on GCS: re-opening every shard).
-    examples_here = sum(shard["num_examples"] for shard in shards)
-    records = records.shuffle(max(1, min(shuffle_buffer, examples_here)))
+    records = records.shuffle(max(1, min(shuffle_buffer, share.num_examples)))
     # drop_remainder: every batch has the same static shape, which XLA needs.
     # Batching before parsing lets one parse_example / decode_raw handle the batch.
     batches = records.batch(batch_size, drop_remainder=True)
@@ -280,7 +369,7 @@ def eval_steps(
     shards = split_shards(manifest, split)
     steps = 0
     for pipeline in range(num_input_pipelines):
-        examples = sum(shard["num_examples"] for shard in shards[pipeline::num_input_pipelines])
+        examples = input_share(shards, num_input_pipelines, pipeline).num_examples
         batches = math.ceil(examples / batch_size)
         steps = max(steps, math.ceil(batches / replicas_per_pipeline))
     return max(steps, 1)
@@ -303,17 +392,14 @@ def make_eval_dataset(
     TPU takes is the path the CPU tests take.
     """
     image_format = ImageFormat.from_manifest(manifest)
-    all_shards = split_shards(manifest, split)
-    shards = shards_for_input_pipeline(all_shards, input_context)
+    share = shards_for_input_pipeline(split_shards(manifest, split), input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
     replicas = input_context.num_replicas_in_sync if input_context else 1
     steps = eval_steps(manifest, split, batch_size, pipelines, replicas)
     total_batches = steps * max(1, replicas // pipelines)
-    real_examples = sum(shard["num_examples"] for shard in shards)
-    real_batches = math.ceil(real_examples / batch_size)
+    real_batches = math.ceil(share.num_examples / batch_size)
 
-    paths = [manifest_lib.join(data_dir, shard["path"]) for shard in shards]
-    records = _interleave_records(tf.data.Dataset.from_tensor_slices(paths), len(paths))
+    records = _interleave_records(_share_files(data_dir, share), len(share.shards))
     batches = records.batch(batch_size, drop_remainder=False)
 
     def to_padded_model_input(serialized):

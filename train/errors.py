@@ -1,10 +1,11 @@
-"""What can stop training before its first step, as exception types.
+"""What can stop training, as exception types.
 
 Every problem that a user can fix by changing the dataset, the flags or the
-machine is raised as a SetupError subclass with a message that names the
-file or the mismatch; the command line prints the message without a
-traceback and exits with status 2. Anything else is a bug and keeps its
-traceback.
+machine is raised before the first step as a SetupError subclass with a
+message that names the file or the mismatch; the command line prints the
+message without a traceback and exits with status 2. A run stopped by
+SIGTERM raises TrainingPreempted once its checkpoint is saved (exit status
+143). Anything else is a bug and keeps its traceback.
 """
 
 
@@ -22,3 +23,15 @@ class StrategyError(SetupError):
 
 class ConfigError(SetupError):
     """The flags contradict each other or the dataset (batch size, steps, model)."""
+
+
+class TrainingPreempted(Exception):
+    """Training stopped on SIGTERM after saving a checkpoint at `step`; the same command resumes it."""
+
+    def __init__(self, step: int, checkpoint_dir: str):
+        super().__init__(
+            f"stopped by SIGTERM at step {step}, checkpoint saved in {checkpoint_dir}; "
+            "run the same command again to resume from there"
+        )
+        self.step = step
+        self.checkpoint_dir = checkpoint_dir

@@ -19,13 +19,9 @@ from collections.abc import Sequence
 
 import keras
 
+from train.config import MOBILENET_V3_SMALL, MODELS, RESNET50, SMALL_CNN
 from train.dataset import ImageFormat
 from train.errors import ConfigError
-
-SMALL_CNN = "small_cnn"
-RESNET50 = "resnet50"
-MOBILENET_V3_SMALL = "mobilenetv3small"
-MODELS = (SMALL_CNN, RESNET50, MOBILENET_V3_SMALL)
 
 # keras.applications refuse inputs below 32x32; the small CNN halves the
 # resolution three times, so 8x8 leaves it one pixel to pool.

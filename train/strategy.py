@@ -1,4 +1,4 @@
-"""Choosing the tf.distribute strategy and the mixed-precision policy, once.
+"""Choosing the tf.distribute strategy, once, and what follows from it (hosts, chief).
 
 `resolve_strategy` is the only place that decides where training runs:
 
@@ -9,6 +9,20 @@
 
 `--strategy tpu|mirrored|multiworker|default` forces a choice; asking for
 something this machine does not have stops with a StrategyError.
+
+TPUs, single host and multi-host. TensorFlow drives a TPU slice from one
+Python process (TPUStrategy is single-client):
+
+  --tpu local   on a single-host TPU VM: the chips are attached to this VM; the
+                resolver has an empty cluster and initialize_tpu_system runs locally.
+  --tpu NAME    a multi-host slice (v4-32, v5litepod-16, ...), run on its worker 0:
+                the resolver asks the Cloud TPU API for every worker of the slice,
+                experimental_connect_to_cluster connects to the TensorFlow server
+                each worker runs, and initialize_tpu_system initializes the whole
+                slice. Each host then runs its own input pipeline (see dataset.py),
+                reading its own shards, while this one process runs the steps.
+                `python -m train` sets TPU_LOAD_LIBRARY=0 for it, so that this
+                process leaves worker 0's chips to that worker's TPU server.
 """
 
 import glob
@@ -18,19 +32,15 @@ import os
 
 import tensorflow as tf
 
+from train.config import STRATEGIES
 from train.errors import StrategyError
 
-AUTO = "auto"
-TPU = "tpu"
-MIRRORED = "mirrored"
-MULTIWORKER = "multiworker"
-DEFAULT = "default"
-STRATEGIES = (AUTO, TPU, MIRRORED, MULTIWORKER, DEFAULT)
-
-MIXED_PRECISION_CHOICES = ("auto", "bfloat16", "float16", "off")
+AUTO, TPU, MIRRORED, MULTIWORKER, DEFAULT = STRATEGIES
 
 # A TPU VM exposes its chips as /dev/accel* (v2-v4) or /dev/vfio/<n> (v5 and later).
 _TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+LOCAL_TPU = "local"
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +50,56 @@ def _find_tpu() -> str | None:
     if os.environ.get("TPU_NAME"):
         return os.environ["TPU_NAME"]
     if any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS):
-        return "local"
+        return LOCAL_TPU
     return None
+
+
+def tpu_cluster_resolver(tpu: str, zone=None, project=None, service=None):
+    """The resolver of `tpu`: `local` (this VM's chips) or a TPU name (every worker of the slice).
+
+    `zone`, `project` and `service` (a Cloud TPU API object) default to what
+    the resolver finds itself on a Google Cloud VM; tests pass them.
+    """
+    if tpu == LOCAL_TPU:
+        return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=LOCAL_TPU)
+    return tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu=tpu, zone=zone, project=project, service=service
+    )
+
+
+def tpu_workers(resolver) -> list[str]:
+    """The TPU workers' addresses the resolver sees: [] for `local` (the chips of this VM)."""
+    spec = resolver.cluster_spec()
+    return list(spec.job_tasks(resolver.task_type)) if spec.jobs else []
+
+
+def initialize_tpu(
+    resolver,
+    connect=tf.config.experimental_connect_to_cluster,
+    initialize=tf.tpu.experimental.initialize_tpu_system,
+) -> None:
+    """Connect to the slice's workers (a named TPU only), then initialize the TPU system.
+
+    A local TPU VM has its chips attached: there is nothing to connect to.
+    A named TPU is reached over gRPC, all of its workers at once, so the
+    connection comes before the initialization (which then covers every
+    host of the slice).
+    """
+    if tpu_workers(resolver):
+        connect(resolver)
+    initialize(resolver)
 
 
 def _connect_tpu(tpu: str) -> tf.distribute.TPUStrategy:
     try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-        if tpu != "local":  # a TPU VM's chips are attached; a TPU node is reached over gRPC
-            tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        resolver = tpu_cluster_resolver(tpu)
+        initialize_tpu(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as exc:
         reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise StrategyError(
-            f"no TPU could be initialized for --tpu {tpu!r}: {reason}. On a TPU VM use --tpu local, for a "
-            "TPU node --tpu NAME; to train on this machine's CPU or GPUs use --strategy auto"
+            f"no TPU could be initialized for --tpu {tpu!r}: {reason}. On a single-host TPU VM use --tpu "
+            "local; for a multi-host slice run on its worker 0 with --tpu NAME; to train on this machine's "
+            "CPU or GPUs use --strategy auto"
         ) from exc
     return tf.distribute.TPUStrategy(resolver)
 
@@ -84,7 +129,8 @@ def resolve_strategy(name: str = AUTO, tpu: str | None = None) -> tf.distribute.
         if target is None:
             raise StrategyError(
                 "--strategy tpu: no TPU found (no --tpu flag, no $TPU_NAME, no TPU devices on this machine). "
-                "Pass --tpu NAME (a TPU node) or --tpu local (on a TPU VM), or use --strategy auto"
+                "Pass --tpu local (on a single-host TPU VM) or --tpu NAME (a multi-host slice, from its "
+                "worker 0), or use --strategy auto"
             )
         return _connect_tpu(target)
     if name == AUTO:
@@ -122,18 +168,30 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     return DEFAULT
 
 
-def mixed_precision_policy(choice: str, strategy: tf.distribute.Strategy) -> str:
-    """The Keras dtype policy for `--mixed-precision choice` under `strategy`.
+def _cluster_addresses(cluster_spec) -> list[str]:
+    jobs = cluster_spec.as_dict() if cluster_spec is not None else {}
+    return [address for job in ("chief", "worker") for address in jobs.get(job, [])]
 
-    `auto` is bfloat16 on a TPU, where the MXU computes in bfloat16 anyway and
-    it needs no loss scaling; elsewhere it is off, because float16 on a GPU is
-    a trade (loss scaling, overflow) that the user should opt into.
+
+def machine_of(address: str) -> str:
+    """The machine part of a `host:port` address; every loopback name is the same machine."""
+    host = (address.rpartition(":")[0] or address).strip("[]")
+    return "localhost" if host in _LOCAL_HOSTS or host.startswith("127.") else host
+
+
+def num_machines(strategy: tf.distribute.Strategy) -> int:
+    """How many machines run this training, each with its own disk.
+
+    A TPU slice has one VM per host; a multi-worker cluster has one machine
+    per distinct host name in TF_CONFIG (workers on localhost share this one).
     """
-    if choice not in MIXED_PRECISION_CHOICES:
-        raise StrategyError(f"unknown --mixed-precision {choice!r}; choose one of {MIXED_PRECISION_CHOICES}")
-    if choice == "auto":
-        return "mixed_bfloat16" if strategy_kind(strategy) == TPU else "float32"
-    return {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16", "off": "float32"}[choice]
+    kind = strategy_kind(strategy)
+    if kind == TPU:
+        return int(strategy.extended.num_hosts)
+    if kind == MULTIWORKER:
+        addresses = _cluster_addresses(strategy.cluster_resolver.cluster_spec())
+        return max(1, len({machine_of(address) for address in addresses}))
+    return 1
 
 
 def worker_name(strategy: tf.distribute.Strategy) -> str | None:

@@ -6,32 +6,61 @@
 
 The order of the steps is the point: everything that can fail cheaply (the
 manifest, the shards, the model against the image size, the strategy, the
-batch arithmetic) fails before anything is built; the model, optimizer and
-metrics are built inside the strategy's scope; the run resumes from the
-latest checkpoint in the model dir; and the serving export is written last.
+paths every host must reach, the batch arithmetic) fails before anything is
+built; the model, optimizer and metrics are built inside the strategy's
+scope; the run resumes from the latest checkpoint in the model dir, at its
+global step; and the serving export is written last.
+
+Resuming mid-epoch: training goes on at the checkpoint's global step, in
+the same epoch, with the epoch's step counter restarted where it was
+(fit_from_step), so that epoch boundaries (evaluation, epoch checkpoints,
+epoch summaries) stay at the same global steps and the run ends exactly at
+the planned step; the optimizer's restored iteration count puts the
+learning-rate schedule at the right step. The input stream is not rewound
+to the batches the interrupted epoch had consumed: it is shuffled
+non-deterministically, per host, with no position to return to (tf.data
+iterator checkpoints would have to hold every host's shuffle buffer, up to
+hundreds of MB each, and are not supported for distributed iterators on
+TPU), and skipping N batches would mean reading and throwing away up to an
+epoch of data to arrive at a random place anyway. The rest of the
+interrupted epoch draws a fresh shuffled pass instead: over the run, each
+example is still seen about as often as planned, and no completed step is
+repeated or lost.
 
 Model dir layout:
 
-    checkpoints/     per-epoch checkpoints (tf.train.CheckpointManager), the resume point
-    logs/            TensorBoard (train and validation curves)
+    checkpoints/     step checkpoints (tf.train.CheckpointManager, ckpt-<global step>), the resume point
+    logs/            TensorBoard: train and validation curves (epoch_* and step_*), profiles
     metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
 """
 
+import contextlib
+import dataclasses
 import json
 import logging
+import math
 import time
 
 import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, export, metrics, models, plots
+from train import accelerator, checks, dataset, export, metrics, models, plots
 from train import strategy as strategy_lib
-from train.checkpoints import EpochCheckpoints, SaveCheckpointEachEpoch
-from train.config import TrainConfig, TrainingPlan, plan_training
-from train.summaries import EpochSummaries
+from train.checkpoints import (
+    Checkpoints,
+    PreemptionNotice,
+    SaveCheckpoints,
+    StepCounter,
+    TrainingProgress,
+    make_worker_agreement,
+)
+from train.config import TrainConfig, TrainingPlan, parse_checkpoint_interval, plan_training
+from train.errors import TrainingPreempted
+from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
+from train.summaries import EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"
 LOG_DIR = "logs"
@@ -39,83 +68,116 @@ LOG_DIR = "logs"
 log = logging.getLogger(__name__)
 
 
-class TrainingClock(keras.callbacks.Callback):
-    """Wall time of each epoch's training steps, and the first epoch this process ran.
+@dataclasses.dataclass
+class RunSetup:
+    """Where and how a run trains: the strategy, the device's defaults, and the plan."""
 
-    Put it before EvaluateEachEpoch: its on_epoch_end stops the clock before
-    the evaluation starts.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.first_epoch = None
-        self.epoch_seconds = []
-        self._start = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if self.first_epoch is None:
-            self.first_epoch = epoch
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_seconds.append(time.perf_counter() - self._start)
-
-    def images_per_second(self, images_per_epoch: int) -> float | None:
-        """Steady-state throughput: the run's first epoch (tracing, XLA compilation) is left out if possible."""
-        timed = self.epoch_seconds[1:] or self.epoch_seconds
-        if not timed:
-            return None
-        return images_per_epoch * len(timed) / sum(timed)
+    strategy: tf.distribute.Strategy
+    kind: str
+    device: accelerator.DeviceDescription
+    choice: accelerator.AcceleratorChoice
+    plan: TrainingPlan
 
 
-class EvaluateEachEpoch(keras.callbacks.Callback):
-    """Evaluate on the validation split after every epoch; add `val_*` to the epoch's logs.
-
-    Used instead of fit(validation_data=...): Keras 3.15 caches fit's
-    validation iterator and, under a tf.distribute strategy, takes one batch
-    from it before every evaluation, so from the second epoch on an exactly
-    sized evaluation dataset (see dataset.make_eval_dataset) is found empty.
-    evaluate() with explicit steps starts a fresh pass each time. Put it
-    before the callbacks that read `val_*` (checkpoint log, summaries).
-    """
-
-    def __init__(self, eval_data, steps: int):
-        super().__init__()
-        self._eval_data = eval_data
-        self._steps = steps
-
-    def on_epoch_end(self, epoch, logs=None):
-        results = self.model.evaluate(self._eval_data, steps=self._steps, return_dict=True, verbose=0)
-        if logs is not None:
-            logs.update({f"val_{name}": value for name, value in results.items()})
-
-
-def multi_step_supported(strategy: tf.distribute.Strategy) -> bool:
-    """Whether Keras can run several steps per execution under `strategy`.
-
-    Keras 3 (up to at least 3.15) builds its multi-step loop from tf.cond
-    inside tf.while_loop, which breaks under a MirroredStrategy with more than
-    one replica ("You must feed a value for placeholder tensor ...",
-    keras-team/keras#19246): a merge_call cannot run inside a conditional
-    branch. TPUStrategy and single-replica strategies are not affected.
-    """
+def setup_run(
+    config: TrainConfig, manifest: dict, strategy: tf.distribute.Strategy | None = None
+) -> RunSetup:
+    """Resolve the strategy (unless given), the device's defaults and the plan; shared with bench_input."""
+    if strategy is None:
+        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu)
     kind = strategy_lib.strategy_kind(strategy)
-    return not (
-        kind in (strategy_lib.MIRRORED, strategy_lib.MULTIWORKER) and strategy.num_replicas_in_sync > 1
+    device = accelerator.describe_devices(strategy)
+    choice = accelerator.choose_defaults(
+        device, config.mixed_precision, config.jit_compile, config.steps_per_execution
     )
+    plan = plan_training(
+        config,
+        manifest["splits"][manifest_lib.TRAIN]["num_examples"],
+        strategy.num_replicas_in_sync,
+        on_tpu=kind == strategy_lib.TPU,
+        multi_step_supported=choice.multi_step_supported,
+        default_steps_per_execution=choice.steps_per_execution,
+    )
+    for note in choice.notes:
+        log.info("%s", note)
+    if choice.multi_step_supported and (config.steps_per_execution or 1) > plan.steps_per_execution:
+        log.warning(
+            "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch",
+            plan.steps_per_execution,
+            config.steps_per_execution,
+            plan.steps_per_epoch,
+        )
+    return RunSetup(strategy=strategy, kind=kind, device=device, choice=choice, plan=plan)
 
 
-def _compile(model: keras.Model, config: TrainConfig, plan: TrainingPlan) -> None:
-    schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=plan.total_steps)
+def learning_rate_schedule(config: TrainConfig, plan: TrainingPlan):
+    """The learning rate as a function of the optimizer's iteration: cosine decay over the planned steps."""
+    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=plan.total_steps)
+
+
+def build_optimizer(config: TrainConfig, plan: TrainingPlan) -> keras.optimizers.Optimizer:
+    """The optimizer, with its schedule. (With the mixed_float16 policy, compile wraps it in loss scaling.)"""
+    return keras.optimizers.Adam(learning_rate=learning_rate_schedule(config, plan))
+
+
+def compile_model(
+    model: keras.Model, config: TrainConfig, plan: TrainingPlan, choice: accelerator.AcceleratorChoice
+) -> None:
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=schedule),
+        optimizer=build_optimizer(config, plan),
         loss=keras.losses.SparseCategoricalCrossentropy(),
         weighted_metrics=metrics.evaluation_metrics(),
         steps_per_execution=plan.steps_per_execution,
-        jit_compile="auto" if config.jit_compile is None else config.jit_compile,
+        jit_compile=choice.keras_jit_compile,
     )
     # Optimizer slots must exist before a checkpoint is restored into them.
     model.optimizer.build(model.trainable_variables)
+
+
+def build_from_shapes(model: keras.Model, strategy: tf.distribute.Strategy, batch: tuple) -> None:
+    """Build the compiled model's metrics from the batch's shapes, instead of from a batch of data.
+
+    Keras 3.15 (fit and evaluate, under any tf.distribute strategy) pulls one
+    batch from the input and all-reduces it to build its metrics
+    symbolically: under MultiWorkerMirroredStrategy that reduce fails on a
+    structure of tensors ("Attempt to convert a value (PerReplica ...) to a
+    Tensor"), and everywhere it consumes a batch. Only shapes and dtypes are
+    needed, so the build is done here once and Keras's own is skipped.
+    `batch` holds keras.KerasTensor placeholders of one replica's batch.
+    """
+    with strategy.scope():
+        model._symbolic_build(data_batch=batch)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def reduce_logs_as_vectors(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Under MultiWorkerMirroredStrategy, return each step's logs as shape-[1] tensors.
+
+    Keras 3.15 reduces a step's logs across workers with
+    strategy.reduce("MEAN", log, axis=0), which fails on the scalar logs every
+    compiled model returns ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388). A shape-[1] log reduces to the
+    scalar Keras expects. Metric results are already global (their variables
+    are aggregated on read), so the mean across workers is the value itself.
+    """
+    if strategy_lib.strategy_kind(strategy) != strategy_lib.MULTIWORKER:
+        return
+
+    def as_vectors(step):
+        def vector_step(data):
+            return {name: tf.reshape(value, [1]) for name, value in step(data).items()}
+
+        return vector_step
+
+    model.train_step = as_vectors(model.train_step)
+    model.test_step = as_vectors(model.test_step)
+
+
+def _replica_batch(plan: TrainingPlan, image_format, weighted: bool) -> tuple:
+    batch = plan.per_replica_batch_size
+    images = keras.KerasTensor((batch, *image_format.shape), image_format.dtype.name)
+    labels = keras.KerasTensor((batch,), "int32")
+    return (images, labels, keras.KerasTensor((batch,), "float32")) if weighted else (images, labels)
 
 
 def _write_json(path: str, content: dict) -> None:
@@ -137,55 +199,153 @@ def distribute_train_input(
     )
 
 
+class TrainingClock(keras.callbacks.Callback):
+    """Time spent in the train function, and steps run, per epoch of this process.
+
+    Evaluations and checkpoint saves are not counted.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.epochs = []  # [steps, seconds] per epoch (or part of one) this process ran
+        self._call_start = None
+        self._begin = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append([0, 0.0])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = batch
+        self._call_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epochs[-1][0] += batch - self._begin + 1
+        self.epochs[-1][1] += time.perf_counter() - self._call_start
+
+    def steps(self) -> int:
+        return sum(steps for steps, _ in self.epochs)
+
+    def seconds(self) -> float:
+        return sum(seconds for _, seconds in self.epochs)
+
+    def images_per_second(self, global_batch_size: int) -> float | None:
+        """Steady-state throughput: the first epoch (tracing, XLA compilation, warm-up) left out if possible."""
+        timed = [epoch for epoch in self.epochs[1:] if epoch[1] > 0] or [e for e in self.epochs if e[1] > 0]
+        if not timed:
+            return None
+        return global_batch_size * sum(steps for steps, _ in timed) / sum(seconds for _, seconds in timed)
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """One line per completed epoch: the train and (exact) validation metrics."""
+
+    def __init__(self, progress: TrainingProgress, plan: TrainingPlan, printer=print):
+        super().__init__()
+        self._progress = progress
+        self._plan = plan
+        self._printer = printer
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._progress.epoch_completed(epoch, self._plan) or not logs:
+            return
+        line = f"epoch {epoch + 1}/{self._plan.epochs}: loss {logs.get('loss', float('nan')):.4f}"
+        if "accuracy" in logs:
+            line += f", accuracy {logs['accuracy']:.4f}"
+        if "val_loss" in logs:
+            line += f" | validation loss {logs['val_loss']:.4f}, accuracy {logs.get('val_accuracy', float('nan')):.4f}"
+        self._printer(line)
+
+
+@contextlib.contextmanager
+def _steps_per_execution(model: keras.Model, steps: int):
+    """Run `model` with `steps` per execution for a while (the train function is retraced both ways)."""
+    if steps == model.steps_per_execution:
+        yield
+        return
+    previous = model.steps_per_execution
+    model.steps_per_execution, model.train_function = steps, None
+    try:
+        yield
+    finally:
+        model.steps_per_execution, model.train_function = previous, None
+
+
+def fit_from_step(
+    model: keras.Model, train_data, plan: TrainingPlan, start_step: int, callbacks: list, stopped
+) -> None:
+    """Train from global step `start_step` to the end of the plan; see the module docstring.
+
+    A resumed epoch runs its remaining steps as a fit of its own, so Keras's
+    epoch bookkeeping (and every epoch-end callback) lines up with the
+    plan's epochs. `stopped()` says whether a callback stopped training.
+    """
+    epoch, step_in_epoch = plan.position(start_step)
+    if epoch >= plan.epochs:
+        return
+    if step_in_epoch:
+        remaining = plan.steps_per_epoch - step_in_epoch
+        # A checkpoint of this plan lies on an execution boundary; one of another plan
+        # (a changed --steps-per-execution) may not: run the remainder in steps that divide it.
+        with _steps_per_execution(model, math.gcd(remaining, plan.steps_per_execution)):
+            model.fit(
+                train_data,
+                epochs=epoch + 1,
+                initial_epoch=epoch,
+                steps_per_epoch=remaining,
+                callbacks=callbacks,
+                shuffle=False,
+                verbose=0,
+            )
+        if stopped():
+            return
+        epoch += 1
+    if epoch < plan.epochs:
+        model.fit(
+            train_data,
+            epochs=plan.epochs,
+            initial_epoch=epoch,
+            steps_per_epoch=plan.steps_per_epoch,
+            callbacks=callbacks,
+            shuffle=False,  # the input pipeline shuffles; Keras cannot shuffle a tf.data stream anyway
+            verbose=0,
+        )
+
+
 def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> dict:
     """Train `config.model` on `config.data_dir`, evaluate on its validation split, export.
 
-    Resumes from the latest checkpoint in `config.model_dir` and trains only
-    the epochs still missing from the plan. `strategy` overrides
-    `config.strategy` (a notebook that already connected to a TPU passes its
-    own). Returns the content of metrics.json. Raises a SetupError subclass
-    (DatasetError, StrategyError, ConfigError) before the first step for
-    anything the user can fix.
+    Resumes from the latest checkpoint in `config.model_dir` at its global
+    step. `strategy` overrides `config.strategy` (a notebook that already
+    connected to a TPU passes its own). Returns the content of metrics.json.
+    Raises a SetupError subclass (DatasetError, StrategyError, ConfigError)
+    before the first step for anything the user can fix, and
+    TrainingPreempted when SIGTERM stopped training (after its checkpoint).
     """
+    interval = parse_checkpoint_interval(config.checkpoint_every)
     manifest = checks.read_manifest(config.data_dir)
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, verify_sha256=config.verify_data)
-    if strategy is None:
-        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu)
-    kind = strategy_lib.strategy_kind(strategy)
-    policy = strategy_lib.mixed_precision_policy(config.mixed_precision, strategy)
-    train_examples = manifest["splits"][manifest_lib.TRAIN]["num_examples"]
-    plan = plan_training(
-        config,
-        train_examples,
-        strategy.num_replicas_in_sync,
-        on_tpu=kind == strategy_lib.TPU,
-        multi_step_supported=multi_step_supported(strategy),
+    run = setup_run(config, manifest, strategy)
+    strategy, plan, choice = run.strategy, run.plan, run.choice
+    checks.check_paths_for_hosts(
+        config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
     )
-    if (config.steps_per_execution or 1) > plan.steps_per_execution:
-        log.warning(
-            "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch, "
-            "and a multi-replica MirroredStrategy runs 1 (keras-team/keras#19246)",
-            plan.steps_per_execution,
-            config.steps_per_execution,
-            plan.steps_per_epoch,
-        )
     chief = strategy_lib.is_chief(strategy)
+    worker = strategy_lib.worker_name(strategy)
+    printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     log.info(
-        "strategy %s (%d replicas), policy %s, %s: %d epochs x %d steps of %d images (%d per replica), "
-        "%d steps per execution",
-        kind,
+        "strategy %s (%d replicas), %s, %s: %d epochs x %d steps of %d images (%d per replica)",
+        run.kind,
         plan.num_replicas,
-        policy,
+        choice.describe(),
         config.model,
         plan.epochs,
         plan.steps_per_epoch,
         plan.global_batch_size,
         plan.per_replica_batch_size,
-        plan.steps_per_execution,
     )
 
     train_data = distribute_train_input(strategy, config, manifest, plan)
@@ -194,41 +354,63 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     )
 
     with strategy.scope():
-        model = models.build_model_for_dataset(config.model, image_format, len(manifest["labels"]), policy)
-        _compile(model, config, plan)
-        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=epoch)
-    checkpoints = EpochCheckpoints(
+        model = models.build_model_for_dataset(
+            config.model, image_format, len(manifest["labels"]), choice.policy
+        )
+        compile_model(model, config, plan, choice)
+        evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
+        build_from_shapes(model, strategy, _replica_batch(plan, image_format, weighted=False))
+        build_from_shapes(evaluation_model, strategy, _replica_batch(plan, image_format, weighted=True))
+        reduce_logs_as_vectors(model, strategy)
+        reduce_logs_as_vectors(evaluation_model, strategy)
+        step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, global_step=step_variable)
+    checkpoints = Checkpoints(
         checkpoint,
-        epoch,
+        step_variable,
         config.model_dir,
         strategy_lib.worker_name(strategy),
         keep=config.checkpoints_to_keep,
     )
-    initial_epoch = min(checkpoints.restore_latest(), plan.epochs)
-    if initial_epoch:
-        log.info(
-            "resuming from %s: %d of %d epochs already done",
-            checkpoints.directory,
-            initial_epoch,
-            plan.epochs,
+    resumed_from_step = min(checkpoints.restore_latest(), plan.total_steps)
+    progress = TrainingProgress(resumed_from_step)
+    if resumed_from_step and printer:
+        epoch, step_in_epoch = plan.position(resumed_from_step)
+        printer(
+            f"resuming from step {resumed_from_step} of {plan.total_steps} (epoch {epoch + 1}, step "
+            f"{step_in_epoch} of {plan.steps_per_epoch}), checkpoint in {checkpoints.directory}"
         )
 
+    log_dir = manifest_lib.join(config.model_dir, LOG_DIR)
+    writer = ScalarWriter(log_dir) if chief else None
+    evaluator = Evaluator(evaluation_model, eval_data, eval_steps, writer)
     clock = TrainingClock()
-    callbacks = [clock, EvaluateEachEpoch(eval_data, eval_steps), SaveCheckpointEachEpoch(checkpoints)]
+    notice = PreemptionNotice()
+    saver = SaveCheckpoints(checkpoints, progress, plan, interval, notice, make_worker_agreement(strategy))
+    # Order matters: the step count first; at epoch ends the clock stops, then the evaluation
+    # fills val_* before the checkpoint, the summaries and the progress line read it.
+    callbacks = [StepCounter(progress), clock, EvaluateEachEpoch(evaluator, progress, plan)]
+    if config.eval_every:
+        callbacks.append(EvaluateEverySteps(evaluator, progress, config.eval_every))
+    callbacks.append(saver)
+    callbacks.append(StepTelemetry(writer, progress, plan, config.log_every, printer=printer))
+    # Chief only: TensorBoard files, epoch lines, the profile.
     if chief:
-        callbacks.append(EpochSummaries(manifest_lib.join(config.model_dir, LOG_DIR)))
-    model.fit(
-        train_data,
-        epochs=plan.epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=plan.steps_per_epoch,
-        callbacks=callbacks,
-        shuffle=False,  # the input pipeline shuffles; Keras cannot shuffle a tf.data stream anyway
-        verbose=2,
-    )
-    evaluation = model.evaluate(eval_data, steps=eval_steps, return_dict=True, verbose=0)
+        callbacks += [EpochSummaries(writer), EpochProgress(progress, plan, printer)]
+        if config.profile_steps:
+            callbacks.append(ProfileSteps(log_dir, progress, *config.profile_steps))
 
+    with notice, accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
+        fit_from_step(
+            model, train_data, plan, resumed_from_step, callbacks, lambda: saver.preempted_at_step is not None
+        )
+    if saver.preempted_at_step is not None:
+        if writer:
+            writer.close()
+        raise TrainingPreempted(saver.preempted_at_step, checkpoints.directory)
+    checkpoints.save(progress.step)  # a run that had nothing left to train still leaves its final state
+
+    evaluation = evaluator.evaluate(progress.step)
     result = {
         "validation": {
             "accuracy": float(evaluation["accuracy"]),
@@ -236,19 +418,22 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
             "num_examples": int(round(float(evaluation["num_examples"]))),
         },
         "epochs": plan.epochs,
-        "initial_epoch": initial_epoch,
-        "epochs_this_run": len(clock.epoch_seconds),
-        "global_step": int(model.optimizer.iterations.numpy()),
+        "global_step": progress.step,
+        "resumed_from_step": resumed_from_step,
+        "initial_epoch": plan.position(resumed_from_step)[0],
+        "steps_this_run": progress.step - resumed_from_step,
         "steps_per_epoch": plan.steps_per_epoch,
         "steps_per_execution": plan.steps_per_execution,
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.per_replica_batch_size,
         "num_replicas": plan.num_replicas,
-        "images_per_second": clock.images_per_second(plan.steps_per_epoch * plan.global_batch_size),
-        "train_seconds": sum(clock.epoch_seconds),
+        "images_per_second": clock.images_per_second(plan.global_batch_size),
+        "train_seconds": clock.seconds(),
         "model": config.model,
-        "strategy": kind,
-        "mixed_precision": policy,
+        "strategy": run.kind,
+        "mixed_precision": choice.policy,
+        "xla": choice.xla,
+        "checkpoint_interval": interval.describe(),
         "encoding": image_format.encoding,
         "image_size": [image_format.height, image_format.width],
         "data_dir": config.data_dir,
@@ -258,9 +443,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     )
     result["validation"]["confusion_matrix"] = counts.tolist()
     if chief:
+        writer.close()
         plots.plot_learning_curves(
-            plots.read_epoch_scalars(manifest_lib.join(config.model_dir, LOG_DIR)),
-            manifest_lib.join(config.model_dir, plots.LEARNING_CURVES_FILE),
+            plots.read_epoch_scalars(log_dir), manifest_lib.join(config.model_dir, plots.LEARNING_CURVES_FILE)
         )
         plots.plot_confusion_matrix(
             counts, manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
@@ -270,5 +455,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
                 model, manifest, export.export_path(config.model_dir)
             )
         _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)
-    log.info("validation: %s", result["validation"])
+        printer(
+            f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
+            f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
+        )
     return result

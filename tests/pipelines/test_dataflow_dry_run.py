@@ -132,6 +132,7 @@ def test_training_job_spec_names_the_tpu_the_dataset_and_the_model(dry_run):
         "project": "test-project-123",
         "accelerator_type": "v5litepod-8",
         "runtime_version": dataflow.DEFAULT_RUNTIME,
+        "multi_host": False,  # v5litepod-8: one VM
     }
     assert spec["data_dir"] == f"{workdir}/dataset"
     assert spec["model_dir"] == f"{workdir}/model"
@@ -139,6 +140,7 @@ def test_training_job_spec_names_the_tpu_the_dataset_and_the_model(dry_run):
     assert args[args.index("--data") + 1] == spec["data_dir"]
     assert args[args.index("--strategy") + 1] == "tpu"
     create, train = spec["commands"]
+    assert "--worker=all" in train and args[args.index("--tpu") + 1] == "local"
     assert "tpu-vm create my-tpu" in create and "--accelerator-type v5litepod-8" in create
     assert "python3 -m train" in train and spec["package"] in train
 

@@ -4,7 +4,8 @@
 process) on one small generated corpus, once per encoding per test session,
 and returns the dataset directory. The images are 32x32 (the smallest size
 every model of `--model` accepts) and every split has 2 shards (so two input
-pipelines can each read their own).
+pipelines can each read their own); `stage1_dataset(encoding, min_shards=1)`
+writes one shard per split instead (fewer shards than input pipelines).
 """
 
 import pytest
@@ -27,12 +28,12 @@ def sample_corpus(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def stage1_dataset(sample_corpus, tmp_path_factory):
-    """stage1_dataset(encoding) -> the directory stage 1 wrote for that encoding (made once, then cached)."""
+    """stage1_dataset(encoding[, min_shards]) -> the directory stage 1 wrote (made once, then cached)."""
     written = {}
 
-    def dataset_dir(encoding: str) -> str:
-        if encoding not in written:
-            output = tmp_path_factory.mktemp(f"dataset_{encoding}")
+    def dataset_dir(encoding: str, min_shards: int = MIN_SHARDS) -> str:
+        if (encoding, min_shards) not in written:
+            output = tmp_path_factory.mktemp(f"dataset_{encoding}_{min_shards}")
             run_stage1(
                 sample_corpus.root,
                 output,
@@ -40,9 +41,9 @@ def stage1_dataset(sample_corpus, tmp_path_factory):
                 SPLIT,
                 image_size=IMAGE_SIZE,
                 encoding=encoding,
-                min_shards=MIN_SHARDS,
+                min_shards=min_shards,
             )
-            written[encoding] = str(output)
-        return written[encoding]
+            written[encoding, min_shards] = str(output)
+        return written[encoding, min_shards]
 
     return dataset_dir

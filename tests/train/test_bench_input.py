@@ -42,6 +42,13 @@ def test_bench_input_measures_input_step_and_training_and_prints_the_bottleneck(
     assert result.training_images_per_second > 0
     assert result.bottleneck in ("input", "train step")
     assert result.global_batch_size == 8
+    # The configuration `auto` chose on this CPU, reported with the figures.
+    assert (result.device, result.policy, result.xla, result.steps_per_execution) == (
+        "cpu",
+        "float32",
+        "off",
+        1,
+    )
 
     assert (
         bench_input.main(
@@ -52,6 +59,18 @@ def test_bench_input_measures_input_step_and_training_and_prints_the_bottleneck(
     out = capsys.readouterr().out
     assert "input pipeline alone:" in out and "train step on synthetic input:" in out
     assert "is the bottleneck" in out
+    assert "policy float32, XLA off, 1 step(s) per execution" in out
+
+
+@pytest.mark.slow
+def test_bench_input_applies_the_precision_and_xla_flags(dataset_dir, capsys):
+    args = bench_input.build_parser().parse_args(
+        ["--data", dataset_dir, "--global-batch-size", "8", "--seconds", "0.2", "--warmup-batches", "1",
+         "--skip-training", "--mixed-precision", "bfloat16", "--jit-compile", "on"]
+    )  # fmt: skip
+    result = bench_input.run(args)
+    assert (result.policy, result.xla) == ("mixed_bfloat16", "keras")
+    assert "policy mixed_bfloat16, XLA keras" in capsys.readouterr().out
 
 
 def test_bench_input_refuses_a_directory_without_a_manifest(tmp_path, capsys):

@@ -2,7 +2,14 @@
 
 import pytest
 
-from train.config import TPU_STEPS_PER_EXECUTION, TrainConfig, plan_training
+from train.config import (
+    TPU_STEPS_PER_EXECUTION,
+    CheckpointInterval,
+    TrainConfig,
+    parse_checkpoint_interval,
+    parse_profile_steps,
+    plan_training,
+)
 from train.errors import ConfigError
 
 
@@ -71,3 +78,50 @@ def test_one_step_per_execution_where_multi_step_is_unsupported():
         multi_step_supported=False,
     )
     assert (plan.steps_per_epoch, plan.steps_per_execution) == (100, 1)
+
+
+@pytest.mark.parametrize(
+    "text,steps,seconds",
+    [
+        ("500", 500, None),
+        ("90s", None, 90.0),
+        ("10m", None, 600.0),
+        ("1.5h", None, 5400.0),
+        ("epoch", None, None),
+    ],
+)
+def test_checkpoint_every_takes_steps_or_a_time_with_its_unit(text, steps, seconds):
+    interval = parse_checkpoint_interval(text)
+    assert (interval.steps, interval.seconds) == (steps, seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "10x", "1.5", "ten minutes"])
+def test_checkpoint_every_refuses_what_it_cannot_read(text):
+    with pytest.raises(ConfigError, match="--checkpoint-every"):
+        parse_checkpoint_interval(text)
+
+
+def test_a_checkpoint_is_due_after_its_steps_or_its_time_whichever_the_interval_counts():
+    assert CheckpointInterval(steps=5).due(steps_since_save=5, seconds_since_save=0.0)
+    assert not CheckpointInterval(steps=5).due(steps_since_save=4, seconds_since_save=1e6)
+    assert CheckpointInterval(seconds=600).due(steps_since_save=1, seconds_since_save=600.0)
+    assert not CheckpointInterval(seconds=600).due(steps_since_save=10**6, seconds_since_save=599.0)
+    assert not CheckpointInterval().due(steps_since_save=10**6, seconds_since_save=1e6)
+
+
+def test_profile_steps_are_a_first_and_last_global_step():
+    assert parse_profile_steps("10,12") == (10, 12)
+    assert parse_profile_steps(None) is None
+    for bad in ("12,10", "0,3", "5"):
+        with pytest.raises(ConfigError, match="--profile-steps"):
+            parse_profile_steps(bad)
+
+
+def test_a_global_step_maps_to_its_epoch_and_the_step_within_it():
+    plan = plan_training(
+        config(epochs=3, steps_per_epoch=40), num_train_examples=1000, num_replicas=1, on_tpu=False
+    )
+    assert plan.position(0) == (0, 0)
+    assert plan.position(53) == (1, 13)  # resumed mid-epoch: epoch 2 goes on at its step 13
+    assert plan.position(80) == (2, 0)
+    assert plan.position(500) == (3, 0)  # past the plan: nothing left

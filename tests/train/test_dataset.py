@@ -10,6 +10,8 @@ chroma: measured mean 5.8, bound 8 on the mean), and its decode is checked
 exactly against a plain decode of the stored JPEG instead.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -111,44 +113,88 @@ def test_pixels_and_labels_match_the_source_images(stage1_dataset, encoding):
     assert len(matched) == len(sources)
 
 
-def test_two_input_pipelines_read_disjoint_shards_that_cover_the_split(stage1_dataset):
+def _image_keys(ds, batches=None):
+    """Bytes of every real image a dataset yields (eval datasets pad with weight-0 images)."""
+    keys = []
+    for element in ds if batches is None else ds.take(batches):
+        images = element[0]
+        weights = element[2] if len(element) == 3 else tf.ones([images.shape[0]])
+        for i in np.flatnonzero(weights.numpy()):
+            keys.append(tf.io.serialize_tensor(images[i]).numpy())
+    return keys
+
+
+@pytest.mark.parametrize("num_pipelines", [2, 4])
+def test_input_pipelines_read_disjoint_shares_that_cover_the_split(stage1_dataset, num_pipelines, caplog):
+    """2 pipelines on 2 shards: whole shards each. 4 pipelines on 2 shards: record by record, with a warning."""
     data_dir, manifest = _load(stage1_dataset, "bfloat16")
     shards = manifest["splits"][manifest_lib.TRAIN]["shards"]
-    contexts = [tf.distribute.InputContext(2, index, 2) for index in range(2)]
-    assigned = [{s["path"] for s in dataset.shards_for_input_pipeline(shards, c)} for c in contexts]
-    assert assigned[0] and assigned[1]
-    assert not assigned[0] & assigned[1]
-    assert assigned[0] | assigned[1] == {s["path"] for s in shards}
+    contexts = [
+        tf.distribute.InputContext(num_pipelines, index, num_pipelines) for index in range(num_pipelines)
+    ]
+    shares = [dataset.shards_for_input_pipeline(shards, c) for c in contexts]
+    if num_pipelines == 2:
+        assert [len(share.whole) for share in shares] == [1, 1] and not shares[0].split
+    else:
+        assert all(len(share.split) == 2 and not share.whole for share in shares)
 
-    # At the dataset level: each pipeline's training stream holds only images
-    # of its own shards (bytes of the bfloat16 tensors identify an image).
-    def image_keys(ds, batches=None):
-        keys = set()
-        for element in ds if batches is None else ds.take(batches):
-            images = element[0]
-            weights = (
-                element[2] if len(element) == 3 else tf.ones([images.shape[0]])
-            )  # eval pads with weight 0
-            for i in np.flatnonzero(weights.numpy()):
-                keys.add(tf.io.serialize_tensor(images[i]).numpy())
-        return keys
-
+    # One pass over each pipeline's share: disjoint, together the whole split, each of the size planned.
     own = []
-    for context in contexts:
-        evaluation = dataset.make_eval_dataset(data_dir, manifest, manifest_lib.TRAIN, BATCH, context)
-        own.append(image_keys(evaluation))
-    assert not own[0] & own[1]
-    assert len(own[0]) + len(own[1]) == manifest["splits"][manifest_lib.TRAIN]["num_examples"]
-    for context, keys in zip(contexts, own, strict=True):
-        train = dataset.make_train_dataset(data_dir, manifest, BATCH, input_context=context)
-        assert image_keys(train, batches=3) <= keys
+    for context, share in zip(contexts, shares, strict=True):
+        keys = _image_keys(dataset.make_eval_dataset(data_dir, manifest, manifest_lib.TRAIN, BATCH, context))
+        assert len(keys) == share.num_examples
+        own.append(set(keys))
+    for i in range(num_pipelines):
+        for j in range(i + 1, num_pipelines):
+            assert not own[i] & own[j]
+    assert sum(len(keys) for keys in own) == manifest["splits"][manifest_lib.TRAIN]["num_examples"]
+    if num_pipelines > len(shards):
+        # Balanced: record-level sharding leaves at most one record per shard between two hosts.
+        counts = [share.num_examples for share in shares]
+        assert max(counts) - min(counts) <= len(shards)
+
+    # The training stream of each pipeline holds only images of its own share.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="train.dataset"):
+        for context, keys in zip(contexts, own, strict=True):
+            train = dataset.make_train_dataset(data_dir, manifest, 2, input_context=context)
+            assert set(_image_keys(train, batches=3)) <= keys
+    warnings = [r.getMessage() for r in caplog.records if "input pipelines" in r.getMessage()]
+    if num_pipelines > len(shards):
+        assert len(warnings) == 1  # once, from pipeline 0, not once per host
+        assert (
+            f"--min-shards {num_pipelines}" in warnings[0] and "every host reads every shard" in warnings[0]
+        )
+    else:
+        assert not warnings
 
 
-def test_fewer_shards_than_input_pipelines_is_a_clear_error(stage1_dataset):
+def test_ten_equal_shards_on_four_hosts_give_every_host_as_many_examples():
+    shards = [{"path": f"runs/7/train-{i:05d}-of-00010.tfrecord", "num_examples": 100} for i in range(10)]
+    shares = [dataset.input_share(shards, 4, index) for index in range(4)]
+    # Whole files alone would give hosts 3, 3, 2 and 2 shards: the 2-shard hosts' examples seen 1.5x as often.
+    assert [share.num_examples for share in shares] == [250, 250, 250, 250]
+    wholes = [{shard["path"] for shard in share.whole} for share in shares]
+    assert all(len(whole) == 2 for whole in wholes)
+    assert len(set().union(*wholes)) == 8  # each whole shard read by one host only
+    assert all(len(share.split) == 2 for share in shares)  # the 2 left over are split record by record
+
+
+def test_unequal_shards_leave_the_smallest_to_be_split_record_by_record():
+    sizes = [120, 118, 121, 119, 40]  # stage 1's last shard is often the small one
+    shards = [{"path": f"train-{i}", "num_examples": n} for i, n in enumerate(sizes)]
+    shares = [dataset.input_share(shards, 2, index) for index in range(2)]
+    assert [shard["num_examples"] for shard in shares[0].split] == [40]
+    # 121+119 and 120+118 whole, and 20 of the 40 each: within 2 examples of each other.
+    assert sorted(share.num_examples for share in shares) == [258, 260]
+
+
+def test_a_pipeline_with_less_than_a_batch_is_a_clear_error(stage1_dataset):
     data_dir, manifest = _load(stage1_dataset, "bfloat16")
-    context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=0, num_replicas_in_sync=3)
-    with pytest.raises(DatasetError, match=r"2 shard\(s\) for 3 input pipelines.*--min-shards 3"):
-        dataset.make_train_dataset(data_dir, manifest, BATCH, input_context=context)
+    examples = manifest["splits"][manifest_lib.TRAIN]["num_examples"]
+    context = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=3, num_replicas_in_sync=4)
+    with pytest.raises(DatasetError, match="fewer than one batch"):
+        dataset.make_train_dataset(data_dir, manifest, examples, input_context=context)
 
 
 @pytest.mark.parametrize("encoding", ("bfloat16", "jpeg"))
@@ -179,7 +225,7 @@ def test_pipeline_is_non_deterministic_autotuned_and_free_of_python(stage1_datas
         )
 
 
-@pytest.mark.parametrize("num_pipelines,num_replicas", [(1, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("num_pipelines,num_replicas", [(1, 1), (1, 2), (2, 2), (4, 4), (3, 6)])
 def test_evaluation_sees_every_example_once_whatever_the_replicas(
     stage1_dataset, num_pipelines, num_replicas
 ):

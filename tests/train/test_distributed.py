@@ -34,16 +34,23 @@ SCRIPT = textwrap.dedent(
     data_dir, model_dir = sys.argv[1], sys.argv[2]
     mirrored = strategy.resolve_strategy("mirrored")
     manifest = checks.read_manifest(data_dir)
-    images, labels = next(iter(dataset.distribute_train_dataset(mirrored, data_dir, manifest, 8)))
+    iterator = iter(dataset.distribute_train_dataset(mirrored, data_dir, manifest, 8))
+    images, labels = next(iterator)
     per_replica = [
         {"shape": t.shape.as_list(), "device": t.device} for t in mirrored.experimental_local_results(images)
     ]
+    # Every step gives every replica exactly one batch: count them over 20 steps.
+    batches_per_replica = [0, 0]
+    for _ in range(20):
+        images, _ = next(iterator)
+        for replica, batch in enumerate(mirrored.experimental_local_results(images)):
+            batches_per_replica[replica] += int(batch.shape[0] == 4)
     metrics = train_and_evaluate(
         TrainConfig(data_dir=data_dir, model_dir=model_dir, strategy="mirrored", global_batch_size=8,
                     epochs=2, steps_per_epoch=3, steps_per_execution=3, augment=True)
     )
     print("RESULT " + json.dumps({"replicas": mirrored.num_replicas_in_sync, "per_replica": per_replica,
-                                  "metrics": metrics}))
+                                  "batches_per_replica": batches_per_replica, "metrics": metrics}))
     """
 )
 
@@ -68,12 +75,14 @@ def test_training_under_mirrored_strategy_on_two_logical_cpus(stage1_dataset, tm
     # Each replica gets its own per-replica batch (8 global / 2), on its own device.
     assert [r["shape"] for r in report["per_replica"]] == [[4, IMAGE_SIZE, IMAGE_SIZE, 3]] * 2
     assert len({r["device"] for r in report["per_replica"]}) == 2
+    assert report["batches_per_replica"] == [20, 20]
     metrics = report["metrics"]
     assert metrics["strategy"] == "mirrored" and metrics["num_replicas"] == 2
     assert metrics["per_replica_batch_size"] == 4 and metrics["global_step"] == 6
     # Keras cannot run several steps per call under a multi-replica MirroredStrategy
     # (keras-team/keras#19246); the plan falls back to one instead of failing.
     assert metrics["steps_per_execution"] == 1
+    assert (metrics["mixed_precision"], metrics["xla"]) == ("float32", "off")  # auto, on CPUs
     # Evaluation across both replicas, padded to static batches, still counts every example exactly once.
     manifest = checks.read_manifest(data_dir)
     assert (

@@ -44,7 +44,9 @@ def test_trains_from_a_gcs_dataset_into_a_gcs_model_dir(stage1_dataset, gcs_dir,
         metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
     )
     assert tf.io.gfile.exists(f"{model_dir}/metrics.json")
-    assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints").endswith("ckpt-1")
+    assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints").endswith(
+        "ckpt-2"
+    )  # numbered by global step
     assert tf.io.gfile.glob(f"{model_dir}/logs/train/events.out.tfevents.*")
     serve = tf.saved_model.load(f"{model_dir}/export").signatures["serving_default"]
     image = sample_corpus.uri(next(f for f in sample_corpus.files if f.kind == "good"))

@@ -7,7 +7,7 @@ from PIL import Image
 
 from train import plots
 from train.config import TrainConfig
-from train.summaries import EpochSummaries
+from train.summaries import EpochSummaries, ScalarWriter
 from train.trainer import train_and_evaluate
 
 
@@ -20,13 +20,14 @@ def _log_epochs(log_dir, epochs):
     class _Model:
         optimizer = _Optimizer()
 
-    callback = EpochSummaries(str(log_dir))
+    writer = ScalarWriter(str(log_dir))
+    callback = EpochSummaries(writer)
     callback.set_model(_Model())
     for epoch, (loss, accuracy) in epochs.items():
         callback.on_epoch_end(
             epoch, {"loss": loss, "accuracy": accuracy, "val_loss": loss + 1, "val_accuracy": accuracy / 2}
         )
-    callback.on_train_end()
+    writer.close()
 
 
 def test_scalars_are_read_back_per_epoch_and_a_rerun_epoch_keeps_the_last_value(tmp_path):

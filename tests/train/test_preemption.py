@@ -1,73 +1,143 @@
-"""Preemption: a run killed with SIGKILL resumes from its last checkpoint and stops at the plan."""
+"""Preemption with real signals: `python -m train` subprocesses, SIGTERM and SIGKILL mid-epoch, then resume.
+
+Each run prints a progress line after every step (--log-every 1): `step N/TOTAL ...`,
+printed once step N is complete (and after its checkpoint, if one is due there).
+"""
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import tensorflow as tf
 
+from train.checkpoints import PREEMPTED_EXIT_CODE
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EPOCHS = 3
-STEPS_PER_EPOCH = 40  # long enough (a few seconds per epoch) to kill the run between two checkpoints
+STEPS_PER_EPOCH = 40
+TOTAL = EPOCHS * STEPS_PER_EPOCH
+STEP_LINE = re.compile(r"^step (\d+)/(\d+)")
 
 
-def checkpoint_numbers(model_dir) -> list[int]:
+def checkpoint_steps(model_dir) -> list[int]:
     state = tf.train.get_checkpoint_state(str(model_dir / "checkpoints"))
     return sorted(int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths) if state else []
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_at_the_next_epoch_and_stops_at_the_planned_one(stage1_dataset, tmp_path):
-    model_dir = tmp_path / "model"
-    command = [
+def train_command(data_dir, model_dir, *extra):
+    return [
         sys.executable, "-m", "train",
-        "--data", stage1_dataset("uint8"),
+        "--data", data_dir,
         "--model-dir", str(model_dir),
         "--epochs", str(EPOCHS),
         "--steps-per-epoch", str(STEPS_PER_EPOCH),
         "--global-batch-size", "8",
-        "--steps-per-execution", "4",  # several steps per call must not overshoot the plan either
+        "--log-every", "1",
         "--no-export",
+        *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
-    first = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    index = (
-        model_dir / "checkpoints" / "checkpoint"
-    )  # written (atomically) once the first checkpoint is complete
-    deadline = time.monotonic() + 300
-    while not index.exists():
-        assert first.poll() is None, (
-            "the run ended before its first checkpoint: " + first.stderr.read().decode()[-2000:]
+
+ENV = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+class RunningTraining:
+    """A training subprocess whose completed steps are read as they are printed."""
+
+    def __init__(self, command, cwd):
+        self.process = subprocess.Popen(
+            command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        assert time.monotonic() < deadline, "no checkpoint after 300 s"
-        time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    first.communicate()
-    assert first.returncode == -signal.SIGKILL
-    done_when_killed = max(checkpoint_numbers(model_dir))
-    assert 1 <= done_when_killed < EPOCHS, "the kill must land between the first and the last epoch"
+        self.steps = []
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = STEP_LINE.match(line)
+            if match:
+                self.steps.append(int(match.group(1)))
+
+    def wait_for_step(self, step: int, timeout: float = 300) -> int:
+        deadline = time.monotonic() + timeout
+        while not self.steps or self.steps[-1] < step:
+            assert self.process.poll() is None, "the run ended early: " + self.process.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, f"no step {step} after {timeout} s"
+            time.sleep(0.02)
+        return self.steps[-1]
+
+    def finish(self) -> tuple[int, str]:
+        _, stderr = self.process.communicate(timeout=300)
+        self._reader.join(timeout=10)
+        return self.process.returncode, stderr
+
+
+def resume(command, cwd) -> tuple[subprocess.CompletedProcess, dict]:
+    result = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads((cwd / "model" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_saves_the_last_completed_step_exits_143_and_resumes_there(
+    stage1_dataset, tmp_path
+):
+    model_dir = tmp_path / "model"
+    # No interval checkpoint: the only mid-epoch checkpoint can come from the signal.
+    command = train_command(stage1_dataset("uint8"), model_dir, "--checkpoint-every", "epoch")
+    run = RunningTraining(command, tmp_path)
+    completed = run.wait_for_step(STEPS_PER_EPOCH + 5)  # mid-way through the second epoch
+    run.process.send_signal(signal.SIGTERM)
+    code, stderr = run.finish()
+
+    assert code == PREEMPTED_EXIT_CODE, stderr[-3000:]
+    assert "Traceback" not in stderr and "run the same command again to resume" in stderr
+    saved = max(checkpoint_steps(model_dir))
+    # Nothing completed is lost: the checkpoint is at or after every step done when the signal was sent,
+    # and it is the last step the run completed (it stopped right there).
+    assert saved >= completed
+    assert saved == run.steps[-1]
+    assert saved % STEPS_PER_EPOCH != 0, "the checkpoint must be mid-epoch"
     assert not (model_dir / "metrics.json").exists()
 
-    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{done_when_killed} of {EPOCHS} epochs already done" in second.stderr
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["initial_epoch"] == done_when_killed  # resumed, not restarted
-    assert metrics["epochs_this_run"] == EPOCHS - done_when_killed
-    # The optimizer's step counter came back with the checkpoint and ends exactly at the plan.
-    assert metrics["global_step"] == EPOCHS * STEPS_PER_EPOCH
-    assert max(checkpoint_numbers(model_dir)) == EPOCHS
+    second, metrics = resume(command, tmp_path)
+    assert f"resuming from step {saved} of {TOTAL}" in second.stdout
+    steps = [int(m.group(1)) for m in map(STEP_LINE.match, second.stdout.splitlines()) if m]
+    assert steps[0] == saved + 1 and steps[-1] == TOTAL  # on at the next step, mid-epoch, to the plan's end
+    assert metrics["resumed_from_step"] == saved
+    assert metrics["global_step"] == TOTAL and metrics["steps_this_run"] == TOTAL - saved
+    # The learning-rate schedule came back at the right step: cosine decay at step saved + 1.
+    first_line = next(line for line in second.stdout.splitlines() if line.startswith(f"step {saved + 1}/"))
+    learning_rate = float(re.search(r"learning rate ([0-9.e-]+)", first_line).group(1))
+    expected = 0.5 * 1e-3 * (1 + math.cos(math.pi * (saved + 1) / TOTAL))
+    assert learning_rate == pytest.approx(expected, rel=1e-2)
 
-    # The same command once more: nothing left to train, so it trains nothing.
-    third = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert third.returncode == 0, third.stderr[-3000:]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert (metrics["initial_epoch"], metrics["epochs_this_run"]) == (EPOCHS, 0)
-    assert metrics["global_step"] == EPOCHS * STEPS_PER_EPOCH
+
+@pytest.mark.slow
+def test_sigkill_loses_at_most_one_checkpoint_interval(stage1_dataset, tmp_path):
+    model_dir = tmp_path / "model"
+    interval = 5
+    command = train_command(stage1_dataset("uint8"), model_dir, "--checkpoint-every", str(interval))
+    run = RunningTraining(command, tmp_path)
+    completed = run.wait_for_step(STEPS_PER_EPOCH + 13)
+    run.process.send_signal(signal.SIGKILL)
+    code, _ = run.finish()
+    assert code == -signal.SIGKILL
+
+    saved = max(checkpoint_steps(model_dir))
+    # Steps are printed after their checkpoint: every completed step is within one interval of a checkpoint.
+    assert completed - interval < saved <= run.steps[-1] + 1
+    assert saved % interval == 0
+
+    _, metrics = resume(command, tmp_path)
+    assert metrics["resumed_from_step"] == saved
+    assert metrics["global_step"] == TOTAL

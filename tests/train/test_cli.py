@@ -1,0 +1,78 @@
+"""The command line's manners: --help before TensorFlow, quiet start-up, TPU coordinator environment."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from train import console
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Runs `python -m train --help` as `python -m` does, then reports which heavy modules were imported.
+HELP_PROBE = textwrap.dedent(
+    """
+    import runpy, sys
+    sys.argv = ["train", "--help"]
+    try:
+        runpy.run_module("train", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    heavy = sorted(m for m in ("tensorflow", "keras", "numpy") if m in sys.modules)
+    print(f"EXIT {code} HEAVY {heavy}", file=sys.stderr)
+    """
+)
+
+
+def test_help_prints_before_tensorflow_or_keras_is_imported(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "EXIT 0 HEAVY []" in result.stderr, result.stderr[-2000:]
+    assert "--checkpoint-every" in result.stdout and "--profile-steps" in result.stdout
+    assert "keras-team/keras#19246" in result.stdout  # why multi-replica runs one step per execution
+    # Nothing from TensorFlow's native start-up either.
+    assert "cuda" not in result.stderr.lower() and "absl" not in result.stderr
+
+
+def test_native_startup_info_is_dropped_and_warnings_kept():
+    assert console.is_native_noise(
+        "I0000 00:00:1795375825.398589 6113 cpu_feature_guard.cc:227] This TensorFlow"
+    )
+    assert console.is_native_noise(
+        "WARNING: All log messages before absl::InitializeLog() is called are written"
+    )
+    assert console.is_native_noise(
+        "E0000 00:00:17 6113 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+        "Failed call to cuInit: UNKNOWN ERROR (303)"
+    )
+    assert not console.is_native_noise("W0000 00:00:17 123 dataset.cc:12] The input pipeline is slow")
+    assert not console.is_native_noise("E0000 00:00:17 123 tpu.cc:1] TPU initialization failed")
+
+
+def test_filtered_native_stderr_replays_what_is_not_noise(capfd):
+    with console.filtered_native_stderr():
+        os.write(2, b"I0000 00:00:1 1 x.cc:1] chatter\nW0000 00:00:1 1 x.cc:2] a real warning\n")
+    err = capfd.readouterr().err
+    assert "a real warning" in err and "chatter" not in err
+
+
+def test_a_named_tpu_makes_this_process_leave_the_local_chips_to_the_tpu_server(monkeypatch):
+    monkeypatch.delenv("TPU_LOAD_LIBRARY", raising=False)
+    console.configure(verbose=False, tpu="local")
+    assert "TPU_LOAD_LIBRARY" not in os.environ
+    console.configure(verbose=False, tpu="my-v4-32")
+    assert os.environ["TPU_LOAD_LIBRARY"] == "0"
+
+
+def test_quiet_by_default_verbose_on_request(monkeypatch):
+    import logging
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    console.configure(verbose=False)
+    assert logging.getLogger().level == logging.WARNING and os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+    console.configure(verbose=True)
+    assert logging.getLogger().level == logging.INFO and os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    console.configure(verbose=False)  # leave the test session as the other tests expect it

@@ -1,0 +1,196 @@
+"""What runs fast on this device: mixed precision, XLA, steps per execution.
+
+`choose_defaults` is a pure function of a `DeviceDescription` (what kind of
+device, how many replicas, under which strategy, which GPU generation) and
+of the flags, so every rule below is unit-tested without a GPU or a TPU;
+`describe_devices` builds the description from the running TensorFlow.
+
+What `auto` means, and why:
+
+  mixed precision  TPU: bfloat16 (the MXU computes in bfloat16 anyway; no loss scaling).
+                   GPU with compute capability >= 8.0 (Ampere and later): bfloat16, same range
+                   as float32, so no loss scaling. Older GPUs: float16, with the dynamic loss
+                   scaling Keras adds for the mixed_float16 policy (LossScaleOptimizer).
+                   CPU: float32 (no faster low-precision path).
+  XLA              TPU: always compiled. GPU: on. One replica: Keras' jit_compile=True, which
+                   compiles the whole train step. Several replicas (MirroredStrategy, multi-
+                   worker): TensorFlow's XLA auto-clustering instead, because Keras compiles
+                   the step *including* the cross-replica all-reduce into one XLA program on
+                   one device, which fails ("Trying to access resource ... located in device
+                   GPU:1 from device GPU:0"; Keras' own jit_compile="auto" is off under any
+                   tf.distribute strategy for that reason). CPU: off.
+  steps/execution  TPU: 32 (a host round trip costs about a small step). GPU, one replica: 8.
+                   Several replicas under MirroredStrategy or MultiWorkerMirroredStrategy: 1,
+                   because Keras 3 (3.15.1 as pinned) builds its multi-step loop from tf.cond
+                   inside tf.while_loop, where the cross-replica merge_call cannot run
+                   ("You must feed a value for placeholder tensor", keras-team/keras#19246;
+                   reproduced on two logical CPU devices). CPU: 1 (no dispatch to amortize).
+
+Every choice is overridable: --mixed-precision, --jit-compile, --steps-per-execution.
+"""
+
+import contextlib
+import dataclasses
+
+from train.config import TPU_STEPS_PER_EXECUTION
+from train.errors import ConfigError
+
+TPU, GPU, CPU = "tpu", "gpu", "cpu"
+
+# What `xla` can be: compiled by the TPU itself, by Keras (jit_compile=True), by TensorFlow's
+# auto-clustering (per device, around the all-reduce), or not at all.
+XLA_TPU, XLA_KERAS, XLA_AUTOCLUSTERING, XLA_OFF = "tpu", "keras", "autoclustering", "off"
+
+GPU_STEPS_PER_EXECUTION = 8
+BFLOAT16_MIN_COMPUTE_CAPABILITY = (8, 0)
+MULTI_STEP_BLOCKER = "keras-team/keras#19246"
+
+_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16", "off": "float32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceDescription:
+    """What training runs on: the inputs of every device-dependent default."""
+
+    kind: str  # TPU, GPU or CPU
+    num_replicas: int = 1
+    strategy: str = "default"  # train.strategy's kinds: tpu, mirrored, multiworker, default
+    gpu_compute_capability: tuple[int, int] | None = None  # the lowest of the GPUs in use
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorChoice:
+    """The configuration `choose_defaults` picked, with the reasons (bench_input prints them)."""
+
+    policy: str  # a Keras dtype policy name
+    xla: str  # XLA_TPU, XLA_KERAS, XLA_AUTOCLUSTERING or XLA_OFF
+    steps_per_execution: int  # the default asked of plan_training (an explicit flag wins there)
+    multi_step_supported: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def keras_jit_compile(self) -> bool:
+        return self.xla == XLA_KERAS
+
+    def describe(self) -> str:
+        return f"policy {self.policy}, XLA {self.xla}, {self.steps_per_execution} step(s) per execution"
+
+
+def multi_step_supported(device: DeviceDescription) -> bool:
+    """Whether Keras can run several steps per execution there (see the module docstring)."""
+    return not (device.strategy in ("mirrored", "multiworker") and device.num_replicas > 1)
+
+
+def _policy(device: DeviceDescription, choice: str, notes: list) -> str:
+    if choice not in _POLICIES and choice != "auto":
+        raise ConfigError(f"unknown --mixed-precision {choice!r}; choose auto, {', '.join(_POLICIES)}")
+    if choice == "float16" and device.kind == TPU:
+        raise ConfigError(
+            "--mixed-precision float16 on a TPU: TPUs compute in bfloat16; use bfloat16 or auto"
+        )
+    if choice != "auto":
+        return _POLICIES[choice]
+    if device.kind == TPU:
+        return "mixed_bfloat16"
+    if device.kind == GPU:
+        capability = device.gpu_compute_capability
+        if capability is not None and tuple(capability) >= BFLOAT16_MIN_COMPUTE_CAPABILITY:
+            notes.append(f"bfloat16: GPU compute capability {capability[0]}.{capability[1]} >= 8.0")
+            return "mixed_bfloat16"
+        notes.append("float16 with dynamic loss scaling: GPU older than compute capability 8.0")
+        return "mixed_float16"
+    return "float32"
+
+
+def _xla(device: DeviceDescription, choice: str, notes: list) -> str:
+    if choice not in ("auto", "on", "off"):
+        raise ConfigError(f"unknown --jit-compile {choice!r}; choose auto, on or off")
+    if device.kind == TPU:
+        return XLA_TPU
+    if choice == "off" or (choice == "auto" and device.kind == CPU):
+        return XLA_OFF
+    if device.num_replicas > 1:
+        notes.append(
+            "XLA by auto-clustering: Keras' jit_compile cannot compile a step that spans several replicas"
+            + (" (on CPU it also needs TF_XLA_FLAGS=--tf_xla_cpu_global_jit)" if device.kind == CPU else "")
+        )
+        return XLA_AUTOCLUSTERING
+    return XLA_KERAS
+
+
+def choose_defaults(
+    device: DeviceDescription,
+    mixed_precision: str = "auto",
+    jit_compile: str = "auto",
+    steps_per_execution: int | None = None,
+) -> AcceleratorChoice:
+    """The fast path for `device`, with explicit flags winning (see the module docstring)."""
+    notes: list[str] = []
+    policy = _policy(device, mixed_precision, notes)
+    xla = _xla(device, jit_compile, notes)
+    supported = multi_step_supported(device)
+    if device.kind == TPU:
+        per_call = TPU_STEPS_PER_EXECUTION
+    elif device.kind == GPU and supported:
+        per_call = GPU_STEPS_PER_EXECUTION
+    else:
+        per_call = 1
+    if not supported and (steps_per_execution or 1) > 1:
+        notes.append(
+            f"1 step per execution instead of {steps_per_execution}: Keras cannot run several under a "
+            f"multi-replica {device.strategy} strategy ({MULTI_STEP_BLOCKER})"
+        )
+    elif not supported and device.kind == GPU:
+        notes.append(f"1 step per execution: {MULTI_STEP_BLOCKER} under a multi-replica strategy")
+    return AcceleratorChoice(
+        policy=policy,
+        xla=xla,
+        steps_per_execution=per_call,
+        multi_step_supported=supported,
+        notes=tuple(notes),
+    )
+
+
+def describe_devices(strategy) -> DeviceDescription:
+    """The DeviceDescription of the running TensorFlow under `strategy`."""
+    import tensorflow as tf
+
+    from train import strategy as strategy_lib
+
+    kind = strategy_lib.strategy_kind(strategy)
+    if kind == strategy_lib.TPU:
+        device = TPU
+    elif tf.config.list_logical_devices("GPU"):  # strategy.resolve_strategy mirrors over GPUs when there are
+        device = GPU
+    else:
+        device = CPU
+    capability = None
+    if device == GPU:
+        found = []
+        for gpu in tf.config.list_physical_devices("GPU"):
+            details = tf.config.experimental.get_device_details(gpu)
+            if details.get("compute_capability"):
+                found.append(tuple(details["compute_capability"]))
+        capability = min(found) if found else None
+    return DeviceDescription(
+        kind=device,
+        num_replicas=strategy.num_replicas_in_sync,
+        strategy=kind,
+        gpu_compute_capability=capability,
+    )
+
+
+@contextlib.contextmanager
+def xla_autoclustering(enabled: bool):
+    """TensorFlow's XLA auto-clustering while training runs (it is process-wide), then the previous setting."""
+    import tensorflow as tf
+
+    if not enabled:
+        yield
+        return
+    previous = tf.config.optimizer.get_jit()
+    tf.config.optimizer.set_jit("autoclustering")
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_jit(previous or False)
