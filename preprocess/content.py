@@ -10,19 +10,16 @@ gathered, so a million copies of one placeholder image cost O(N), not O(N^2).
 """
 
 import dataclasses
-import hashlib
 import heapq
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
 from preprocess.progress import ProgressCounter
-
-_READ_CHUNK_BYTES = 1 << 20
+from preprocess.reading import hash_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +32,12 @@ class UniqueInput:
     sha256: str
 
 
-def read_file_bytes(uri: str) -> bytes:
-    with FileSystems.open(uri) as handle:
-        return handle.read()
-
-
 class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord); empty or unreadable files -> 'errors'."""
+    """InputRecord -> (sha256, InputRecord); empty or unreadable files -> 'errors'.
+
+    Only a deterministic read failure (reading.py) is this input's error;
+    anything else is raised, so that the runner retries the bundle.
+    """
 
     def __init__(self):
         self._hashed = Metrics.counter("preprocess", "hashed")
@@ -49,18 +45,11 @@ class HashContentFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
-        digest = hashlib.sha256()
-        size = 0
         try:
-            with FileSystems.open(record.uri) as handle:
-                while chunk := handle.read(_READ_CHUNK_BYTES):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except Exception as exc:  # noqa: BLE001 - any I/O failure is this input's problem, not the job's
+            sha256, size = hash_file(record.uri)
+        except errors.ImageError as exc:
             self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput(
-                "errors", errors.ErrorRecord(record.uri, errors.UNREADABLE, f"{type(exc).__name__}: {exc}")
-            )
+            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(record.uri, exc.reason, exc.detail))
             return
         if size == 0:
             self._progress_failed.inc()
@@ -70,7 +59,7 @@ class HashContentFn(beam.DoFn):
             return
         self._hashed.inc()
         self._progress.inc()
-        yield digest.hexdigest(), record
+        yield sha256, record
 
 
 def assign_split(sha256: str, fractions: dict[str, float]) -> str:
