@@ -151,6 +151,15 @@ def list_directory_tree(root: str):
 # ----------------------------------------------------------------------------------- a CSV/JSONL manifest
 
 
+def require_manifest(path: str) -> str:
+    """`path`, if a file is there; else a FileNotFoundError that says what --input must be."""
+    if not FileSystems.exists(path):
+        raise FileNotFoundError(
+            f"--input {path}: no such manifest file (give a CSV/JSONL manifest, or a folder of class folders)"
+        )
+    return path
+
+
 def _resolve_uri(uri: str, manifest_dir: str) -> str:
     """Manifest URIs may be relative to the manifest's own directory."""
     if "://" in uri or uri.startswith("/"):
@@ -311,9 +320,16 @@ class ListInputs(beam.PTransform):
                 | "ListClassFiles" >> beam.FlatMap(list_class_files)
             )
         else:
+            # Checked when the job runs, not in the launcher (a template may be made before its
+            # manifest exists); ReadFromText alone would read a missing manifest as an empty one.
+            _ = (
+                pbegin
+                | "ManifestSpec" >> beam.Create([spec])
+                | "RequireManifest" >> beam.Map(require_manifest)
+            )
             items = (
                 pbegin
-                | "ReadManifest" >> beam.io.ReadFromText(spec)
+                | "ReadManifest" >> beam.io.ReadFromText(spec, validate=False)
                 | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec)
             )
         if self._labels:

@@ -39,6 +39,11 @@ upload with an empty body, and no ``storageLayout`` endpoint; the proxy works ar
 (TensorFlow's directory placeholders are such uploads, and it asks for the layout before it renames a
 directory; see the proxy's notes below).
 
+Faults: :class:`FaultInjectingForwarder` (the ``gcs_read_faults`` fixture) stands between
+google-cloud-storage/Beam and the emulator, in ``STORAGE_EMULATOR_HOST``, and answers chosen object reads
+with an error status (:class:`ReadFaults`): a deterministic share of them, which the client's retries absorb,
+or every read of one object, which outlasts them. The TLS proxy is not in their path, so it is not the place.
+
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from google.cloud import storage
@@ -217,3 +218,9 @@ def test_mixing_puts_every_class_in_most_groups_of_a_class_ordered_listing():
         runs += 1 + sum(1 for a, b in zip(labels, labels[1:], strict=False) if a != b)
     # 5 classes in equal shares, random order: about 0.8 * count runs; class-ordered groups would give ~5 a group.
     assert runs > 0.6 * count
+
+
+def test_a_missing_manifest_fails_the_job_with_a_message(tmp_path):
+    with pytest.raises(Exception, match="no such manifest file"):
+        with TestPipeline() as pipeline:
+            pipeline | ListInputs(str(tmp_path / "labels.csv"))
