@@ -163,15 +163,22 @@ class CountCopiesFn(beam.CombineFn):
         return accumulator
 
 
+# Tags of the two kinds of value grouped under a hash for the second pass.
+_COPY = 0
+_DECISION = 1
+
+
 class ResolveDuplicatesFn(beam.DoFn):
-    """(sha256, {"records": copies, "copies": [ContentCopies]}) -> one UniqueInput, duplicates, or errors.
+    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
 
     Copies under one label are one image: the copy with the smallest URI is
     kept and the rest are counted as duplicates. Copies under different
     labels are a labelling mistake that no rule can settle: every copy
     becomes a CONFLICTING_LABELS error. Each copy's fate follows from the
-    per-hash decision alone, so the copies stream through once (O(N) for N
-    copies) and are never held together.
+    per-hash decision (a ContentCopies) alone, so the group is read twice,
+    for the decision and then copy by copy, and never held: O(N) for N copies.
+    A group-by's values may be iterated again; on Dataflow they are read from
+    the shuffle as they are consumed.
     """
 
     def __init__(self, fractions: dict[str, float]):
@@ -181,10 +188,11 @@ class ResolveDuplicatesFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, element):
-        sha256, grouped = element
-        (copies,) = grouped["copies"]
+        sha256, tagged = element
+        copies = next(value for tag, value in tagged if tag == _DECISION)
+        records = (value for tag, value in tagged if tag == _COPY)
         if copies.conflicting:
-            for record in grouped["records"]:
+            for record in records:
                 self._progress_failed.inc()
                 yield beam.pvalue.TaggedOutput(
                     "errors",
@@ -205,8 +213,8 @@ class ResolveDuplicatesFn(beam.DoFn):
         )
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
-        for record in grouped["records"]:
-            if record.uri == kept.uri and not kept_seen:
+        for record in records:
+            if record == kept and not kept_seen:
                 kept_seen = True
                 continue
             self._duplicates.inc()
@@ -218,8 +226,10 @@ class ResolveDuplicates(beam.PTransform):
     """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs.
 
     Two passes instead of one group of all copies: a lifted combine decides
-    per hash (which copy is kept, whether labels conflict), then a join sends
-    each copy past that decision.
+    per hash (which copy is kept, whether labels conflict), then the decision
+    and the copies are grouped under the hash and each copy goes past the
+    decision. (Not a CoGroupByKey: Beam's Python one copies each side of a
+    group into a list, which for a hot hash is every copy at once.)
     """
 
     def __init__(self, fractions: dict[str, float]):
@@ -228,9 +238,16 @@ class ResolveDuplicates(beam.PTransform):
 
     def expand(self, hashed):
         copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())
+        tagged_copies = hashed | "TagCopies" >> beam.MapTuple(
+            lambda sha256, record: (sha256, (_COPY, record))
+        )
+        tagged_decisions = copies | "TagDecisions" >> beam.MapTuple(
+            lambda sha256, decision: (sha256, (_DECISION, decision))
+        )
         return (
-            {"records": hashed, "copies": copies}
-            | "JoinCopies" >> beam.CoGroupByKey()
+            (tagged_copies, tagged_decisions)
+            | "CopiesWithDecisions" >> beam.Flatten()
+            | "GroupByHash" >> beam.GroupByKey()
             | "Resolve"
             >> beam.ParDo(ResolveDuplicatesFn(self._fractions)).with_outputs(
                 "errors", "duplicates", main="unique"
