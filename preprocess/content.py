@@ -3,23 +3,23 @@
 The hash of a file's bytes is its identity: duplicates are found by it and the
 split is a function of it, so the same corpus gives the same split on every
 run and every runner, and two copies of one image can never land in two
-splits. Only (hash, uri, label) travels through the group-by here, never the
-image bytes, so the shuffle stays small whatever the corpus size.
+splits. Only (hash, uri, label) travels through the shuffles here, never the
+image bytes, so they stay small whatever the corpus size; and the copies of
+one hash are counted by a combiner and then streamed past its decision, never
+gathered, so a million copies of one placeholder image cost O(N), not O(N^2).
 """
 
 import dataclasses
-import hashlib
+import heapq
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
 from preprocess.progress import ProgressCounter
-
-_READ_CHUNK_BYTES = 1 << 20
+from preprocess.reading import hash_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +32,12 @@ class UniqueInput:
     sha256: str
 
 
-def read_file_bytes(uri: str) -> bytes:
-    with FileSystems.open(uri) as handle:
-        return handle.read()
-
-
 class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord); empty or unreadable files -> 'errors'."""
+    """InputRecord -> (sha256, InputRecord); empty or unreadable files -> 'errors'.
+
+    Only a deterministic read failure (reading.py) is this input's error;
+    anything else is raised, so that the runner retries the bundle.
+    """
 
     def __init__(self):
         self._hashed = Metrics.counter("preprocess", "hashed")
@@ -46,18 +45,11 @@ class HashContentFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
-        digest = hashlib.sha256()
-        size = 0
         try:
-            with FileSystems.open(record.uri) as handle:
-                while chunk := handle.read(_READ_CHUNK_BYTES):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except Exception as exc:  # noqa: BLE001 - any I/O failure is this input's problem, not the job's
+            sha256, size = hash_file(record.uri)
+        except errors.ImageError as exc:
             self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput(
-                "errors", errors.ErrorRecord(record.uri, errors.UNREADABLE, f"{type(exc).__name__}: {exc}")
-            )
+            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(record.uri, exc.reason, exc.detail))
             return
         if size == 0:
             self._progress_failed.inc()
@@ -67,7 +59,7 @@ class HashContentFn(beam.DoFn):
             return
         self._hashed.inc()
         self._progress.inc()
-        yield digest.hexdigest(), record
+        yield sha256, record
 
 
 def assign_split(sha256: str, fractions: dict[str, float]) -> str:
@@ -90,13 +82,103 @@ def assign_split(sha256: str, fractions: dict[str, float]) -> str:
     return last  # rounding at the top end of the last bucket
 
 
-class ResolveDuplicatesFn(beam.DoFn):
-    """(sha256, [InputRecord, ...]) -> one UniqueInput, duplicates, or errors.
+# How many copies an error record names, and how many conflicting labels a
+# decision keeps: enough to find the copies, bounded however many there are.
+NAMED_COPIES = 5
+NAMED_LABELS = 20
 
-    Copies under one label are one image: the lexicographically first URI is
-    kept (stable across runs) and the rest are counted as duplicates. Copies
-    under different labels are a labelling mistake that no rule can settle:
-    every copy becomes a CONFLICTING_LABELS error.
+
+@dataclasses.dataclass(frozen=True)
+class ContentCopies:
+    """What is known about all copies of one content hash, in space bounded whatever their number.
+
+    `first` holds the NAMED_COPIES + 1 copies with the smallest URIs (sorted),
+    so that any copy can name NAMED_COPIES others; `labels` the smallest
+    NAMED_LABELS distinct labels, `more_labels` whether there were others.
+    """
+
+    count: int
+    first: tuple[InputRecord, ...]
+    labels: tuple[str, ...]
+    more_labels: bool = False
+
+    @property
+    def kept(self) -> InputRecord:
+        """The copy written: the one with the smallest URI (stable across runs and runners)."""
+        return self.first[0]
+
+    @property
+    def conflicting(self) -> bool:
+        return len(self.labels) > 1
+
+    def others(self, uri: str) -> list[str]:
+        """Up to NAMED_COPIES URIs of copies other than `uri`, smallest first."""
+        return [record.uri for record in self.first if record.uri != uri][:NAMED_COPIES]
+
+    def describe_labels(self) -> str:
+        return f"{list(self.labels)}" + (" and more" if self.more_labels else "")
+
+
+def _copy_order(record: InputRecord) -> tuple[str, str, str]:
+    # By URI; label and split only break ties between two listings of one URI, so that the kept
+    # copy is the same on every runner whatever order the copies arrive in.
+    return record.uri, record.label, record.split or ""
+
+
+class CountCopiesFn(beam.CombineFn):
+    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size.
+
+    A scraped corpus can hold a million copies of one placeholder image; the
+    combiner is lifted, so they are counted where they are hashed, and no
+    worker ever holds more than a few of them.
+    """
+
+    def create_accumulator(self):
+        return ContentCopies(0, (), ())
+
+    def add_input(self, accumulator, record):
+        first = accumulator.first
+        if len(first) <= NAMED_COPIES or _copy_order(record) < _copy_order(first[-1]):
+            first = tuple(heapq.nsmallest(NAMED_COPIES + 1, (*first, record), key=_copy_order))
+        labels, more_labels = accumulator.labels, accumulator.more_labels
+        if record.label not in labels:
+            labels = tuple(sorted((*labels, record.label)))
+            more_labels = more_labels or len(labels) > NAMED_LABELS
+            labels = labels[:NAMED_LABELS]
+        return ContentCopies(accumulator.count + 1, first, labels, more_labels)
+
+    def merge_accumulators(self, accumulators):
+        count, first, labels, more_labels = 0, [], set(), False
+        for accumulator in accumulators:
+            count += accumulator.count
+            first.extend(accumulator.first)
+            labels.update(accumulator.labels)
+            more_labels = more_labels or accumulator.more_labels
+        first = heapq.nsmallest(NAMED_COPIES + 1, first, key=_copy_order)
+        kept_labels = sorted(labels)[:NAMED_LABELS]
+        more_labels = more_labels or len(labels) > NAMED_LABELS
+        return ContentCopies(count, tuple(first), tuple(kept_labels), more_labels)
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+# Tags of the two kinds of value grouped under a hash for the second pass.
+_COPY = 0
+_DECISION = 1
+
+
+class ResolveDuplicatesFn(beam.DoFn):
+    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
+
+    Copies under one label are one image: the copy with the smallest URI is
+    kept and the rest are counted as duplicates. Copies under different
+    labels are a labelling mistake that no rule can settle: every copy
+    becomes a CONFLICTING_LABELS error. Each copy's fate follows from the
+    per-hash decision (a ContentCopies) alone, so the group is read twice,
+    for the decision and then copy by copy, and never held: O(N) for N copies.
+    A group-by's values may be iterated again; on Dataflow they are read from
+    the shuffle as they are consumed.
     """
 
     def __init__(self, fractions: dict[str, float]):
@@ -106,30 +188,71 @@ class ResolveDuplicatesFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, element):
-        sha256, records = element
-        records = sorted(records, key=lambda record: record.uri)
-        labels = sorted({record.label for record in records})
-        if len(labels) > 1:
-            uris = [record.uri for record in records]
-            self._progress_failed.inc(len(records))
+        sha256, tagged = element
+        copies = next(value for tag, value in tagged if tag == _DECISION)
+        records = (value for tag, value in tagged if tag == _COPY)
+        if copies.conflicting:
             for record in records:
-                others = [uri for uri in uris if uri != record.uri]
+                self._progress_failed.inc()
                 yield beam.pvalue.TaggedOutput(
                     "errors",
                     errors.ErrorRecord(
                         record.uri,
                         errors.CONFLICTING_LABELS,
-                        f"identical content is labelled {labels}; other copies: {others[:5]}",
+                        f"identical content is labelled {copies.describe_labels()}; "
+                        f"other copies: {copies.others(record.uri)}",
                     ),
                 )
             return
-        kept = records[0]
-        for duplicate in records[1:]:
+        kept = copies.kept
+        yield UniqueInput(
+            uri=kept.uri,
+            label=kept.label,
+            split=kept.split or assign_split(sha256, self._fractions),
+            sha256=sha256,
+        )
+        # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
+        kept_seen = False
+        for record in records:
+            if record == kept and not kept_seen:
+                kept_seen = True
+                continue
             self._duplicates.inc()
             self._progress_duplicates.inc()
-            yield beam.pvalue.TaggedOutput("duplicates", {"uri": duplicate.uri, "duplicate_of": kept.uri})
-        split = kept.split or assign_split(sha256, self._fractions)
-        yield UniqueInput(uri=kept.uri, label=kept.label, split=split, sha256=sha256)
+            yield beam.pvalue.TaggedOutput("duplicates", {"uri": record.uri, "duplicate_of": kept.uri})
+
+
+class ResolveDuplicates(beam.PTransform):
+    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs.
+
+    Two passes instead of one group of all copies: a lifted combine decides
+    per hash (which copy is kept, whether labels conflict), then the decision
+    and the copies are grouped under the hash and each copy goes past the
+    decision. (Not a CoGroupByKey: Beam's Python one copies each side of a
+    group into a list, which for a hot hash is every copy at once.)
+    """
+
+    def __init__(self, fractions: dict[str, float]):
+        super().__init__()
+        self._fractions = fractions
+
+    def expand(self, hashed):
+        copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())
+        tagged_copies = hashed | "TagCopies" >> beam.MapTuple(
+            lambda sha256, record: (sha256, (_COPY, record))
+        )
+        tagged_decisions = copies | "TagDecisions" >> beam.MapTuple(
+            lambda sha256, decision: (sha256, (_DECISION, decision))
+        )
+        return (
+            (tagged_copies, tagged_decisions)
+            | "CopiesWithDecisions" >> beam.Flatten()
+            | "GroupByHash" >> beam.GroupByKey()
+            | "Resolve"
+            >> beam.ParDo(ResolveDuplicatesFn(self._fractions)).with_outputs(
+                "errors", "duplicates", main="unique"
+            )
+        )
 
 
 class DeduplicateByContent(beam.PTransform):
@@ -141,13 +264,6 @@ class DeduplicateByContent(beam.PTransform):
 
     def expand(self, records):
         hashed = records | "HashContent" >> beam.ParDo(HashContentFn()).with_outputs("errors", main="hashed")
-        resolved = (
-            hashed.hashed
-            | "GroupByHash" >> beam.GroupByKey()
-            | "ResolveDuplicates"
-            >> beam.ParDo(ResolveDuplicatesFn(self._fractions)).with_outputs(
-                "errors", "duplicates", main="unique"
-            )
-        )
+        resolved = hashed.hashed | "ResolveDuplicates" >> ResolveDuplicates(self._fractions)
         all_errors = (hashed.errors, resolved.errors) | "MergeHashErrors" >> beam.Flatten()
         return {"unique": resolved.unique, "errors": all_errors, "duplicates": resolved.duplicates}

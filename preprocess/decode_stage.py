@@ -2,16 +2,18 @@
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. Nothing an image can contain stops the job.
+reason. Nothing an image can contain stops the job; a read that fails for a
+reason that may pass (reading.py) does, so that the runner retries it.
 """
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from preprocess import errors
-from preprocess.content import UniqueInput, read_file_bytes
+from preprocess.content import UniqueInput
 from preprocess.image_decode import load_image
 from preprocess.progress import ProgressCounter
+from preprocess.reading import read_file_bytes
 
 
 class DecodeImagesFn(beam.DoFn):
@@ -32,22 +34,25 @@ class DecodeImagesFn(beam.DoFn):
         self._failed[reason].inc()
         self._progress_failed.inc()
 
-    def process(self, item: UniqueInput):
+    def _load(self, data: bytes):
         try:
-            data = read_file_bytes(item.uri)
-            pixels = load_image(
+            return load_image(
                 data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
             )
+        except (errors.ImageError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the bytes are in memory: a decoder that fails on them always will
+            raise errors.ImageError(errors.DECODE_ERROR, f"{type(exc).__name__}: {exc}") from exc
+
+    def process(self, item: UniqueInput):
+        # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
+        # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
+        try:
+            data = read_file_bytes(item.uri)
+            pixels = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
             yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
-            return
-        except Exception as exc:  # noqa: BLE001 - a reader bug on one file must not stop a million-file job
-            reason = errors.UNREADABLE if isinstance(exc, OSError) else errors.DECODE_ERROR
-            self._count_failure(reason)
-            yield beam.pvalue.TaggedOutput(
-                "errors", errors.ErrorRecord(item.uri, reason, f"{type(exc).__name__}: {exc}")
-            )
             return
         self._decoded.inc()
         self._progress.inc()

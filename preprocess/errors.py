@@ -11,7 +11,7 @@ import dataclasses
 import json
 
 EMPTY_FILE = "empty_file"  # zero bytes
-UNREADABLE = "unreadable"  # the file could not be read (permissions, vanished, I/O error)
+UNREADABLE = "unreadable"  # not found or access denied (transient read failures are raised: reading.py)
 NOT_AN_IMAGE = "not_an_image"  # content is not any supported image format
 TRUNCATED = "truncated"  # a supported format, but the data ends early
 DECODE_ERROR = "decode_error"  # a supported format that the decoder rejects

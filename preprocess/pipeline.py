@@ -77,11 +77,9 @@ def job_config(args) -> dict:
 def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
     config = job_config(args)
+    # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
-    # The listing is one element's FlatMap: without a reshuffle a distributed
-    # runner would hash and decode the whole corpus on one worker.
-    records = listed.records | "SpreadInputs" >> beam.Reshuffle()
-    deduplicated = records | "Deduplicate" >> DeduplicateByContent(args.split)
+    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
     decoded = deduplicated["unique"] | "Decode" >> beam.ParDo(
         DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)
     ).with_outputs("errors", main="examples")

@@ -1,7 +1,8 @@
 """Shared pytest fixtures.
 
-GCS: ``gcs_emulator`` (one emulator per test session) and ``gcs_dir`` (a fresh gs:// directory in it per
-test). How the emulator is reached by google-cloud-storage, Beam and TensorFlow: tests/gcs_emulator.py.
+GCS: ``gcs_emulator`` (one emulator per test session), ``gcs_dir`` (a fresh gs:// directory in it per
+test) and ``gcs_read_faults`` (a forwarder in front of the emulator that fails object reads on demand). How
+the emulator is reached by google-cloud-storage, Beam and TensorFlow: tests/gcs_emulator.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.gcs_emulator import EmulatorStartError, GcsEmulator
+from tests.gcs_emulator import EmulatorStartError, FaultInjectingForwarder, GcsEmulator
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +50,43 @@ def gcs_dir(gcs_emulator: GcsEmulator, request: pytest.FixtureRequest) -> str:
     """``gs://bucket/<test name>-<random>``: a directory no other test writes to (no trailing slash)."""
     name = re.sub(r"[^\w.-]+", "_", request.node.name)[:60]
     return gcs_emulator.url(f"{name}-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def gcs_read_faults(
+    gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FaultInjectingForwarder]:
+    """A :class:`FaultInjectingForwarder` in front of the emulator, with no faults until the test sets them.
+
+    While it lives, ``STORAGE_EMULATOR_HOST`` points at it in this process, so google-cloud-storage and Beam's
+    GCS IO (which build a client, and read the variable, for each file they open) go through it;
+    ``.env`` holds the variables for a subprocess. TensorFlow's ``gs://`` goes through the TLS proxy as
+    before, without faults.
+    """
+    forwarder = FaultInjectingForwarder(gcs_emulator.emulator, gcs_emulator.env)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", forwarder.url)
+    try:
+        yield forwarder
+    finally:
+        forwarder.stop()
+
+
+# Seconds: how long Beam's GCS client keeps retrying a failing request under `short_gcs_retries`.
+SHORT_GCS_RETRY_DEADLINE_S = 3.0
+
+
+@pytest.fixture
+def short_gcs_retries(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Beam's GCS IO in this process gives up on a failing request after 3 s instead of 120 s.
+
+    It is the same retry policy (Beam's: google-cloud-storage's predicate, exponential back-off from 1 s,
+    the throttling counter), with a shorter deadline: a fault that outlasts it shows what a fault that
+    outlasts the real one does, without a two-minute wait. It covers what Beam's GcsIO reads and writes
+    with that policy (object bytes); google-cloud-storage's own default policy (e.g. the metadata request
+    Beam's reader sends when it opens an object) keeps its 120 s. Returns the deadline.
+    """
+    from apache_beam.io.gcp import gcsio_retry
+
+    short = gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER.with_timeout(SHORT_GCS_RETRY_DEADLINE_S)
+    monkeypatch.setattr(gcsio_retry, "get_retry", lambda pipeline_options: short)
+    return SHORT_GCS_RETRY_DEADLINE_S

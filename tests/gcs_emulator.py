@@ -39,6 +39,11 @@ upload with an empty body, and no ``storageLayout`` endpoint; the proxy works ar
 (TensorFlow's directory placeholders are such uploads, and it asks for the layout before it renames a
 directory; see the proxy's notes below).
 
+Faults: :class:`FaultInjectingForwarder` (the ``gcs_read_faults`` fixture) stands between
+google-cloud-storage/Beam and the emulator, in ``STORAGE_EMULATOR_HOST``, and answers chosen object reads
+with an error status (:class:`ReadFaults`): a deterministic share of them, which the client's retries absorb,
+or every read of one object, which outlasts them. The TLS proxy is not in their path, so it is not the place.
+
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
 
@@ -437,6 +442,195 @@ class GcsEmulator:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Fault injection. google-cloud-storage and Beam's GCS IO send plain HTTP straight to STORAGE_EMULATOR_HOST,
+# never through the TLS proxy, so faults for them come from a forwarder that takes the emulator's place in
+# that variable: it passes every request on to the emulator, except the object reads its ReadFaults pick,
+# which it answers with an error status itself. The emulator never sees those reads.
+
+
+@dataclass(frozen=True)
+class ReadFaults:
+    """Which reads of objects the forwarder answers with an error instead of passing them on.
+
+    An object read is a GET of one object: its metadata (``/storage/v1/b/B/o/NAME``, which Beam's reader
+    asks for when it opens an object) or its bytes (``/download/storage/v1/b/B/o/NAME?alt=media``, the
+    object's ``mediaLink``). Listings and writes always pass.
+
+    * ``fraction``: that share of the reads of objects whose name starts with ``prefix`` is answered with
+      ``status``, deterministically by arrival: read number k (from 0) fails when
+      ``floor((k + 1) * fraction) > floor(k * fraction)``, which for a fraction up to 0.5 never fails two
+      reads in a row, so a client that retries gets through;
+    * ``media``: object name -> status answered to every download of its bytes: a failure that outlasts
+      any retry policy (or, with 403/404, an object the client may see but not read).
+    """
+
+    fraction: float = 0.0
+    status: int = 503
+    prefix: str = ""
+    media: Mapping[str, int] = field(default_factory=dict)
+
+
+_OBJECT_READ_PATH = re.compile(
+    r"(/download)?/storage/v1/b/(?P<bucket>[^/?]+)/o/(?P<name>[^?]+)(?:\?(?P<query>.*))?"
+)
+
+
+@dataclass(frozen=True)
+class ObjectRead:
+    """A GET of one object, as the forwarder saw it."""
+
+    name: str
+    media: bool  # the bytes (alt=media), not the metadata
+
+
+def _object_read(command: str, path: str) -> ObjectRead | None:
+    match = _OBJECT_READ_PATH.fullmatch(path) if command == "GET" else None
+    if match is None:
+        return None
+    query = urllib.parse.parse_qs(match.group("query") or "")
+    media = match.group(1) is not None or query.get("alt") == ["media"]
+    return ObjectRead(urllib.parse.unquote(match.group("name")), media)
+
+
+class FaultInjectingForwarder:
+    """A plain-HTTP forwarder to the emulator, in a thread of this process, that fails object reads.
+
+    ``faults`` (a :class:`ReadFaults`) may be replaced at any time; ``injected`` lists the reads it failed,
+    ``forwarded_reads`` the object reads it passed on. The emulator writes its own address into the URLs it
+    answers with (an object's ``mediaLink``, which google-cloud-storage downloads from; upload sessions):
+    the forwarder rewrites them to its own, so that every later request of the client comes back through
+    it, and sends the emulator its own address as Host, so that the URLs it stores stay valid without the
+    forwarder.
+    """
+
+    def __init__(self, emulator: StorageEmulatorProcess, base_env: Mapping[str, str]) -> None:
+        self.faults = ReadFaults()
+        self.injected: list[tuple[ObjectRead, int]] = []
+        self.forwarded_reads: list[ObjectRead] = []
+        self._lock = threading.Lock()
+        self._reads_under_prefix = 0
+        self._emulator = emulator
+        self._server = _ForwarderServer(self)
+        self.port = self._server.server_address[1]
+        self.env = {**base_env, "STORAGE_EMULATOR_HOST": self.url}
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="gcs-fault-forwarder", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def emulator_url(self) -> str:
+        return self._emulator.url
+
+    def fault_for(self, read: ObjectRead) -> int | None:
+        """The status to answer `read` with, or None to pass it on; counts it either way."""
+        with self._lock:
+            faults = self.faults
+            status = faults.media.get(read.name) if read.media else None
+            if status is None and faults.fraction > 0 and read.name.startswith(faults.prefix):
+                k = self._reads_under_prefix
+                self._reads_under_prefix += 1
+                if int((k + 1) * faults.fraction) > int(k * faults.fraction):
+                    status = faults.status
+            if status is None:
+                self.forwarded_reads.append(read)
+            else:
+                self.injected.append((read, status))
+            return status
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+class _ForwarderServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, forwarder: FaultInjectingForwarder) -> None:
+        super().__init__((LOOPBACK, 0), _ForwardingHandler)
+        self.forwarder = forwarder
+
+    def handle_error(self, request, client_address) -> None:
+        # A client closing its keep-alive connection is no error; anything else is printed as usual.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+_REWRITTEN_CONTENT_TYPES = ("json", "multipart", "text")
+
+
+class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _ForwarderServer
+
+    def _answer(self, status: int, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> None:
+        self.send_response_only(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _forward(self) -> None:
+        forwarder = self.server.forwarder
+        body = _read_request_body(self)
+        read = _object_read(self.command, self.path)
+        status = forwarder.fault_for(read) if read is not None else None
+        if status is not None:
+            error = {"error": {"code": status, "message": f"injected by the test forwarder for {read.name}"}}
+            self._answer(status, json.dumps(error).encode(), [("Content-Type", "application/json")])
+            return
+        upstream = http.client.HTTPConnection(LOOPBACK, forwarder._emulator.port, timeout=300)
+        try:
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            upstream.putheader("Host", f"{LOOPBACK}:{forwarder._emulator.port}")
+            for name, value in self.headers.items():
+                if name.lower() not in _HOP_BY_HOP and name.lower() not in ("host", "accept-encoding"):
+                    upstream.putheader(name, value)
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body)
+            response = upstream.getresponse()
+            data = response.read()
+        except OSError as exc:
+            self._answer(502, f"emulator unreachable: {exc!r}".encode())
+            return
+        finally:
+            upstream.close()
+        content_type = response.getheader("Content-Type", "")
+        if any(kind in content_type for kind in _REWRITTEN_CONTENT_TYPES):
+            data = data.replace(forwarder.emulator_url.encode(), forwarder.url.encode())
+        headers = [
+            (
+                name,
+                value.replace(forwarder.emulator_url, forwarder.url) if name.lower() == "location" else value,
+            )
+            for name, value in response.getheaders()
+            if name.lower() not in _HOP_BY_HOP
+        ]
+        has_body = self.command != "HEAD" and response.status not in (204, 304)
+        self.send_response_only(response.status, response.reason)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)) if has_body else "0")
+        self.end_headers()
+        if has_body:
+            self.wfile.write(data)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The proxy process. It works at the HTTP level rather than relaying the decrypted bytes, because
 # TensorFlow's requests need repairs on the way:
 # * TensorFlow sends ``Transfer-Encoding: identity`` next to ``Content-Length`` (e.g. when it opens a
@@ -472,25 +666,27 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+def _read_request_body(handler: http.server.BaseHTTPRequestHandler) -> bytes:
+    """The request's body, whether sent with a Content-Length or chunked."""
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        chunks = []
+        while size := int(handler.rfile.readline().split(b";", 1)[0].strip() or b"0", 16):
+            chunks.append(handler.rfile.read(size))
+            handler.rfile.readline()  # CRLF after the chunk
+        while handler.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+            pass
+        return b"".join(chunks)
+    return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+
+
 class _GoogleApiHandler(http.server.BaseHTTPRequestHandler):
     """Serves the decrypted requests of one intercepted connection by forwarding them to the emulator."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, and Expect: 100-continue answered before reading the body
     server: _ProxyServer
 
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            chunks = []
-            while size := int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16):
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()  # CRLF after the chunk
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
-                pass
-            return b"".join(chunks)
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def _forward(self) -> None:
-        path, headers, body = self.path, dict(self.headers.items()), self._read_body()
+        path, headers, body = self.path, dict(self.headers.items()), _read_request_body(self)
         if self.command == "POST" and not body and "uploadType=media" in path:
             path, headers, body = _as_multipart_upload(path, headers)
         layout_of = _storage_layout_bucket(self.command, path)

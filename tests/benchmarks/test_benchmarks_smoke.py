@@ -10,6 +10,7 @@ from benchmarks import (
     corpus,
     handwritten_stage1,
     input_pipeline,
+    listing_memory,
     stage1_memory,
     stage1_vs_handwritten,
 )
@@ -82,3 +83,13 @@ def test_accuracy_parity_runs_at_tiny_size(cache, tmp_path, capsys):
     report = accuracy_parity.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
     assert 0.0 <= report["median"]["ours"] <= 1.0 and 0.0 <= report["median"]["keras"] <= 1.0
     assert "difference of medians" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_listing_memory_runs_at_tiny_size(tmp_path, capsys):
+    report = listing_memory.main(["--tiny", "--workdir", str(tmp_path)])
+    assert {(run["approach"], run["size"]) for run in report["runs"]} == {
+        (approach, size) for approach in listing_memory.APPROACHES for size in (200, 800)
+    }
+    assert all(run["files"] == run["size"] and run["peak_rss_bytes"] > 0 for run in report["runs"])
+    assert "one element / streamed" in capsys.readouterr().out

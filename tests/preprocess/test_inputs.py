@@ -1,13 +1,25 @@
 """Listing a class-per-folder tree and parsing CSV/JSONL manifests."""
 
+import collections
+import dataclasses
 import json
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from google.cloud import storage
 
 from preprocess import errors
 from preprocess.inputs import (
     CSV,
     DIRECTORY,
     JSONL,
+    MIX_GROUP_SIZE,
     InputRecord,
+    ListInputs,
+    _in_mixed_order,
+    _mix_group,
     filter_labels,
     input_kind,
     list_directory_tree,
@@ -54,8 +66,10 @@ def test_csv_manifest_rows_become_records_or_errors():
     assert [(row.uri, row.reason) for row in rows[2:]] == [
         ("/abs/c.jpg", errors.MISSING_LABEL),
         ("/abs/d.jpg", errors.UNKNOWN_SPLIT),
-        ("gs://bucket/lists/labels.csv:6", errors.BAD_MANIFEST_ROW),
+        ("gs://bucket/lists/labels.csv", errors.BAD_MANIFEST_ROW),
     ]
+    # A worker reading part of the manifest knows no line number: the row itself is quoted.
+    assert rows[4].detail == "expected 'uri,label[,split]', got 1 fields: '/abs/e.jpg'"
 
 
 def test_jsonl_manifest_rows_become_records_or_errors():
@@ -75,3 +89,138 @@ def test_labels_outside_the_given_list_are_unknown_label_errors():
     result = list(filter_labels(items, ["cat", "dog"]))
     assert result[0] == items[0]
     assert (result[1].uri, result[1].reason) == ("/b.jpg", errors.UNKNOWN_LABEL)
+
+
+# ------------------------------------------------------------------------------ ListInputs in a pipeline
+
+
+def _assert_listed(spec, records, failed, labels=None):
+    """ListInputs, run on the DirectRunner, lists exactly `records` and the errors (uri, reason) `failed`."""
+    with TestPipeline() as pipeline:
+        listed = pipeline | ListInputs(str(spec), labels)
+        # As tuples: equal_to sorts what it can sort, and compares every pair of what it cannot.
+        assert_that(
+            listed.records | beam.Map(dataclasses.astuple),
+            equal_to([dataclasses.astuple(record) for record in records]),
+            label="records",
+        )
+        assert_that(
+            listed.errors | beam.Map(lambda error: (error.uri, error.reason)),
+            equal_to(failed),
+            label="errors",
+        )
+
+
+def test_a_local_tree_is_listed_class_by_class_in_parallel(tmp_path):
+    for name in ("cat/1.jpg", "cat/2.png", "dog/1.jpg", "dog/.DS_Store", "bird/only.jpg", "loose.jpg"):
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x")
+    (tmp_path / "empty-class").mkdir()
+    (tmp_path / "dog" / "nested").mkdir()
+    (tmp_path / "dog" / "nested" / "deep.jpg").write_bytes(b"x")
+    (tmp_path / "cat" / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    _assert_listed(
+        tmp_path,
+        [
+            InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
+            InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),
+            InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog"),
+        ],
+        [(str(tmp_path / "bird" / "only.jpg"), errors.UNKNOWN_LABEL)],
+        labels=["cat", "dog"],
+    )
+
+
+def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs_emulator, gcs_dir):
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    root = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    for name in (
+        "raw/cat/1.jpg",
+        "raw/cat/2.jpg",
+        "raw/cat/",  # a folder placeholder object, as the console's "create folder" makes
+        "raw/cat/nested/3.jpg",
+        "raw/dog/1.jpg",
+        "raw/dog/.DS_Store",
+        "raw/loose.jpg",
+        "raw-old/cat/9.jpg",  # next to the tree, sharing its name's first characters
+    ):
+        bucket.blob(f"{root}/{name}").upload_from_string(b"x")
+    _assert_listed(
+        f"{gcs_dir}/raw/",
+        [
+            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat"),
+            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat"),
+            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog"),
+        ],
+        [],
+    )
+
+
+def test_a_csv_manifest_is_read_with_beams_text_io(tmp_path):
+    manifest = tmp_path / "lists" / "labels.csv"
+    manifest.parent.mkdir()
+    rows = [
+        "uri,label,split",
+        "/abs/a.jpg,cat,",
+        '"/abs/with, comma.jpg","dog",train',  # quoting within a row
+        "",
+        "rel/b.jpg,dog,validation",
+        "/abs/c.jpg,,train",
+        "/abs/d.jpg",
+    ]
+    # A byte order mark and Windows line ends, as spreadsheet programs write them.
+    manifest.write_bytes(("\ufeff" + "\r\n".join(rows) + "\r\n").encode("utf-8"))
+    _assert_listed(
+        manifest,
+        [
+            InputRecord("/abs/a.jpg", "cat"),
+            InputRecord("/abs/with, comma.jpg", "dog", "train"),
+            InputRecord(str(tmp_path / "lists" / "rel" / "b.jpg"), "dog", "validation"),
+        ],
+        [("/abs/c.jpg", errors.MISSING_LABEL), (str(manifest), errors.BAD_MANIFEST_ROW)],
+    )
+
+
+def test_a_jsonl_manifest_is_read_with_beams_text_io(tmp_path):
+    manifest = tmp_path / "labels.jsonl"
+    lines = [json.dumps({"uri": f"/corpus/{i:04d}.jpg", "label": f"class{i % 7}"}) for i in range(2_000)]
+    manifest.write_text("\n".join(lines[:1000] + ["[1, 2]", ""] + lines[1000:]) + "\n")
+    _assert_listed(
+        manifest,
+        [InputRecord(f"/corpus/{i:04d}.jpg", f"class{i % 7}") for i in range(2_000)],
+        [(str(manifest), errors.BAD_MANIFEST_ROW)],
+    )
+
+
+def test_mixing_groups_hold_a_handful_of_records_whatever_the_corpus_size():
+    for count in (10, 1_000, 100_000):
+        records = [InputRecord(f"/corpus/class{i % 5}/{i}.jpg", f"class{i % 5}") for i in range(count)]
+        groups = collections.Counter(_mix_group(record, count)[0] for record in records)
+        assert len(groups) <= max(1, count // MIX_GROUP_SIZE)
+        assert max(groups.values()) <= max(4 * MIX_GROUP_SIZE, 10)
+
+
+def test_mixing_puts_every_class_in_most_groups_of_a_class_ordered_listing():
+    # Listed class by class (as a tree or a manifest written class by class is), each group is still a
+    # cross-section of the whole listing: the local runner's shards follow the groups.
+    count = 5_000
+    records = [
+        InputRecord(f"/corpus/class{i * 5 // count}/{i}.jpg", f"class{i * 5 // count}") for i in range(count)
+    ]
+    groups = collections.defaultdict(list)
+    for record in records:
+        key, _ = _mix_group(record, count)
+        groups[key].append(record)
+    runs = 0
+    for group in groups.values():
+        labels = [record.label for record in _in_mixed_order((None, group))]
+        runs += 1 + sum(1 for a, b in zip(labels, labels[1:], strict=False) if a != b)
+    # 5 classes in equal shares, random order: about 0.8 * count runs; class-ordered groups would give ~5 a group.
+    assert runs > 0.6 * count
+
+
+def test_a_missing_manifest_fails_the_job_with_a_message(tmp_path):
+    with pytest.raises(Exception, match="no such manifest file"):
+        with TestPipeline() as pipeline:
+            pipeline | ListInputs(str(tmp_path / "labels.csv"))

@@ -1,0 +1,210 @@
+"""Which read failures are an input's error (recorded) and which are raised for the runner to retry.
+
+Local files and a real GCS emulator; on GCS the `gcs_read_faults` forwarder answers chosen object reads
+with an error status (tests/gcs_emulator.py). The DoFns are the pipeline's own, called directly.
+"""
+
+import io
+import os
+
+import pytest
+from google.api_core import exceptions as api_exceptions
+from google.cloud import storage
+from PIL import Image
+
+from preprocess import errors
+from preprocess.content import HashContentFn, UniqueInput
+from preprocess.decode_stage import DecodeImagesFn
+from preprocess.inputs import InputRecord
+from preprocess.reading import hash_file, is_deterministic_read_failure, read_file_bytes
+from tests.gcs_emulator import ReadFaults
+
+
+def _jpeg(size=(24, 16)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (200, 30, 60)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def _decode_fn() -> DecodeImagesFn:
+    return DecodeImagesFn(image_size=8, resize_method="crop", max_pixels=10_000_000)
+
+
+def _outputs(fn, element):
+    """(errors as (uri, reason, detail), main outputs) of one DoFn call."""
+    failed, main = [], []
+    for output in fn.process(element):
+        if getattr(output, "tag", None) == "errors":
+            failed.append((output.value.uri, output.value.reason, output.value.detail))
+        else:
+            main.append(output)
+    return failed, main
+
+
+def _unique(uri: str) -> UniqueInput:
+    return UniqueInput(uri=uri, label="cat", split="train", sha256="0" * 64)
+
+
+# ------------------------------------------------------------------------------------------- local files
+
+
+def test_a_missing_local_file_is_recorded_as_unreadable_by_both_stages(tmp_path):
+    missing = str(tmp_path / "cat" / "gone.jpg")
+    failed, main = _outputs(HashContentFn(), InputRecord(missing, "cat"))
+    assert main == [] and failed == [(missing, errors.UNREADABLE, failed[0][2])]
+    assert failed[0][2].startswith("FileNotFoundError")
+    failed, main = _outputs(_decode_fn(), _unique(missing))
+    assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(missing, errors.UNREADABLE)]
+
+
+def test_a_directory_where_a_file_was_listed_is_unreadable(tmp_path):
+    with pytest.raises(errors.ImageError) as raised:
+        read_file_bytes(str(tmp_path))
+    assert raised.value.reason == errors.UNREADABLE and "IsADirectoryError" in raised.value.detail
+
+
+def test_a_uri_no_filesystem_serves_is_unreadable():
+    with pytest.raises(errors.ImageError) as raised:
+        hash_file("nosuchscheme://bucket/cat/a.jpg")
+    assert raised.value.reason == errors.UNREADABLE
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        FileNotFoundError(2, "gone"),
+        PermissionError(13, "denied"),
+        api_exceptions.NotFound("x"),
+        api_exceptions.Forbidden("x"),
+    ],
+    ids=["not-found", "permission", "gcs-404", "gcs-403"],
+)
+def test_missing_and_access_denied_are_deterministic(failure):
+    # (A real PermissionError cannot be made here: the tests may run as root, which reads any file.)
+    assert is_deterministic_read_failure(failure)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        api_exceptions.ServiceUnavailable("503"),
+        api_exceptions.TooManyRequests("429"),
+        api_exceptions.InternalServerError("500"),
+        api_exceptions.RetryError("Timeout of 120.0s exceeded", None),
+        ConnectionResetError(104, "Connection reset by peer"),
+        TimeoutError("timed out"),
+        MemoryError(),
+        OSError(5, "Input/output error"),
+    ],
+    ids=["503", "429", "500", "retries-exhausted", "connection-reset", "timeout", "memory", "eio"],
+)
+def test_transient_failures_are_not_deterministic(failure):
+    assert not is_deterministic_read_failure(failure)
+
+
+def test_an_io_error_while_reading_is_raised_not_recorded():
+    # Reading /proc/self/mem from offset 0 fails with a real EIO: an I/O error of the device, not of the file.
+    record = InputRecord("/proc/self/mem", "cat")
+    with pytest.raises(OSError) as raised:
+        _outputs(HashContentFn(), record)
+    assert raised.value.errno == 5 and not isinstance(raised.value, errors.ImageError)
+    with pytest.raises(OSError):
+        _outputs(_decode_fn(), _unique(record.uri))
+
+
+def test_a_truncated_image_is_a_decode_failure_not_a_read_failure(tmp_path):
+    # PIL raises OSError for a truncated image: as the bytes are already in memory, it is recorded.
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(_jpeg((64, 64))[:300])
+    failed, main = _outputs(_decode_fn(), _unique(str(path)))
+    assert main == [] and [reason for _, reason, _ in failed] == [errors.TRUNCATED]
+
+
+def test_memory_error_while_decoding_is_raised(tmp_path, monkeypatch):
+    path = tmp_path / "a.jpg"
+    path.write_bytes(_jpeg())
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr("preprocess.decode_stage.load_image", out_of_memory)
+    with pytest.raises(MemoryError):
+        _outputs(_decode_fn(), _unique(str(path)))
+
+
+def test_an_unexpected_decoder_exception_on_bytes_in_memory_is_a_decode_error(tmp_path, monkeypatch):
+    path = tmp_path / "a.jpg"
+    path.write_bytes(_jpeg())
+
+    def broken_decoder(*args, **kwargs):
+        raise ValueError("tile cannot extend outside image")
+
+    monkeypatch.setattr("preprocess.decode_stage.load_image", broken_decoder)
+    failed, _ = _outputs(_decode_fn(), _unique(str(path)))
+    assert [(reason, detail) for _, reason, detail in failed] == [
+        (errors.DECODE_ERROR, "ValueError: tile cannot extend outside image")
+    ]
+
+
+def test_a_file_whose_name_ends_in_gz_is_read_raw(tmp_path):
+    path = tmp_path / "photo.jpg.gz"
+    data = _jpeg()
+    path.write_bytes(data)
+    assert read_file_bytes(str(path)) == data
+
+
+# --------------------------------------------------------------------------------------------------- GCS
+
+
+def _upload(gcs_emulator, url: str, data: bytes) -> str:
+    name = url.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    storage.Client().bucket(gcs_emulator.bucket).blob(name).upload_from_string(data)
+    return name
+
+
+def test_a_missing_gcs_object_is_recorded_as_unreadable(gcs_dir):
+    missing = f"{gcs_dir}/cat/gone.jpg"
+    failed, main = _outputs(HashContentFn(), InputRecord(missing, "cat"))
+    assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(missing, errors.UNREADABLE)]
+    assert failed[0][2].startswith("NotFound: 404")
+
+
+def test_a_gcs_object_that_answers_403_is_recorded_as_unreadable(gcs_emulator, gcs_dir, gcs_read_faults):
+    url = f"{gcs_dir}/cat/secret.jpg"
+    name = _upload(gcs_emulator, url, _jpeg())
+    gcs_read_faults.faults = ReadFaults(media={name: 403})
+    for fn, element in ((HashContentFn(), InputRecord(url, "cat")), (_decode_fn(), _unique(url))):
+        failed, main = _outputs(fn, element)
+        assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(url, errors.UNREADABLE)]
+        assert failed[0][2].startswith("Forbidden: 403")
+
+
+def test_a_503_that_outlasts_the_client_retries_is_raised_out_of_both_stages(
+    gcs_emulator, gcs_dir, gcs_read_faults, short_gcs_retries
+):
+    url = f"{gcs_dir}/cat/busy.jpg"
+    name = _upload(gcs_emulator, url, _jpeg())
+    gcs_read_faults.faults = ReadFaults(media={name: 503})
+    with pytest.raises(api_exceptions.RetryError) as raised:
+        _outputs(HashContentFn(), InputRecord(url, "cat"))
+    assert "503" in repr(raised.value.cause)
+    with pytest.raises(api_exceptions.RetryError):
+        _outputs(_decode_fn(), _unique(url))
+    # The client did retry (exponential back-off within the deadline) before giving up.
+    assert len([read for read, status in gcs_read_faults.injected if read.name == name]) >= 4
+
+
+def test_503s_the_client_retries_away_lose_nothing(gcs_emulator, gcs_dir, gcs_read_faults):
+    data = {f"{gcs_dir}/cat/{i}.jpg": _jpeg((10 + i, 10)) for i in range(6)}
+    for url, content in data.items():
+        _upload(gcs_emulator, url, content)
+    prefix = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    gcs_read_faults.faults = ReadFaults(fraction=0.3, prefix=prefix)
+    for url, content in data.items():
+        failed, main = _outputs(HashContentFn(), InputRecord(url, "cat"))
+        assert failed == [] and len(main) == 1
+        assert read_file_bytes(url) == content
+    assert len(gcs_read_faults.injected) >= 0.25 * (
+        len(gcs_read_faults.injected) + len(gcs_read_faults.forwarded_reads)
+    )
+    assert os.environ["STORAGE_EMULATOR_HOST"] == gcs_read_faults.url
