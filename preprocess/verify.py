@@ -7,6 +7,9 @@ Reads every byte of every listed shard once: its size and sha256 against
 `dataset.json`, the TFRecord framing and checksums, the record count, and each
 example (schema, image payload, finite values, label); see
 `dataset_contract/verification.py`, which training's `--verify-data` shares.
+Also checks that the error log and tf.Transform's output the manifest names
+are there. Reads both layouts: format 2 (each run's files under
+`runs/<run id>/`) and format 1 (files at the top level).
 Prints one line per problem naming the shard, and exits 1 if there is any
 (2 if the directory has no usable manifest).
 """
@@ -69,7 +72,8 @@ def main(argv=None) -> int:
         flush=True,
     )
     start = time.monotonic()
-    problems = verification.verify_shards(
+    problems = verification.verify_named_files(data_dir, manifest)
+    problems += verification.verify_shards(
         data_dir,
         manifest,
         splits=args.splits,

@@ -118,28 +118,75 @@ def test_pixels_round_trip_and_normalization_uses_train_statistics(dataset):
 
 def test_transform_output_loads_with_tft(dataset):
     output, manifest = dataset
-    transform_output = tft.TFTransformOutput(output)
+    transform_output = tft.TFTransformOutput(
+        os.path.join(output, manifest_lib.transform_output_dir(manifest))
+    )
     assert "image" in transform_output.transformed_feature_spec()
     assert transform_output.vocabulary_by_name("labels") == [label.encode() for label in manifest["labels"]]
 
 
+def _files_below(directory) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(root, name), directory)
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
 def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     output, manifest = dataset
+    run_dir = manifest["run"]["dir"]
+    assert run_dir == f"runs/{manifest['run']['id']}"
     listed = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
-    expected = listed | {"dataset.json", "errors.jsonl", "transform_fn", "transformed_metadata"}
-    assert set(os.listdir(output)) == expected
+    assert all(path.startswith(run_dir + "/") for path in listed)
+    assert manifest["errors"] == f"{run_dir}/errors.jsonl"
+    # Only the manifest at the top; the run's directory holds exactly what the manifest names.
+    assert set(os.listdir(output)) == {"dataset.json", "runs"}
+    assert os.listdir(os.path.join(output, "runs")) == [manifest["run"]["id"]]
+    transform = {
+        path
+        for path in _files_below(output)
+        if path.startswith((f"{run_dir}/transform_fn/", f"{run_dir}/transformed_metadata/"))
+    }
+    assert f"{run_dir}/transform_fn/saved_model.pb" in transform
+    assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
+    assert _files_below(output) == {"dataset.json", manifest["errors"]} | listed | transform
 
 
-def test_a_rerun_with_other_shard_settings_leaves_no_stale_shards(corpus, tmp_path):
+def test_a_rerun_publishes_its_own_run_and_removes_the_older_one(corpus, tmp_path):
     output = tmp_path / "dataset"
     first = run_stage1(corpus.root, output, image_size=16, min_shards=3)
-    (output / "train-00099-of-00100.tfrecord").write_bytes(b"stale from some older run")
     second = run_stage1(corpus.root, output, image_size=16, min_shards=1, encoding="uint8")
-    shards = {name for name in os.listdir(output) if name.endswith(".tfrecord")}
+    assert second["run"]["id"] > first["run"]["id"]
+    assert read_manifest(output) == second
+    assert os.listdir(output / "runs") == [second["run"]["id"]]
+    shards = {path for path in _files_below(output) if path.endswith(".tfrecord")}
     assert shards == {shard["path"] for info in second["splits"].values() for shard in info["shards"]}
     assert len(first["splits"]["train"]["shards"]) == 3
     assert len(second["splits"]["train"]["shards"]) == 1
     assert read_manifest(output)["image"]["encoding"] == "uint8"
+
+
+def test_a_rerun_over_a_format_1_dataset_removes_its_top_level_files(corpus, tmp_path):
+    """A directory written by the format 1 layout (shards, errors.jsonl, transform dirs at the top)."""
+    output = tmp_path / "dataset"
+    output.mkdir()
+    legacy = [
+        "train-00000-of-00002.tfrecord",
+        "validation-00099-of-00100.tfrecord",
+        "errors.jsonl",
+        "transform_fn/saved_model.pb",
+        "transformed_metadata/schema.pbtxt",
+        ".staging-0123abcd/parts/x.part",
+    ]
+    for name in legacy:
+        (output / name).parent.mkdir(parents=True, exist_ok=True)
+        (output / name).write_bytes(b"from a format 1 run")
+    (output / "dataset.json").write_text(json.dumps({"format_version": 1}))
+    (output / "notes.txt").write_text("not ours: stays")
+    manifest = run_stage1(corpus.root, output, image_size=16, min_shards=1)
+    assert set(os.listdir(output)) == {"dataset.json", "runs", "notes.txt"}
+    assert read_manifest(output) == manifest
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
