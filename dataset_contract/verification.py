@@ -343,7 +343,6 @@ def verify_named_files(data_dir: str, manifest: dict) -> list[ShardProblem]:
     return problems
 
 
-
 def _verify_shard(data_dir: str, manifest: dict, shard: dict, check_sha256: bool, check_records: bool):
     """(problems, class counts or None if the records were not all read) of one shard."""
     path = manifest_lib.join(data_dir, shard["path"])

@@ -87,8 +87,8 @@ class PublishTooSlowError(RuntimeError):
     """The publish step took so long that its marker may count as dead; a retry starts over."""
 
 
-def pause_point(name: str):
-    """Where a test may stop the publish step (see PAUSE_ENV); nothing otherwise."""
+def pause_point(name: str, run_id: str):
+    """Where a test may stop the publish step (see PAUSE_ENV), run `run_id` being published or removed."""
     setting = os.environ.get(PAUSE_ENV, "")
     point, _, flag = setting.partition(":")
     if point != name:
@@ -176,7 +176,7 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
     write_marker(marker, run_id)
     marked_at = time.monotonic()
     try:
-        pause_point("publish-marked")
+        pause_point("publish-marked", run_id)
         current = published_run_id(read_published_manifest(output_dir))
         if current == run_id:
             log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
@@ -200,7 +200,7 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
                 )
             if time.monotonic() - marked_at > PUBLISH_MARKER_TTL_SECONDS / 2:
                 raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
-            pause_point("before-switch")
+            pause_point("before-switch", run_id)
             switch_manifest(output_dir, run_id, manifest)
             log.info("published run %s in %s", run_id, output_dir)
     except BaseException:
@@ -211,7 +211,7 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
     filesystem.delete_files(
         [metadata.path for metadata in filesystem.match(paths.marker_glob(PUBLISHING_MARKER))]
     )
-    pause_point("switched")
+    pause_point("switched", run_id)
     remove_leftovers(output_dir, run_id, manifest, tft_build_id)
     return manifest
 
@@ -260,7 +260,7 @@ def remove_run(output_dir: str, run_id: str) -> bool:
     tombstone = paths.marker(DELETING_MARKER, uuid.uuid4().hex)
     write_marker(tombstone, run_id)
     try:
-        pause_point("tombstone-written")
+        pause_point("tombstone-written", run_id)
         publishing = filesystem.match(paths.marker_glob(PUBLISHING_MARKER))
         if any(_marker_is_live(metadata) for metadata in publishing):
             log.info("run %s is publishing; its files stay for a later cleanup", run_id)
@@ -270,7 +270,7 @@ def remove_run(output_dir: str, run_id: str) -> bool:
         if published_run_id(read_published_manifest(output_dir)) == run_id:
             return False
         filesystem.delete_tree(paths.run_dir)
-        pause_point("run-files-removed")
+        pause_point("run-files-removed", run_id)
         filesystem.delete_tree(paths.staging_dir)
         # The run's markers last, every one (also those of crashed publishers
         # and removers): with its files gone it cannot publish, markers or not.
@@ -336,7 +336,7 @@ def remove_leftovers(output_dir: str, run_id: str, manifest: dict, tft_build_id:
     `run_id` (it may still publish), nor tf.Transform's directory of this
     pipeline build (`tft_build_id`: the launcher removes it when the job ends).
     """
-    pause_point("cleanup-started")
+    pause_point("cleanup-started", run_id)
     published = published_run_id(read_published_manifest(output_dir))
     runs = _listing(output_dir, manifest_lib.RUNS_DIR)
     staging = _listing(output_dir, STAGING_DIR)

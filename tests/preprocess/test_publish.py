@@ -94,12 +94,12 @@ def run_id_between(older: str, newer: str) -> str:
     return candidate
 
 
-def at_pause_point(monkeypatch, name: str, action):
-    """Run `action` once, the first time any publish step reaches the pause point `name`."""
+def at_pause_point(monkeypatch, name: str, run_id: str, action):
+    """Run `action` once, the first time a publish step reaches the pause point `name` for run `run_id`."""
     fired = []
 
-    def pause(point):
-        if point == name and not fired:
+    def pause(point, point_run_id):
+        if point == name and point_run_id == run_id and not fired:
             fired.append(point)
             action()
 
@@ -202,9 +202,9 @@ def test_a_run_being_removed_cannot_publish(staged, output, monkeypatch):
         refused.append(caught.value)
         assert assert_complete_dataset(output) == staged.new
 
-    at_pause_point(monkeypatch, "tombstone-written", older_tries_to_publish)
+    fired = at_pause_point(monkeypatch, "tombstone-written", older["run"]["id"], older_tries_to_publish)
     publish_run(output, staged.new_run_id, staged.new)
-    assert refused
+    assert fired and refused
     assert_only_the_published_run_is_left(output)
 
 
@@ -223,7 +223,7 @@ def test_a_run_about_to_publish_is_not_removed_and_its_switch_leaves_a_complete_
         assert assert_complete_dataset(output) == staged.new
         assert missing_run_files(output, older["run"]["id"], older) == []
 
-    fired = at_pause_point(monkeypatch, "before-switch", newer_publishes_meanwhile)
+    fired = at_pause_point(monkeypatch, "before-switch", older["run"]["id"], newer_publishes_meanwhile)
     publish_run(output, older["run"]["id"], older)
     assert fired
     assert assert_complete_dataset(output) == older
@@ -236,7 +236,12 @@ def test_a_marked_publisher_that_finds_a_newer_run_published_backs_off_and_is_re
     staged, output, monkeypatch
 ):
     older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
-    at_pause_point(monkeypatch, "publish-marked", lambda: publish_run(output, staged.new_run_id, staged.new))
+    at_pause_point(
+        monkeypatch,
+        "publish-marked",
+        older["run"]["id"],
+        lambda: publish_run(output, staged.new_run_id, staged.new),
+    )
     with pytest.raises(SupersededRunError, match="started later"):
         publish_run(output, older["run"]["id"], older)
     # Its marker kept it from being removed while it was checking; a later cleanup removes it.
