@@ -43,6 +43,10 @@ def list_files(directory: str) -> list[FileMetadata]:
     ]
 
 
+def exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
 def match(pattern: str) -> list[FileMetadata]:
     """The files matching a glob (`*` stays within one directory level)."""
     return FileSystems.match([pattern])[0].metadata_list

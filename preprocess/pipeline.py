@@ -98,7 +98,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     config = job_config(args, build_id)
     output_dir = config["output"]
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
-    run_id = pipeline | "RunId" >> MakeRunId()
+    template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
+    run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template)
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     # The listing is one element's FlatMap: without a reshuffle a distributed
     # runner would hash and decode the whole corpus on one worker.

@@ -60,15 +60,17 @@ from preprocess.runs import (
     TFT_TEMP_PREFIX,
     RunPaths,
     is_run_id,
+    read_build,
+    tft_temp_dir,
 )
 
 # A publish step writes its marker and switches within a few minutes; a
 # marker this old belongs to a publisher that died.
 PUBLISH_MARKER_TTL_SECONDS = 6 * 3600
-# tf.Transform's temporary directories (runs.tft_temp_dir) are shared by the
-# runs of one template and cannot be told apart by run; they are removed
-# when nothing in them has changed for this long (or by the launcher of a
-# run that is not a template, when the run ends).
+# tf.Transform's temporary directory (runs.tft_temp_dir) is removed by the
+# launcher when its run ends, or with the run's files (runs.record_build).
+# Those of a template are shared by its runs and cannot be told apart by run;
+# they are removed when nothing in them has changed for this long.
 TFT_TEMP_GRACE_SECONDS = 2 * 24 * 3600
 
 # Test hook: PREPROCESS_PAUSE_AT=<point>:<flag file> makes the step that
@@ -271,6 +273,9 @@ def remove_run(output_dir: str, run_id: str) -> bool:
             return False
         filesystem.delete_tree(paths.run_dir)
         pause_point("run-files-removed", run_id)
+        build = read_build(output_dir, run_id)
+        if build and not build["shared"]:
+            filesystem.delete_tree(tft_temp_dir(output_dir, build["build_id"]))
         filesystem.delete_tree(paths.staging_dir)
         # The run's markers last, every one (also those of crashed publishers
         # and removers): with its files gone it cannot publish, markers or not.

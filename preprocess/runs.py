@@ -14,17 +14,20 @@ In the output directory (docs/dataset_format.md):
     runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
     runs/<run id>.deleting.<uuid>    a newer run is removing this run's files
     staging/<run id>/                a run's temporary files (parts, decoded spill, ...)
+    staging/<run id>/build.json      which tf.Transform directory the run uses, and whether it shares it
     staging/tft-<build id>/          tf.Transform's temporary directory (see `tft_temp_dir`)
 """
 
 import dataclasses
 import datetime
+import json
 import re
 import secrets
 
 import apache_beam as beam
 
 from dataset_contract import manifest as manifest_lib
+from preprocess import filesystem
 
 STAGING_DIR = "staging"
 PUBLISHING_MARKER = "publishing"
@@ -90,6 +93,10 @@ class RunPaths:
         """Where files are written before their atomic rename into place (local disk only)."""
         return self.staging("tmp")
 
+    @property
+    def build_file(self) -> str:
+        return self.staging("build.json")
+
     def marker(self, kind: str, attempt: str) -> str:
         return manifest_lib.join(self.output_dir, manifest_lib.RUNS_DIR, f"{self.run_id}.{kind}.{attempt}")
 
@@ -110,13 +117,40 @@ def tft_temp_dir(output_dir: str, build_id: str) -> str:
     return manifest_lib.join(output_dir, STAGING_DIR, f"{TFT_TEMP_PREFIX}{build_id}")
 
 
+def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> str:
+    """Write which tf.Transform directory run `run_id` uses (idempotent); returns the run id.
+
+    So that whoever removes the run's files later can remove that directory
+    too, unless other runs share it (`shared`: the runs of one template).
+    """
+    paths = RunPaths(output_dir, run_id)
+    record = json.dumps({"build_id": build_id, "shared": shared}).encode("utf-8")
+    filesystem.write_bytes(paths.build_file, record, tmp_dir=paths.tmp_dir)
+    return run_id
+
+
+def read_build(output_dir: str, run_id: str) -> dict | None:
+    """What `record_build` wrote for the run, or None."""
+    path = RunPaths(output_dir, run_id).build_file
+    if not filesystem.exists(path):
+        return None
+    return json.loads(filesystem.read_bytes(path).decode("utf-8"))
+
+
 class MakeRunId(beam.PTransform):
     """PBegin -> a PCollection of one element: this run's id, made at execution time.
 
     Consumers take it as a singleton side input. The reshuffle after the id
     is made commits the one value every consumer sees, even if the step that
-    made it is retried.
+    made it is retried. `shared_build`: whether other runs execute this same
+    pipeline build (a template), and so share its tf.Transform directory.
     """
+
+    def __init__(self, output_dir: str, build_id: str, shared_build: bool):
+        super().__init__()
+        self._output_dir = output_dir
+        self._build_id = build_id
+        self._shared_build = shared_build
 
     def expand(self, pbegin):
         return (
@@ -124,4 +158,8 @@ class MakeRunId(beam.PTransform):
             | "Start" >> beam.Create([None])
             | "NewRunId" >> beam.Map(lambda _: new_run_id())
             | "Commit" >> beam.Reshuffle()
+            | "RecordBuild"
+            >> beam.Map(
+                record_build, output_dir=self._output_dir, build_id=self._build_id, shared=self._shared_build
+            )
         )

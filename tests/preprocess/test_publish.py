@@ -12,8 +12,10 @@ import json
 import os
 import shutil
 import time
+import uuid
 
 import pytest
+from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import publish
@@ -290,3 +292,67 @@ def test_the_manifest_names_only_paths_inside_the_run_directory(staged):
     run_dir = manifest_lib.run_dir(staged.new_run_id)
     assert staged.new["run"]["dir"] == run_dir
     assert all(name.startswith(run_dir + "/") for name in publish.named_files(staged.new))
+
+
+# ------------------------------------------------------------------ on gs://
+#
+# GCS has no rename (a copy plus a delete) and no directories; the same checks against the emulator.
+
+
+@pytest.fixture(scope="module")
+def staged_gcs(gcs_emulator, tmp_path_factory):
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=4)
+    output = gcs_emulator.url(f"publish-staged-{uuid.uuid4().hex[:8]}")
+    old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
+    stopped = run_stopped_before_switch(corpus.root, output, image_size=16, encoding="uint8", min_shards=1)
+    return Staged(output, old, stopped.run_id, stopped.manifest)
+
+
+def gcs_copy(gcs_emulator, source_url: str, target_url: str) -> str:
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    source = source_url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    target = target_url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    for blob in bucket.list_blobs(prefix=source):
+        bucket.copy_blob(blob, bucket, target + blob.name[len(source) :])
+    return target_url
+
+
+def gcs_files(gcs_emulator, url: str) -> set[str]:
+    prefix = url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    return {
+        name[len(prefix) :]
+        for name in gcs_emulator.list_objects(prefix)
+        if not name.endswith("/") and not name[len(prefix) :].startswith("staging/tft-")
+    }
+
+
+def assert_only_the_published_run_is_left_on_gcs(gcs_emulator, url: str):
+    manifest = assert_complete_dataset(url)
+    files = gcs_files(gcs_emulator, url)
+    names = publish.named_files(manifest)
+    assert files == {"dataset.json"} | {path for path in files if publish._is_named(path, names)}
+    assert all(path == "dataset.json" or path.startswith(manifest["run"]["dir"] + "/") for path in files)
+
+
+def test_on_gcs_a_crash_at_any_file_operation_of_publishing_leaves_a_complete_dataset(
+    staged_gcs, gcs_emulator, gcs_dir, monkeypatch
+):
+    scratch = gcs_copy(gcs_emulator, staged_gcs.output, f"{gcs_dir}/count")
+    with injected_faults(monkeypatch) as injector:
+        publish_run(scratch, staged_gcs.new_run_id, staged_gcs.new)
+    calls = injector.calls
+    assert any(call.startswith("delete_batch") for call in calls), calls
+    outcomes = []
+    for crash_at in range(len(calls)):
+        output = gcs_copy(gcs_emulator, staged_gcs.output, f"{gcs_dir}/crash-{crash_at}")
+        with injected_faults(monkeypatch, crash_at=crash_at), pytest.raises(InjectedCrash):
+            publish_run(output, staged_gcs.new_run_id, staged_gcs.new)
+        found = assert_complete_dataset(output)
+        expected = staged_gcs.old if found["run"]["id"] == staged_gcs.old["run"]["id"] else staged_gcs.new
+        assert found == expected, f"crash before call {crash_at} ({calls[crash_at]})"
+        outcomes.append("old" if expected is staged_gcs.old else "new")
+        publish_run(output, staged_gcs.new_run_id, staged_gcs.new)
+        assert assert_complete_dataset(output) == staged_gcs.new
+        assert_only_the_published_run_is_left_on_gcs(gcs_emulator, output)
+    switch = outcomes.index("new")
+    assert outcomes == ["old"] * switch + ["new"] * (len(calls) - switch)
