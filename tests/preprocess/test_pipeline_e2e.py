@@ -6,15 +6,20 @@ import hashlib
 import json
 import os
 
+import apache_beam as beam
 import numpy as np
 import pytest
 import tensorflow_transform as tft
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
 from pipelines import sample_corpus
-from preprocess import errors
+from preprocess import errors, local_runner
 from preprocess.content import assign_split
 from preprocess.image_decode import load_image
+from preprocess.options import parse_args
+from preprocess.pipeline import build_pipeline
 from tests.stage1 import read_errors, read_manifest, read_split, run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
@@ -125,6 +130,10 @@ def test_transform_output_loads_with_tft(dataset):
     assert transform_output.vocabulary_by_name("labels") == [label.encode() for label in manifest["labels"]]
 
 
+def shard_paths(manifest) -> list[str]:
+    return [shard["path"] for info in manifest["splits"].values() for shard in info["shards"]]
+
+
 def _files_below(directory) -> set[str]:
     return {
         os.path.relpath(os.path.join(root, name), directory)
@@ -165,28 +174,6 @@ def test_a_rerun_publishes_its_own_run_and_removes_the_older_one(corpus, tmp_pat
     assert len(first["splits"]["train"]["shards"]) == 3
     assert len(second["splits"]["train"]["shards"]) == 1
     assert read_manifest(output)["image"]["encoding"] == "uint8"
-
-
-def test_a_rerun_over_a_format_1_dataset_removes_its_top_level_files(corpus, tmp_path):
-    """A directory written by the format 1 layout (shards, errors.jsonl, transform dirs at the top)."""
-    output = tmp_path / "dataset"
-    output.mkdir()
-    legacy = [
-        "train-00000-of-00002.tfrecord",
-        "validation-00099-of-00100.tfrecord",
-        "errors.jsonl",
-        "transform_fn/saved_model.pb",
-        "transformed_metadata/schema.pbtxt",
-        ".staging-0123abcd/parts/x.part",
-    ]
-    for name in legacy:
-        (output / name).parent.mkdir(parents=True, exist_ok=True)
-        (output / name).write_bytes(b"from a format 1 run")
-    (output / "dataset.json").write_text(json.dumps({"format_version": 1}))
-    (output / "notes.txt").write_text("not ours: stays")
-    manifest = run_stage1(corpus.root, output, image_size=16, min_shards=1)
-    assert set(os.listdir(output)) == {"dataset.json", "runs", "notes.txt"}
-    assert read_manifest(output) == manifest
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
@@ -240,3 +227,22 @@ def test_csv_manifest_input_with_splits_and_unknown_labels(corpus, tmp_path):
             if row["uri"] in named_splits:
                 assert named_splits[row["uri"]] == split
     assert json.loads(json.dumps(manifest))["source"]["kind"] == "csv"
+
+
+def test_two_runs_of_one_built_pipeline_each_get_their_own_run_id_and_files(corpus, tmp_path):
+    """As two launches of one Dataflow template: the graph is built once, the run id made at each run."""
+    output = tmp_path / "dataset"
+    args, beam_args = parse_args(
+        ["--input", corpus.root, "--output", str(output), "--image-size", "16", "--min-shards", "1"]
+    )
+    options = PipelineOptions(beam_args)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
+    build_pipeline(pipeline, args, build_id="one-build")
+    pipeline.run().wait_until_finish()
+    first = read_manifest(output)
+    pipeline.run().wait_until_finish()
+    second = read_manifest(output)
+    assert second["run"]["id"] > first["run"]["id"]
+    assert not set(shard_paths(first)) & set(shard_paths(second))
+    assert os.listdir(output / "runs") == [second["run"]["id"]]
+    assert verification.verify_shards(str(output), second, check_sha256=True) == []

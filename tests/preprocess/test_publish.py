@@ -288,6 +288,30 @@ def test_tf_transform_temporary_directories_go_once_idle_for_the_grace_period(st
     assert os.path.exists(busy)
 
 
+def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_the_switch(staged, output):
+    """Format 1 kept shards, errors.jsonl and the transform dirs at the top, and staging in .staging-*/."""
+    old_dir = os.path.join(output, staged.old["run"]["dir"])
+    for entry in os.listdir(old_dir):
+        shutil.move(os.path.join(old_dir, entry), os.path.join(output, entry))
+    shutil.rmtree(old_dir)
+    flat = json.loads(json.dumps(staged.old).replace(staged.old["run"]["dir"] + "/", ""))
+    flat["format_version"] = 1
+    del flat["run"]
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(flat, handle)
+    os.makedirs(os.path.join(output, ".staging-0123abcd", "parts"))
+    with open(os.path.join(output, ".staging-0123abcd", "parts", "train-x.part"), "wb") as handle:
+        handle.write(b"a part of a format 1 run")
+    with open(os.path.join(output, "notes.txt"), "w") as handle:
+        handle.write("not the dataset's: stays")
+    assert assert_complete_dataset(output) == flat
+
+    publish_run(output, staged.new_run_id, staged.new)
+    assert assert_complete_dataset(output) == staged.new
+    assert sorted(os.listdir(output)) == ["dataset.json", "notes.txt", "runs", "staging"]
+    assert files_below(output) == named_files(output, staged.new) | {"notes.txt"}
+
+
 def test_the_manifest_names_only_paths_inside_the_run_directory(staged):
     run_dir = manifest_lib.run_dir(staged.new_run_id)
     assert staged.new["run"]["dir"] == run_dir
