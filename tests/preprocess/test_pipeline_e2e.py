@@ -5,12 +5,15 @@ import csv
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
 import pytest
 import tensorflow_transform as tft
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import environments
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
@@ -162,20 +165,6 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert _files_below(output) == {"dataset.json", manifest["errors"]} | listed | transform
 
 
-def test_a_rerun_publishes_its_own_run_and_removes_the_older_one(corpus, tmp_path):
-    output = tmp_path / "dataset"
-    first = run_stage1(corpus.root, output, image_size=16, min_shards=3)
-    second = run_stage1(corpus.root, output, image_size=16, min_shards=1, encoding="uint8")
-    assert second["run"]["id"] > first["run"]["id"]
-    assert read_manifest(output) == second
-    assert os.listdir(output / "runs") == [second["run"]["id"]]
-    shards = {path for path in _files_below(output) if path.endswith(".tfrecord")}
-    assert shards == {shard["path"] for info in second["splits"].values() for shard in info["shards"]}
-    assert len(first["splits"]["train"]["shards"]) == 3
-    assert len(second["splits"]["train"]["shards"]) == 1
-    assert read_manifest(output)["image"]["encoding"] == "uint8"
-
-
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
 # jpeg (quality 90, 32x32 noisy images): a few levels on average.
 @pytest.mark.parametrize(
@@ -229,8 +218,23 @@ def test_csv_manifest_input_with_splits_and_unknown_labels(corpus, tmp_path):
     assert json.loads(json.dumps(manifest))["source"]["kind"] == "csv"
 
 
-def test_two_runs_of_one_built_pipeline_each_get_their_own_run_id_and_files(corpus, tmp_path):
-    """As two launches of one Dataflow template: the graph is built once, the run id made at each run."""
+# Runs a pipeline graph serialized by the test, in a fresh process: as Dataflow runs a template.
+RUN_SERIALIZED_PIPELINE = """
+import sys
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import environments
+from apache_beam.portability.api import beam_runner_api_pb2
+from preprocess import local_runner
+with open(sys.argv[1], "rb") as handle:
+    proto = beam_runner_api_pb2.Pipeline.FromString(handle.read())
+options = PipelineOptions([])
+local_runner.fn_api_runner(options).run_via_runner_api(proto, options).wait_until_finish()
+"""
+
+
+def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_run(corpus, tmp_path):
+    """As two launches of one Dataflow template: the graph is built (and serialized) once, the run id is
+    made by each run; the second run publishes its own files and removes the first's."""
     output = tmp_path / "dataset"
     args, beam_args = parse_args(
         ["--input", corpus.root, "--output", str(output), "--image-size", "16", "--min-shards", "1"]
@@ -238,10 +242,17 @@ def test_two_runs_of_one_built_pipeline_each_get_their_own_run_id_and_files(corp
     options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
     build_pipeline(pipeline, args, build_id="one-build")
-    pipeline.run().wait_until_finish()
-    first = read_manifest(output)
-    pipeline.run().wait_until_finish()
-    second = read_manifest(output)
+    graph = tmp_path / "pipeline.pb"
+    graph.write_bytes(
+        pipeline.to_runner_api(
+            default_environment=environments.EmbeddedPythonEnvironment.default()
+        ).SerializeToString()
+    )
+    runs = []
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", RUN_SERIALIZED_PIPELINE, str(graph)], check=True, timeout=900)
+        runs.append(read_manifest(output))
+    first, second = runs
     assert second["run"]["id"] > first["run"]["id"]
     assert not set(shard_paths(first)) & set(shard_paths(second))
     assert os.listdir(output / "runs") == [second["run"]["id"]]
