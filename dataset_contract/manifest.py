@@ -95,6 +95,20 @@ def errors_path(manifest: dict) -> str:
     return manifest.get("errors", ERRORS_FILE)
 
 
+def other_required_files(manifest: dict) -> list[str]:
+    """Besides the shards: the files (relative paths) a complete dataset has where its manifest says.
+
+    The error log, and the files `tft.TFTransformOutput` cannot load without.
+    """
+    required = [errors_path(manifest)] if "errors" in manifest else []
+    transform = manifest.get("transform") or {}
+    if TRANSFORM_FN_DIR in transform:
+        required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
+    if TRANSFORMED_METADATA_DIR in transform:
+        required.append(join(transform[TRANSFORMED_METADATA_DIR], "schema.pbtxt"))
+    return required
+
+
 _REQUIRED_KEYS = ("format_version", "image", "labels", "normalization", "splits", "inputs")
 
 

@@ -327,16 +327,8 @@ def _summarize(messages: list[str]) -> str:
 
 def verify_named_files(data_dir: str, manifest: dict) -> list[ShardProblem]:
     """The other files a manifest names (error log, tf.Transform's output) that are absent."""
-    expected = []
-    if "errors" in manifest:
-        expected.append(manifest_lib.errors_path(manifest))
-    transform = manifest.get("transform") or {}
-    if manifest_lib.TRANSFORM_FN_DIR in transform:
-        expected.append(manifest_lib.join(transform[manifest_lib.TRANSFORM_FN_DIR], "saved_model.pb"))
-    if manifest_lib.TRANSFORMED_METADATA_DIR in transform:
-        expected.append(manifest_lib.join(transform[manifest_lib.TRANSFORMED_METADATA_DIR], "schema.pbtxt"))
     problems = []
-    for relative in expected:
+    for relative in manifest_lib.other_required_files(manifest):
         path = manifest_lib.join(data_dir, relative)
         if not tf.io.gfile.exists(path):
             problems.append(ShardProblem(path, MISSING, f"named in {manifest_lib.MANIFEST_FILE} but absent"))

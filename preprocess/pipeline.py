@@ -47,6 +47,7 @@ from preprocess.encode import EncodeExamplesFn
 from preprocess.finalize import finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
+from preprocess.publish import SupersededRunError
 from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
 from preprocess.summary import format_summary, read_error_examples
@@ -234,7 +235,11 @@ def run(argv=None) -> dict | None:
 
 def main(argv=None):
     logging.getLogger().setLevel(logging.INFO)
-    manifest = run(sys.argv[1:] if argv is None else argv)
+    try:
+        manifest = run(sys.argv[1:] if argv is None else argv)
+    except SupersededRunError as exc:
+        # Not a failure of this run's data: another run's dataset is there, complete.
+        sys.exit(f"preprocess: {exc}")
     if manifest is not None:
         args, _ = parse_args(sys.argv[1:] if argv is None else argv)
         output_dir = args.output.rstrip("/")

@@ -132,7 +132,8 @@ def named_files(manifest: dict) -> set[str]:
     return names
 
 
-def _is_named(relative: str, names: set[str]) -> bool:
+def is_named(relative: str, names: set[str]) -> bool:
+    """Whether `relative` is one of `names` or inside one of them (a directory)."""
     return relative in names or any(relative.startswith(name + "/") for name in names)
 
 
@@ -149,13 +150,9 @@ def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]
             size = present.get(shard["path"])
             if size != shard["num_bytes"]:
                 problems.append(f"{shard['path']} ({'absent' if size is None else f'{size} bytes'})")
-    expected = [manifest_lib.errors_path(manifest)]
-    transform = manifest.get("transform") or {}
-    if manifest_lib.TRANSFORM_FN_DIR in transform:
-        expected.append(manifest_lib.join(transform[manifest_lib.TRANSFORM_FN_DIR], "saved_model.pb"))
-    if manifest_lib.TRANSFORMED_METADATA_DIR in transform:
-        expected.append(manifest_lib.join(transform[manifest_lib.TRANSFORMED_METADATA_DIR], "schema.pbtxt"))
-    problems += [f"{name} (absent)" for name in expected if name not in present]
+    problems += [
+        f"{name} (absent)" for name in manifest_lib.other_required_files(manifest) if name not in present
+    ]
     return problems
 
 
@@ -243,13 +240,14 @@ def _relative(output_dir: str, path: str) -> str:
     return path[len(prefix) :]
 
 
-def _listing(output_dir: str, top: str) -> dict[str, list]:
-    """Files below `output_dir/top`, grouped by the first path part below it (`<run id>`, `<run id>.deleting.x`)."""
-    grouped: dict[str, list] = {}
+def _entries(output_dir: str, top: str) -> dict[str, float]:
+    """The entries below `output_dir/top` (`<run id>`, `<run id>.deleting.x`, `tft-...`), each with the
+    time its newest file last changed."""
+    newest: dict[str, float] = {}
     for metadata in filesystem.list_files(manifest_lib.join(output_dir, top)):
         first = _relative(output_dir, metadata.path).split("/")[1]
-        grouped.setdefault(first, []).append(metadata)
-    return grouped
+        newest[first] = max(newest.get(first, 0.0), metadata.last_updated_in_seconds)
+    return newest
 
 
 def remove_run(output_dir: str, run_id: str) -> bool:
@@ -299,7 +297,7 @@ def _remove_unnamed_files_of_run(output_dir: str, run_id: str, manifest: dict):
     stray = [
         metadata.path
         for metadata in filesystem.list_files(paths.run_dir)
-        if not _is_named(_relative(output_dir, metadata.path), names)
+        if not is_named(_relative(output_dir, metadata.path), names)
     ]
     if stray:
         filesystem.delete_files(stray)
@@ -325,12 +323,14 @@ def _remove_format1_files(output_dir: str):
         filesystem.delete_tree(manifest_lib.join(output_dir, name))
 
 
-def _remove_old_tft_temp(output_dir: str, staging: dict[str, list], own_build_id: str | None):
+def _remove_idle_tft_temp(output_dir: str, staging: dict[str, float], own_build_id: str | None):
     cutoff = time.time() - TFT_TEMP_GRACE_SECONDS
-    for name, files in staging.items():
-        if not name.startswith(TFT_TEMP_PREFIX) or name == f"{TFT_TEMP_PREFIX}{own_build_id}":
-            continue
-        if max(metadata.last_updated_in_seconds for metadata in files) < cutoff:
+    for name, changed in staging.items():
+        if (
+            name.startswith(TFT_TEMP_PREFIX)
+            and name != f"{TFT_TEMP_PREFIX}{own_build_id}"
+            and changed < cutoff
+        ):
             filesystem.delete_tree(manifest_lib.join(output_dir, STAGING_DIR, name))
 
 
@@ -343,13 +343,13 @@ def remove_leftovers(output_dir: str, run_id: str, manifest: dict, tft_build_id:
     """
     pause_point("cleanup-started", run_id)
     published = published_run_id(read_published_manifest(output_dir))
-    runs = _listing(output_dir, manifest_lib.RUNS_DIR)
-    staging = _listing(output_dir, STAGING_DIR)
+    runs = _entries(output_dir, manifest_lib.RUNS_DIR)
+    staging = _entries(output_dir, STAGING_DIR)
     run_ids = {name.split(".")[0] for name in [*runs, *staging]}
     for older in sorted(other for other in run_ids if is_run_id(other)):
         if older < run_id and older != published:
             remove_run(output_dir, older)
     _remove_unnamed_files_of_run(output_dir, run_id, manifest)
     _remove_format1_files(output_dir)
-    _remove_old_tft_temp(output_dir, staging, tft_build_id)
+    _remove_idle_tft_temp(output_dir, staging, tft_build_id)
     filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))

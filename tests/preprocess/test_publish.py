@@ -72,7 +72,7 @@ def files_below(directory: str) -> set[str]:
 def named_files(data_dir: str, manifest: dict) -> set[str]:
     """Every file the manifest names (directories expanded), and the manifest itself."""
     names = publish.named_files(manifest)
-    return {"dataset.json"} | {path for path in files_below(data_dir) if publish._is_named(path, names)}
+    return {"dataset.json"} | {path for path in files_below(data_dir) if publish.is_named(path, names)}
 
 
 def assert_only_the_published_run_is_left(data_dir: str):
@@ -324,12 +324,23 @@ def test_the_manifest_names_only_paths_inside_the_run_directory(staged):
 
 
 @pytest.fixture(scope="module")
-def staged_gcs(gcs_emulator, tmp_path_factory):
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=4)
+def staged_gcs(staged, gcs_emulator):
+    """The staged directory, uploaded file by file: the same runs, on gs:// (stage 1's own writes to
+    gs:// are held by tests/test_gcs_end_to_end.py)."""
     output = gcs_emulator.url(f"publish-staged-{uuid.uuid4().hex[:8]}")
-    old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
-    stopped = run_stopped_before_switch(corpus.root, output, image_size=16, encoding="uint8", min_shards=1)
-    return Staged(output, old, stopped.run_id, stopped.manifest)
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    for relative in _all_files(staged.output):
+        name = output.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/" + relative
+        bucket.blob(name).upload_from_filename(os.path.join(staged.output, relative))
+    return Staged(output, staged.old, staged.new_run_id, staged.new)
+
+
+def _all_files(directory: str) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(root, name), directory)
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
 
 
 def gcs_copy(gcs_emulator, source_url: str, target_url: str) -> str:
@@ -354,7 +365,7 @@ def assert_only_the_published_run_is_left_on_gcs(gcs_emulator, url: str):
     manifest = assert_complete_dataset(url)
     files = gcs_files(gcs_emulator, url)
     names = publish.named_files(manifest)
-    assert files == {"dataset.json"} | {path for path in files if publish._is_named(path, names)}
+    assert files == {"dataset.json"} | {path for path in files if publish.is_named(path, names)}
     assert all(path == "dataset.json" or path.startswith(manifest["run"]["dir"] + "/") for path in files)
 
 
