@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 import tensorflow_transform.beam as tft_beam
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 
 from preprocess.transform import make_preprocessing_fn, tensor_adapter_config, to_record_batch
 from preprocess.transform_output import WriteTransformOutput, copy_transform_fn, write_transformed_metadata
@@ -35,7 +35,7 @@ def _snapshot(directory):
 def test_the_run_copy_loads_with_tft_and_copying_again_gives_the_same_files(tmp_path):
     output = str(tmp_path / "out")
     source_record = tmp_path / "source.txt"
-    with TestPipeline() as pipeline, tft_beam.Context(temp_dir=str(tmp_path / "tft")):
+    with test_pipeline.TestPipeline() as pipeline, tft_beam.Context(temp_dir=str(tmp_path / "tft")):
         batches = pipeline | "Batches" >> beam.Create(
             [to_record_batch([_example(10, "b"), _example(30, "a")])]
         )
