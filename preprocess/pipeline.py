@@ -98,8 +98,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
     config = job_config(args, build_id)
     output_dir = config["output"]
-    # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
+    # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
     template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
+    # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template)
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     # The listing is one element's FlatMap: without a reshuffle a distributed
