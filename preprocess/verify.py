@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     num_bytes = sum(shard["num_bytes"] for shard in shards)
     print(
         f"verifying {len(shards)} shards of {', '.join(args.splits)} ({num_records} records, "
-        f"{format_bytes(num_bytes)}) in {data_dir}",
+        f"{format_bytes(num_bytes)}) in {data_dir}"
+        + (f" (run {manifest['run']['id']})" if (manifest.get("run") or {}).get("id") else ""),
         flush=True,
     )
     start = time.monotonic()
