@@ -34,9 +34,11 @@ Run ids sort by start time (runs.py), and:
    that backs off leaves the run for a later cleanup. A publisher also
    checks that every file it names exists, so a run removed earlier (its
    markers gone) cannot publish either. A publishing marker older than
-   `PUBLISH_MARKER_TTL_SECONDS` counts as dead (its publisher crashed): the
-   publisher itself gives up and retries if its own marker gets that old
-   before the switch.
+   `PUBLISH_MARKER_TTL_SECONDS` counts as dead (its publisher crashed): a
+   publisher gives up (PublishTooSlowError, and the runner retries) if half
+   that time has passed since it wrote its marker and it has not switched.
+   The marker goes right after the switch: from then on the manifest naming
+   the run is what protects its files.
 
 A retried publish step finds its own run published and goes straight to the
 cleanup, which is idempotent too. Leftovers of failed runs (their final
