@@ -23,8 +23,8 @@ repetition, then the median over repetitions is reported:
   target 2: images/s of beam x2 / beam x1          >= 1.6
 
 Where the time goes is read from outside, by watching the output directory:
-stage 1 writes its decoded spill (staging/decoded/) during decode + analysis,
-shard parts (staging/parts/) during transform + encode, then the shards and
+stage 1 writes its decoded spill (staging/<run id>/decoded/) during decode + analysis,
+shard parts (staging/<run id>/parts/) during transform + encode, then the shards and
 the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
 job costs whatever the corpus (process and worker start-up, stage scheduling).
 """

@@ -1,20 +1,28 @@
 """The manifest `dataset.json`: names, layout and a structural check.
 
-Stage 1 writes the manifest last, after every shard is final; stage 2 reads
-exactly the shards it lists. This module holds only what both need to agree
-on; each stage does its own I/O (Beam `FileSystems` in stage 1, `tf.io.gfile`
-in stage 2), so nothing here imports either.
+Stage 1 writes the manifest last, after every file it names is final; stage 2
+reads exactly the shards it lists. This module holds only what both need to
+agree on; each stage does its own I/O (Beam `FileSystems` in stage 1,
+`tf.io.gfile` in stage 2), so nothing here imports either.
+
+Layout (format_version 2): every run of stage 1 writes its files once, under
+`runs/<run id>/` of the dataset directory, and the manifest's relative paths
+name them; replacing `dataset.json` publishes a run (docs/dataset_format.md).
+Format version 1 had the same files at the top level of the directory; its
+manifests name them the same way (relative paths), so readers take both.
 """
 
 import posixpath
 
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 MANIFEST_FILE = "dataset.json"
 ERRORS_FILE = "errors.jsonl"
 TRANSFORM_FN_DIR = "transform_fn"
 TRANSFORMED_METADATA_DIR = "transformed_metadata"
+# Each run's files, under RUNS_DIR/<run id>/ (format 2).
+RUNS_DIR = "runs"
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -32,9 +40,14 @@ def shard_file_name(split: str, index: int, num_shards: int) -> str:
 def shard_glob(split: str) -> str:
     """Pattern matching every shard name of a split, whatever its count.
 
-    Only for removing shards of an earlier run; readers use the manifest.
+    Only for removing the top-level shards of a format 1 dataset; readers use the manifest.
     """
     return f"{split}-?????-of-?????{SHARD_SUFFIX}"
+
+
+def run_dir(run_id: str) -> str:
+    """`runs/<run id>`: where one run's files live, relative to the dataset directory."""
+    return posixpath.join(RUNS_DIR, run_id)
 
 
 def join(directory: str, *names: str) -> str:
@@ -44,6 +57,56 @@ def join(directory: str, *names: str) -> str:
 
 class ManifestError(ValueError):
     """The manifest is missing, malformed or of an unknown format."""
+
+
+def relative_path_problem(path) -> str | None:
+    """Why `path` is not a relative path inside the dataset directory, or None if it is.
+
+    Relative, '/'-separated, no empty, '.' or '..' part: so that joining it to
+    the directory (local or gs://) can only name a file below it.
+    """
+    if not isinstance(path, str) or not path:
+        return "must be a non-empty string"
+    if "://" in path or path.startswith("/") or "\\" in path:
+        return "must be relative to the dataset directory ('/'-separated, no scheme, no leading '/')"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "must not have empty, '.' or '..' parts"
+    return None
+
+
+def _check_path(path, what: str, where: str) -> None:
+    problem = relative_path_problem(path)
+    if problem:
+        raise ManifestError(f"{where}: {what} {path!r} {problem}")
+
+
+def transform_output_dir(manifest: dict) -> str:
+    """The directory, relative to the dataset directory, to hand to `tft.TFTransformOutput`.
+
+    `transform_fn/` and `transformed_metadata/` are siblings in it: `runs/<run id>`
+    (format 2), or '' (the dataset directory itself, format 1).
+    """
+    transform = manifest.get("transform") or {}
+    return posixpath.dirname(transform.get(TRANSFORM_FN_DIR, TRANSFORM_FN_DIR))
+
+
+def errors_path(manifest: dict) -> str:
+    """The error log's path relative to the dataset directory."""
+    return manifest.get("errors", ERRORS_FILE)
+
+
+def other_required_files(manifest: dict) -> list[str]:
+    """Besides the shards: the files (relative paths) a complete dataset has where its manifest says.
+
+    The error log, and the files `tft.TFTransformOutput` cannot load without.
+    """
+    required = [errors_path(manifest)] if "errors" in manifest else []
+    transform = manifest.get("transform") or {}
+    if TRANSFORM_FN_DIR in transform:
+        required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
+    if TRANSFORMED_METADATA_DIR in transform:
+        required.append(join(transform[TRANSFORMED_METADATA_DIR], "schema.pbtxt"))
+    return required
 
 
 _REQUIRED_KEYS = ("format_version", "image", "labels", "normalization", "splits", "inputs")
@@ -73,8 +136,17 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             for key in ("path", "num_examples", "num_bytes", "sha256"):
                 if key not in shard:
                     raise ManifestError(f"{where}: a shard of split {split} has no {key!r}")
-            if "/" in shard["path"] or shard["path"].startswith("."):
-                raise ManifestError(f"{where}: shard path {shard['path']!r} must be a plain file name")
+            _check_path(shard["path"], "shard path", where)
+    if "errors" in manifest:
+        _check_path(manifest["errors"], "errors", where)
+    for name, path in (manifest.get("transform") or {}).items():
+        _check_path(path, f"transform.{name}", where)
+    if version >= 2:
+        run = manifest.get("run")
+        if not isinstance(run, dict) or not run.get("id"):
+            raise ManifestError(
+                f"{where}: run.id is missing (format_version {version} names the run it publishes)"
+            )
     inputs = manifest["inputs"]
     found = inputs.get("num_found")
     accounted = inputs.get("num_written", 0) + inputs.get("num_failed", 0) + inputs.get("num_duplicates", 0)

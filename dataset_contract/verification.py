@@ -7,7 +7,9 @@ TensorFlow, no Beam: stage 2 imports it. All file access goes through
 
 Three levels, cheapest first, each finding what the one before cannot:
 
-- presence and size of each listed shard: one stat per shard;
+- presence and size of each listed shard: one stat per shard (and, in
+  `verify_named_files`, presence of the error log and tf.Transform's output
+  the manifest names);
 - `check_sha256`: the shard's bytes hash to the manifest's sha256;
 - `check_records`: in the same single read, the TFRecord framing (lengths and
   CRC32C checksums, as TensorFlow's reader checks them), the record count, and
@@ -321,6 +323,16 @@ def _summarize(messages: list[str]) -> str:
 
 
 # ------------------------------------------------------------------- shards
+
+
+def verify_named_files(data_dir: str, manifest: dict) -> list[ShardProblem]:
+    """The other files a manifest names (error log, tf.Transform's output) that are absent."""
+    problems = []
+    for relative in manifest_lib.other_required_files(manifest):
+        path = manifest_lib.join(data_dir, relative)
+        if not tf.io.gfile.exists(path):
+            problems.append(ShardProblem(path, MISSING, f"named in {manifest_lib.MANIFEST_FILE} but absent"))
+    return problems
 
 
 def _verify_shard(data_dir: str, manifest: dict, shard: dict, check_sha256: bool, check_records: bool):

@@ -111,7 +111,8 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     lines = [
         "",
         "Done.",
-        f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, failures: errors.jsonl)",
+        f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, "
+        f"failures: {manifest_lib.errors_path(manifest)})",
         f"  model:        {paths.model_dir}  (metrics.json, checkpoints, TensorBoard logs)",
         f"  export:       {metrics.get('export_dir', '(not exported)')}",
         f"  images:       {inputs['num_found']} found, {inputs['num_written']} written, "

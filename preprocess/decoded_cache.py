@@ -8,11 +8,16 @@ memory would grow with the corpus (a 224x224 image is 147 KiB of pixels).
 Decoding twice would double the job's dominant cost instead.
 
 So the decoded record batches are written once, as they are produced, to
-Arrow IPC stream files in the run's staging directory (`WriteBatchPartsFn`,
-one file per bundle and split, rolled over at `part_bytes`), and the
-transform reads them back (`read_batch_part`) after the analysis is done.
-Only the list of part paths crosses the stage boundary. The cost is one
-write and one read of the raw pixels, small next to decoding a JPEG.
+Arrow IPC stream files in the run's staging directory
+(`staging/<run id>/decoded/`, `WriteBatchPartsFn`, one file per bundle and
+split, rolled over at `part_bytes`), and the transform reads them back
+(`read_batch_part`) after the analysis is done. Only the list of part paths
+crosses the stage boundary. The cost is one write and one read of the raw
+pixels, small next to decoding a JPEG.
+
+Retry-safe: every attempt writes files of its own (a uuid in the name), only
+the committed attempt's paths are read back, and nothing is deleted here;
+the run's staging goes after the run has published (preprocess/publish.py).
 """
 
 import uuid
@@ -22,7 +27,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from dataset_contract import manifest as manifest_lib
+from preprocess.runs import RunPaths
 
 DEFAULT_PART_BYTES = 64 << 20
 
@@ -30,9 +35,9 @@ DEFAULT_PART_BYTES = 64 << 20
 class WriteBatchPartsFn(beam.DoFn):
     """Arrow record batches of one split -> paths of Arrow IPC files holding them."""
 
-    def __init__(self, split: str, parts_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
+    def __init__(self, split: str, output_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
         self._split = split
-        self._parts_dir = parts_dir
+        self._output_dir = output_dir
         self._part_bytes = part_bytes
 
     def start_bundle(self):
@@ -46,9 +51,10 @@ class WriteBatchPartsFn(beam.DoFn):
         self._handle = None
         return self._path
 
-    def process(self, batch: pa.RecordBatch):
+    def process(self, batch: pa.RecordBatch, run_id: str):
         if self._handle is None:
-            self._path = manifest_lib.join(self._parts_dir, f"{self._split}-{uuid.uuid4().hex}.arrow")
+            name = f"{self._split}-{uuid.uuid4().hex}.arrow"
+            self._path = RunPaths(self._output_dir, run_id).staging("decoded", name)
             self._handle = FileSystems.create(self._path)
             self._writer = pa.ipc.new_stream(pa.PythonFile(self._handle, mode="w"), batch.schema)
             self._written = 0
@@ -75,19 +81,22 @@ class SpillAndReload(beam.PTransform):
 
     The output is produced from the complete list of parts, so everything
     downstream starts only after the input is fully written, and reads it
-    back in parallel, one part per element.
+    back in parallel, one part per element. `run_id` is the singleton of
+    preprocess.runs.MakeRunId.
     """
 
-    def __init__(self, split: str, parts_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
+    def __init__(self, split: str, output_dir: str, run_id, part_bytes: int = DEFAULT_PART_BYTES):
         super().__init__()
         self._split = split
-        self._parts_dir = parts_dir
+        self._output_dir = output_dir
+        self._run_id = run_id
         self._part_bytes = part_bytes
 
     def expand(self, batches):
+        write = WriteBatchPartsFn(self._split, self._output_dir, self._part_bytes)
         return (
             batches
-            | "WriteParts" >> beam.ParDo(WriteBatchPartsFn(self._split, self._parts_dir, self._part_bytes))
+            | "WriteParts" >> beam.ParDo(write, beam.pvalue.AsSingleton(self._run_id))
             | "AllParts" >> beam.combiners.ToList()
             | "EachPart" >> beam.FlatMap(sorted)
             | "SpreadParts" >> beam.Reshuffle()

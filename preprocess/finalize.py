@@ -1,85 +1,40 @@
-"""The last step of the job: put the new dataset in place and write the manifest.
+"""The last step of the job: build the manifest and publish the run.
 
-Runs once, after every shard, the error log and the transform graph are
-complete in the run's staging directory. In order:
-
-1. delete the old `dataset.json`, so a reader sees an incomplete directory
-   (not an old manifest over new files) from here on;
-2. delete everything an earlier run wrote (shards of any count, errors.jsonl,
-   transform_fn/, transformed_metadata/);
-3. move the new files from staging into place (a rename on local disk, a copy
-   + delete per object on GCS: each object appears whole or not at all);
-4. write `dataset.json` (to a temporary name, then renamed), and remove staging.
+Runs once, after every shard, the error log and the transform graph of the
+run are complete in `runs/<run id>/`. Nothing is moved or copied: the
+manifest names those files where they are, and `preprocess.publish`
+replaces `dataset.json` with it in one atomic step, then removes what older
+runs left (see publish.py for the protocol and why it is crash-safe).
 """
 
 import datetime
-import json
-import posixpath
 
-from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
+from preprocess.publish import publish_run
+from preprocess.runs import RunPaths, run_started_at
 from preprocess.transform import LABEL_VOCABULARY_FILE
 
 _TRANSFORM_DIRS = (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METADATA_DIR)
 
 
-def list_files(directory: str) -> list[str]:
-    """Every file below `directory`, recursively (local or gs://)."""
-    pattern = manifest_lib.join(directory, "**")
-    return [metadata.path for metadata in FileSystems.match([pattern])[0].metadata_list]
-
-
-def _ensure_parent(path: str):
-    parent = posixpath.dirname(path)
-    if parent and not FileSystems.exists(parent):
-        try:
-            FileSystems.mkdirs(parent)
-        except OSError:
-            pass  # created concurrently, or an object store with no directories
-
-
-def delete_tree(directory: str):
-    files = list_files(directory)
-    if files:
-        FileSystems.delete(files)
-    if FileSystems.exists(directory):  # local disk keeps empty directories
-        FileSystems.delete([directory])
-
-
-def move_file(source: str, destination: str):
-    _ensure_parent(destination)
-    FileSystems.rename([source], [destination])
-
-
-def delete_previous_dataset(output_dir: str):
-    """Remove every file an earlier run may have left, manifest first."""
-    manifest_path = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
-    if FileSystems.exists(manifest_path):
-        FileSystems.delete([manifest_path])
-    stale = []
-    for split in manifest_lib.SPLITS:
-        pattern = manifest_lib.join(output_dir, manifest_lib.shard_glob(split))
-        stale += [metadata.path for metadata in FileSystems.match([pattern])[0].metadata_list]
-    errors_path = manifest_lib.join(output_dir, manifest_lib.ERRORS_FILE)
-    if FileSystems.exists(errors_path):
-        stale.append(errors_path)
-    if stale:
-        FileSystems.delete(stale)
-    for name in _TRANSFORM_DIRS:
-        delete_tree(manifest_lib.join(output_dir, name))
-
-
-def read_label_vocabulary(transform_dir: str) -> list[str]:
-    path = manifest_lib.join(transform_dir, manifest_lib.TRANSFORM_FN_DIR, "assets", LABEL_VOCABULARY_FILE)
+def read_label_vocabulary(transform_fn_dir: str) -> list[str]:
+    path = manifest_lib.join(transform_fn_dir, "assets", LABEL_VOCABULARY_FILE)
     with FileSystems.open(path) as handle:
         return [line for line in handle.read().decode("utf-8").split("\n") if line]
 
 
-def build_manifest(*, config: dict, labels, stats, shards, class_counts, num_found, failures, num_duplicates):
-    """The manifest dict, from the job's config and the facts the pipeline gathered."""
+def build_manifest(
+    *, config: dict, run_id: str, labels, stats, shards, class_counts, num_found, failures, num_duplicates
+):
+    """The manifest dict, from the job's config and the facts the pipeline gathered.
+
+    `shards` are the entries ConcatenatePartsFn yields: paths relative to the
+    output directory, inside the run's directory.
+    """
+    run = RunPaths(config["output"], run_id)
     splits = {}
     for split in manifest_lib.SPLITS:
         split_shards = sorted((shard for shard in shards if shard["split"] == split), key=lambda s: s["path"])
@@ -101,6 +56,7 @@ def build_manifest(*, config: dict, labels, stats, shards, class_counts, num_fou
     return {
         "format_version": manifest_lib.FORMAT_VERSION,
         "created_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run": {"id": run_id, "started_at": run_started_at(run_id), "dir": run.relative_dir},
         "source": {"input": config["input"], "kind": config["input_kind"]},
         "image": {
             "height": config["image_size"],
@@ -126,8 +82,8 @@ def build_manifest(*, config: dict, labels, stats, shards, class_counts, num_fou
             "failures_by_reason": dict(sorted(failures.items())),
         },
         "split_fractions": config["split_fractions"],
-        "transform": {name: name for name in _TRANSFORM_DIRS},
-        "errors": manifest_lib.ERRORS_FILE,
+        "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
+        "errors": run.relative(manifest_lib.ERRORS_FILE),
     }
 
 
@@ -135,40 +91,34 @@ def finalize_dataset(
     _,
     *,
     config,
-    staging_dir,
+    run_id,
     shards,
+    errors_log,
     class_counts,
     stats,
     num_found,
     failures,
     num_duplicates,
-    errors_files,
     transform_written,
 ):
-    """Move the staged dataset into `config['output']` and write its manifest; returns the manifest."""
-    del errors_files, transform_written  # side inputs only to order this step after those writes
-    output_dir = config["output"]
+    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
+
+    `errors_log` and `transform_written` are side inputs only to order this
+    step after those writes (the manifest names both by their fixed places).
+    """
+    del errors_log, transform_written
+    run = RunPaths(config["output"], run_id)
     if not stats:
         raise ValueError(
             "no training example was written: every input failed or the split gave train nothing; "
-            f"see {manifest_lib.join(staging_dir, manifest_lib.ERRORS_FILE)}"
+            f"see {run.final(manifest_lib.ERRORS_FILE)}"
         )
     if len(set(stats)) != 1:
         raise AssertionError(f"the transform applied different statistics to different batches: {set(stats)}")
-    labels = read_label_vocabulary(staging_dir)
-
-    delete_previous_dataset(output_dir)
-    for shard in shards:
-        move_file(manifest_lib.join(staging_dir, shard["path"]), manifest_lib.join(output_dir, shard["path"]))
-    staged_errors = manifest_lib.join(staging_dir, manifest_lib.ERRORS_FILE)
-    move_file(staged_errors, manifest_lib.join(output_dir, manifest_lib.ERRORS_FILE))
-    for name in _TRANSFORM_DIRS:
-        source_dir = manifest_lib.join(staging_dir, name)
-        for source in list_files(source_dir):
-            move_file(source, manifest_lib.join(output_dir, name, source[len(source_dir) + 1 :]))
-
+    labels = read_label_vocabulary(run.final(manifest_lib.TRANSFORM_FN_DIR))
     manifest = build_manifest(
         config=config,
+        run_id=run_id,
         labels=labels,
         stats=next(iter(stats)),
         shards=shards,
@@ -178,13 +128,4 @@ def finalize_dataset(
         num_duplicates=num_duplicates,
     )
     manifest_lib.check_manifest(manifest)
-    manifest_path = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
-    temporary_path = manifest_path + ".tmp"
-    with FileSystems.create(temporary_path) as handle:
-        handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
-    FileSystems.rename([temporary_path], [manifest_path])
-    try:
-        delete_tree(staging_dir)
-    except BeamIOError:
-        pass  # leftovers in staging do not affect the dataset; the next run's cleanup is by name
-    return manifest
+    return publish_run(config["output"], run_id, manifest, tft_build_id=config.get("build_id"))

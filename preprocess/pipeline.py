@@ -15,35 +15,44 @@ Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
 URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
 Arrow record batches -> tf.Transform (analyze on train as the batches are
 decoded; transform all splits, read back from a spill on disk so that memory
-does not grow with the corpus) -> encode -> shard parts -> shards packed by bytes -> finalize (move into
-place, manifest last). Every input that is not written is an error record or
-a counted duplicate. Our flags: `python -m preprocess --help`; all other flags
+does not grow with the corpus) -> encode -> shard parts -> shards packed by bytes -> finalize (the
+manifest, published by one atomic replacement of dataset.json). Every input that is not written is an
+error record or a counted duplicate.
+
+Each run writes its files once, under `runs/<run id>/` of the output
+directory (its temporary files under `staging/<run id>/`); the run id is
+made when the job runs, so every run of a Dataflow template has its own.
+Publishing is crash-safe and retry-safe: preprocess/publish.py. Our flags: `python -m preprocess --help`; all other flags
 go to Beam's PipelineOptions untouched.
 """
 
 import json
 import logging
+import os
 import sys
 import uuid
 
 import apache_beam as beam
 import tensorflow_transform.beam as tft_beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, local_runner, progress
+from preprocess import errors, filesystem, local_runner, progress
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeExamplesFn
-from preprocess.finalize import delete_tree, finalize_dataset
+from preprocess.finalize import finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
-from preprocess.shards import WriteShards
+from preprocess.publish import SupersededRunError
+from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
+from preprocess.shards import WriteErrorLog, WriteShards
 from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
+from preprocess.transform_output import WriteTransformOutput
 
 # Per-record framing and metadata features around the image payload (sha256,
 # uri, class name, proto overhead): used only to size shard parts.
@@ -60,12 +69,23 @@ def estimated_record_bytes(encoding: str, image_size: int) -> int:
     return raw + _RECORD_OVERHEAD_BYTES
 
 
-def job_config(args) -> dict:
-    """The settings that go into the manifest (plain data, picklable to workers)."""
+def output_dir_of(args) -> str:
+    """The output directory as every step names it: no trailing '/', absolute on local disk."""
+    output = args.output.rstrip("/")
+    return os.path.abspath(output) if filesystem.is_local(output) else output
+
+
+def job_config(args, build_id: str) -> dict:
+    """The settings that go into the manifest (plain data, picklable to workers).
+
+    `build_id` names this pipeline build's tf.Transform temporary directory
+    (runs.tft_temp_dir): the one path chosen when the graph is built.
+    """
     return {
+        "build_id": build_id,
         "input": args.input,
         "input_kind": input_kind(args.input),
-        "output": args.output.rstrip("/"),
+        "output": output_dir_of(args),
         "image_size": args.image_size,
         "resize_method": args.resize_method,
         "encoding": args.encoding,
@@ -74,9 +94,14 @@ def job_config(args) -> dict:
     }
 
 
-def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
+def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
-    config = job_config(args)
+    config = job_config(args, build_id)
+    output_dir = config["output"]
+    # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
+    template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
+    # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
+    run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
@@ -94,7 +119,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
     shard_collections, class_count_collections, stats_collections = [], [], []
 
-    with tft_beam.Context(temp_dir=manifest_lib.join(staging_dir, "tft")):
+    with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         batches = {
             split: by_split[index] | f"ToRecordBatches[{split}]" >> ToRecordBatches(args.transform_batch_size)
             for index, split in enumerate(manifest_lib.SPLITS)
@@ -103,13 +128,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
             batches[manifest_lib.TRAIN],
             adapter_config,
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(preprocessing_fn)
-        transform_written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(staging_dir)
-        decoded_dir = manifest_lib.join(staging_dir, "decoded")
+        transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
+        # The transform loads the graph from the run's copy (written once, where it stays).
+        run_transform_fn = (transform_written, transform_fn[1])
         for index, split in enumerate(manifest_lib.SPLITS):
             # Decoded once; the analysis consumes the batches as they are made,
             # the transform reads them back from disk (see decoded_cache.py).
-            reloaded = batches[split] | f"Spill[{split}]" >> SpillAndReload(split, decoded_dir)
-            transformed, _ = ((reloaded, adapter_config), transform_fn) | f"Transform[{split}]" >> (
+            reloaded = batches[split] | f"Spill[{split}]" >> SpillAndReload(split, output_dir, run_id)
+            transformed, _ = ((reloaded, adapter_config), run_transform_fn) | f"Transform[{split}]" >> (
                 tft_beam.TransformDataset(output_record_batches=True)
             )
             encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
@@ -131,17 +157,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
                 encoded.examples
                 | f"Records[{split}]" >> beam.Map(lambda example: example[0])
                 | f"WriteShards[{split}]"
-                >> WriteShards(split, staging_dir, shard_size_bytes, args.min_shards, estimated_bytes)
+                >> WriteShards(split, output_dir, shard_size_bytes, args.min_shards, estimated_bytes, run_id)
             )
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
-    errors_written = (
+    errors_log = (
         all_errors
-        | "ErrorsToJson" >> beam.Map(errors.ErrorRecord.to_json)
-        | "WriteErrors"
-        >> beam.io.WriteToText(
-            manifest_lib.join(staging_dir, manifest_lib.ERRORS_FILE), shard_name_template="", num_shards=1
-        )
+        | "ErrorsToJson" >> beam.Map(lambda error: errors.ErrorRecord.to_json(error).encode("utf-8"))
+        | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
     )
     failures = (
         all_errors
@@ -165,14 +188,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, staging_dir: str):
         >> beam.Map(
             finalize_dataset,
             config=config,
-            staging_dir=staging_dir,
+            run_id=beam.pvalue.AsSingleton(run_id),
             shards=beam.pvalue.AsList(shard_collections | "AllShards" >> beam.Flatten()),
+            errors_log=beam.pvalue.AsSingleton(errors_log),
             class_counts=beam.pvalue.AsList(class_count_collections | "AllClassCounts" >> beam.Flatten()),
             stats=beam.pvalue.AsList(stats),
             num_found=beam.pvalue.AsSingleton(num_found),
             failures=beam.pvalue.AsList(failures),
             num_duplicates=beam.pvalue.AsSingleton(num_duplicates),
-            errors_files=beam.pvalue.AsList(errors_written),
             transform_written=beam.pvalue.AsList(transform_written),
         )
     )
@@ -186,18 +209,21 @@ def read_manifest(output_dir: str) -> dict:
 def run(argv=None) -> dict | None:
     """Runs the job and waits for it; returns the manifest (None if the runner did not run it)."""
     args, beam_args = parse_args(argv)
-    output_dir = args.output.rstrip("/")
-    staging_dir = manifest_lib.join(output_dir, f".staging-{uuid.uuid4().hex[:12]}")
+    output_dir = output_dir_of(args)
+    build_id = uuid.uuid4().hex[:12]
     options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
-    build_pipeline(pipeline, args, staging_dir)
+    build_pipeline(pipeline, args, build_id)
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
     with progress.ProgressReporter(enabled=progress.runs_locally(options)):
         result = pipeline.run()
         state = result.wait_until_finish()
-    # tf.Transform may still write temporary files after the finalize step
-    # has cleaned up staging; whatever is left goes now.
-    delete_tree(staging_dir)
+    if not options.view_as(GoogleCloudOptions).template_location:
+        # This build's tf.Transform directory served this one run, which has
+        # ended (tf.Transform may write into it until the very end). A
+        # template's is shared by its runs: publish.py removes it once idle.
+        filesystem.delete_tree(tft_temp_dir(output_dir, build_id))
+        filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))
     if not FileSystems.exists(manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)):
         logging.info(
             "pipeline finished in state %s without writing a manifest (a template or dry run?)", state
@@ -208,7 +234,11 @@ def run(argv=None) -> dict | None:
 
 def main(argv=None):
     logging.getLogger().setLevel(logging.INFO)
-    manifest = run(sys.argv[1:] if argv is None else argv)
+    try:
+        manifest = run(sys.argv[1:] if argv is None else argv)
+    except SupersededRunError as exc:
+        # Not a failure of this run's data: another run's dataset is there, complete.
+        sys.exit(f"preprocess: {exc}")
     if manifest is not None:
         args, _ = parse_args(sys.argv[1:] if argv is None else argv)
         output_dir = args.output.rstrip("/")

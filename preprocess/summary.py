@@ -43,7 +43,7 @@ def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> d
     Stops reading once every reason the manifest counts has its examples, so a
     huge error log costs a few lines, not a full read.
     """
-    path = manifest_lib.join(data_dir, manifest.get("errors", manifest_lib.ERRORS_FILE))
+    path = manifest_lib.join(data_dir, manifest_lib.errors_path(manifest))
     wanted = manifest["inputs"].get("failures_by_reason", {})
     examples: dict[str, list[str]] = {}
     if not wanted or not tf.io.gfile.exists(path):
@@ -114,6 +114,7 @@ def format_summary(
     source = manifest.get("source", {})
     origin = [f"from {source['input']}"] if source.get("input") else []
     origin += [f"written {manifest['created_at']}"] if manifest.get("created_at") else []
+    origin += [f"run {manifest['run']['id']}"] if (manifest.get("run") or {}).get("id") else []
     lines = [
         f"Dataset {output_dir}" + (f" ({', '.join(origin)})" if origin else ""),
         f"  images: {inputs['num_found']} found = {inputs['num_written']} written"
@@ -142,7 +143,7 @@ def format_summary(
             lines.append(f"    {split}: none")
     lines.append(f"  total size: {format_bytes(total_bytes)} in {total_shards} shards")
     if inputs.get("failures_by_reason"):
-        errors_path = manifest_lib.join(output_dir, manifest.get("errors", manifest_lib.ERRORS_FILE))
+        errors_path = manifest_lib.join(output_dir, manifest_lib.errors_path(manifest))
         lines.append(f"  failures by reason (details: {errors_path}):")
         for reason, count in inputs["failures_by_reason"].items():
             examples = (error_examples or {}).get(reason, [])

@@ -7,6 +7,9 @@ Reads every byte of every listed shard once: its size and sha256 against
 `dataset.json`, the TFRecord framing and checksums, the record count, and each
 example (schema, image payload, finite values, label); see
 `dataset_contract/verification.py`, which training's `--verify-data` shares.
+Also checks that the error log and tf.Transform's output the manifest names
+are there. Reads both layouts: format 2 (each run's files under
+`runs/<run id>/`) and format 1 (files at the top level).
 Prints one line per problem naming the shard, and exits 1 if there is any
 (2 if the directory has no usable manifest).
 """
@@ -65,11 +68,13 @@ def main(argv=None) -> int:
     num_bytes = sum(shard["num_bytes"] for shard in shards)
     print(
         f"verifying {len(shards)} shards of {', '.join(args.splits)} ({num_records} records, "
-        f"{format_bytes(num_bytes)}) in {data_dir}",
+        f"{format_bytes(num_bytes)}) in {data_dir}"
+        + (f" (run {manifest['run']['id']})" if (manifest.get("run") or {}).get("id") else ""),
         flush=True,
     )
     start = time.monotonic()
-    problems = verification.verify_shards(
+    problems = verification.verify_named_files(data_dir, manifest)
+    problems += verification.verify_shards(
         data_dir,
         manifest,
         splits=args.splits,

@@ -46,7 +46,8 @@ def read_manifest(dataset_dir):
 
 
 def read_errors(dataset_dir):
-    with open(os.path.join(dataset_dir, manifest_lib.ERRORS_FILE)) as handle:
+    path = os.path.join(dataset_dir, manifest_lib.errors_path(read_manifest(dataset_dir)))
+    with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 

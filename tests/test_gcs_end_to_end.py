@@ -8,10 +8,11 @@ against a real GCS emulator and then look at the bucket itself, never through th
 
 * stage 1 (``preprocess``, Beam's GCS IO; in process, and ``python -m preprocess``) reads the sample
   corpus from the bucket, as a class-per-folder tree and as a CSV manifest of ``gs://`` URIs, and writes
-  the dataset into the bucket: every shard the manifest lists is there with its listed size and sha256,
-  next to ``transform_fn/``, ``transformed_metadata/`` and ``errors.jsonl``; nothing else is (no staging
-  leftovers, no stale shard of an earlier run); the manifest appeared after everything it describes;
-  objects next to the dataset directory are untouched; nothing reached local disk;
+  the dataset into the bucket: ``dataset.json`` and the run's directory ``runs/<run id>/``, where every
+  shard the manifest lists is, with its listed size and sha256, next to ``transform_fn/``,
+  ``transformed_metadata/`` and ``errors.jsonl``; nothing else is (no staging leftovers, no stale shard
+  or manifest of an earlier run); the manifest appeared after everything it describes; objects next to
+  the dataset directory are untouched; nothing reached local disk;
 * stage 2 (``python -m train``, TensorFlow's own ``gs://`` filesystem) trains on that dataset, reading
   only the shards the manifest lists, and writes checkpoints, TensorBoard logs, the serving export and,
   last, ``metrics.json`` into the bucket; a run killed with SIGKILL after its first checkpoint resumes
@@ -62,9 +63,8 @@ IMAGES_PER_CLASS = 6  # one plain image per class, so the corpus has exact dupli
 IMAGE_SIZE = 32  # the smallest size every --model accepts
 EPOCHS = 3
 STEPS_PER_EPOCH = 40  # a few seconds an epoch: long enough to kill the run between two checkpoints
-# What a dataset directory holds besides its shards (docs/dataset_format.md).
-DATASET_ENTRIES = {
-    manifest_lib.MANIFEST_FILE,
+# What a run's directory holds besides its shards (docs/dataset_format.md).
+RUN_ENTRIES = {
     manifest_lib.ERRORS_FILE,
     manifest_lib.TRANSFORM_FN_DIR,
     manifest_lib.TRANSFORMED_METADATA_DIR,
@@ -154,16 +154,22 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
         assert objects.get(path) == shard["num_bytes"], f"{path}: in the bucket {objects.get(path)} bytes"
         data = gcs_emulator.read_object(prefix + path)
         assert hashlib.sha256(data).hexdigest() == shard["sha256"], path
-    # Nothing but the dataset: no staging leftovers, no stale or unlisted shard.
-    top_level = {name.split("/", 1)[0] for name in objects}
-    assert top_level == DATASET_ENTRIES | set(listed), sorted(top_level ^ (DATASET_ENTRIES | set(listed)))
+    # Nothing but the dataset: no staging leftovers, no stale or unlisted shard, no other run.
+    run_dir = manifest["run"]["dir"]
+    assert {name.split("/", 1)[0] for name in objects} == {manifest_lib.MANIFEST_FILE, manifest_lib.RUNS_DIR}
+    assert {name.rsplit("/", 1)[0] for name in listed} == {run_dir}
+    in_run = {name[len(run_dir) + 1 :].split("/", 1)[0] for name in objects if name.startswith(run_dir + "/")}
+    expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in listed}
+    assert in_run == expected, sorted(in_run ^ expected)
+    assert len(objects) == 1 + sum(1 for name in objects if name.startswith(run_dir + "/"))
+    assert manifest["errors"] == f"{run_dir}/{manifest_lib.ERRORS_FILE}"
     for name in (
         "transform_fn/saved_model.pb",
         "transform_fn/variables/variables.index",
         "transform_fn/assets/labels",
         "transformed_metadata/schema.pbtxt",
     ):
-        assert name in objects, f"{name} is not in the bucket: {sorted(objects)}"
+        assert f"{run_dir}/{name}" in objects, f"{name} is not in the bucket: {sorted(objects)}"
     stored = json.loads(gcs_emulator.read_object(prefix + manifest_lib.MANIFEST_FILE))
     assert stored == manifest
     # A reader that finds the manifest finds every file it describes complete.
@@ -177,7 +183,7 @@ def assert_inputs_accounted_for(gcs_emulator, dataset_url: str, manifest: dict, 
     assert inputs["num_written"] == corpus.num_usable
     assert inputs["num_failed"] == corpus.num_failed
     assert inputs["num_duplicates"] == corpus.num_duplicates
-    errors_object = object_name(gcs_emulator, dataset_url) + "/" + manifest_lib.ERRORS_FILE
+    errors_object = object_name(gcs_emulator, dataset_url) + "/" + manifest["errors"]
     lines = gcs_emulator.read_object(errors_object).decode().splitlines()
     reasons = {error["uri"]: error["reason"] for error in map(json.loads, filter(None, lines))}
     expected = {corpus.uri(f): f.expected_error for f in corpus.files if f.expected_error}
@@ -257,7 +263,7 @@ def test_stage1_reads_a_corpus_tree_from_gcs_and_writes_the_whole_dataset_to_gcs
     assert not list((scratch / "cwd").iterdir()), "stage 1 wrote into its working directory"
     # The dataset is usable from gs:// as stage 2 and serving use it: the transform graph loads and the
     # records name the gs:// files they were made from.
-    transform = tft.TFTransformOutput(output)
+    transform = tft.TFTransformOutput(manifest_lib.join(output, manifest_lib.transform_output_dir(manifest)))
     assert set(transform.transformed_feature_spec()) >= {"image", "label"}
     rows = read_split(output, manifest_lib.TRAIN, manifest=manifest)
     assert len(rows) == manifest["splits"][manifest_lib.TRAIN]["num_examples"]

@@ -98,6 +98,7 @@ def test_dataflow_template_carries_our_options_and_the_runner_flags(dry_run, gcs
     )
     steps = {transform.unique_name for transform in pipeline.components.transforms.values()}
     for label in (
+        "RunId",  # the run id is made when the job runs: every launch of the template gets its own
         "ListInputs",
         "Deduplicate",
         "Decode",

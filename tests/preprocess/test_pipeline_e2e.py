@@ -5,16 +5,24 @@ import csv
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
+import apache_beam as beam
 import numpy as np
 import pytest
 import tensorflow_transform as tft
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import environments
 
 from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
 from pipelines import sample_corpus
-from preprocess import errors
+from preprocess import errors, local_runner
 from preprocess.content import assign_split
 from preprocess.image_decode import load_image
+from preprocess.options import parse_args
+from preprocess.pipeline import build_pipeline
 from tests.stage1 import read_errors, read_manifest, read_split, run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
@@ -118,28 +126,43 @@ def test_pixels_round_trip_and_normalization_uses_train_statistics(dataset):
 
 def test_transform_output_loads_with_tft(dataset):
     output, manifest = dataset
-    transform_output = tft.TFTransformOutput(output)
+    transform_output = tft.TFTransformOutput(
+        os.path.join(output, manifest_lib.transform_output_dir(manifest))
+    )
     assert "image" in transform_output.transformed_feature_spec()
     assert transform_output.vocabulary_by_name("labels") == [label.encode() for label in manifest["labels"]]
 
 
+def shard_paths(manifest) -> list[str]:
+    return [shard["path"] for info in manifest["splits"].values() for shard in info["shards"]]
+
+
+def _files_below(directory) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(root, name), directory)
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
 def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     output, manifest = dataset
+    run_dir = manifest["run"]["dir"]
+    assert run_dir == f"runs/{manifest['run']['id']}"
     listed = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
-    expected = listed | {"dataset.json", "errors.jsonl", "transform_fn", "transformed_metadata"}
-    assert set(os.listdir(output)) == expected
-
-
-def test_a_rerun_with_other_shard_settings_leaves_no_stale_shards(corpus, tmp_path):
-    output = tmp_path / "dataset"
-    first = run_stage1(corpus.root, output, image_size=16, min_shards=3)
-    (output / "train-00099-of-00100.tfrecord").write_bytes(b"stale from some older run")
-    second = run_stage1(corpus.root, output, image_size=16, min_shards=1, encoding="uint8")
-    shards = {name for name in os.listdir(output) if name.endswith(".tfrecord")}
-    assert shards == {shard["path"] for info in second["splits"].values() for shard in info["shards"]}
-    assert len(first["splits"]["train"]["shards"]) == 3
-    assert len(second["splits"]["train"]["shards"]) == 1
-    assert read_manifest(output)["image"]["encoding"] == "uint8"
+    assert all(path.startswith(run_dir + "/") for path in listed)
+    assert manifest["errors"] == f"{run_dir}/errors.jsonl"
+    # Only the manifest at the top; the run's directory holds exactly what the manifest names.
+    assert set(os.listdir(output)) == {"dataset.json", "runs"}
+    assert os.listdir(os.path.join(output, "runs")) == [manifest["run"]["id"]]
+    transform = {
+        path
+        for path in _files_below(output)
+        if path.startswith((f"{run_dir}/transform_fn/", f"{run_dir}/transformed_metadata/"))
+    }
+    assert f"{run_dir}/transform_fn/saved_model.pb" in transform
+    assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
+    assert _files_below(output) == {"dataset.json", manifest["errors"]} | listed | transform
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
@@ -193,3 +216,44 @@ def test_csv_manifest_input_with_splits_and_unknown_labels(corpus, tmp_path):
             if row["uri"] in named_splits:
                 assert named_splits[row["uri"]] == split
     assert json.loads(json.dumps(manifest))["source"]["kind"] == "csv"
+
+
+# Runs a pipeline graph serialized by the test, in a fresh process: as Dataflow runs a template.
+RUN_SERIALIZED_PIPELINE = """
+import sys
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import environments
+from apache_beam.portability.api import beam_runner_api_pb2
+from preprocess import local_runner
+with open(sys.argv[1], "rb") as handle:
+    proto = beam_runner_api_pb2.Pipeline.FromString(handle.read())
+options = PipelineOptions([])
+local_runner.fn_api_runner(options).run_via_runner_api(proto, options).wait_until_finish()
+"""
+
+
+def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_run(corpus, tmp_path):
+    """As two launches of one Dataflow template: the graph is built (and serialized) once, the run id is
+    made by each run; the second run publishes its own files and removes the first's."""
+    output = tmp_path / "dataset"
+    args, beam_args = parse_args(
+        ["--input", corpus.root, "--output", str(output), "--image-size", "16", "--min-shards", "1"]
+    )
+    options = PipelineOptions(beam_args)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
+    build_pipeline(pipeline, args, build_id="one-build")
+    graph = tmp_path / "pipeline.pb"
+    graph.write_bytes(
+        pipeline.to_runner_api(
+            default_environment=environments.EmbeddedPythonEnvironment.default()
+        ).SerializeToString()
+    )
+    runs = []
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", RUN_SERIALIZED_PIPELINE, str(graph)], check=True, timeout=900)
+        runs.append(read_manifest(output))
+    first, second = runs
+    assert second["run"]["id"] > first["run"]["id"]
+    assert not set(shard_paths(first)) & set(shard_paths(second))
+    assert os.listdir(output / "runs") == [second["run"]["id"]]
+    assert verification.verify_shards(str(output), second, check_sha256=True) == []

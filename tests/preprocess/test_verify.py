@@ -75,7 +75,7 @@ def rewrite_shard(data_dir, shard_path, records: list[bytes], tmp_path, num_exam
     manifest = load_manifest(data_dir)
     for info in manifest["splits"].values():
         for shard in info["shards"]:
-            if shard["path"] == shard_path.name:
+            if shard["path"] == os.path.relpath(shard_path, data_dir):
                 shard.update(num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
                 if num_examples is not None:
                     shard["num_examples"] = num_examples
@@ -215,9 +215,47 @@ def test_verify_reads_gs(written_dataset, gcs_dir, capsys):
     names = [manifest_lib.MANIFEST_FILE] + [
         s["path"] for info in manifest["splits"].values() for s in info["shards"]
     ]
-    for name in names:
-        tf.io.gfile.copy(str(written_dataset / name), f"{gcs_dir}/{name}")
+    for path in written_dataset.rglob("*"):
+        if path.is_file():
+            tf.io.gfile.copy(str(path), f"{gcs_dir}/{path.relative_to(written_dataset)}")
     assert verify_cli.main([gcs_dir]) == 0
     tf.io.gfile.remove(f"{gcs_dir}/{names[1]}")
     assert verify_cli.main([gcs_dir]) == 1
     assert f"{gcs_dir}/{names[1]}: listed in dataset.json but absent" in capsys.readouterr().out
+
+
+def test_a_missing_error_log_or_transform_graph_is_named(dataset, capsys):
+    manifest = load_manifest(dataset)
+    os.remove(dataset / manifest["errors"])
+    shutil.rmtree(dataset / manifest["transform"]["transform_fn"])
+    status, out = run_cli(dataset, capsys)
+    assert status == 1
+    assert f"{dataset / manifest['errors']}: named in dataset.json but absent" in out
+    assert f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in dataset.json" in out
+
+
+def test_a_format_1_dataset_with_every_file_at_the_top_still_verifies(dataset, capsys):
+    """The layout before runs/<run id>/: readers take both."""
+    manifest = load_manifest(dataset)
+    run_dir = dataset / manifest["run"]["dir"]
+    for entry in os.listdir(run_dir):
+        shutil.move(str(run_dir / entry), str(dataset / entry))
+    shutil.rmtree(dataset / "runs")
+    flat = json.loads(json.dumps(manifest).replace(manifest["run"]["dir"] + "/", ""))
+    flat["format_version"] = 1
+    del flat["run"]
+    (dataset / manifest_lib.MANIFEST_FILE).write_text(json.dumps(flat))
+    assert flat["splits"]["train"]["shards"][0]["path"].startswith("train-")
+    status, out = run_cli(dataset, capsys)
+    assert status == 0, out
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../elsewhere/train-00000-of-00001.tfrecord", "runs/./x.tfrecord", "gs://b/x"]
+)
+def test_a_shard_path_outside_the_dataset_directory_is_refused(dataset, capsys, path):
+    manifest = load_manifest(dataset)
+    manifest["splits"]["train"]["shards"][0]["path"] = path
+    (dataset / manifest_lib.MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert verify_cli.main([str(dataset)]) == 2
+    assert f"shard path {path!r} must" in capsys.readouterr().err

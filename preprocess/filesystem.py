@@ -1,0 +1,151 @@
+"""File operations that are safe to retry, on local disk and gs:// alike (Beam FileSystems).
+
+Every step of the job may run twice, at once or after a crash at any line,
+so each operation here either happens whole or not at all, and doing it
+again gives the same result:
+
+- `write_atomically`: a reader sees the old file or the complete new one,
+  never a part. A GCS object upload is atomic by itself (the object appears
+  when the upload completes); on local disk the file is written under a
+  temporary name and renamed into place (`os.rename` replaces atomically).
+- `delete_files`: deleting a file that is already gone is not an error.
+  On GCS the deletes go out in batches of 100 (one request each), not one
+  listing and one request per file as `FileSystems.delete` does.
+- `copy_file`: a server-side copy on GCS (the destination appears whole),
+  an atomic write on local disk.
+"""
+
+import contextlib
+import os
+import posixpath
+import uuid
+
+from apache_beam.io.filesystem import BeamIOError, FileMetadata
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.localfilesystem import LocalFileSystem
+
+from dataset_contract import manifest as manifest_lib
+
+_COPY_CHUNK_BYTES = 8 << 20
+
+
+def is_local(path: str) -> bool:
+    return isinstance(FileSystems.get_filesystem(path), LocalFileSystem)
+
+
+def list_files(directory: str) -> list[FileMetadata]:
+    """Every file below `directory`, recursively ([] if there is none); GCS directory placeholders left out."""
+    pattern = manifest_lib.join(directory.rstrip("/"), "**")
+    return [
+        metadata
+        for metadata in FileSystems.match([pattern])[0].metadata_list
+        if not metadata.path.endswith("/")
+    ]
+
+
+def exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def match(pattern: str) -> list[FileMetadata]:
+    """The files matching a glob (`*` stays within one directory level)."""
+    return FileSystems.match([pattern])[0].metadata_list
+
+
+def _make_parent(path: str):
+    parent = posixpath.dirname(path)
+    if parent and not FileSystems.exists(parent):
+        try:
+            FileSystems.mkdirs(parent)
+        except (OSError, BeamIOError):
+            pass  # made concurrently
+
+
+@contextlib.contextmanager
+def write_atomically(path: str, tmp_dir: str | None = None):
+    """A binary handle whose bytes appear at `path` whole, on a clean exit only.
+
+    `tmp_dir` (local disk only; default: next to `path`) holds the file until
+    its rename; it must be on the same filesystem. An exception inside the
+    block leaves `path` as it was.
+    """
+    if not is_local(path):
+        # A GCS upload that fails or is abandoned creates no object.
+        with FileSystems.create(path) as handle:
+            yield handle
+        return
+    base = tmp_dir or posixpath.dirname(path)
+    temporary = manifest_lib.join(base, f".{posixpath.basename(path)}.tmp-{uuid.uuid4().hex}")
+    handle = FileSystems.create(temporary)
+    try:
+        yield handle
+        handle.close()
+        _make_parent(path)
+        FileSystems.rename([temporary], [path])
+    except BaseException:
+        handle.close()
+        delete_files([temporary])
+        raise
+
+
+def write_bytes(path: str, data: bytes, tmp_dir: str | None = None):
+    with write_atomically(path, tmp_dir) as handle:
+        handle.write(data)
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path) as handle:
+        return handle.read()
+
+
+def copy_file(source: str, destination: str, tmp_dir: str | None = None):
+    """Copy one file; the destination appears whole or not at all."""
+    if not is_local(destination):
+        FileSystems.copy([source], [destination])
+        return
+    with FileSystems.open(source) as reader, write_atomically(destination, tmp_dir) as writer:
+        while chunk := reader.read(_COPY_CHUNK_BYTES):
+            writer.write(chunk)
+
+
+def _gcs_delete_batch(paths: list[str]):
+    # GcsIO.delete_batch sends up to 100 deletes per HTTP request and treats
+    # 404 as done; the filesystem object carries the job's pipeline options.
+    gcs = FileSystems.get_filesystem(paths[0])._gcsIO()  # noqa: SLF001 - no public batch delete
+    failed = {path: code for path, code in gcs.delete_batch(paths) if code is not None}
+    if failed:
+        raise BeamIOError("Delete operation failed", failed)
+
+
+def delete_files(paths: list[str]):
+    """Delete files; those already gone are fine. Raises BeamIOError if one could not be deleted."""
+    local = [path for path in paths if is_local(path)]
+    remote = [path for path in paths if not is_local(path)]
+    gcs = [path for path in remote if FileSystems.get_scheme(path) == "gs"]
+    other = [path for path in remote if FileSystems.get_scheme(path) != "gs"]
+    if gcs:
+        _gcs_delete_batch(gcs)
+    for path in local + other:
+        try:
+            FileSystems.delete([path])
+        except BeamIOError:
+            if FileSystems.exists(path):
+                raise
+
+
+def remove_empty_directory(directory: str):
+    """Remove a local directory if it is empty (a listing of an object store has no empty directories)."""
+    if is_local(directory):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass  # not empty (another run's files), or gone
+
+
+def delete_tree(directory: str):
+    """Delete every file below `directory`, then the directory itself (local disk keeps empty ones)."""
+    files = [metadata.path for metadata in list_files(directory)]
+    if files:
+        delete_files(files)
+    if is_local(directory) and FileSystems.exists(directory):
+        delete_files([directory])

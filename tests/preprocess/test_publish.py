@@ -1,0 +1,393 @@
+"""Publishing a run (preprocess/publish.py) on real files: at every instant the directory holds a complete
+dataset, the old or the new, whatever file operation a crash stops at, and overlapping runs follow the
+rule "the run that started later wins" without removing a file a manifest names.
+
+The starting point of every test is a real directory: a dataset written by stage 1 (the old run), and a
+second real run of stage 1 into it, stopped just before its switch (the new run: its files complete in
+runs/<run id>/, its staging there, not published).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+
+import pytest
+from google.cloud import storage
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import publish
+from preprocess.publish import SupersededRunError, missing_run_files, publish_run
+from preprocess.runs import RunPaths, new_run_id
+from tests.publishing import (
+    InjectedCrash,
+    assert_complete_dataset,
+    injected_faults,
+    run_stopped_before_switch,
+    shard_digests,
+)
+from tests.stage1 import run_stage1, write_corpus
+
+pytestmark = pytest.mark.slow
+
+
+@dataclasses.dataclass
+class Staged:
+    output: str
+    old: dict  # the published manifest
+    new_run_id: str
+    new: dict  # the manifest the stopped run would publish
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=4)
+    output = tmp_path_factory.mktemp("staged") / "dataset"
+    old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
+    stopped = run_stopped_before_switch(corpus.root, output, image_size=16, encoding="uint8", min_shards=1)
+    return Staged(str(output), old, stopped.run_id, stopped.manifest)
+
+
+@pytest.fixture
+def output(staged, tmp_path):
+    """A private copy of the staged directory."""
+    copy = tmp_path / "dataset"
+    shutil.copytree(staged.output, copy)
+    return str(copy)
+
+
+def files_below(directory: str) -> set[str]:
+    """Relative paths of every file below `directory`, tf.Transform's temporary directories left out."""
+    found = set()
+    for root, _, names in os.walk(directory):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), directory)
+            if not relative.startswith("staging/tft-"):
+                found.add(relative)
+    return found
+
+
+def named_files(data_dir: str, manifest: dict) -> set[str]:
+    """Every file the manifest names (directories expanded), and the manifest itself."""
+    names = publish.named_files(manifest)
+    return {"dataset.json"} | {path for path in files_below(data_dir) if publish.is_named(path, names)}
+
+
+def assert_only_the_published_run_is_left(data_dir: str):
+    manifest = assert_complete_dataset(data_dir)
+    assert files_below(data_dir) == named_files(data_dir, manifest)
+
+
+def clone_run(data_dir: str, manifest: dict, run_id: str) -> dict:
+    """Copy a run's files under another run id (real bytes, real sizes); returns its manifest."""
+    source = RunPaths(data_dir, manifest["run"]["id"])
+    target = RunPaths(data_dir, run_id)
+    shutil.copytree(source.run_dir, target.run_dir)
+    text = json.dumps(manifest).replace(manifest["run"]["id"], run_id)
+    return json.loads(text)
+
+
+def run_id_between(older: str, newer: str) -> str:
+    """A run id that sorts between two others (a run that started in between)."""
+    candidate = older[:-8] + "ffffffff"
+    assert older < candidate < newer
+    return candidate
+
+
+def at_pause_point(monkeypatch, name: str, run_id: str, action):
+    """Run `action` once, the first time a publish step reaches the pause point `name` for run `run_id`."""
+    fired = []
+
+    def pause(point, point_run_id):
+        if point == name and point_run_id == run_id and not fired:
+            fired.append(point)
+            action()
+
+    monkeypatch.setattr(publish, "pause_point", pause)
+    return fired
+
+
+def test_the_staged_directory_holds_the_old_dataset_and_the_new_runs_complete_files(staged):
+    assert assert_complete_dataset(staged.output)["run"]["id"] == staged.old["run"]["id"]
+    assert staged.new_run_id > staged.old["run"]["id"]
+    assert missing_run_files(staged.output, staged.new_run_id, staged.new) == []
+    staging = RunPaths(staged.output, staged.new_run_id).staging_dir
+    assert {"parts", "decoded"} <= set(os.listdir(staging))
+
+
+def test_publishing_switches_to_the_new_run_and_removes_everything_else(staged, output):
+    publish_run(output, staged.new_run_id, staged.new)
+    assert assert_complete_dataset(output) == staged.new
+    assert_only_the_published_run_is_left(output)
+
+
+def test_publishing_twice_changes_nothing_the_second_time(staged, output):
+    publish_run(output, staged.new_run_id, staged.new)
+    first = {path: open(os.path.join(output, path), "rb").read() for path in files_below(output)}
+    publish_run(output, staged.new_run_id, staged.new)
+    assert {path: open(os.path.join(output, path), "rb").read() for path in files_below(output)} == first
+
+
+def count_file_calls(monkeypatch, staged, tmp_path) -> list[str]:
+    scratch = tmp_path / "count"
+    shutil.copytree(staged.output, scratch)
+    with injected_faults(monkeypatch) as injector:
+        publish_run(str(scratch), staged.new_run_id, staged.new)
+    return injector.calls
+
+
+def test_a_crash_at_any_file_operation_of_publishing_leaves_a_complete_dataset(staged, tmp_path, monkeypatch):
+    calls = count_file_calls(monkeypatch, staged, tmp_path)
+    assert len(calls) >= 10, calls
+    outcomes = []
+    for crash_at in range(len(calls)):
+        output = tmp_path / f"crash-{crash_at}"
+        shutil.copytree(staged.output, output)
+        with injected_faults(monkeypatch, crash_at=crash_at), pytest.raises(InjectedCrash):
+            publish_run(str(output), staged.new_run_id, staged.new)
+        # Whatever the crash interrupted: one whole dataset, the old one or the new one.
+        found = assert_complete_dataset(str(output))
+        expected = staged.old if found["run"]["id"] == staged.old["run"]["id"] else staged.new
+        assert found == expected, f"crash before call {crash_at} ({calls[crash_at]})"
+        assert shard_digests(found) == shard_digests(expected)
+        outcomes.append("old" if expected is staged.old else "new")
+        # The retry publishes the new run and leaves nothing else.
+        publish_run(str(output), staged.new_run_id, staged.new)
+        assert assert_complete_dataset(str(output)) == staged.new
+        assert_only_the_published_run_is_left(str(output))
+    # The switch is one call: old before it, new from it on.
+    switch = outcomes.index("new")
+    assert outcomes == ["old"] * switch + ["new"] * (len(calls) - switch)
+    assert 0 < switch < len(calls) - 1
+
+
+def test_a_newer_run_that_publishes_removes_an_older_unpublished_run_which_then_cannot_publish(
+    staged, output
+):
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+    publish_run(output, staged.new_run_id, staged.new)
+    assert not os.path.exists(RunPaths(output, older["run"]["id"]).run_dir)
+    with pytest.raises(SupersededRunError, match="started later, has already published"):
+        publish_run(output, older["run"]["id"], older)
+    assert assert_complete_dataset(output) == staged.new
+    assert_only_the_published_run_is_left(output)
+
+
+def test_an_older_run_that_publishes_first_leaves_a_newer_run_alone(staged, output):
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+    publish_run(output, older["run"]["id"], older)
+    assert assert_complete_dataset(output) == older
+    assert missing_run_files(output, staged.new_run_id, staged.new) == []
+    assert os.path.isdir(RunPaths(output, staged.new_run_id).staging_dir)
+    publish_run(output, staged.new_run_id, staged.new)
+    assert assert_complete_dataset(output) == staged.new
+    assert_only_the_published_run_is_left(output)
+
+
+def test_a_run_does_not_publish_once_its_files_are_gone(staged, output):
+    shutil.rmtree(os.path.join(output, staged.new["splits"]["train"]["shards"][0]["path"].rsplit("/", 1)[0]))
+    with pytest.raises(SupersededRunError, match="files it would publish are gone"):
+        publish_run(output, staged.new_run_id, staged.new)
+    assert assert_complete_dataset(output) == staged.old
+
+
+def test_a_run_being_removed_cannot_publish(staged, output, monkeypatch):
+    """The remover's marker is written first: the publisher sees it and backs off."""
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+    refused = []
+
+    def older_tries_to_publish():
+        with pytest.raises(SupersededRunError, match="removing this run's files") as caught:
+            publish_run(output, older["run"]["id"], older)
+        refused.append(caught.value)
+        assert assert_complete_dataset(output) == staged.new
+
+    fired = at_pause_point(monkeypatch, "tombstone-written", older["run"]["id"], older_tries_to_publish)
+    publish_run(output, staged.new_run_id, staged.new)
+    assert fired and refused
+    assert_only_the_published_run_is_left(output)
+
+
+def test_a_run_about_to_publish_is_not_removed_and_its_switch_leaves_a_complete_dataset(
+    staged, output, monkeypatch
+):
+    """The publisher's marker is written first and it has passed its checks: the remover backs off.
+
+    The older run then switches after the newer one (the last switch wins), and every file its manifest
+    names is there; the next publish of the newer run removes it.
+    """
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+
+    def newer_publishes_meanwhile():
+        publish_run(output, staged.new_run_id, staged.new)
+        assert assert_complete_dataset(output) == staged.new
+        assert missing_run_files(output, older["run"]["id"], older) == []
+
+    fired = at_pause_point(monkeypatch, "before-switch", older["run"]["id"], newer_publishes_meanwhile)
+    publish_run(output, older["run"]["id"], older)
+    assert fired
+    assert assert_complete_dataset(output) == older
+    publish_run(output, staged.new_run_id, staged.new)
+    assert_only_the_published_run_is_left(output)
+    assert assert_complete_dataset(output) == staged.new
+
+
+def test_a_marked_publisher_that_finds_a_newer_run_published_backs_off_and_is_removed_later(
+    staged, output, monkeypatch
+):
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+    at_pause_point(
+        monkeypatch,
+        "publish-marked",
+        older["run"]["id"],
+        lambda: publish_run(output, staged.new_run_id, staged.new),
+    )
+    with pytest.raises(SupersededRunError, match="started later"):
+        publish_run(output, older["run"]["id"], older)
+    # Its marker kept it from being removed while it was checking; a later cleanup removes it.
+    assert missing_run_files(output, older["run"]["id"], older) == []
+    publish_run(output, staged.new_run_id, staged.new)
+    assert_only_the_published_run_is_left(output)
+
+
+def test_a_dead_publishers_marker_protects_its_run_only_until_it_expires(staged, output):
+    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
+    marker = RunPaths(output, older["run"]["id"]).marker(publish.PUBLISHING_MARKER, "crashed")
+    publish.write_marker(marker, older["run"]["id"])
+    publish_run(output, staged.new_run_id, staged.new)
+    assert missing_run_files(output, older["run"]["id"], older) == []
+    expired = time.time() - publish.PUBLISH_MARKER_TTL_SECONDS - 60
+    os.utime(marker, (expired, expired))
+    publish_run(output, staged.new_run_id, staged.new)
+    assert_only_the_published_run_is_left(output)
+
+
+def test_a_newer_run_than_the_publisher_is_never_touched_by_its_cleanup(staged, output):
+    """Even one with no files but staging (still decoding) and a leftover marker."""
+    newer = RunPaths(output, new_run_id())
+    os.makedirs(newer.staging("decoded"))
+    with open(newer.staging("decoded", "train-0.arrow"), "wb") as handle:
+        handle.write(b"still being written")
+    publish_run(output, staged.new_run_id, staged.new)
+    assert os.path.exists(newer.staging("decoded", "train-0.arrow"))
+
+
+def test_tf_transform_temporary_directories_go_once_idle_for_the_grace_period(staged, output):
+    idle = os.path.join(output, "staging", "tft-idle", "tftransform_tmp", "model", "saved_model.pb")
+    busy = os.path.join(output, "staging", "tft-busy", "tftransform_tmp", "model", "saved_model.pb")
+    for path in (idle, busy):
+        os.makedirs(os.path.dirname(path))
+        with open(path, "wb") as handle:
+            handle.write(b"graph")
+    long_ago = time.time() - publish.TFT_TEMP_GRACE_SECONDS - 60
+    os.utime(idle, (long_ago, long_ago))
+    publish_run(output, staged.new_run_id, staged.new)
+    assert not os.path.exists(os.path.join(output, "staging", "tft-idle"))
+    assert os.path.exists(busy)
+
+
+def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_the_switch(staged, output):
+    """Format 1 kept shards, errors.jsonl and the transform dirs at the top, and staging in .staging-*/."""
+    old_dir = os.path.join(output, staged.old["run"]["dir"])
+    for entry in os.listdir(old_dir):
+        shutil.move(os.path.join(old_dir, entry), os.path.join(output, entry))
+    shutil.rmtree(old_dir)
+    flat = json.loads(json.dumps(staged.old).replace(staged.old["run"]["dir"] + "/", ""))
+    flat["format_version"] = 1
+    del flat["run"]
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(flat, handle)
+    os.makedirs(os.path.join(output, ".staging-0123abcd", "parts"))
+    with open(os.path.join(output, ".staging-0123abcd", "parts", "train-x.part"), "wb") as handle:
+        handle.write(b"a part of a format 1 run")
+    with open(os.path.join(output, "notes.txt"), "w") as handle:
+        handle.write("not the dataset's: stays")
+    assert assert_complete_dataset(output) == flat
+
+    publish_run(output, staged.new_run_id, staged.new)
+    assert assert_complete_dataset(output) == staged.new
+    assert sorted(os.listdir(output)) == ["dataset.json", "notes.txt", "runs", "staging"]
+    assert files_below(output) == named_files(output, staged.new) | {"notes.txt"}
+
+
+def test_the_manifest_names_only_paths_inside_the_run_directory(staged):
+    run_dir = manifest_lib.run_dir(staged.new_run_id)
+    assert staged.new["run"]["dir"] == run_dir
+    assert all(name.startswith(run_dir + "/") for name in publish.named_files(staged.new))
+
+
+# ------------------------------------------------------------------ on gs://
+#
+# GCS has no rename (a copy plus a delete) and no directories; the same checks against the emulator.
+
+
+@pytest.fixture(scope="module")
+def staged_gcs(staged, gcs_emulator):
+    """The staged directory, uploaded file by file: the same runs, on gs:// (stage 1's own writes to
+    gs:// are held by tests/test_gcs_end_to_end.py)."""
+    output = gcs_emulator.url(f"publish-staged-{uuid.uuid4().hex[:8]}")
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    for relative in _all_files(staged.output):
+        name = output.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/" + relative
+        bucket.blob(name).upload_from_filename(os.path.join(staged.output, relative))
+    return Staged(output, staged.old, staged.new_run_id, staged.new)
+
+
+def _all_files(directory: str) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(root, name), directory)
+        for root, _, names in os.walk(directory)
+        for name in names
+    }
+
+
+def gcs_copy(gcs_emulator, source_url: str, target_url: str) -> str:
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    source = source_url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    target = target_url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    for blob in bucket.list_blobs(prefix=source):
+        bucket.copy_blob(blob, bucket, target + blob.name[len(source) :])
+    return target_url
+
+
+def gcs_files(gcs_emulator, url: str) -> set[str]:
+    prefix = url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+    return {
+        name[len(prefix) :]
+        for name in gcs_emulator.list_objects(prefix)
+        if not name.endswith("/") and not name[len(prefix) :].startswith("staging/tft-")
+    }
+
+
+def assert_only_the_published_run_is_left_on_gcs(gcs_emulator, url: str):
+    manifest = assert_complete_dataset(url)
+    files = gcs_files(gcs_emulator, url)
+    names = publish.named_files(manifest)
+    assert files == {"dataset.json"} | {path for path in files if publish.is_named(path, names)}
+    assert all(path == "dataset.json" or path.startswith(manifest["run"]["dir"] + "/") for path in files)
+
+
+def test_on_gcs_a_crash_at_any_file_operation_of_publishing_leaves_a_complete_dataset(
+    staged_gcs, gcs_emulator, gcs_dir, monkeypatch
+):
+    scratch = gcs_copy(gcs_emulator, staged_gcs.output, f"{gcs_dir}/count")
+    with injected_faults(monkeypatch) as injector:
+        publish_run(scratch, staged_gcs.new_run_id, staged_gcs.new)
+    calls = injector.calls
+    assert any(call.startswith("delete_batch") for call in calls), calls
+    outcomes = []
+    for crash_at in range(len(calls)):
+        output = gcs_copy(gcs_emulator, staged_gcs.output, f"{gcs_dir}/crash-{crash_at}")
+        with injected_faults(monkeypatch, crash_at=crash_at), pytest.raises(InjectedCrash):
+            publish_run(output, staged_gcs.new_run_id, staged_gcs.new)
+        found = assert_complete_dataset(output)
+        expected = staged_gcs.old if found["run"]["id"] == staged_gcs.old["run"]["id"] else staged_gcs.new
+        assert found == expected, f"crash before call {crash_at} ({calls[crash_at]})"
+        outcomes.append("old" if expected is staged_gcs.old else "new")
+        publish_run(output, staged_gcs.new_run_id, staged_gcs.new)
+        assert assert_complete_dataset(output) == staged_gcs.new
+        assert_only_the_published_run_is_left_on_gcs(gcs_emulator, output)
+    switch = outcomes.index("new")
+    assert outcomes == ["old"] * switch + ["new"] * (len(calls) - switch)

@@ -1,0 +1,129 @@
+"""Test support for publishing: stop a real run before its switch, crash file operations, check a directory.
+
+- `run_stopped_before_switch`: the real stage 1 job (in process) into a directory
+  that already holds a dataset, stopped at the instant it would replace
+  `dataset.json`: the new run's files are complete in runs/<run id>/ (and its
+  staging is there), the old dataset is still the published one.
+- `FaultInjector`: every file-changing call of Beam's FileSystems (and GCS batch
+  deletes) counted; from call K on, each raises `InjectedCrash`, as if the worker
+  had died just before call K.
+- `assert_complete_dataset`: `preprocess.verify`'s checks, through its library
+  functions (every shard's size, sha256 and records; the other files the
+  manifest names); returns the manifest.
+"""
+
+import contextlib
+import dataclasses
+import json
+
+import pytest
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.gcp import gcsio
+
+from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
+from preprocess import filesystem, publish
+from tests.stage1 import run_stage1
+
+
+class StopBeforeSwitch(Exception):
+    """Raised in place of replacing dataset.json."""
+
+
+@dataclasses.dataclass
+class StoppedRun:
+    run_id: str
+    manifest: dict
+
+
+def run_stopped_before_switch(input_spec, output_dir, **stage1_args) -> StoppedRun:
+    """Run stage 1 (in process) into `output_dir`, stopping it where it would switch the manifest."""
+    captured = {}
+
+    def stop(output, run_id, manifest):
+        captured.update(run_id=run_id, manifest=manifest)
+        raise StopBeforeSwitch(f"stopped before publishing run {run_id}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(publish, "switch_manifest", stop)
+        try:
+            run_stage1(input_spec, output_dir, **stage1_args)
+        except Exception as exc:  # the runner may wrap the DoFn's exception
+            if "stopped before publishing" not in str(exc):
+                raise
+        else:
+            raise AssertionError("the run published although its switch was stopped")
+    return StoppedRun(captured["run_id"], captured["manifest"])
+
+
+class InjectedCrash(BaseException):
+    """A crash injected into a file operation (BaseException: nothing may swallow it, as nothing can a kill)."""
+
+
+_MUTATIONS = ("create", "rename", "copy", "delete", "mkdirs")
+
+
+class FaultInjector:
+    """Counts file-changing calls; with `crash_at=K`, call K and every later one raise InjectedCrash."""
+
+    def __init__(self, monkeypatch, crash_at: int | None = None):
+        self.calls: list[str] = []
+        self._crash_at = crash_at
+        for name in _MUTATIONS:
+            monkeypatch.setattr(FileSystems, name, self._wrap(name, getattr(FileSystems, name)))
+        monkeypatch.setattr(
+            gcsio.GcsIO, "delete_batch", self._wrap_method("delete_batch", gcsio.GcsIO.delete_batch)
+        )
+
+    def _count(self, name, args):
+        if self._crash_at is not None and len(self.calls) >= self._crash_at:
+            raise InjectedCrash(f"crash before file call {len(self.calls)} ({name} {args[:1]})")
+        self.calls.append(f"{name} {args[:1]}")
+
+    def _wrap(self, name, real):
+        def wrapper(*args, **kwargs):
+            self._count(name, args)
+            return real(*args, **kwargs)
+
+        return staticmethod(wrapper)
+
+    def _wrap_method(self, name, real):
+        def wrapper(instance, *args, **kwargs):
+            self._count(name, args)
+            return real(instance, *args, **kwargs)
+
+        return wrapper
+
+
+@contextlib.contextmanager
+def injected_faults(monkeypatch, crash_at: int | None = None):
+    """A FaultInjector for the duration of the block only."""
+    with monkeypatch.context() as patch:
+        yield FaultInjector(patch, crash_at)
+
+
+def assert_complete_dataset(data_dir: str) -> dict:
+    """What `python -m preprocess.verify` checks, through its library functions; returns the manifest.
+
+    On gs:// the manifest is read with Beam, not TensorFlow: TensorFlow's GCS filesystem caches a file's
+    size for a few seconds, and dataset.json, the one file that is ever replaced, is replaced here
+    within seconds of the last read in this process. (`python -m preprocess.verify` and training read it
+    once per process.) Every other file is written once and never changes, so its checks go through
+    TensorFlow as in production.
+    """
+    if data_dir.startswith("gs://"):
+        manifest = json.loads(filesystem.read_bytes(f"{data_dir}/{manifest_lib.MANIFEST_FILE}"))
+        manifest_lib.check_manifest(manifest)
+    else:
+        manifest = verification.read_manifest(data_dir)
+    problems = verification.verify_named_files(data_dir, manifest)
+    problems += verification.verify_shards(data_dir, manifest, check_sha256=True, check_records=True)
+    assert not problems, "\n".join(str(problem) for problem in problems)
+    return manifest
+
+
+def shard_digests(manifest: dict) -> dict[str, str]:
+    """Shard path -> sha256, as the manifest lists them."""
+    return {
+        shard["path"]: shard["sha256"] for info in manifest["splits"].values() for shard in info["shards"]
+    }
