@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m preprocess",
         description="Turn a corpus of images into a dataset directory of normalized, sharded TFRecords "
         "with a manifest (dataset.json). Any flag not listed here is passed to Apache Beam "
-        "(--runner, --project, --region, --temp_location, --num_workers, --setup_file, ...).",
+        "(--runner, --project, --region, --temp_location, --num_workers, --sdk_container_image, ...).",
     )
     parser.add_argument(
         "--input",

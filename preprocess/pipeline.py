@@ -5,25 +5,30 @@ Locally (DirectRunner, one worker process per core):
     python -m preprocess --input images/ --output /tmp/dataset \\
         --direct_running_mode=multi_processing --direct_num_workers=2
 
-On Dataflow (same code; the package is installed on the workers from setup.py):
+On Dataflow (same code; the workers run the image built from the repository's
+Dockerfile, or install the package from setup.py at boot with
+`--setup_file ./setup.py` instead of `--sdk_container_image`):
 
     python -m preprocess --input gs://BUCKET/raw --output gs://BUCKET/dataset \\
         --runner DataflowRunner --project PROJECT --region REGION \\
-        --temp_location gs://BUCKET/tmp --setup_file ./setup.py
+        --temp_location gs://BUCKET/tmp \\
+        --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
 Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
 URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
 Arrow record batches -> tf.Transform (analyze on train as the batches are
 decoded; transform all splits, read back from a spill on disk so that memory
-does not grow with the corpus) -> encode -> shard parts -> shards packed by bytes -> finalize (the
-manifest, published by one atomic replacement of dataset.json). Every input that is not written is an
-error record or a counted duplicate.
+does not grow with the corpus) -> encode -> shard parts -> shards packed by
+bytes -> finalize (the manifest, published by one atomic replacement of
+dataset.json). Every input that is not written is an error record or a
+counted duplicate.
 
 Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the run id is
 made when the job runs, so every run of a Dataflow template has its own.
-Publishing is crash-safe and retry-safe: preprocess/publish.py. Our flags: `python -m preprocess --help`; all other flags
-go to Beam's PipelineOptions untouched.
+Publishing is crash-safe and retry-safe: preprocess/publish.py. Our flags:
+`python -m preprocess --help`; all other flags go to Beam's PipelineOptions
+untouched.
 """
 
 import json
