@@ -68,6 +68,7 @@ def job_config(args) -> dict:
         "output": args.output.rstrip("/"),
         "image_size": args.image_size,
         "resize_method": args.resize_method,
+        "max_pixels": args.max_pixels,
         "encoding": args.encoding,
         "jpeg_quality": args.jpeg_quality,
         "split_fractions": args.split,
