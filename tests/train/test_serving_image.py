@@ -24,7 +24,7 @@ from PIL import Image
 from dataset_contract import geometry
 from preprocess.image_decode import load_image
 from tests.exif import orientation_exif, stored_for_orientation
-from train.serving_image import decode_and_resize, decode_and_resize_batch
+from train.serving_image import decode_and_resize, decode_batch
 
 SIZE = 48
 MEAN_TOLERANCE = 0.5
@@ -179,10 +179,11 @@ def test_decode_inside_dataset_map_matches_stage_one(method):
 @pytest.mark.parametrize("method", geometry.RESIZE_METHODS)
 def test_batch_decode_inside_tf_function_matches_stage_one(method):
     names = sorted(CASES)
-    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, method))
-    served = decode_batch(tf.constant([case_bytes(name) for name in names])).numpy()
-    assert served.shape == (len(names), SIZE, SIZE, 3)
-    for name, image in zip(names, served, strict=True):
+    decode = tf.function(lambda batch: decode_batch(batch, SIZE, method))
+    served = decode(tf.constant([case_bytes(name) for name in names]))
+    assert served.valid.numpy().all(), dict(zip(names, served.error.numpy(), strict=True))
+    assert served.pixels.shape == (len(names), SIZE, SIZE, 3)
+    for name, image in zip(names, served.pixels.numpy(), strict=True):
         assert_matches_stage_one(image, case_bytes(name), method)
 
 
@@ -195,8 +196,8 @@ def test_orientation_is_applied_not_ignored_by_both_stages():
     assert np.abs(served.astype(int) - expected).mean() < 2
 
 
-def test_unknown_content_is_an_invalid_argument_error():
-    with pytest.raises(tf.errors.InvalidArgumentError, match="not a supported image"):
+def test_unknown_content_is_an_invalid_argument_error_for_a_single_image():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not_an_image: unrecognised content"):
         decode_and_resize(tf.constant(b"%PDF-1.7 definitely not an image"), SIZE, geometry.CROP)
 
 
@@ -213,10 +214,10 @@ def all_op_types(graph_def) -> set[str]:
 
 
 def test_serving_graph_has_no_python_ops():
-    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, geometry.CROP))
-    graph_def = decode_batch.get_concrete_function(tf.TensorSpec([None], tf.string)).graph.as_graph_def()
+    decode = tf.function(lambda batch: decode_batch(batch, SIZE, geometry.CROP).pixels)
+    graph_def = decode.get_concrete_function(tf.TensorSpec([None], tf.string)).graph.as_graph_def()
     op_types = all_op_types(graph_def)
-    assert "DecodeJpeg" in op_types  # the walk reached the function bodies
+    assert "DecodeAndCropJpeg" in op_types  # the walk reached the function bodies (tf.data map too)
     assert not op_types & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 
 
@@ -224,7 +225,7 @@ def test_serving_graph_has_no_python_ops():
 def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(tmp_path):
     module = tf.Module()
     module.decode = tf.function(
-        lambda batch: {"image": decode_and_resize_batch(batch, SIZE, geometry.CROP)},
+        lambda batch: {"image": decode_batch(batch, SIZE, geometry.CROP).pixels},
         input_signature=[tf.TensorSpec([None], tf.string)],
     )
     tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.decode})
