@@ -150,9 +150,11 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
 
     # The input tensors, in 0-255 levels: serving's decode + resize against what the pipeline feeds
     # the model (de-normalized for the encodings stage 1 normalized; uint8 and jpeg are pixels).
-    serving_pixels = serving_image.decode_and_resize_batch(
+    served_batch = serving_image.decode_batch(
         file_bytes, manifest["image"]["height"], manifest["image"]["resize_method"]
     )
+    assert served_batch.valid.numpy().all(), served_batch.error.numpy()
+    serving_pixels = served_batch.pixels
     pipeline_pixels = tf.cast(pipeline_images, tf.float32).numpy()
     if dataset.ImageFormat.from_manifest(manifest).normalized_offline:
         normalization = manifest["normalization"]
