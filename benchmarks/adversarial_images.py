@@ -99,6 +99,11 @@ def gradient(height: int, width: int) -> np.ndarray:
     return image
 
 
+def ordinary_jpeg() -> bytes:
+    """An ordinary 640x480 photo-like JPEG (the control next to the adversarial files)."""
+    return encode(Image.fromarray(gradient(480, 640)), "JPEG", quality=90)
+
+
 def progressive_jpeg(side: int = 10_000) -> bytes:
     return encode(Image.fromarray(gradient(side, side)), "JPEG", quality=75, progressive=True)
 

@@ -33,6 +33,7 @@ from benchmarks.adversarial_images import (
     encode,
     gradient,
     one_row_png,
+    ordinary_jpeg,
 )
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load
 
@@ -120,7 +121,7 @@ def measure_child(export_dir: str, image_path: str) -> dict:
     import tensorflow as tf  # noqa: PLC0415
 
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    warmup = encode_photo()
+    warmup = ordinary_jpeg()
     serve(image_bytes=tf.constant([warmup]))
     with open(image_path, "rb") as handle:
         batch = tf.constant([handle.read()])
@@ -141,12 +142,6 @@ def measure_child(export_dir: str, image_path: str) -> dict:
         }
     seconds = time.perf_counter() - start
     return {**result, "seconds": seconds, "peak_growth_bytes": _status_bytes("VmHWM") - before}
-
-
-def encode_photo() -> bytes:
-    from PIL import Image  # noqa: PLC0415
-
-    return encode(Image.fromarray(gradient(480, 640)), "JPEG", quality=90)
 
 
 def _status_bytes(key: str) -> int:
