@@ -255,6 +255,9 @@ def _inspect_jpeg(data):
     multi_scan = tf.reduce_any(process == tf.constant(_JPEG_PROGRESSIVE_PROCESSES, tf.int64)) | (
         scan_components < num_components
     )
+    # Clamped for the arithmetic only (a damaged frame header is refused above, but tf.where computes
+    # both sides: a zero factor must not divide by zero and fail the batch).
+    h_factors, v_factors = tf.clip_by_value(h_factors, 1, 4), tf.clip_by_value(v_factors, 1, 4)
     h_max, v_max = tf.reduce_max(h_factors), tf.reduce_max(v_factors)
     width_in_blocks = _ceil_div(_ceil_div(width * h_factors, h_max * 8), h_factors) * h_factors
     height_in_blocks = _ceil_div(_ceil_div(height * v_factors, v_max * 8), v_factors) * v_factors

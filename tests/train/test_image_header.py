@@ -200,3 +200,11 @@ def test_no_content_makes_inspection_raise(inspect):
         header = inspect(data)
         assert 0 <= header.problem < len(PROBLEMS)
         assert header.decode_bytes >= 0 or header.problem != 0
+
+
+def test_a_zero_sampling_factor_is_a_decode_error_not_a_division_by_zero(inspect):
+    data = bytearray(FILES["jpeg"]())
+    frame = data.index(b"\xff\xc0")
+    data[frame + 11] = 0x00  # the first component's sampling factors
+    header = inspect(bytes(data))
+    assert problem_of(header) == "decode_error" and header.detail == b"invalid sampling factors"
