@@ -490,19 +490,55 @@ def _bmp_palette(data):
 def resize_window(window, kind, palette, image_plan: DecodePlan):
     """The plan's output part of the resized image (stored orientation), uint8 [out_h, out_w, 3].
 
-    Computed band by band of output rows, each band from only the source rows
-    it needs, converted to RGB on the way.
+    Gray and RGB windows are resized as they are (ScaleAndTranslate reads
+    uint8; its only buffer is [out_h, window width] floats), gray made RGB
+    after. Windows that need converting first (alpha, palette, a fourth
+    BMP byte) are done band by band of output rows, each band from only the
+    source rows it needs, so the conversion never copies the whole image.
     """
+    channels = tf.shape(window)[2]
+    as_they_are = (kind == _CHANNELS_AS_DECODED) & ((channels == 1) | (channels == 3))
+    resized = tf.cond(
+        as_they_are,
+        lambda: _resize_whole_window(window, image_plan),
+        lambda: _resize_window_in_bands(window, kind, palette, image_plan),
+    )
+    resized = tf.gather(resized, tf.where(tf.shape(resized)[2] == 1, [0, 0, 0], [0, 1, 2]), axis=2)
+    # Half up, as PIL rounds (tf.round rounds half to even).
+    return tf.cast(tf.floor(tf.clip_by_value(resized, 0.0, 255.0) + 0.5), tf.uint8)
+
+
+def _scales(image_plan):
+    """tf.image.resize's scales: float32(new) / float32(old), rows then columns."""
+    return (
+        tf.cast(image_plan.resized_height, tf.float32) / tf.cast(image_plan.decoded_height, tf.float32),
+        tf.cast(image_plan.resized_width, tf.float32) / tf.cast(image_plan.decoded_width, tf.float32),
+    )
+
+
+def _resize_whole_window(window, image_plan):
+    row_scale, column_scale = _scales(image_plan)
+    resized = tf.raw_ops.ScaleAndTranslate(
+        images=window[None],
+        size=tf.cast(tf.stack([image_plan.output_height, image_plan.output_width]), tf.int32),
+        scale=tf.stack([row_scale, column_scale]),
+        translation=tf.stack(
+            [
+                _translation(image_plan.window[0], row_scale, image_plan.output_top),
+                _translation(image_plan.window[1], column_scale, image_plan.output_left),
+            ]
+        ),
+        kernel_type="triangle",
+        antialias=True,
+    )
+    return tf.ensure_shape(resized[0], [None, None, None])
+
+
+def _resize_window_in_bands(window, kind, palette, image_plan):
     window_height = tf.cast(tf.shape(window)[0], tf.int64)
     window_width = tf.cast(tf.shape(window)[1], tf.int64)
     top, left = image_plan.window[0], image_plan.window[1]
-    # tf.image.resize's scale: float32(new) / float32(old).
-    row_scale = tf.cast(image_plan.resized_height, tf.float32) / tf.cast(
-        image_plan.decoded_height, tf.float32
-    )
-    column_scale = tf.cast(image_plan.resized_width, tf.float32) / tf.cast(
-        image_plan.decoded_width, tf.float32
-    )
+    row_scale, column_scale = _scales(image_plan)
     output_height, output_width = image_plan.output_height, image_plan.output_width
     # Output rows per band: as many as keep the band's source rows under _BAND_SOURCE_PIXELS.
     row_scale_64 = tf.cast(row_scale, tf.float64)
@@ -549,9 +585,7 @@ def resize_window(window, kind, palette, image_plan: DecodePlan):
     _, bands = tf.while_loop(
         lambda index, _: index < num_bands, resize_band, (tf.constant(0, tf.int64), bands)
     )
-    resized = bands.concat()
-    # Half up, as PIL rounds (tf.round rounds half to even).
-    return tf.cast(tf.floor(tf.clip_by_value(resized, 0.0, 255.0) + 0.5), tf.uint8)
+    return tf.ensure_shape(bands.concat(), [None, None, 3])
 
 
 def _translation(source_start, scale, output_start):
