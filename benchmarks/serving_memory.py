@@ -76,14 +76,17 @@ def export_current(directory: str, size: int) -> str:
     return export.export_serving_model(model, manifest, directory)
 
 
-def export_baseline(directory: str, size: int, commit: str, repository: str) -> str:
-    """The same model behind train/serving_image.py as of `commit` (decode_and_resize_batch, map_fn)."""
-    source = subprocess.run(
-        ["git", "-C", repository, "show", f"{commit}:train/serving_image.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+def export_baseline(directory: str, size: int, commit: str, repository: str) -> str | None:
+    """The same model behind train/serving_image.py as of `commit` (decode_and_resize_batch, map_fn).
+
+    None when git cannot show that commit (no git, a shallow clone).
+    """
+    shown = subprocess.run(
+        ["git", "-C", repository, "show", f"{commit}:train/serving_image.py"], capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        return None
+    source = shown.stdout
     module_dir = tempfile.mkdtemp(prefix="serving_baseline_")
     with open(os.path.join(module_dir, "serving_image_baseline.py"), "w") as handle:
         handle.write(source)
@@ -206,10 +209,14 @@ def main(argv=None) -> dict:
     print(f"machine: {machine_description()}; {machine_load()}", flush=True)
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exports = {"current": export_current(os.path.join(args.workdir, "export_current"), args.image_size)}
+    baseline_missing = None
     if not args.no_baseline:
         exports["before"] = export_baseline(
             os.path.join(args.workdir, "export_before"), args.image_size, args.baseline_commit, repository
         )
+        if exports["before"] is None:
+            baseline_missing = f"commit {args.baseline_commit} not in this clone"
+            print(f"the code before: {baseline_missing}; measuring the current code only", flush=True)
     results = {}
     for name, (description, make) in images.items():
         path = os.path.join(args.workdir, f"{name}.img")
@@ -219,7 +226,9 @@ def main(argv=None) -> dict:
         results[name] = {"description": description, "file_bytes": len(data)}
         for contender, export_dir in exports.items():
             estimate = BASELINE_ESTIMATES_GB.get(name) if contender == "before" and not args.tiny else None
-            if estimate is not None and estimate > args.baseline_max_gb:
+            if contender == "before" and baseline_missing:
+                results[name][contender] = {"skipped": baseline_missing}
+            elif estimate is not None and estimate > args.baseline_max_gb:
                 results[name][contender] = {"skipped": f"needs ~{estimate} GB"}
             else:
                 results[name][contender] = run_child(export_dir, path, args.timeout)

@@ -10,6 +10,7 @@ from benchmarks import (
     corpus,
     handwritten_stage1,
     input_pipeline,
+    serving_memory,
     stage1_memory,
     stage1_vs_handwritten,
 )
@@ -82,3 +83,14 @@ def test_accuracy_parity_runs_at_tiny_size(cache, tmp_path, capsys):
     report = accuracy_parity.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
     assert 0.0 <= report["median"]["ours"] <= 1.0 and 0.0 <= report["median"]["keras"] <= 1.0
     assert "difference of medians" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_serving_memory_runs_at_tiny_size(tmp_path, capsys):
+    report = serving_memory.main(["--tiny", "--workdir", str(tmp_path), "--cases", "png_1x1000,gif_5_frames"])
+    assert set(report["results"]) == {"png_1x1000", "gif_5_frames"}
+    for result in report["results"].values():
+        assert result["current"]["valid"] and result["current"]["peak_growth_bytes"] >= 0
+        # The code before issue 14, from git history (or said to be unavailable, as in a shallow clone).
+        assert "valid" in result["before"] or "skipped" in result["before"]
+    assert "target <= 300 MB" in capsys.readouterr().out
