@@ -8,8 +8,8 @@
            error          tf.string [None]       "" or "<reason>: <detail>", reason one of stage 1's
                                                  codes: empty_file, not_an_image, truncated,
                                                  decode_error, too_many_pixels
-      signature `serving_config` (no inputs): image_size, resize_method, max_pixels,
-                                              max_decode_bytes, labels
+      signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
+                                  resize_method, max_pixels, max_decode_bytes, labels
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
       assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
 
@@ -40,6 +40,7 @@ EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
 CONFIG_SIGNATURE = "serving_config"
 INPUT_KEY = "image_bytes"
+CONFIG_INPUT_KEY = "request"
 OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
 EXTRA_ASSETS_DIR = "assets.extra"
 CONFIG_FILE = "serving_config.json"
@@ -87,7 +88,8 @@ def export_serving_model(
 
     config = serving_config(size, resize_method, limits, labels)
 
-    def describe():
+    def describe(request):
+        del request  # TF Serving cannot call a signature without inputs; any int32 scalar will do
         return {
             "image_size": tf.constant(size, tf.int64),
             "resize_method": tf.constant(resize_method),
@@ -101,7 +103,9 @@ def export_serving_model(
     serve = tf.function(
         serve, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)], autograph=False
     )
-    describe = tf.function(describe, input_signature=[], autograph=False)
+    describe = tf.function(
+        describe, input_signature=[tf.TensorSpec([], tf.int32, name=CONFIG_INPUT_KEY)], autograph=False
+    )
     serve.get_concrete_function()
     describe.get_concrete_function()
     archive = keras.export.ExportArchive()

@@ -146,7 +146,9 @@ def test_the_export_refuses_above_the_max_pixels_stage_one_recorded(trained_run)
     data_dir, _, metrics = trained_run("bfloat16")
     manifest = checks.read_manifest(data_dir)
     assert manifest["image"]["max_pixels"] == 100_000_000  # stage 1's --max-pixels default
-    described = tf.saved_model.load(metrics["export_dir"]).signatures[export.CONFIG_SIGNATURE]()
+    described = tf.saved_model.load(metrics["export_dir"]).signatures[export.CONFIG_SIGNATURE](
+        request=tf.constant(0)
+    )
     assert described["max_pixels"].numpy() == manifest["image"]["max_pixels"]
     assert described["image_size"].numpy() == manifest["image"]["height"]
 

@@ -111,7 +111,10 @@ def test_a_batch_of_good_and_bad_files_predicts_the_good_ones_and_names_each_bad
 
 def test_the_export_records_its_limits_and_image_size_for_clients(export_dir):
     loaded = tf.saved_model.load(export_dir)
-    described = {key: value.numpy() for key, value in loaded.signatures[export.CONFIG_SIGNATURE]().items()}
+    described = {
+        key: value.numpy()
+        for key, value in loaded.signatures[export.CONFIG_SIGNATURE](request=tf.constant(0)).items()
+    }
     assert described["image_size"] == SIZE
     assert described["max_pixels"] == MANIFEST["image"]["max_pixels"]
     assert described["resize_method"] == b"crop"
@@ -188,3 +191,17 @@ def test_saved_model_cli_shows_the_signatures_and_runs_one_on_a_real_image(expor
     np.testing.assert_allclose(probabilities.sum(axis=1), [1.0, 0.0], atol=1e-5)
     errors = np.load(outdir / "error.npy", allow_pickle=True).tolist()
     assert errors[0] == b"" and errors[1].startswith(b"not_an_image: ")
+
+    described = saved_model_cli(
+        "run",
+        "--dir",
+        export_dir,
+        "--tag_set",
+        "serve",
+        "--signature_def",
+        export.CONFIG_SIGNATURE,
+        "--input_exprs",
+        "request=0",
+    )
+    assert described.returncode == 0, described.stderr[-2000:]
+    assert "max_pixels" in described.stdout and "100000000" in described.stdout
