@@ -37,6 +37,13 @@ in a tf.data pipeline whose `ignore_errors` turns a decoder's failure on one
 image (a corrupt zlib/LZW/entropy stream is only found by decoding it) into
 that image's `decode_error` or `truncated`, instead of an error for the whole
 batch. That is a graph op (IgnoreErrorsDataset), loadable by TF Serving.
+Truncated files: TF's JPEG decoder raises on one (`try_recover_truncated`
+stays off: it would return a partly grey image where stage 1 refuses the
+file), as libpng, giflib and libwebp do; the header then tells `truncated`
+(no end marker, declared sizes past the end) from `decode_error`. Where
+stage 1 accepts a damaged file (PIL reads a PNG without IEND, a GIF without
+its trailer, a BMP with bytes after its pixels), the header step repairs the
+bytes so TF accepts it too.
 
 Tolerance against `preprocess.image_decode.load_image` on the same bytes:
 the decoded pixels are identical (same libjpeg-turbo accurate IDCT at every
