@@ -208,3 +208,13 @@ def test_a_zero_sampling_factor_is_a_decode_error_not_a_division_by_zero(inspect
     data[frame + 11] = 0x00  # the first component's sampling factors
     header = inspect(bytes(data))
     assert problem_of(header) == "decode_error" and header.detail == b"invalid sampling factors"
+
+
+def test_an_animated_webp_whose_first_frame_leaves_canvas_uncovered_is_refused_before_decoding(inspect):
+    # TF's own decoder crashes the process on animated WebP: such a file must never reach it.
+    data = bytearray(FILES["webp_animated"]())
+    frame = data.index(b"ANMF")
+    data[frame + 14 : frame + 17] = (44).to_bytes(3, "little")  # frame width 45 of a 90-wide canvas
+    header = inspect(bytes(data))
+    assert problem_of(header) == "decode_error"
+    assert b"does not cover the canvas" in header.detail
