@@ -290,14 +290,17 @@ def plan(data, header: image_header.ImageHeader, size: int, method: str, limits:
     decode_bytes = header.decode_bytes + tf.where(is_jpeg, (bottom - top) * (right - left) * 3, 0)
     pixels = height * width
     problem, detail = header.problem, header.detail
-    over_pixels = (problem == 0) & (pixels > limits.max_pixels)
-    over_budget = (problem == 0) & ~over_pixels & (decode_bytes > limits.max_decode_bytes)
+    # Python ints in an export; tensors work too (the tests vary the limits without retracing).
+    max_pixels = tf.cast(limits.max_pixels, tf.int64)
+    max_decode_bytes = tf.cast(limits.max_decode_bytes, tf.int64)
+    over_pixels = (problem == 0) & (pixels > max_pixels)
+    over_budget = (problem == 0) & ~over_pixels & (decode_bytes > max_decode_bytes)
     format_name = tf.gather(tf.constant(image_header.FORMAT_NAMES), header.image_format)
     problem = tf.where(over_pixels | over_budget, image_header.TOO_MANY_PIXELS, problem)
     detail = tf.where(
         over_pixels,
         tf.strings.join(
-            [_int(width), "x", _int(height), " = ", _int(pixels), f" pixels > {limits.max_pixels}"]
+            [_int(width), "x", _int(height), " = ", _int(pixels), " pixels > ", _int(max_pixels)]
         ),
         tf.where(
             over_budget,
@@ -311,7 +314,9 @@ def plan(data, header: image_header.ImageHeader, size: int, method: str, limits:
                     format_name,
                     " needs ",
                     _int(_ceil_megabytes(decode_bytes)),
-                    f" MB, over the serving limit of {_ceil_megabytes(limits.max_decode_bytes)} MB",
+                    " MB, over the serving limit of ",
+                    _int(_ceil_megabytes(max_decode_bytes)),
+                    " MB",
                 ]
             ),
             detail,

@@ -254,19 +254,22 @@ def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(t
 
 @pytest.fixture(scope="module")
 def decode_many():
-    """decode_batch at SIZE, crop, traced once; returns (pixels, valid, error) as numpy."""
-    cache = {}
+    """decode_batch at SIZE, crop, traced once (the limits are inputs); returns (pixels, valid, error) as numpy."""
+    traced = tf.function(
+        lambda batch, max_pixels, max_decode_bytes: decode_batch(
+            batch, SIZE, geometry.CROP, ServingLimits(max_pixels, max_decode_bytes)
+        ),
+        input_signature=[
+            tf.TensorSpec([None], tf.string),
+            tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([], tf.int64),
+        ],
+        autograph=False,
+    )
 
     def run(datas, limits=None):
         limits = limits or ServingLimits()
-        key = (limits.max_pixels, limits.max_decode_bytes)
-        if key not in cache:
-            cache[key] = tf.function(
-                lambda batch: decode_batch(batch, SIZE, geometry.CROP, limits),
-                input_signature=[tf.TensorSpec([None], tf.string)],
-                autograph=False,
-            )
-        result = cache[key](tf.constant(datas))
+        result = traced(tf.constant(datas), limits.max_pixels, limits.max_decode_bytes)
         errors = [error.decode() for error in result.error.numpy()]
         return result.pixels.numpy(), result.valid.numpy(), errors
 
