@@ -218,3 +218,18 @@ def test_an_animated_webp_whose_first_frame_leaves_canvas_uncovered_is_refused_b
     header = inspect(bytes(data))
     assert problem_of(header) == "decode_error"
     assert b"does not cover the canvas" in header.detail
+
+
+def test_the_reason_codes_and_pixel_limit_are_stage_ones():
+    from dataset_contract import image_errors  # noqa: PLC0415
+    from preprocess import errors, options  # noqa: PLC0415
+
+    assert [reason for reason in PROBLEMS if reason] == [
+        errors.EMPTY_FILE,
+        errors.NOT_AN_IMAGE,
+        errors.TRUNCATED,
+        errors.DECODE_ERROR,
+        errors.TOO_MANY_PIXELS,
+    ]
+    assert set(PROBLEMS[1:]) <= set(errors.REASONS)
+    assert options.build_parser().get_default("max_pixels") == image_errors.DEFAULT_MAX_PIXELS
