@@ -1,10 +1,13 @@
-"""The serving signature's decode/resize gives stage 1's pixels, from graph ops only.
+"""The serving signature's decode/resize gives stage 1's pixels, from graph ops only; a batch gives per-image results.
 
 Tolerance, per image, against `preprocess.image_decode.load_image` on the same
 bytes: mean absolute difference <= MEAN_TOLERANCE and every pixel within
 MAX_TOLERANCE levels. Measured: max 1, mean <= 0.2 (PIL rounds to 8 bits
 between its two resize passes, TF does not; TF's CMYK conversion rounds
-differently).
+differently). `decode_batch` gives every image its own result: stage 1's
+reason for what it refuses (truncated files cut from real ones, corrupt
+streams, limits), stage 1's pixels for what it accepts, damaged or not, and
+never an error for the batch.
 """
 
 import functools
