@@ -205,3 +205,9 @@ def test_saved_model_cli_shows_the_signatures_and_runs_one_on_a_real_image(expor
     )
     assert described.returncode == 0, described.stderr[-2000:]
     assert "max_pixels" in described.stdout and "100000000" in described.stdout
+
+
+def test_an_empty_batch_returns_empty_outputs(serve):
+    outputs = serve(image_bytes=tf.constant([], tf.string))
+    assert outputs["probabilities"].shape == (0, len(LABELS))
+    assert outputs["valid"].shape == outputs["error"].shape == outputs["label"].shape == (0,)
