@@ -64,6 +64,8 @@ def build_manifest(
             "channels": CHANNELS,
             "encoding": config["encoding"],
             "resize_method": config["resize_method"],
+            # The decompression-bomb limit images were held to; serving refuses above it too.
+            "max_pixels": config["max_pixels"],
             "jpeg_quality": config["jpeg_quality"] if config["encoding"] == "jpeg" else None,
         },
         "labels": list(labels),

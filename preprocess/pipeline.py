@@ -93,6 +93,7 @@ def job_config(args, build_id: str) -> dict:
         "output": output_dir_of(args),
         "image_size": args.image_size,
         "resize_method": args.resize_method,
+        "max_pixels": args.max_pixels,
         "encoding": args.encoding,
         "jpeg_quality": args.jpeg_quality,
         "split_fractions": args.split,

@@ -1,66 +1,159 @@
-"""The serving SavedModel: encoded image bytes in, class probabilities and names out.
+"""The serving SavedModel: encoded image bytes in, per-image class probabilities, names and errors out.
 
-    MODEL_DIR/export/      signature `serving_default`:
-        image_bytes   tf.string [None]              JPEG/PNG/GIF/BMP/WebP file contents
-        -> probabilities  float32 [None, num_classes]
-           label          tf.string [None]          the most probable class name
+    MODEL_DIR/export/                       signature `serving_default`:
+        image_bytes    tf.string [None]         JPEG/PNG/GIF/BMP/WebP file contents
+        -> probabilities  float32 [None, num_classes]   zeros where not valid
+           label          tf.string [None]       the most probable class name, "" where not valid
+           valid          tf.bool [None]         whether the image could be used
+           error          tf.string [None]       "" or "<reason>: <detail>", reason one of stage 1's
+                                                 codes: empty_file, not_an_image, truncated,
+                                                 decode_error, too_many_pixels
+      signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
+                                  resize_method, max_pixels, max_decode_bytes, labels
+      assets.extra/serving_config.json        the same, plus the signature's names, for clients
+      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
 
-The signature runs the same steps as stage 1 + the training pipeline:
-decode by content, turn upright by EXIF orientation, RGB, resize with the
-shared geometry (train/serving_image.py) to uint8 pixels, then what the
-training pipeline gives the model: for the bfloat16 / float32 encodings the
-pixels normalized with the manifest's mean and std (dataset.normalize) in
-the model's input dtype; for uint8 / jpeg the pixels themselves (the model
-normalizes them in its first layer, as in training). Then the model.
+The input is named `image_bytes` so that TF Serving's REST API takes
+base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
+
+The signature runs the same steps as stage 1 + the training pipeline, each
+a function of its own: decode and resize to uint8 pixels in bounded memory
+(train/serving_image.py: `decode_batch`), then what the training pipeline
+gives the model (`model_input`): for the bfloat16 / float32 encodings the
+pixels normalized with the manifest's mean and std (dataset.normalize) in the
+model's input dtype; for uint8 / jpeg the pixels themselves (the model
+normalizes them in its first layer, as in training). Then the model. One bad
+image never fails the batch: it comes back with valid=false and its error.
 It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
 """
+
+import json
 
 import keras
 import tensorflow as tf
 
+from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train import dataset, serving_image
+from train import dataset, image_header, serving_image, serving_warmup
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
+CONFIG_SIGNATURE = "serving_config"
 INPUT_KEY = "image_bytes"
+CONFIG_INPUT_KEY = "request"
+OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
+EXTRA_ASSETS_DIR = "assets.extra"
+CONFIG_FILE = "serving_config.json"
 
 
-def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) -> str:
+def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
+    """The limits an export of this dataset enforces: the dataset's own --max-pixels unless overridden."""
+    max_pixels = manifest["image"].get("max_pixels", image_errors.DEFAULT_MAX_PIXELS)
+    return serving_image.ServingLimits(**{"max_pixels": max_pixels, **overrides})
+
+
+def export_serving_model(
+    model: keras.Model, manifest: dict, export_dir: str, limits: serving_image.ServingLimits | None = None
+) -> str:
     """Write `model` with a bytes-in signature to `export_dir`; returns the path.
 
-    Called outside the training strategy's scope: the model is rebuilt there
-    from its config and given the trained weights, so the SavedModel holds
-    plain variables whatever strategy trained it (TPU, mirrored or
-    multi-worker variables do not save into a serving graph as they are).
-    The layers keep their dtype policy, so a mixed-precision model serves
-    in the precision it was trained in; its outputs are float32.
+    `limits` defaults to `serving_limits(manifest)`. Called outside the
+    training strategy's scope: the model is rebuilt there from its config and
+    given the trained weights, so the SavedModel holds plain variables
+    whatever strategy trained it (TPU, mirrored or multi-worker variables do
+    not save into a serving graph as they are). The layers keep their dtype
+    policy, so a mixed-precision model serves in the precision it was trained
+    in; its outputs are float32.
     """
+    limits = limits or serving_limits(manifest)
     serving_model = keras.Model.from_config(model.get_config())
     serving_model.set_weights(model.get_weights())
     image_format = dataset.ImageFormat.from_manifest(manifest)
     size, resize_method = image_format.height, manifest["image"]["resize_method"]
-    class_names = tf.constant(manifest["labels"], tf.string)
+    labels = list(manifest["labels"])
 
     def serve(image_bytes):
-        pixels = serving_image.decode_and_resize_batch(image_bytes, size, resize_method)
-        if image_format.normalized_offline:
-            images = tf.cast(
-                dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype
-            )
-        else:
-            images = pixels
-        probabilities = tf.cast(serving_model(images, training=False), tf.float32)
-        label = tf.gather(class_names, tf.argmax(probabilities, axis=-1))
-        return {"probabilities": probabilities, "label": label}
+        decoded = serving_image.decode_batch(image_bytes, size, resize_method, limits)
+        probabilities = tf.cast(
+            serving_model(model_input(decoded.pixels, image_format), training=False), tf.float32
+        )
+        probabilities = tf.where(decoded.valid[:, None], probabilities, tf.zeros_like(probabilities))
+        label = tf.gather(tf.constant(labels, tf.string), tf.argmax(probabilities, axis=-1))
+        return {
+            "probabilities": probabilities,
+            "label": tf.where(decoded.valid, label, ""),
+            "valid": decoded.valid,
+            "error": decoded.error,
+        }
 
+    config = serving_config(size, resize_method, limits, labels)
+
+    def describe(request):
+        del request  # TF Serving cannot call a signature without inputs; any int32 scalar will do
+        return {
+            "image_size": tf.constant(size, tf.int64),
+            "resize_method": tf.constant(resize_method),
+            "max_pixels": tf.constant(limits.max_pixels, tf.int64),
+            "max_decode_bytes": tf.constant(limits.max_decode_bytes, tf.int64),
+            "labels": tf.constant(labels, tf.string),
+        }
+
+    # Traced here without autograph: the serving code is plain graph-building Python (no Python control
+    # flow on tensors), and converting it would only cost export time.
+    serve = tf.function(
+        serve, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)], autograph=False
+    )
+    describe = tf.function(
+        describe, input_signature=[tf.TensorSpec([], tf.int32, name=CONFIG_INPUT_KEY)], autograph=False
+    )
+    serve.get_concrete_function()
+    describe.get_concrete_function()
     archive = keras.export.ExportArchive()
     archive.track(serving_model)
-    archive.add_endpoint(
-        name=SIGNATURE, fn=serve, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
-    )
+    archive.add_endpoint(name=SIGNATURE, fn=serve)
+    archive.add_endpoint(name=CONFIG_SIGNATURE, fn=describe)
     archive.write_out(export_dir, verbose=False)
+    extra_dir = manifest_lib.join(export_dir, EXTRA_ASSETS_DIR)
+    tf.io.gfile.makedirs(extra_dir)
+    with tf.io.gfile.GFile(manifest_lib.join(extra_dir, CONFIG_FILE), "w") as handle:
+        json.dump(config, handle, indent=2)
+    serving_warmup.write_warmup_requests(
+        manifest_lib.join(extra_dir, serving_warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY
+    )
     return export_dir
+
+
+def model_input(pixels, image_format: dataset.ImageFormat):
+    """uint8 [batch, size, size, 3] pixels -> what the training pipeline feeds the model for this encoding."""
+    if image_format.normalized_offline:
+        return tf.cast(dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype)
+    return pixels
+
+
+def serving_config(size: int, resize_method: str, limits: serving_image.ServingLimits, labels) -> dict:
+    """What a client needs to know about an export (assets.extra/serving_config.json)."""
+    return {
+        "signature": SIGNATURE,
+        "input": {
+            "name": INPUT_KEY,
+            "dtype": "string",
+            "shape": [-1],
+            "formats": list(image_header.FORMAT_NAMES[:-1]),
+        },
+        "outputs": {
+            "probabilities": "float32 [-1, num_classes], zeros where not valid",
+            "label": "string [-1], the most probable class name, empty where not valid",
+            "valid": "bool [-1]",
+            "error": "string [-1], empty where valid, else '<reason>: <detail>'",
+        },
+        "error_reasons": [reason for reason in image_header.PROBLEMS if reason],
+        "image_size": size,
+        "resize_method": resize_method,
+        "max_pixels": limits.max_pixels,
+        "max_decode_bytes": limits.max_decode_bytes,
+        "labels": list(labels),
+        "warmup_requests": f"{EXTRA_ASSETS_DIR}/{serving_warmup.WARMUP_FILE}",
+    }
 
 
 def export_path(model_dir: str) -> str:

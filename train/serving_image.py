@@ -1,202 +1,624 @@
-"""Stage 1's per-image decode and resize, rebuilt from TF ops for the serving signature.
+"""Stage 1's per-image decode and resize, rebuilt from TF ops for the serving signature, in bounded memory.
 
-The exported SavedModel takes encoded image bytes, so it must turn them into
-the tensor stage 1 would have written, in a fresh process with no Python:
-pure graph ops, no `py_function`, no PIL. Each step mirrors
-`preprocess/image_decode.py`:
+The exported SavedModel takes encoded image bytes from strangers and must
+turn them into the tensor stage 1 would have written, in a fresh process
+with no Python: pure graph ops, no `py_function`, no PIL. Per image:
 
-1. Format by content (magic bytes): JPEG, PNG, GIF (first frame), BMP, WebP;
-   anything else is an InvalidArgumentError.
-2. JPEG is decoded at 1/2, 1/4 or 1/8 scale by the same rule as PIL's
-   `draft`, with the accurate integer IDCT PIL uses.
-3. EXIF orientation is parsed in-graph (JPEG APP1 "Exif", PNG eXIf before the
-   image data, WebP EXIF chunk), and the image is transposed/flipped upright.
-   Missing or garbage metadata means upright, never an error.
-4. Gray becomes RGB; alpha (RGBA, gray+alpha, palette or colour-key
-   transparency, GIF transparency) is composited onto white with PIL's
-   integer blend; 16-bit PNG keeps the high byte; BMP alpha is ignored.
-5. Resize with the shared integer geometry (`dataset_contract.geometry`,
-   computed from the full-resolution size), bilinear with antialiasing,
-   then center crop or letterbox with PAD_VALUE.
+1. **Inspect** (`image_header.inspect`): format by content, stored size from
+   the header, the decoder's memory need, and any problem the header shows,
+   with stage 1's reason codes. Nothing is decoded yet.
+2. **Plan** (`plan`): refuse above the pixel limit (stage 1's
+   `--max-pixels`, recorded in the manifest) and the decode budget
+   (`ServingLimits.max_decode_bytes`); read the EXIF orientation; compute,
+   with the shared integer geometry (`dataset_contract.geometry`), the size
+   stage 1 resizes to and the window of it that survives the crop, then the
+   window of the *source* that window is computed from (plus the filter's
+   support), in stored orientation and at the JPEG DCT scale PIL's `draft`
+   would pick.
+3. **Decode** (`decode_window`): only that source window where the format
+   allows (JPEG: `decode_and_crop_jpeg` at 1/2, 1/4 or 1/8 scale, the
+   accurate integer IDCT PIL uses); other formats are decoded whole (TF has
+   no partial decode for them) and cut.
+4. **Resize** (`resize_window`): the window, in bands of rows, through the
+   same antialiased bilinear filter `tf.image.resize` uses
+   (`ScaleAndTranslate`, "triangle"), translated so that it computes exactly
+   the cropped part of the full resize; each band is converted to RGB first
+   (gray, palette, alpha composited onto white with PIL's integer blend),
+   so no full-image RGB, float or int32 copy is ever made. Then the small
+   result is turned upright and, for `pad`, letterboxed.
+
+So memory per image is the decoder's need for the header's size (bounded by
+the limits before decoding) plus O(output); a 1xW image is never stretched
+into a W-times-larger tensor (its crop reads ~3 source pixels).
+
+`decode_batch` runs that for a batch with per-image results: images whose
+header shows a problem are not decoded; the rest are decoded one at a time
+in a tf.data pipeline whose `ignore_errors` turns a decoder's failure on one
+image (a corrupt zlib/LZW/entropy stream is only found by decoding it) into
+that image's `decode_error` or `truncated`, instead of an error for the whole
+batch. That is a graph op (IgnoreErrorsDataset), loadable by TF Serving.
+Truncated files: TF's JPEG decoder raises on one (`try_recover_truncated`
+stays off: it would return a partly grey image where stage 1 refuses the
+file), as libpng, giflib and libwebp do; the header then tells `truncated`
+(no end marker, declared sizes past the end) from `decode_error`. Where
+stage 1 accepts a damaged file (PIL reads a PNG without IEND, a GIF without
+its trailer, a BMP with bytes after its pixels), the header step repairs the
+bytes so TF accepts it too.
 
 Tolerance against `preprocess.image_decode.load_image` on the same bytes:
-the decoded pixels are identical (same libjpeg-turbo accurate IDCT, at every
+the decoded pixels are identical (same libjpeg-turbo accurate IDCT at every
 DCT scale, baseline and progressive; same libwebp, libpng, GIF palettes),
 except CMYK JPEG, where TF's CMYK->RGB rounds differently (at most 1 level).
 The resize adds at most 1 level per pixel (mean under 0.2) in every case
-measured, including noise and upscaling, because PIL rounds to 8 bits between
-its horizontal and vertical passes and TF does not; the tests in
-tests/train/test_serving_image.py hold mean <= 0.5 and max <= 2.
+measured, because PIL rounds to 8 bits between its horizontal and vertical
+passes and TF does not; tests/train/test_serving_image.py holds mean <= 0.5
+and max <= 2.
 
-Known gaps: a GIF whose first frame does not cover the canvas (TF fills the
-rest black, PIL with the background), 1/4/16-bit or RLE BMPs (TF cannot
-decode them: InvalidArgumentError), orientation given only in XMP (ignored by
-both stages), an animated WebP with more than _MAX_WEBP_CHUNKS chunks before
-its EXIF chunk, and no pixel-count limit (stage 1's max_pixels): a
-decompression bomb costs the server memory.
+Known gaps (each one an error for that image, never for the batch): a GIF
+whose first frame does not cover the canvas (TF fills the rest black, PIL
+with the background), 1/4/16-bit or RLE BMPs, OS/2 BMP headers, lossless or
+hierarchical JPEG, an animated WebP whose first frame does not cover the
+canvas (refused: TF's own animated WebP decoder crashes the process),
+orientation given only in XMP (ignored by both stages), and the EXIF chunk
+of a WebP with more than 256 chunks before it.
 """
+
+import dataclasses
+import typing
 
 import tensorflow as tf
 
-from dataset_contract import geometry
+from dataset_contract import geometry, image_errors
+from train import exif_orientation, graph_bytes, image_header
 
-# Index of each format in the tf.switch_case below.
-_JPEG, _PNG, _GIF, _BMP, _WEBP, _UNKNOWN = range(6)
+# What decoding one image may cost, beyond the bytes it came in (the decoder's output and working
+# memory, from the header): with the output-sized work around it, a serving process grows by less
+# than 300 MB for any single image (benchmarks/serving_memory.py). A progressive 10000x10000 JPEG
+# (libjpeg keeps 300 MB of coefficients) or a 10000x10000 PNG (300 MB of RGB) is over it.
+DEFAULT_MAX_DECODE_BYTES = 200 * 2**20
 
-# Bounds on the in-graph metadata walks: far above what real files use, so
-# they only cut short garbage (which then reads as "upright").
-_MAX_JPEG_SEGMENTS = 256
-_MAX_PNG_CHUNKS = 1024
-_MAX_WEBP_CHUNKS = 256
-_MAX_GIF_BLOCKS = 4096
-_MAX_IFD_ENTRIES = 64
-
-_EXIF_ORIENTATION_TAG = 0x0112
+# Rows of the source a band of the resize reads, in pixels: bounds the RGB conversion and alpha blend
+# (int32, a few copies) to tens of MB whatever the image.
+_BAND_SOURCE_PIXELS = 1 << 20
 _JPEG_SCALE_RATIOS = (1, 2, 4, 8)
-
-# Every byte value as a one-byte string, so a computed byte can be spliced
-# into a string tensor with tf.strings.substr.
-_ALL_BYTES = bytes(range(256))
+# What decode_window returns besides the pixels: how to make them RGB.
+_CHANNELS_AS_DECODED, _PALETTE_INDICES, _DROP_FOURTH_CHANNEL = range(3)
 
 
-def decode_and_resize(image_bytes: tf.Tensor, size: int, method: str) -> tf.Tensor:
-    """Encoded image bytes (a scalar string) -> uint8 [size, size, 3], as stage 1 makes it."""
-    if method not in geometry.RESIZE_METHODS:
-        raise ValueError(f"unknown resize method {method!r}; expected one of {geometry.RESIZE_METHODS}")
-    data = tf.convert_to_tensor(image_bytes, dtype=tf.string)
-    branches = {
-        _JPEG: lambda: _decode_jpeg(data, size, method),
-        _PNG: lambda: _decode_png(data),
-        _GIF: lambda: _decode_gif(data),
-        _BMP: lambda: _decode_bmp(data),
-        _WEBP: lambda: _decode_webp(data),
-        _UNKNOWN: lambda: _refuse_unknown_format(data),
+@dataclasses.dataclass(frozen=True)
+class ServingLimits:
+    """What the serving signature refuses (as too_many_pixels) before decoding an image."""
+
+    max_pixels: int = image_errors.DEFAULT_MAX_PIXELS  # width x height from the header, as stage 1
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES  # the decoder's memory for the header's size
+
+
+class DecodePlan(typing.NamedTuple):
+    """What to decode and resize for one image (scalar tensors; `window` is [4])."""
+
+    image_format: tf.Tensor  # int32, image_header's format index
+    payload: tf.Tensor  # string: the bytes to decode
+    channels: tf.Tensor  # int32: the decoder's `channels`
+    ratio: tf.Tensor  # int32: JPEG DCT scale denominator (1 for other formats)
+    decoded_height: tf.Tensor  # int64: the whole image as decoded (stored orientation, DCT-scaled)
+    decoded_width: tf.Tensor  # int64
+    window: tf.Tensor  # int64 [top, left, bottom, right] of the decoded image to read
+    resized_height: tf.Tensor  # int64: what stage 1 resizes the (stored) image to
+    resized_width: tf.Tensor  # int64
+    output_top: tf.Tensor  # int64: the part of the resized image kept (crop window, or all of it)
+    output_left: tf.Tensor  # int64
+    output_height: tf.Tensor  # int64
+    output_width: tf.Tensor  # int64
+    orientation: tf.Tensor  # int64: EXIF orientation 1-8
+    problem: tf.Tensor  # int32 index into image_header.PROBLEMS
+    detail: tf.Tensor  # string
+    looks_truncated: tf.Tensor  # bool
+
+
+_PLAN_SIGNATURE = DecodePlan(
+    **{
+        name: tf.TensorSpec([4] if name == "window" else [], dtype)
+        for name, dtype in {
+            "image_format": tf.int32,
+            "payload": tf.string,
+            "channels": tf.int32,
+            "ratio": tf.int32,
+            "decoded_height": tf.int64,
+            "decoded_width": tf.int64,
+            "window": tf.int64,
+            "resized_height": tf.int64,
+            "resized_width": tf.int64,
+            "output_top": tf.int64,
+            "output_left": tf.int64,
+            "output_height": tf.int64,
+            "output_width": tf.int64,
+            "orientation": tf.int64,
+            "problem": tf.int32,
+            "detail": tf.string,
+            "looks_truncated": tf.bool,
+        }.items()
     }
-    rgb, height, width, tiff_offset = tf.switch_case(
-        _format_index(data), [branches[index] for index in sorted(branches)]
-    )
-    orientation = _exif_orientation(data, tiff_offset)
-    upright = _apply_orientation(rgb, orientation)
-    swaps_axes = orientation >= 5
-    upright_height = tf.where(swaps_axes, width, height)
-    upright_width = tf.where(swaps_axes, height, width)
-    return _resize_crop_or_pad(upright, upright_height, upright_width, size, method)
+)
 
 
-def decode_and_resize_batch(bytes_batch: tf.Tensor, size: int, method: str) -> tf.Tensor:
-    """A [batch] string tensor of encoded images -> uint8 [batch, size, size, 3]."""
-    return tf.map_fn(
-        lambda image_bytes: decode_and_resize(image_bytes, size, method),
-        bytes_batch,
-        fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8),
-    )
+class DecodedBatch(typing.NamedTuple):
+    pixels: tf.Tensor  # uint8 [batch, size, size, 3]; zeros where not valid
+    valid: tf.Tensor  # bool [batch]
+    error: tf.Tensor  # string [batch]: "<reason>: <detail>", "" where valid
 
 
-# --- format ---------------------------------------------------------------------------------------
+def decode_and_resize(image_bytes, size: int, method: str, limits: ServingLimits = ServingLimits()):
+    """Encoded image bytes (a scalar string) -> uint8 [size, size, 3], as stage 1 makes it.
 
-
-def _format_index(data):
-    head = _read_bytes(data, 0, 12)
-    is_format = tf.stack(
-        [
-            _matches(head[:3], b"\xff\xd8\xff"),
-            _matches(head[:8], b"\x89PNG\r\n\x1a\n"),
-            _matches(head[:6], b"GIF87a") | _matches(head[:6], b"GIF89a"),
-            _matches(head[:2], b"BM"),
-            _matches(head[:4], b"RIFF") & _matches(head[8:12], b"WEBP"),
-            tf.constant(True),
-        ]
-    )
-    # argmax returns the first True: the format, or _UNKNOWN.
-    return tf.cast(tf.argmax(tf.cast(is_format, tf.int32)), tf.int32)
-
-
-def _refuse_unknown_format(data):
+    One image, no safety net: an unusable image raises InvalidArgumentError
+    ("<reason>: <detail>"). Serving uses `decode_batch`.
+    """
+    _check_method(method)
+    data = tf.convert_to_tensor(image_bytes, tf.string)
+    image_plan = plan(data, image_header.inspect(data), size, method, limits)
     check = tf.debugging.Assert(
-        tf.constant(False),
-        ["not a supported image (JPEG, PNG, GIF, BMP, WebP); starts with", tf.strings.substr(data, 0, 16)],
+        image_plan.problem == 0, [_error_message(image_plan.problem, image_plan.detail)]
     )
     with tf.control_dependencies([check]):
-        return _with_full_size(tf.zeros([0, 0, 3], tf.uint8), tiff_offset=tf.constant(-1, tf.int64))
+        return decode_planned(image_plan, size, method)
 
 
-# --- per-format decoding: each returns (rgb uint8 [h, w, 3], full height, full width, TIFF offset) ---
-
-
-def _decode_jpeg(data, size, method):
-    shape = tf.image.extract_jpeg_shape(data, output_type=tf.int64)
-    height, width = shape[0], shape[1]
-    # The same choice PIL's JpegImageFile.draft makes for the same request:
-    # the largest of 1/8, 1/4, 1/2 that keeps both sides >= the resize target.
-    target_height, target_width = geometry.resized_shape(
-        height, width, size, method, minimum=tf.minimum, maximum=tf.maximum
+def decode_batch(
+    bytes_batch, size: int, method: str, limits: ServingLimits = ServingLimits()
+) -> DecodedBatch:
+    """A [batch] string tensor of encoded images -> per-image pixels, validity and error. Never raises."""
+    _check_method(method)
+    bytes_batch = tf.convert_to_tensor(bytes_batch, tf.string)
+    # Inspecting is string ops on a few header bytes; one image at a time keeps its copies of the bytes
+    # (a repaired payload is at most the file's size) to one image's worth.
+    plans = tf.map_fn(
+        lambda data: plan(data, image_header.inspect(data), size, method, limits),
+        bytes_batch,
+        fn_output_signature=_PLAN_SIGNATURE,
+        parallel_iterations=1,
     )
-    scale = tf.minimum(width // target_width, height // target_height)
-    ratio_index = tf.reduce_sum(tf.cast(scale >= tf.constant([2, 4, 8], tf.int64), tf.int32))
-    rgb = tf.switch_case(
+    batch_size = tf.shape(bytes_batch, out_type=tf.int64)[0]
+    to_decode = tf.where(plans.problem == 0)[:, 0]
+    pixels, decoded = _decode_ignoring_errors(plans, to_decode, batch_size, size, method)
+    failed = (plans.problem == 0) & ~decoded
+    problem = tf.where(
+        failed,
+        tf.where(plans.looks_truncated, image_header.TRUNCATED, image_header.DECODE_ERROR),
+        plans.problem,
+    )
+    format_names = tf.gather(tf.constant(image_header.FORMAT_NAMES), plans.image_format)
+    detail = tf.where(
+        failed,
+        tf.strings.join(
+            [
+                "the ",
+                format_names,
+                tf.where(
+                    plans.looks_truncated,
+                    " decoder failed and the data lacks its end marker",
+                    " decoder rejected the data",
+                ),
+            ]
+        ),
+        plans.detail,
+    )
+    valid = problem == 0
+    error = tf.where(valid, "", _error_message(problem, detail))
+    return DecodedBatch(pixels, valid, error)
+
+
+def _decode_ignoring_errors(plans, to_decode, batch_size, size, method):
+    """(pixels [batch, size, size, 3], decoded [batch]) of the images at `to_decode`, one at a time."""
+    # Sequential on purpose: a request's peak memory is then one image's decode, not the batch's; TF
+    # Serving runs requests (and batches) in parallel on its own threads.
+    selected = tf.nest.map_structure(lambda field: tf.gather(field, to_decode), plans)
+    decoded = tf.data.Dataset.from_tensor_slices((to_decode, selected)).map(
+        lambda index, image_plan: (index, decode_planned(DecodePlan(*image_plan), size, method))
+    )
+    # A decoder error drops that image; every other image still comes out.
+    decoded = decoded.ignore_errors()
+    # One element that always comes out, so the single batch below exists even when every decode failed.
+    sentinel = tf.data.Dataset.from_tensors((tf.constant(-1, tf.int64), tf.zeros([size, size, 3], tf.uint8)))
+    options = tf.data.Options()
+    options.autotune.enabled = False  # nothing to tune, no background thread per request
+    options.deterministic = True
+    indices, images = (
+        decoded.concatenate(sentinel).batch(batch_size + 1).with_options(options).get_single_element()
+    )
+    keep = indices >= 0
+    indices, images = tf.boolean_mask(indices, keep), tf.boolean_mask(images, keep)
+    pixels = tf.scatter_nd(indices[:, None], images, tf.stack([batch_size, size, size, 3]))
+    decoded_mask = tf.scatter_nd(indices[:, None], tf.ones_like(indices, tf.bool), [batch_size])
+    return tf.ensure_shape(pixels, [None, size, size, 3]), decoded_mask
+
+
+def _error_message(problem, detail):
+    return tf.strings.join([image_header.problem_name(problem), ": ", detail])
+
+
+def _check_method(method):
+    if method not in geometry.RESIZE_METHODS:
+        raise ValueError(f"unknown resize method {method!r}; expected one of {geometry.RESIZE_METHODS}")
+
+
+# --- plan -------------------------------------------------------------------------------------------
+
+
+def plan(data, header: image_header.ImageHeader, size: int, method: str, limits: ServingLimits) -> DecodePlan:
+    """The decode plan for one inspected image, with the limits applied. Never raises."""
+    height, width = header.height, header.width
+    orientation = exif_orientation.exif_orientation(data, header.tiff_offset)
+    swaps = exif_orientation.swaps_axes(orientation)
+    upright_height, upright_width = tf.where(swaps, width, height), tf.where(swaps, height, width)
+    # Geometry from the full-resolution upright size, as stage 1 (so DCT scaling does not change it).
+    target_height, target_width = geometry.resized_shape(
+        tf.maximum(upright_height, 1),
+        tf.maximum(upright_width, 1),
+        size,
+        method,
+        minimum=tf.minimum,
+        maximum=tf.maximum,
+    )
+    resized_height, resized_width = (
+        tf.where(swaps, target_width, target_height),
+        tf.where(swaps, target_height, target_width),
+    )
+
+    # The same DCT scale PIL's JpegImageFile.draft picks for that target: the largest of 1/8, 1/4, 1/2
+    # that keeps both sides >= the resize target.
+    scale = tf.minimum(width // resized_width, height // resized_height)
+    is_jpeg = header.image_format == image_header.JPEG
+    ratio = tf.where(
+        is_jpeg,
+        tf.gather(
+            tf.constant(_JPEG_SCALE_RATIOS, tf.int64), tf.reduce_sum(tf.cast(scale >= [2, 4, 8], tf.int32))
+        ),
+        tf.constant(1, tf.int64),
+    )
+    decoded_height, decoded_width = (height + ratio - 1) // ratio, (width + ratio - 1) // ratio
+
+    if method == geometry.CROP:
+        output_top, output_left = _stored_crop_offsets(target_height, target_width, size, orientation)
+        output_height = output_width = tf.constant(size, tf.int64)
+    else:
+        output_top = output_left = tf.constant(0, tf.int64)
+        output_height, output_width = resized_height, resized_width
+    top, bottom = _source_span(output_top, output_height, resized_height, decoded_height)
+    left, right = _source_span(output_left, output_width, resized_width, decoded_width)
+
+    # JPEG decodes only the window (a single-scan JPEG streams; a multi-scan one adds its coefficients).
+    decode_bytes = header.decode_bytes + tf.where(is_jpeg, (bottom - top) * (right - left) * 3, 0)
+    pixels = height * width
+    problem, detail = header.problem, header.detail
+    # Python ints in an export; tensors work too (the tests vary the limits without retracing).
+    max_pixels = tf.cast(limits.max_pixels, tf.int64)
+    max_decode_bytes = tf.cast(limits.max_decode_bytes, tf.int64)
+    over_pixels = (problem == 0) & (pixels > max_pixels)
+    over_budget = (problem == 0) & ~over_pixels & (decode_bytes > max_decode_bytes)
+    format_name = tf.gather(tf.constant(image_header.FORMAT_NAMES), header.image_format)
+    problem = tf.where(over_pixels | over_budget, image_header.TOO_MANY_PIXELS, problem)
+    detail = tf.where(
+        over_pixels,
+        tf.strings.join(
+            [_int(width), "x", _int(height), " = ", _int(pixels), " pixels > ", _int(max_pixels)]
+        ),
+        tf.where(
+            over_budget,
+            tf.strings.join(
+                [
+                    "decoding this ",
+                    _int(width),
+                    "x",
+                    _int(height),
+                    " ",
+                    format_name,
+                    " needs ",
+                    _int(_ceil_megabytes(decode_bytes)),
+                    " MB, over the serving limit of ",
+                    _int(_ceil_megabytes(max_decode_bytes)),
+                    " MB",
+                ]
+            ),
+            detail,
+        ),
+    )
+    return DecodePlan(
+        image_format=header.image_format,
+        payload=header.payload,
+        channels=header.channels,
+        ratio=tf.cast(ratio, tf.int32),
+        decoded_height=decoded_height,
+        decoded_width=decoded_width,
+        window=tf.stack([top, left, bottom, right]),
+        resized_height=resized_height,
+        resized_width=resized_width,
+        output_top=output_top,
+        output_left=output_left,
+        output_height=output_height,
+        output_width=output_width,
+        orientation=orientation,
+        problem=problem,
+        detail=detail,
+        looks_truncated=header.looks_truncated,
+    )
+
+
+def _stored_crop_offsets(target_height, target_width, size, orientation):
+    """The center crop's corner in the resized image *as stored*, for the upright crop stage 1 takes.
+
+    Resizing commutes with the transpose and flips of an orientation, so the
+    upright crop is the stored crop of the mirrored window, turned upright.
+    """
+    top, left = geometry.crop_offsets(target_height, target_width, size)
+    top = tf.where(exif_orientation.flips_top_bottom(orientation), target_height - top - size, top)
+    left = tf.where(exif_orientation.flips_left_right(orientation), target_width - left - size, left)
+    swaps = exif_orientation.swaps_axes(orientation)
+    return tf.where(swaps, left, top), tf.where(swaps, top, left)
+
+
+def _source_span(output_start, output_length, resized_length, source_length):
+    """[first, end) of the source rows (or columns) that output rows [start, start + length) are made of.
+
+    The bilinear filter of an antialiased resize by s reaches max(1, 1/s)
+    source pixels either side of a sample (ScaleAndTranslate's span), plus a
+    pixel of margin against float rounding.
+    """
+    scale = tf.cast(
+        tf.cast(resized_length, tf.float32) / tf.cast(tf.maximum(source_length, 1), tf.float32), tf.float64
+    )
+    reach = tf.maximum(1.0 / scale, 1.0)
+    start = tf.cast(output_start, tf.float64)
+    end = start + tf.cast(output_length, tf.float64)
+    first = tf.cast(tf.math.floor((start + 0.5) / scale - reach - 0.5), tf.int64) - 1
+    last = tf.cast(tf.math.ceil((end - 0.5) / scale + reach - 0.5), tf.int64) + 2
+    return tf.clip_by_value(first, 0, source_length), tf.clip_by_value(last, 0, source_length)
+
+
+def _int(value):
+    return tf.strings.as_string(tf.cast(value, tf.int64))
+
+
+def _ceil_megabytes(num_bytes):
+    return (num_bytes + 10**6 - 1) // 10**6
+
+
+# --- decode -----------------------------------------------------------------------------------------
+
+
+def decode_planned(image_plan: DecodePlan, size: int, method: str):
+    """Decode and resize one planned image -> uint8 [size, size, 3]. Raises if the decoder does."""
+    window, kind, palette = decode_window(image_plan)
+    stored = resize_window(window, kind, palette, image_plan)
+    upright = exif_orientation.apply_orientation(stored, image_plan.orientation)
+    if method == geometry.CROP:
+        result = upright
+    else:
+        upright_height, upright_width = tf.shape(upright)[0], tf.shape(upright)[1]
+        top, left = geometry.pad_offsets(upright_height, upright_width, size)
+        paddings = [[top, size - top - upright_height], [left, size - left - upright_width], [0, 0]]
+        result = tf.pad(upright, paddings, constant_values=geometry.PAD_VALUE)
+    return tf.ensure_shape(result, [size, size, 3])
+
+
+def decode_window(image_plan: DecodePlan):
+    """(the plan's window of the decoded image, uint8 [h, w, channels], how to make it RGB, BMP palette)."""
+    branches = {
+        image_header.JPEG: lambda: _decode_jpeg_window(image_plan),
+        image_header.PNG: lambda: _decode_png(image_plan),
+        image_header.GIF: lambda: _as_decoded(
+            tf.io.decode_image(image_plan.payload, channels=3, expand_animations=False)
+        ),
+        image_header.BMP: lambda: _decode_bmp(image_plan),
+        image_header.WEBP: lambda: _as_decoded(
+            tf.io.decode_image(image_plan.payload, channels=0, expand_animations=False)
+        ),
+    }
+    # Unknown formats are never planned for decoding; the branch only makes the switch total.
+    branches[image_header.UNKNOWN] = lambda: _as_decoded(tf.zeros([0, 0, 3], tf.uint8))
+    image, kind, palette = tf.switch_case(
+        tf.clip_by_value(image_plan.image_format, 0, image_header.UNKNOWN),
+        [branches[index] for index in sorted(branches)],
+    )
+    image = tf.ensure_shape(image, [None, None, None])
+    top, left, bottom, right = tf.unstack(image_plan.window)
+    is_jpeg = image_plan.image_format == image_header.JPEG
+    # JPEG came out as the window already; the others whole, as large as their header said.
+    checks = [
+        tf.debugging.assert_equal(
+            tf.shape(image, out_type=tf.int64)[:2],
+            tf.where(
+                is_jpeg,
+                tf.stack([bottom - top, right - left]),
+                tf.stack([image_plan.decoded_height, image_plan.decoded_width]),
+            ),
+            message="the decoded image is not the size its header declares",
+        )
+    ]
+    with tf.control_dependencies(checks):
+        window = tf.cond(
+            is_jpeg,
+            lambda: tf.identity(image),
+            lambda: tf.slice(image, tf.stack([top, left, 0]), tf.stack([bottom - top, right - left, -1])),
+        )
+    return window, kind, palette
+
+
+def _as_decoded(image, kind=_CHANNELS_AS_DECODED, palette=None):
+    if palette is None:
+        palette = tf.zeros([256, 3], tf.uint8)
+    return image, tf.constant(kind) if isinstance(kind, int) else kind, palette
+
+
+def _decode_jpeg_window(image_plan):
+    top, left, bottom, right = tf.unstack(tf.cast(image_plan.window, tf.int32))
+    crop_window = tf.stack([top, left, bottom - top, right - left])
+    ratio_index = tf.reduce_sum(tf.cast(image_plan.ratio >= [2, 4, 8], tf.int32))
+    image = tf.switch_case(
         ratio_index,
         [
             (
-                lambda ratio=ratio: tf.io.decode_jpeg(
-                    data, channels=3, ratio=ratio, dct_method="INTEGER_ACCURATE"
+                lambda ratio=ratio: tf.io.decode_and_crop_jpeg(
+                    image_plan.payload, crop_window, channels=3, ratio=ratio, dct_method="INTEGER_ACCURATE"
                 )
             )
             for ratio in _JPEG_SCALE_RATIOS
         ],
     )
-    return rgb, height, width, _jpeg_tiff_offset(data)
+    return _as_decoded(image)
 
 
-def _decode_png(data):
-    tiff_offset, has_transparency_chunk = _png_metadata(data)
-    # channels=0 keeps the native channels (alpha only where the file has
-    # it). A tRNS chunk (palette, gray or RGB colour key) only becomes alpha
-    # when asking for 4 channels; TF's 4-channel output of a PNG without tRNS
-    # has a wrong filler alpha, hence the branch. uint8 output of a 16-bit
-    # PNG keeps the high byte, like PIL.
+def _decode_png(image_plan):
+    # uint8 output of a 16-bit PNG keeps the high byte, like stage 1.
     image = tf.cond(
-        has_transparency_chunk,
-        lambda: tf.io.decode_png(data, channels=4),
-        lambda: tf.io.decode_png(data, channels=0),
+        image_plan.channels == 4,
+        lambda: tf.io.decode_png(image_plan.payload, channels=4),
+        lambda: tf.io.decode_png(image_plan.payload, channels=0),
     )
-    return _with_full_size(_composite_onto_background(image), tiff_offset)
+    return _as_decoded(image)
 
 
-def _decode_gif(data):
-    rgb = tf.io.decode_image(_gif_with_opaque_background_colour(data), channels=3, expand_animations=False)
-    return _with_full_size(rgb, tiff_offset=tf.constant(-1, tf.int64))
-
-
-def _decode_bmp(data):
-    image = tf.io.decode_bmp(data, channels=0)
-    rgb = tf.cond(
-        tf.shape(image)[2] == 1,
-        lambda: _apply_bmp_palette(data, image),
-        # 32-bit: the fourth byte is ignored, as stage 1 does (usually undefined).
-        lambda: image[:, :, :3],
+def _decode_bmp(image_plan):
+    image = tf.io.decode_bmp(image_plan.payload, channels=0)
+    channels = tf.shape(image)[2]
+    # TF decodes an 8-bit BMP to its palette indices; 32-bit: the fourth byte is ignored, as stage 1
+    # does (usually undefined).
+    kind = tf.where(
+        channels == 1, _PALETTE_INDICES, tf.where(channels == 4, _DROP_FOURTH_CHANNEL, _CHANNELS_AS_DECODED)
     )
-    return _with_full_size(rgb, tiff_offset=tf.constant(-1, tf.int64))
+    return _as_decoded(image, kind, _bmp_palette(image_plan.payload))
 
 
-def _decode_webp(data):
-    image = tf.io.decode_image(data, channels=0, expand_animations=False)
-    return _with_full_size(_composite_onto_background(image), _webp_tiff_offset(data))
+def _bmp_palette(data):
+    info_header_length = graph_bytes.little_endian(graph_bytes.read_bytes(data, 14, 4))
+    palette_bgrx = tf.reshape(graph_bytes.read_bytes(data, 14 + info_header_length, 256 * 4), [256, 4])
+    # A gather, not a [:, 2::-1] slice: grappler's layout pass logs a spurious error for negative-stride
+    # slices in a saved graph.
+    return tf.cast(tf.gather(palette_bgrx, [2, 1, 0], axis=1), tf.uint8)
 
 
-def _with_full_size(rgb, tiff_offset):
-    rgb = tf.ensure_shape(rgb, [None, None, 3])
-    shape = tf.shape(rgb, out_type=tf.int64)
-    return rgb, shape[0], shape[1], tiff_offset
+# --- resize -----------------------------------------------------------------------------------------
 
 
-def _apply_bmp_palette(data, indices):
-    """TF decodes an 8-bit BMP to its palette indices; look the colours up."""
-    info_header_length = _little_endian(_read_bytes(data, 14, 4))
-    palette_bgrx = tf.reshape(_read_bytes(data, 14 + info_header_length, 256 * 4), [256, 4])
-    # A gather, not a [:, 2::-1] slice: grappler's layout pass logs a spurious
-    # error for negative-stride slices in a saved graph.
-    palette_rgb = tf.cast(tf.gather(palette_bgrx, [2, 1, 0], axis=1), tf.uint8)
-    return tf.gather(palette_rgb, tf.cast(indices[:, :, 0], tf.int32))
+def resize_window(window, kind, palette, image_plan: DecodePlan):
+    """The plan's output part of the resized image (stored orientation), uint8 [out_h, out_w, 3].
+
+    Gray and RGB windows are resized as they are (ScaleAndTranslate reads
+    uint8; its only buffer is [out_h, window width] floats), gray made RGB
+    after. Windows that need converting first (alpha, palette, a fourth
+    BMP byte) are done band by band of output rows, each band from only the
+    source rows it needs, so the conversion never copies the whole image.
+    """
+    channels = tf.shape(window)[2]
+    as_they_are = (kind == _CHANNELS_AS_DECODED) & ((channels == 1) | (channels == 3))
+    resized = tf.cond(
+        as_they_are,
+        lambda: _resize_whole_window(window, image_plan),
+        lambda: _resize_window_in_bands(window, kind, palette, image_plan),
+    )
+    resized = tf.gather(resized, tf.where(tf.shape(resized)[2] == 1, [0, 0, 0], [0, 1, 2]), axis=2)
+    # Half up, as PIL rounds (tf.round rounds half to even).
+    return tf.cast(tf.floor(tf.clip_by_value(resized, 0.0, 255.0) + 0.5), tf.uint8)
+
+
+def _scales(image_plan):
+    """tf.image.resize's scales: float32(new) / float32(old), rows then columns."""
+    return (
+        tf.cast(image_plan.resized_height, tf.float32) / tf.cast(image_plan.decoded_height, tf.float32),
+        tf.cast(image_plan.resized_width, tf.float32) / tf.cast(image_plan.decoded_width, tf.float32),
+    )
+
+
+def _resize_whole_window(window, image_plan):
+    row_scale, column_scale = _scales(image_plan)
+    resized = tf.raw_ops.ScaleAndTranslate(
+        images=window[None],
+        size=tf.cast(tf.stack([image_plan.output_height, image_plan.output_width]), tf.int32),
+        scale=tf.stack([row_scale, column_scale]),
+        translation=tf.stack(
+            [
+                _translation(image_plan.window[0], row_scale, image_plan.output_top),
+                _translation(image_plan.window[1], column_scale, image_plan.output_left),
+            ]
+        ),
+        kernel_type="triangle",
+        antialias=True,
+    )
+    return tf.ensure_shape(resized[0], [None, None, None])
+
+
+def _resize_window_in_bands(window, kind, palette, image_plan):
+    window_height = tf.cast(tf.shape(window)[0], tf.int64)
+    window_width = tf.cast(tf.shape(window)[1], tf.int64)
+    top, left = image_plan.window[0], image_plan.window[1]
+    row_scale, column_scale = _scales(image_plan)
+    output_height, output_width = image_plan.output_height, image_plan.output_width
+    # Output rows per band: as many as keep the band's source rows under _BAND_SOURCE_PIXELS.
+    row_scale_64 = tf.cast(row_scale, tf.float64)
+    reach = tf.maximum(1.0 / row_scale_64, 1.0)
+    rows_that_fit = tf.cast(_BAND_SOURCE_PIXELS, tf.float64) / tf.cast(
+        tf.maximum(window_width, 1), tf.float64
+    )
+    band_rows = tf.clip_by_value(
+        tf.cast(tf.math.floor((rows_that_fit - 2 * reach - 4) * row_scale_64), tf.int64), 1, output_height
+    )
+    num_bands = (output_height + band_rows - 1) // band_rows
+    column_translation = _translation(left, column_scale, image_plan.output_left)
+
+    def resize_band(band_index, bands):
+        first_row = band_index * band_rows
+        end_row = tf.minimum(first_row + band_rows, output_height)
+        source_first, source_end = _source_span(
+            image_plan.output_top + first_row,
+            end_row - first_row,
+            image_plan.resized_height,
+            image_plan.decoded_height,
+        )
+        source_first = tf.clip_by_value(source_first - top, 0, window_height)
+        source_end = tf.clip_by_value(source_end - top, source_first, window_height)
+        band = _to_rgb(window[source_first:source_end], kind, palette)
+        resized = tf.raw_ops.ScaleAndTranslate(
+            images=band[None],
+            size=tf.cast(tf.stack([end_row - first_row, output_width]), tf.int32),
+            scale=tf.stack([row_scale, column_scale]),
+            translation=tf.stack(
+                [
+                    _translation(top + source_first, row_scale, image_plan.output_top + first_row),
+                    column_translation,
+                ]
+            ),
+            kernel_type="triangle",
+            antialias=True,
+        )
+        return band_index + 1, bands.write(tf.cast(band_index, tf.int32), resized[0])
+
+    bands = tf.TensorArray(
+        tf.float32, size=tf.cast(num_bands, tf.int32), infer_shape=False, element_shape=[None, None, 3]
+    )
+    _, bands = tf.while_loop(
+        lambda index, _: index < num_bands, resize_band, (tf.constant(0, tf.int64), bands)
+    )
+    return tf.ensure_shape(bands.concat(), [None, None, 3])
+
+
+def _translation(source_start, scale, output_start):
+    """ScaleAndTranslate's translation making output pixel 0 the resized pixel `output_start`, from a
+    source starting at `source_start` (computed in float64: the two terms can be millions)."""
+    return tf.cast(
+        tf.cast(source_start, tf.float64) * tf.cast(scale, tf.float64) - tf.cast(output_start, tf.float64),
+        tf.float32,
+    )
+
+
+def _to_rgb(band, kind, palette):
+    """[rows, width, channels] uint8 as decoded -> [rows, width, 3] uint8 RGB."""
+    return tf.switch_case(
+        kind,
+        [
+            lambda: _composite_onto_background(band),
+            lambda: tf.gather(palette, tf.cast(band[:, :, 0], tf.int32)),
+            lambda: band[:, :, :3],
+        ],
+    )
 
 
 def _composite_onto_background(image):
@@ -215,283 +637,3 @@ def _blend_onto_background(color, alpha):
     blended = background * (255 - alpha) + tf.cast(color, tf.int32) * alpha + 128
     shift = tf.bitwise.right_shift
     return tf.cast(shift(shift(blended, 8) + blended, 8), tf.uint8)
-
-
-def _gif_with_opaque_background_colour(data):
-    """GIF bytes whose first frame draws its transparent colour as opaque ALPHA_BACKGROUND.
-
-    TF's GIF decoder paints transparent pixels of the first frame black and
-    reports no alpha; stage 1 composites them onto white. Rewriting the
-    colour-table entry of the transparent index and clearing the
-    transparency flag makes TF paint exactly that.
-    """
-    screen = _read_bytes(data, 10, 1)[0]
-    global_table_length = tf.where(screen >= 0x80, _colour_table_length(screen), tf.constant(0, tf.int64))
-
-    def keep_going(step, position, in_sub_blocks, control_extension, image_descriptor):
-        return (step < _MAX_GIF_BLOCKS) & (position >= 0) & (image_descriptor < 0)
-
-    def next_block(step, position, in_sub_blocks, control_extension, image_descriptor):
-        head = _read_bytes(data, position, 3)
-        # Inside an extension: a run of length-prefixed sub-blocks ending at 0.
-        after_sub_block = tf.where(head[0] == 0, position + 1, position + 1 + head[0])
-        is_extension = head[0] == 0x21
-        is_control_extension = is_extension & (head[1] == 0xF9) & (head[2] == 4)
-        is_image = head[0] == 0x2C
-        next_position = tf.where(
-            in_sub_blocks, after_sub_block, tf.where(is_extension, position + 2, tf.constant(-1, tf.int64))
-        )
-        return (
-            step + 1,
-            next_position,
-            tf.where(in_sub_blocks, head[0] != 0, is_extension),
-            tf.where(~in_sub_blocks & is_control_extension, position, control_extension),
-            tf.where(~in_sub_blocks & is_image, position, image_descriptor),
-        )
-
-    none = tf.constant(-1, tf.int64)
-    _, _, _, control_extension, image_descriptor = tf.while_loop(
-        keep_going,
-        next_block,
-        (tf.constant(0), 13 + global_table_length, tf.constant(False), none, none),
-    )
-    control = _read_bytes(data, control_extension, 7)  # 21 F9 04 <flags> <delay:2> <index>
-    has_transparency = (control_extension >= 0) & (control[3] % 2 == 1)
-    transparent_index = control[6]
-    local = _read_bytes(data, image_descriptor + 9, 1)[0]
-    has_local_table = local >= 0x80
-    global_table_offset = tf.where(global_table_length > 0, tf.constant(13, tf.int64), none)
-    table_offset = tf.where(has_local_table, image_descriptor + 10, global_table_offset)
-    table_length = tf.where(has_local_table, _colour_table_length(local), global_table_length)
-    patchable = (
-        has_transparency
-        & (image_descriptor >= 0)
-        & (table_offset >= 0)
-        & (3 * transparent_index < table_length)
-    )
-
-    def patched():
-        background = bytes(geometry.ALPHA_BACKGROUND)
-        with_colour = _replace_bytes(data, table_offset + 3 * transparent_index, tf.constant(background))
-        flags_without_transparency = tf.strings.substr(_ALL_BYTES, control[3] - 1, tf.constant(1, tf.int64))
-        return _replace_bytes(with_colour, control_extension + 3, flags_without_transparency)
-
-    return tf.cond(patchable, patched, lambda: data)
-
-
-# --- EXIF orientation -----------------------------------------------------------------------------
-
-
-def _jpeg_tiff_offset(data):
-    """Offset of the TIFF header in the first APP1 "Exif\\0\\0" segment, or -1."""
-
-    def keep_going(step, position, found):
-        return (step < _MAX_JPEG_SEGMENTS) & (position >= 0) & (found < 0)
-
-    def next_segment(step, position, found):
-        head = _read_bytes(data, position, 10)  # FF <marker> <length:2> <payload...>
-        marker = head[1]
-        segment_length = _big_endian(head[2:4])
-        is_fill = marker == 0xFF
-        is_standalone = (marker == 0x01) | ((marker >= 0xD0) & (marker <= 0xD8))
-        is_exif = (marker == 0xE1) & _matches(head[4:10], b"Exif\x00\x00")
-        stops = (
-            (head[0] != 0xFF)
-            | (marker == 0xDA)  # start of scan: the metadata is over
-            | (marker == 0xD9)
-            | (~is_fill & ~is_standalone & (segment_length < 2))
-        )
-        next_position = tf.where(
-            is_fill, position + 1, tf.where(is_standalone, position + 2, position + 2 + segment_length)
-        )
-        return (
-            step + 1,
-            tf.where(stops | is_exif, tf.constant(-1, tf.int64), next_position),
-            tf.where(is_exif, position + 10, found),
-        )
-
-    none = tf.constant(-1, tf.int64)
-    _, _, found = tf.while_loop(keep_going, next_segment, (tf.constant(0), tf.constant(0, tf.int64), none))
-    return found
-
-
-def _png_metadata(data):
-    """(offset of the eXIf TIFF data or -1, whether a tRNS chunk exists), from chunks before IDAT."""
-    length = _length(data)
-
-    def keep_going(step, position, found, has_transparency):
-        return (step < _MAX_PNG_CHUNKS) & (position >= 0)
-
-    def next_chunk(step, position, found, has_transparency):
-        head = _read_bytes(data, position, 8)  # <length:4> <type:4>
-        chunk_type = head[4:8]
-        stops = _matches(chunk_type, b"IDAT") | _matches(chunk_type, b"IEND") | (position + 8 > length)
-        next_position = position + 12 + _big_endian(head[:4])
-        return (
-            step + 1,
-            tf.where(stops, tf.constant(-1, tf.int64), next_position),
-            tf.where(~stops & _matches(chunk_type, b"eXIf"), position + 8, found),
-            has_transparency | _matches(chunk_type, b"tRNS"),
-        )
-
-    _, _, found, has_transparency = tf.while_loop(
-        keep_going,
-        next_chunk,
-        (tf.constant(0), tf.constant(8, tf.int64), tf.constant(-1, tf.int64), tf.constant(False)),
-    )
-    return found, has_transparency
-
-
-def _webp_tiff_offset(data):
-    """Offset of the TIFF header in the RIFF "EXIF" chunk, or -1."""
-    length = _length(data)
-
-    def keep_going(step, position, found):
-        return (step < _MAX_WEBP_CHUNKS) & (position >= 0) & (found < 0)
-
-    def next_chunk(step, position, found):
-        head = _read_bytes(data, position, 8)  # <fourcc:4> <size:4 little-endian>
-        chunk_size = _little_endian(head[4:])
-        is_exif = _matches(head[:4], b"EXIF")
-        stops = position + 8 > length
-        next_position = position + 8 + chunk_size + chunk_size % 2
-        return (
-            step + 1,
-            tf.where(stops, tf.constant(-1, tf.int64), next_position),
-            tf.where(~stops & is_exif, position + 8, found),
-        )
-
-    _, _, found = tf.while_loop(
-        keep_going, next_chunk, (tf.constant(0), tf.constant(12, tf.int64), tf.constant(-1, tf.int64))
-    )
-    # Some writers keep the JPEG-style "Exif\0\0" prefix; PIL skips it too.
-    has_prefix = (found >= 0) & _matches(_read_bytes(data, found, 6), b"Exif\x00\x00")
-    return tf.where(has_prefix, found + 6, found)
-
-
-def _exif_orientation(data, tiff_offset):
-    """The orientation tag (1-8) of IFD0 of the TIFF block at tiff_offset; 1 if absent or invalid."""
-    head = _read_bytes(data, tiff_offset, 8)
-    little = _matches(head[:2], b"II")
-    big = _matches(head[:2], b"MM")
-    magic_ok = (_matches(head[2:4], b"*\x00") | _matches(head[2:4], b"\x00*")) & (little | big)
-
-    def to_int(byte_values):
-        return tf.where(little, _little_endian(byte_values), _big_endian(byte_values))
-
-    ifd = tiff_offset + to_int(head[4:8])
-    entry_count = to_int(_read_bytes(data, ifd, 2))
-    entries = tf.reshape(_read_bytes(data, ifd + 2, 12 * _MAX_IFD_ENTRIES), [_MAX_IFD_ENTRIES, 12])
-    tags = _to_int_rows(entries[:, 0:2], little)
-    types = _to_int_rows(entries[:, 2:4], little)
-    counts = _to_int_rows(entries[:, 4:8], little)
-    # The value sits in the entry itself when it fits in 4 bytes; its width depends on the type.
-    values = tf.where(
-        types == 1,
-        entries[:, 8],
-        tf.where(types == 3, _to_int_rows(entries[:, 8:10], little), _to_int_rows(entries[:, 8:12], little)),
-    )
-    entry_indices = tf.range(_MAX_IFD_ENTRIES, dtype=tf.int64)
-    is_orientation = (
-        (entry_indices < entry_count)
-        & (tags == _EXIF_ORIENTATION_TAG)
-        & ((types == 1) | (types == 3) | (types == 4))
-        & (counts == 1)
-    )
-    # PIL keeps the last of repeated tags.
-    last = tf.reduce_max(tf.where(is_orientation, entry_indices, tf.constant(-1, tf.int64)))
-    value = tf.gather(values, tf.maximum(last, 0))
-    valid = (tiff_offset >= 0) & magic_ok & (last >= 0) & (value >= 1) & (value <= 8)
-    return tf.where(valid, value, tf.constant(1, tf.int64))
-
-
-def _to_int_rows(byte_rows, little):
-    """Unsigned integers from rows of bytes, in the TIFF block's byte order."""
-    width = byte_rows.shape[1]
-    weights = tf.constant([256**i for i in range(width)], tf.int64)
-    little_values = tf.reduce_sum(byte_rows * weights, axis=1)
-    big_values = tf.reduce_sum(
-        byte_rows * tf.constant([256**i for i in reversed(range(width))], tf.int64), axis=1
-    )
-    return tf.where(little, little_values, big_values)
-
-
-def _apply_orientation(image, orientation):
-    """Turn a stored image upright, as PIL's exif_transpose does for orientations 1-8."""
-    # Orientations 5-8 swap the axes; then 2,3,6,7 mirror left-right and 3,4,7,8 top-bottom.
-    image = tf.cond(orientation >= 5, lambda: tf.transpose(image, [1, 0, 2]), lambda: image)
-    flips_left_right = tf.reduce_any(orientation == tf.constant([2, 3, 6, 7], tf.int64))
-    flips_top_bottom = tf.reduce_any(orientation == tf.constant([3, 4, 7, 8], tf.int64))
-    image = tf.cond(flips_left_right, lambda: tf.reverse(image, [1]), lambda: image)
-    return tf.cond(flips_top_bottom, lambda: tf.reverse(image, [0]), lambda: image)
-
-
-# --- resize ---------------------------------------------------------------------------------------
-
-
-def _resize_crop_or_pad(image, height, width, size, method):
-    """Resize to the geometry of a height x width image, then crop or letterbox to size x size."""
-    target_height, target_width = geometry.resized_shape(
-        height, width, size, method, minimum=tf.minimum, maximum=tf.maximum
-    )
-    target = tf.cast(tf.stack([target_height, target_width]), tf.int32)
-    resized = tf.image.resize(image, target, method="bilinear", antialias=True)
-    # Half up, as PIL rounds (tf.round rounds half to even).
-    resized = tf.cast(tf.floor(tf.clip_by_value(resized, 0.0, 255.0) + 0.5), tf.uint8)
-    target_height, target_width = target[0], target[1]
-    if method == geometry.CROP:
-        top, left = geometry.crop_offsets(target_height, target_width, size)
-        result = tf.slice(resized, tf.stack([top, left, 0]), [size, size, 3])
-    else:
-        top, left = geometry.pad_offsets(target_height, target_width, size)
-        paddings = [[top, size - top - target_height], [left, size - left - target_width], [0, 0]]
-        result = tf.pad(resized, paddings, constant_values=geometry.PAD_VALUE)
-    return tf.ensure_shape(result, [size, size, 3])
-
-
-# --- bytes ----------------------------------------------------------------------------------------
-
-
-def _length(data):
-    return tf.cast(tf.strings.length(data), tf.int64)
-
-
-def _read_bytes(data, position, count):
-    """`count` bytes of `data` from `position` as int64; zeros where out of range, never an error."""
-    length = _length(data)
-    position = tf.cast(position, tf.int64)
-    position = tf.where((position >= 0) & (position <= length), position, length)
-    raw = tf.io.decode_raw(tf.strings.substr(data, position, tf.constant(count, tf.int64)), tf.uint8)
-    raw = tf.pad(raw, [[0, count - tf.shape(raw)[0]]])
-    return tf.cast(tf.reshape(raw, [count]), tf.int64)
-
-
-def _replace_bytes(data, position, replacement):
-    """`data` with the bytes at `position` overwritten by `replacement` (same length)."""
-    end = position + tf.cast(tf.strings.length(replacement), tf.int64)
-    return tf.strings.join(
-        [
-            tf.strings.substr(data, tf.constant(0, tf.int64), position),
-            replacement,
-            tf.strings.substr(data, end, _length(data) - end),
-        ]
-    )
-
-
-def _colour_table_length(flags):
-    """Bytes in a GIF colour table: 3 * 2 ** (1 + the low three bits of its flags byte)."""
-    return 3 * tf.bitwise.left_shift(tf.constant(2, tf.int64), tf.bitwise.bitwise_and(flags, 7))
-
-
-def _matches(byte_values, expected: bytes):
-    return tf.reduce_all(tf.equal(byte_values, tf.constant(list(expected), tf.int64)))
-
-
-def _big_endian(byte_values):
-    weights = tf.constant([256**i for i in reversed(range(byte_values.shape[0]))], tf.int64)
-    return tf.reduce_sum(byte_values * weights)
-
-
-def _little_endian(byte_values):
-    weights = tf.constant([256**i for i in range(byte_values.shape[0])], tf.int64)
-    return tf.reduce_sum(byte_values * weights)

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, models, serving_image
+from train import checks, dataset, export, models, serving_image
 from train.config import TrainConfig
 from train.trainer import train_and_evaluate
 
@@ -115,6 +115,8 @@ def test_export_serves_encoded_bytes_in_a_fresh_process_without_project_code(
             "probabilities": outputs["probabilities"].numpy().tolist(),
             "probabilities_dtype": outputs["probabilities"].dtype.name,
             "labels": [label.decode() for label in outputs["label"].numpy()],
+            "valid": outputs["valid"].numpy().tolist(),
+            "errors": [error.decode() for error in outputs["error"].numpy()],
             "project_modules": project,
         }))
         """
@@ -137,6 +139,18 @@ def test_export_serves_encoded_bytes_in_a_fresh_process_without_project_code(
     assert report["probabilities_dtype"] == "float32"
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
     assert report["labels"] == [manifest["labels"][i] for i in probabilities.argmax(axis=1)]
+    assert report["valid"] == [True] * len(kinds) and report["errors"] == [""] * len(kinds)
+
+
+def test_the_export_refuses_above_the_max_pixels_stage_one_recorded(trained_run):
+    data_dir, _, metrics = trained_run("bfloat16")
+    manifest = checks.read_manifest(data_dir)
+    assert manifest["image"]["max_pixels"] == 100_000_000  # stage 1's --max-pixels default
+    described = tf.saved_model.load(metrics["export_dir"]).signatures[export.CONFIG_SIGNATURE](
+        request=tf.constant(0)
+    )
+    assert described["max_pixels"].numpy() == manifest["image"]["max_pixels"]
+    assert described["image_size"].numpy() == manifest["image"]["height"]
 
 
 @pytest.mark.slow
@@ -150,9 +164,11 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
 
     # The input tensors, in 0-255 levels: serving's decode + resize against what the pipeline feeds
     # the model (de-normalized for the encodings stage 1 normalized; uint8 and jpeg are pixels).
-    serving_pixels = serving_image.decode_and_resize_batch(
+    served_batch = serving_image.decode_batch(
         file_bytes, manifest["image"]["height"], manifest["image"]["resize_method"]
     )
+    assert served_batch.valid.numpy().all(), served_batch.error.numpy()
+    serving_pixels = served_batch.pixels
     pipeline_pixels = tf.cast(pipeline_images, tf.float32).numpy()
     if dataset.ImageFormat.from_manifest(manifest).normalized_offline:
         normalization = manifest["normalization"]

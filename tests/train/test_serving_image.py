@@ -1,10 +1,13 @@
-"""The serving signature's decode/resize gives stage 1's pixels, from graph ops only.
+"""The serving signature's decode/resize gives stage 1's pixels, from graph ops only; a batch gives per-image results.
 
 Tolerance, per image, against `preprocess.image_decode.load_image` on the same
 bytes: mean absolute difference <= MEAN_TOLERANCE and every pixel within
 MAX_TOLERANCE levels. Measured: max 1, mean <= 0.2 (PIL rounds to 8 bits
 between its two resize passes, TF does not; TF's CMYK conversion rounds
-differently).
+differently). `decode_batch` gives every image its own result: stage 1's
+reason for what it refuses (truncated files cut from real ones, corrupt
+streams, limits), stage 1's pixels for what it accepts, damaged or not, and
+never an error for the batch.
 """
 
 import functools
@@ -22,9 +25,10 @@ import tensorflow as tf
 from PIL import Image
 
 from dataset_contract import geometry
+from preprocess.errors import ImageError
 from preprocess.image_decode import load_image
 from tests.exif import orientation_exif, stored_for_orientation
-from train.serving_image import decode_and_resize, decode_and_resize_batch
+from train.serving_image import ServingLimits, decode_and_resize, decode_batch
 
 SIZE = 48
 MEAN_TOLERANCE = 0.5
@@ -179,10 +183,11 @@ def test_decode_inside_dataset_map_matches_stage_one(method):
 @pytest.mark.parametrize("method", geometry.RESIZE_METHODS)
 def test_batch_decode_inside_tf_function_matches_stage_one(method):
     names = sorted(CASES)
-    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, method))
-    served = decode_batch(tf.constant([case_bytes(name) for name in names])).numpy()
-    assert served.shape == (len(names), SIZE, SIZE, 3)
-    for name, image in zip(names, served, strict=True):
+    decode = tf.function(lambda batch: decode_batch(batch, SIZE, method))
+    served = decode(tf.constant([case_bytes(name) for name in names]))
+    assert served.valid.numpy().all(), dict(zip(names, served.error.numpy(), strict=True))
+    assert served.pixels.shape == (len(names), SIZE, SIZE, 3)
+    for name, image in zip(names, served.pixels.numpy(), strict=True):
         assert_matches_stage_one(image, case_bytes(name), method)
 
 
@@ -195,8 +200,8 @@ def test_orientation_is_applied_not_ignored_by_both_stages():
     assert np.abs(served.astype(int) - expected).mean() < 2
 
 
-def test_unknown_content_is_an_invalid_argument_error():
-    with pytest.raises(tf.errors.InvalidArgumentError, match="not a supported image"):
+def test_unknown_content_is_an_invalid_argument_error_for_a_single_image():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not_an_image: unrecognised content"):
         decode_and_resize(tf.constant(b"%PDF-1.7 definitely not an image"), SIZE, geometry.CROP)
 
 
@@ -213,10 +218,10 @@ def all_op_types(graph_def) -> set[str]:
 
 
 def test_serving_graph_has_no_python_ops():
-    decode_batch = tf.function(lambda batch: decode_and_resize_batch(batch, SIZE, geometry.CROP))
-    graph_def = decode_batch.get_concrete_function(tf.TensorSpec([None], tf.string)).graph.as_graph_def()
+    decode = tf.function(lambda batch: decode_batch(batch, SIZE, geometry.CROP).pixels)
+    graph_def = decode.get_concrete_function(tf.TensorSpec([None], tf.string)).graph.as_graph_def()
     op_types = all_op_types(graph_def)
-    assert "DecodeJpeg" in op_types  # the walk reached the function bodies
+    assert "DecodeAndCropJpeg" in op_types  # the walk reached the function bodies (tf.data map too)
     assert not op_types & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 
 
@@ -224,7 +229,7 @@ def test_serving_graph_has_no_python_ops():
 def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(tmp_path):
     module = tf.Module()
     module.decode = tf.function(
-        lambda batch: {"image": decode_and_resize_batch(batch, SIZE, geometry.CROP)},
+        lambda batch: {"image": decode_batch(batch, SIZE, geometry.CROP).pixels},
         input_signature=[tf.TensorSpec([None], tf.string)],
     )
     tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.decode})
@@ -245,3 +250,125 @@ def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(t
     served = np.load(tmp_path / "served.npy")
     for name, image in zip(names, served, strict=True):
         assert_matches_stage_one(image, case_bytes(name), geometry.CROP)
+
+
+# --- per-image results (decode_batch) ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decode_many():
+    """decode_batch at SIZE, crop, traced once (the limits are inputs); returns (pixels, valid, error) as numpy."""
+    traced = tf.function(
+        lambda batch, max_pixels, max_decode_bytes: decode_batch(
+            batch, SIZE, geometry.CROP, ServingLimits(max_pixels, max_decode_bytes)
+        ),
+        input_signature=[
+            tf.TensorSpec([None], tf.string),
+            tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([], tf.int64),
+        ],
+        autograph=False,
+    )
+
+    def run(datas, limits=None):
+        limits = limits or ServingLimits()
+        result = traced(tf.constant(datas), limits.max_pixels, limits.max_decode_bytes)
+        errors = [error.decode() for error in result.error.numpy()]
+        return result.pixels.numpy(), result.valid.numpy(), errors
+
+    return run
+
+
+def stage_one_reason(data: bytes) -> str:
+    try:
+        load_image(data, size=SIZE, method=geometry.CROP, max_pixels=10**8)
+    except ImageError as error:
+        return error.reason
+    return ""
+
+
+TRUNCATABLE = [
+    "jpeg_orientation_1",
+    "jpeg_progressive",
+    "png_rgb",
+    "png_rgba",
+    "gif",
+    "bmp_24_bit",
+    "webp_lossy",
+]
+
+
+@pytest.mark.parametrize("name", TRUNCATABLE)
+def test_a_real_truncated_file_is_its_own_truncated_error_as_in_stage_one(decode_many, name):
+    data = case_bytes(name)
+    truncated = data[: len(data) // 2]
+    _, valid, errors = decode_many([data, truncated, data])
+    assert valid.tolist() == [True, False, True]
+    assert errors[1].split(":")[0] == stage_one_reason(truncated) == "truncated", errors[1]
+
+
+@pytest.mark.parametrize(
+    "name, damage",
+    [
+        ("png_rgb", lambda data: data[:-6]),  # cut inside IEND: PIL reads it, libpng would not
+        ("png_rgba", lambda data: data[:-12]),  # no IEND at all
+        ("gif", lambda data: data[:-1]),  # no trailer
+        ("gif_animated_first_frame", lambda data: data[: len(data) - 40]),  # a later frame cut
+        ("bmp_24_bit", lambda data: data + b"\x00" * 100),  # bytes after the pixels
+        ("jpeg_orientation_1", lambda data: data + b"trailing bytes"),
+    ],
+)
+def test_what_stage_one_accepts_despite_damage_serves_the_same_pixels(decode_many, name, damage):
+    data = damage(case_bytes(name))
+    assert stage_one_reason(data) == ""
+    pixels, valid, errors = decode_many([data])
+    assert valid[0], errors[0]
+    assert_matches_stage_one(pixels[0], data, geometry.CROP)
+
+
+def test_an_animated_webp_serves_its_first_frame_as_stage_one_does(decode_many):
+    frames = [Image.fromarray(photo()), Image.new("RGB", (90, 60), (0, 255, 0))]
+    data = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    pixels, valid, errors = decode_many([data])
+    assert valid[0], errors[0]
+    assert_matches_stage_one(pixels[0], data, geometry.CROP)
+
+
+def test_a_corrupt_stream_is_a_decode_error_for_that_image_only(decode_many):
+    data = case_bytes("png_rgb")
+    corrupt = data[: len(data) // 2] + bytes(64) + data[len(data) // 2 + 64 :]
+    pixels, valid, errors = decode_many([data, corrupt])
+    assert valid.tolist() == [True, False]
+    assert errors[1].startswith("decode_error: the PNG decoder rejected the data")
+    assert stage_one_reason(corrupt) == "decode_error"
+    assert not pixels[1].any()
+
+
+def test_over_the_pixel_limit_is_too_many_pixels_as_in_stage_one(decode_many):
+    data = case_bytes("png_rgb")  # 90x60 = 5400 pixels
+    _, valid, errors = decode_many([data], ServingLimits(max_pixels=5399))
+    assert not valid[0] and errors[0] == "too_many_pixels: 90x60 = 5400 pixels > 5399"
+    assert decode_many([data], ServingLimits(max_pixels=5400))[1][0]
+
+
+def test_the_decode_budget_refuses_by_the_memory_the_header_implies(decode_many):
+    data = case_bytes("png_rgb")  # RGB: 3 bytes a pixel
+    assert decode_many([data], ServingLimits(max_decode_bytes=5400 * 3))[1][0]
+    _, valid, errors = decode_many([data], ServingLimits(max_decode_bytes=5400 * 3 - 1))
+    assert not valid[0] and errors[0].startswith("too_many_pixels: decoding this 90x60 PNG needs 1 MB")
+
+
+def test_no_damage_to_any_file_fails_the_batch(decode_many):
+    """Random bytes overwritten and cuts, in every format: each image gets a result, the batch never raises."""
+    rng = np.random.default_rng(1)
+    originals = [case_bytes(name) for name in sorted(CASES)]
+    batch = []
+    for data in originals * 2:
+        damaged = bytearray(data)
+        for position in rng.integers(0, len(data), 4):
+            damaged[position] = rng.integers(0, 256)
+        batch.append(bytes(damaged[: rng.integers(len(data) // 2, len(data) + 1)]))
+    _, valid, errors = decode_many(batch)
+    reasons = {error.split(":")[0] for error in errors}
+    assert reasons <= {"", "truncated", "decode_error", "not_an_image", "too_many_pixels"}
+    assert len(errors) == len(batch) and (valid == [error == "" for error in errors]).all()

@@ -1,0 +1,213 @@
+"""The exported signature as a server runs it: adversarial files, per-image errors, TF Serving conventions.
+
+One small model (the small CNN, untrained: these tests are about the bytes
+path, not accuracy) is exported once for the module at 224x224 with the
+default limits, as `train` exports it. The adversarial files are the
+benchmark's (benchmarks/adversarial_images.py); their memory is measured in
+benchmarks/serving_memory.py, not here: here each must come back as a
+per-image error or a valid prediction, and never fail the batch it is in.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks.adversarial_images import ADVERSARIAL_IMAGES, ordinary_jpeg
+from train import dataset, export, models, serving_warmup
+
+SIZE = 224
+LABELS = ["cat", "dog", "fish"]
+MANIFEST = {
+    "image": {
+        "height": SIZE,
+        "width": SIZE,
+        "channels": 3,
+        "encoding": "uint8",
+        "resize_method": "crop",
+        "max_pixels": 100_000_000,
+    },
+    "labels": LABELS,
+    "normalization": {"mean": [120.0] * 3, "std": [60.0] * 3},
+}
+# What each adversarial file must give: valid, or the reason its error starts with.
+EXPECTED = {
+    "png_1x1000": "valid",
+    "png_1x3000": "valid",
+    "jpeg_1x65500": "valid",
+    "png_23000_rgba": "too_many_pixels: 23000x23000 = 529000000 pixels > 100000000",
+    "gif_100_frames": "valid",
+    "jpeg_progressive_10000": "too_many_pixels: decoding this 10000x10000 JPEG needs 305 MB, over the serving limit",
+    "jpeg_cmyk": "valid",
+}
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    image_format = dataset.ImageFormat.from_manifest(MANIFEST)
+    model = models.build_model_for_dataset(models.SMALL_CNN, image_format, len(LABELS))
+    return export.export_serving_model(model, MANIFEST, str(tmp_path_factory.mktemp("export")))
+
+
+@pytest.fixture(scope="module")
+def serve(export_dir):
+    return tf.saved_model.load(export_dir).signatures[export.SIGNATURE]
+
+
+@pytest.fixture(scope="module")
+def adversarial_files():
+    return {name: ADVERSARIAL_IMAGES[name][1]() for name in EXPECTED}
+
+
+def outcome(outputs, index):
+    valid = bool(outputs["valid"].numpy()[index])
+    error = outputs["error"].numpy()[index].decode()
+    assert valid == (error == "")
+    return "valid" if valid else error
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_adversarial_file_gets_a_valid_prediction_or_its_own_error(serve, adversarial_files, name):
+    outputs = serve(image_bytes=tf.constant([adversarial_files[name]]))
+    assert outcome(outputs, 0).startswith(EXPECTED[name])
+    probabilities = outputs["probabilities"].numpy()[0]
+    if EXPECTED[name] == "valid":
+        np.testing.assert_allclose(probabilities.sum(), 1.0, atol=1e-5)
+        assert outputs["label"].numpy()[0].decode() == LABELS[probabilities.argmax()]
+    else:
+        assert not probabilities.any() and outputs["label"].numpy()[0] == b""
+
+
+def test_a_batch_of_good_and_bad_files_predicts_the_good_ones_and_names_each_bad_one(
+    serve, adversarial_files
+):
+    photo = ordinary_jpeg()
+    batch = {
+        "photo": photo,
+        "empty": b"",
+        "text": b"just some text, not an image",
+        "truncated_jpeg": photo[: len(photo) // 2],
+        **adversarial_files,
+        "photo_again": photo,
+    }
+    outputs = serve(image_bytes=tf.constant(list(batch.values())))
+    outcomes = {name: outcome(outputs, index) for index, name in enumerate(batch)}
+    assert outcomes["empty"] == "empty_file: the file is empty"
+    assert outcomes["text"].startswith("not_an_image: unrecognised content")
+    assert outcomes["truncated_jpeg"].startswith("truncated: ")
+    for name, expected in EXPECTED.items():
+        assert outcomes[name].startswith(expected), name
+    # The good images get the same prediction as alone: a bad neighbour changes nothing.
+    alone = serve(image_bytes=tf.constant([photo]))["probabilities"].numpy()[0]
+    probabilities = outputs["probabilities"].numpy()
+    names = list(batch)
+    np.testing.assert_allclose(probabilities[names.index("photo")], alone, atol=1e-6)
+    np.testing.assert_allclose(probabilities[names.index("photo_again")], alone, atol=1e-6)
+
+
+def test_the_export_records_its_limits_and_image_size_for_clients(export_dir):
+    loaded = tf.saved_model.load(export_dir)
+    described = {
+        key: value.numpy()
+        for key, value in loaded.signatures[export.CONFIG_SIGNATURE](request=tf.constant(0)).items()
+    }
+    assert described["image_size"] == SIZE
+    assert described["max_pixels"] == MANIFEST["image"]["max_pixels"]
+    assert described["resize_method"] == b"crop"
+    assert [label.decode() for label in described["labels"]] == LABELS
+    with open(os.path.join(export_dir, export.EXTRA_ASSETS_DIR, export.CONFIG_FILE)) as handle:
+        config = json.load(handle)
+    assert config["max_pixels"] == MANIFEST["image"]["max_pixels"] == described["max_pixels"]
+    assert config["max_decode_bytes"] == described["max_decode_bytes"] > 0
+    assert config["image_size"] == SIZE and config["input"]["name"] == "image_bytes"
+    assert config["error_reasons"] == [
+        "empty_file",
+        "not_an_image",
+        "truncated",
+        "decode_error",
+        "too_many_pixels",
+    ]
+
+
+def test_the_limit_defaults_to_the_datasets_max_pixels():
+    assert export.serving_limits({"image": {"max_pixels": 1234}}).max_pixels == 1234
+    # A manifest written before image.max_pixels existed: stage 1's default.
+    assert export.serving_limits({"image": {}}).max_pixels == 100_000_000
+
+
+def test_warmup_requests_are_real_requests_the_signature_answers(export_dir, serve):
+    path = os.path.join(export_dir, export.EXTRA_ASSETS_DIR, serving_warmup.WARMUP_FILE)
+    requests = serving_warmup.read_warmup_requests(path)
+    assert 1 <= len(requests) <= 10
+    for request in requests:
+        assert request.model_spec.signature_name == export.SIGNATURE
+        assert set(request.inputs) == {export.INPUT_KEY}
+        batch = tf.make_ndarray(request.inputs[export.INPUT_KEY])
+        outputs = serve(image_bytes=tf.constant(list(batch)))
+        outcomes = [outcome(outputs, index) for index in range(len(batch))]
+        # Every real image in the warmup is valid; the one non-image exercises the error path.
+        assert all(o == "valid" for o, data in zip(outcomes, batch, strict=True) if data != b"not an image")
+    assert any(b"not an image" in tf.make_ndarray(r.inputs[export.INPUT_KEY]).tolist() for r in requests)
+
+
+def saved_model_cli(*args):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow  # two processes importing TensorFlow: ~30 s
+def test_saved_model_cli_shows_the_signatures_and_runs_one_on_a_real_image(export_dir, tmp_path):
+    shown = saved_model_cli("show", "--dir", export_dir, "--all")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    default = shown.stdout[shown.stdout.index("signature_def['serving_default']") :]
+    assert "inputs['image_bytes']" in default and "DT_STRING" in default
+    for output in export.OUTPUT_KEYS:
+        assert f"outputs['{output}']" in default
+
+    inputs = tmp_path / "inputs.npy"
+    np.save(inputs, np.array([ordinary_jpeg(), b"not an image"], dtype=object), allow_pickle=True)
+    outdir = tmp_path / "outputs"
+    ran = saved_model_cli(
+        "run",
+        "--dir",
+        export_dir,
+        "--tag_set",
+        "serve",
+        "--signature_def",
+        export.SIGNATURE,
+        "--inputs",
+        f"image_bytes={inputs}",
+        "--outdir",
+        str(outdir),
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert np.load(outdir / "valid.npy").tolist() == [True, False]
+    probabilities = np.load(outdir / "probabilities.npy")
+    assert probabilities.shape == (2, len(LABELS))
+    np.testing.assert_allclose(probabilities.sum(axis=1), [1.0, 0.0], atol=1e-5)
+    errors = np.load(outdir / "error.npy", allow_pickle=True).tolist()
+    assert errors[0] == b"" and errors[1].startswith(b"not_an_image: ")
+
+    described = saved_model_cli(
+        "run",
+        "--dir",
+        export_dir,
+        "--tag_set",
+        "serve",
+        "--signature_def",
+        export.CONFIG_SIGNATURE,
+        "--input_exprs",
+        "request=0",
+    )
+    assert described.returncode == 0, described.stderr[-2000:]
+    assert "max_pixels" in described.stdout and "100000000" in described.stdout
+
+
+def test_an_empty_batch_returns_empty_outputs(serve):
+    outputs = serve(image_bytes=tf.constant([], tf.string))
+    assert outputs["probabilities"].shape == (0, len(LABELS))
+    assert outputs["valid"].shape == outputs["error"].shape == outputs["label"].shape == (0,)
