@@ -108,6 +108,10 @@ def build_manifest(*, config: dict, labels, stats, shards, class_counts, num_fou
             "channels": CHANNELS,
             "encoding": config["encoding"],
             "resize_method": config["resize_method"],
+            # The model's square: random crops of it in training, the center one in evaluation and
+            # serving. Equal to height/width without a margin.
+            "crop_size": config.get("crop_size", config["image_size"]),
+            "crop_margin": config.get("crop_margin", 0.0),
             "jpeg_quality": config["jpeg_quality"] if config["encoding"] == "jpeg" else None,
         },
         "labels": list(labels),

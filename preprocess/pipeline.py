@@ -67,6 +67,8 @@ def job_config(args) -> dict:
         "input_kind": input_kind(args.input),
         "output": args.output.rstrip("/"),
         "image_size": args.image_size,
+        "crop_size": args.crop_size,
+        "crop_margin": args.crop_margin,
         "resize_method": args.resize_method,
         "encoding": args.encoding,
         "jpeg_quality": args.jpeg_quality,

@@ -1,8 +1,9 @@
 """Command line of stage 2: train, evaluate and export a classifier on a stage 1 dataset.
 
-On this machine (CPU, or every local GPU through MirroredStrategy):
+On this machine (CPU, or every local GPU through MirroredStrategy), the
+recommended first run on one's own photos (fine-tuning ImageNet weights):
 
-    python -m train --data /tmp/dataset --model-dir /tmp/run1 --epochs 10
+    python -m train --data /tmp/dataset --model-dir /tmp/run1 --model mobilenetv3small --weights imagenet
 
 On a Cloud TPU VM (TPUStrategy, bfloat16 and 32 steps per execution by default):
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "An existing run there is resumed.",
     )
     flags.add_setup_flags(parser)
+    flags.add_recipe_flags(parser)
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
         "--epochs",
@@ -61,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Steps between checkpoints and evaluations (default: one pass over the train split).",
     )
     parser.add_argument(
-        "--learning-rate", type=float, default=defaults.learning_rate, help="Peak of a cosine decay."
+        "--learning-rate",
+        type=float,
+        default=defaults.learning_rate,
+        help="The peak learning rate, instead of --base-learning-rate x --global-batch-size / 256.",
     )
     parser.add_argument(
         "--verify-data",
@@ -83,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         verify_data=args.verify_data,
         export=args.export,
         **flags.setup_config_fields(args),
+        **flags.recipe_config_fields(args),
     )
 
 

@@ -5,9 +5,10 @@
         -> probabilities  float32 [None, num_classes]
            label          tf.string [None]          the most probable class name
 
-The signature runs the same steps as stage 1 + the training pipeline:
+The signature runs the same steps as stage 1 + the evaluation pipeline:
 decode by content, turn upright by EXIF orientation, RGB, resize with the
-shared geometry (train/serving_image.py) to uint8 pixels, then what the
+shared geometry (train/serving_image.py) to uint8 pixels, the center crop
+of a dataset with a crop margin (augment.center_crop), then what the
 training pipeline gives the model: for the bfloat16 / float32 encodings the
 pixels normalized with the manifest's mean and std (dataset.normalize) in
 the model's input dtype; for uint8 / jpeg the pixels themselves (the model
@@ -19,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import dataset, serving_image
+from train import augment, dataset, serving_image
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -39,17 +40,11 @@ def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) ->
     serving_model = keras.Model.from_config(model.get_config())
     serving_model.set_weights(model.get_weights())
     image_format = dataset.ImageFormat.from_manifest(manifest)
-    size, resize_method = image_format.height, manifest["image"]["resize_method"]
+    resize_method = manifest["image"]["resize_method"]
     class_names = tf.constant(manifest["labels"], tf.string)
 
     def serve(image_bytes):
-        pixels = serving_image.decode_and_resize_batch(image_bytes, size, resize_method)
-        if image_format.normalized_offline:
-            images = tf.cast(
-                dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype
-            )
-        else:
-            images = pixels
+        images = serving_model_input(image_bytes, image_format, resize_method)
         probabilities = tf.cast(serving_model(images, training=False), tf.float32)
         label = tf.gather(class_names, tf.argmax(probabilities, axis=-1))
         return {"probabilities": probabilities, "label": label}
@@ -61,6 +56,22 @@ def export_serving_model(model: keras.Model, manifest: dict, export_dir: str) ->
     )
     archive.write_out(export_dir, verbose=False)
     return export_dir
+
+
+def serving_model_input(image_bytes: tf.Tensor, image_format: dataset.ImageFormat, resize_method: str):
+    """A batch of encoded images -> what the evaluation pipeline feeds the model for the same images.
+
+    Decode and resize to the stored size as stage 1 does, take the center
+    crop when the dataset has a crop margin (as evaluation does), and
+    normalize for the encodings stage 1 normalized. The model's own first
+    layers do the rest (its input convention, models.py).
+    """
+    pixels = serving_image.decode_and_resize_batch(image_bytes, image_format.height, resize_method)
+    if image_format.has_crop_margin:
+        pixels = augment.center_crop(pixels, image_format.input_shape[0])
+    if image_format.normalized_offline:
+        return tf.cast(dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype)
+    return pixels
 
 
 def export_path(model_dir: str) -> str:

@@ -17,6 +17,7 @@ Model dir layout:
     metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
+    backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
 """
 
 import json
@@ -27,10 +28,12 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, export, metrics, models, plots
+from train import checks, dataset, export, losses, metrics, models, optimization, plots, pretrained
+from train import recipe as recipe_lib
 from train import strategy as strategy_lib
 from train.checkpoints import EpochCheckpoints, SaveCheckpointEachEpoch
 from train.config import TrainConfig, TrainingPlan, plan_training
+from train.freeze import FreezeBackbone
 from train.summaries import EpochSummaries
 
 METRICS_FILE = "metrics.json"
@@ -105,17 +108,20 @@ def multi_step_supported(strategy: tf.distribute.Strategy) -> bool:
     )
 
 
-def _compile(model: keras.Model, config: TrainConfig, plan: TrainingPlan) -> None:
-    schedule = keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=plan.total_steps)
+def _compile(model: keras.Model, config: TrainConfig, plan: TrainingPlan) -> recipe_lib.Recipe:
+    """Compile `model` with the run's recipe (optimizer, schedule, loss); returns the recipe."""
+    recipe = recipe_lib.resolve_recipe(config, plan)
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=schedule),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
+        optimizer=optimization.build_optimizer(recipe, model),
+        loss=losses.training_loss(recipe.label_smoothing),
         weighted_metrics=metrics.evaluation_metrics(),
         steps_per_execution=plan.steps_per_execution,
         jit_compile="auto" if config.jit_compile is None else config.jit_compile,
     )
-    # Optimizer slots must exist before a checkpoint is restored into them.
+    # Optimizer slots must exist before a checkpoint is restored into them, and
+    # for every variable, before a frozen backbone hides some (freeze.py).
     model.optimizer.build(model.trainable_variables)
+    return recipe
 
 
 def _write_json(path: str, content: dict) -> None:
@@ -162,6 +168,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         on_tpu=kind == strategy_lib.TPU,
         multi_step_supported=multi_step_supported(strategy),
     )
+    log.info(
+        "recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan))
+    )  # fails early if wrong
     if (config.steps_per_execution or 1) > plan.steps_per_execution:
         log.warning(
             "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch, "
@@ -194,8 +203,10 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     )
 
     with strategy.scope():
-        model = models.build_model_for_dataset(config.model, image_format, len(manifest["labels"]), policy)
-        _compile(model, config, plan)
+        model = models.build_model_for_dataset(
+            config.model, image_format, len(manifest["labels"]), policy, weights=config.weights
+        )
+        recipe = _compile(model, config, plan)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, epoch=epoch)
     checkpoints = EpochCheckpoints(
@@ -216,6 +227,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
 
     clock = TrainingClock()
     callbacks = [clock, EvaluateEachEpoch(eval_data, eval_steps), SaveCheckpointEachEpoch(checkpoints)]
+    if recipe.freeze_backbone_steps:
+        callbacks.insert(0, FreezeBackbone(recipe.freeze_backbone_steps))
     if chief:
         callbacks.append(EpochSummaries(manifest_lib.join(config.model_dir, LOG_DIR)))
     model.fit(
@@ -252,6 +265,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "encoding": image_format.encoding,
         "image_size": [image_format.height, image_format.width],
         "data_dir": config.data_dir,
+        "recipe": recipe.as_dict(),
     }
     counts = metrics.validation_confusion_matrix(
         strategy, model, eval_data, eval_steps, len(manifest["labels"])
@@ -265,6 +279,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         plots.plot_confusion_matrix(
             counts, manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
         )
+        # After fit: with --ema these are the averaged weights (optimization.py).
+        result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
         if config.export:
             result["export_dir"] = export.export_serving_model(
                 model, manifest, export.export_path(config.model_dir)
