@@ -4,7 +4,8 @@
 process) on one small generated corpus, once per encoding per test session,
 and returns the dataset directory. The images are 32x32 (the smallest size
 every model of `--model` accepts) and every split has 2 shards (so two input
-pipelines can each read their own).
+pipelines can each read their own). `stage1_dataset(encoding, CROP_MARGIN)`
+stores 36x36 squares for 32x32 crops.
 """
 
 import pytest
@@ -17,6 +18,9 @@ IMAGES_PER_CLASS = 16
 # No test split: stage 2 reads train and validation; a bigger validation split
 # gives the parity and coverage tests more to hold.
 SPLIT = "0.6,0.4,0.0"
+# The crop margin of the crop tests: 32 px crops out of round(32 x 1.14) = 36 px stored squares.
+CROP_MARGIN = 0.14
+CROP_MARGIN_STORED_SIZE = 36
 
 
 @pytest.fixture(scope="session")
@@ -27,22 +31,31 @@ def sample_corpus(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def stage1_dataset(sample_corpus, tmp_path_factory):
-    """stage1_dataset(encoding) -> the directory stage 1 wrote for that encoding (made once, then cached)."""
+    """stage1_dataset(encoding, crop_margin=0.0) -> the directory stage 1 wrote for them (made once, then cached).
+
+    With a crop margin the stored images are larger (CROP_MARGIN_STORED_SIZE for CROP_MARGIN) and the model
+    sees IMAGE_SIZE crops of them.
+    """
     written = {}
 
-    def dataset_dir(encoding: str) -> str:
-        if encoding not in written:
-            output = tmp_path_factory.mktemp(f"dataset_{encoding}")
+    def dataset_dir(encoding: str, crop_margin: float = 0.0) -> str:
+        key = (encoding, crop_margin)
+        if key not in written:
+            output = tmp_path_factory.mktemp(
+                f"dataset_{encoding}" + (f"_margin{crop_margin}" if crop_margin else "")
+            )
+            margin_args = ("--crop-margin", str(crop_margin)) if crop_margin else ()
             run_stage1(
                 sample_corpus.root,
                 output,
                 "--split",
                 SPLIT,
+                *margin_args,
                 image_size=IMAGE_SIZE,
                 encoding=encoding,
                 min_shards=MIN_SHARDS,
             )
-            written[encoding] = str(output)
-        return written[encoding]
+            written[key] = str(output)
+        return written[key]
 
     return dataset_dir
