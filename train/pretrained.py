@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 
 import keras
@@ -181,7 +182,14 @@ def load_backbone_weights(backbone: keras.Model, path: str, model_name: str) -> 
     source = backbone_weights_file(path)
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            backbone.load_weights(_local_copy(source, scratch))
+            # Keras only warns about parts of a file it skips ("... will retain their freshly-initialized
+            # weights"): a backbone half loaded must stop the run like one not loaded at all.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                backbone.load_weights(_local_copy(source, scratch))
+            skipped = [str(w.message) for w in caught if "skipping" in str(w.message).lower()]
+            if skipped:
+                raise ValueError(skipped[0])
         except (ValueError, KeyError, OSError) as exc:
             reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
