@@ -12,6 +12,7 @@ from benchmarks import (
     input_pipeline,
     stage1_memory,
     stage1_vs_handwritten,
+    training_recipe,
 )
 
 
@@ -82,3 +83,16 @@ def test_accuracy_parity_runs_at_tiny_size(cache, tmp_path, capsys):
     report = accuracy_parity.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
     assert 0.0 <= report["median"]["ours"] <= 1.0 and 0.0 <= report["median"]["keras"] <= 1.0
     assert "difference of medians" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_training_recipe_runs_at_tiny_size(cache, tmp_path, capsys):
+    report = training_recipe.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
+    assert set(report["median"]) == {
+        training_recipe.SCRATCH,
+        training_recipe.FINE_TUNE,
+        training_recipe.MARGIN,
+    }
+    assert all(0.0 <= accuracy <= 1.0 for accuracy in report["median"].values())
+    assert report["stored_size_with_margin"] == 36  # 32 px crops of round(32 x 1.14) px squares
+    assert "vs scratch, points" in capsys.readouterr().out
