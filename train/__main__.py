@@ -8,7 +8,10 @@ recommended first run on one's own photos (fine-tuning ImageNet weights):
 On a Cloud TPU VM (TPUStrategy, bfloat16 and 32 steps per execution by default):
 
     python -m train --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/run1 \\
-        --tpu local --model resnet50 --global-batch-size 1024 --epochs 90 --augment
+        --tpu local --model resnet50 --global-batch-size 1024 --epochs 90 \\
+        --optimizer sgd --warmup-epochs 5 --label-smoothing 0.1
+
+(the dataset preprocessed with --crop-margin 0.143: random 224 crops of 256 squares).
 
 Running the same command again after an interruption resumes from the last
 checkpoint in --model-dir. Problems with the dataset, the flags or the
