@@ -27,7 +27,7 @@ class TrainConfig:
     steps: int | None = None  # total training steps instead of epochs
     steps_per_epoch: int | None = None  # default: one pass over the train split
     global_batch_size: int = 64
-    learning_rate: float | None = None  # the peak; None: base_learning_rate x batch / 256 (optimization.py)
+    learning_rate: float | None = None  # the peak; None: base_learning_rate x batch / 256 (recipe.py)
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
     tpu: str | None = None  # a TPU name, or "local" on a TPU VM
     mixed_precision: str = "auto"  # auto|bfloat16|float16|off
@@ -39,16 +39,14 @@ class TrainConfig:
     export: bool = True  # write the serving SavedModel at the end
     checkpoints_to_keep: int = 3
 
-    # --- The training recipe (optimization.py, losses.py, pretrained.py, freeze.py) ---
-    weights: str | None = (
-        None  # None (random), "imagenet", or a .weights.h5 file / a finished run's model dir
-    )
+    # --- The training recipe (recipe.py, optimization.py, losses.py, pretrained.py, freeze.py) ---
+    # Where the backbone starts: None (random), "imagenet", or a .weights.h5 file / a finished run's model dir.
+    weights: str | None = None
     freeze_backbone_epochs: int = 0  # train the new head alone for this many epochs first
     optimizer: str = "adamw"  # adamw|sgd, both with decoupled weight decay
     base_learning_rate: float | None = None  # per 256 images; None: the optimizer's default
-    warmup_epochs: float | None = (
-        None  # linear warmup; None (and no warmup_steps): 1 epoch, <= 10% of the run
-    )
+    # Linear warmup; with neither: 1 epoch, at most 10% of the run.
+    warmup_epochs: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None  # None: the optimizer's default; never on biases and norm parameters
     label_smoothing: float = 0.0

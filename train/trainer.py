@@ -168,9 +168,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         on_tpu=kind == strategy_lib.TPU,
         multi_step_supported=multi_step_supported(strategy),
     )
-    log.info(
-        "recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan))
-    )  # fails early if wrong
+    # Resolved here too so that an impossible recipe fails before anything is built.
+    log.info("recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan)))
     if (config.steps_per_execution or 1) > plan.steps_per_execution:
         log.warning(
             "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch, "
@@ -264,6 +263,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "mixed_precision": policy,
         "encoding": image_format.encoding,
         "image_size": [image_format.height, image_format.width],
+        "crop_size": image_format.input_shape[0],
         "data_dir": config.data_dir,
         "recipe": recipe.as_dict(),
     }
