@@ -108,6 +108,9 @@ def train_ours(data_dir: str, steps: int, seed: int, learning_rate: float, batch
             steps_per_epoch=steps,
             global_batch_size=batch,
             learning_rate=learning_rate,
+            # Adam with a cosine decay from the first step, as the Keras side trains: no weight decay, no warmup.
+            weight_decay=0.0,
+            warmup_steps=0,
             export=False,
         )
         result = train_and_evaluate(config)

@@ -45,6 +45,38 @@ def resized_shape(height, width, size, method, minimum=min, maximum=max):
     raise ValueError(f"unknown resize method {method!r}; expected one of {RESIZE_METHODS}")
 
 
+def stored_size(crop_size: int, crop_margin: float) -> int:
+    """round(crop_size * (1 + crop_margin)), half up: the square stage 1 stores for a crop margin.
+
+    With a margin, stage 1 stores a larger center square and training cuts
+    random `crop_size` windows out of it ("resize to 256, crop 224", done
+    offline); evaluation and serving take the center window.
+    """
+    if crop_margin < 0:
+        raise ValueError(f"crop margin must be >= 0, got {crop_margin}")
+    return int(crop_size * (1.0 + crop_margin) + 0.5)
+
+
+def center_crop_offset(stored, crop_size):
+    """Top (= left) offset of the centered `crop_size` window in a `stored` x `stored` square."""
+    return (stored - crop_size) // 2
+
+
+def center_crop_window(height, width, stored, crop_size, minimum=min, maximum=max):
+    """(resized height, resized width, top, left) of the evaluation/serving window of a height x width image.
+
+    The window is what stage 1 stores (resize the short side to `stored`,
+    center square) followed by the center `crop_size` crop: in the image
+    resized to (resized height, resized width), the `crop_size` square at
+    (top, left). Not the same as center-cropping `crop_size` straight out of
+    the resized image: each step rounds its offset down on its own.
+    """
+    resized_height, resized_width = resized_shape(height, width, stored, CROP, minimum, maximum)
+    top, left = crop_offsets(resized_height, resized_width, stored)
+    inner = center_crop_offset(stored, crop_size)
+    return resized_height, resized_width, top + inner, left + inner
+
+
 def crop_offsets(resized_height, resized_width, size):
     """Top-left corner of the centered `size` x `size` window (crop)."""
     return (resized_height - size) // 2, (resized_width - size) // 2

@@ -55,6 +55,16 @@ def join(directory: str, *names: str) -> str:
     return posixpath.join(directory, *names) if directory else posixpath.join(*names)
 
 
+def crop_size(image: dict) -> int:
+    """The side of the square the model sees: `image.crop_size`, or the stored height without a crop margin.
+
+    Stage 1's --crop-margin stores `height` x `width` = round(crop_size * (1 + margin)) squares; training
+    takes random crop_size windows of them, evaluation and serving the center one. Manifests written
+    before the margin existed have no `crop_size`: the model sees the stored image.
+    """
+    return int(image.get("crop_size") or image["height"])
+
+
 class ManifestError(ValueError):
     """The manifest is missing, malformed or of an unknown format."""
 
@@ -128,6 +138,12 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
     for key in ("height", "width", "channels", "encoding", "resize_method"):
         if key not in image:
             raise ManifestError(f"{where}: image.{key} is missing")
+    crop = image.get("crop_size")
+    if crop is not None and not (isinstance(crop, int) and 1 <= crop <= min(image["height"], image["width"])):
+        raise ManifestError(
+            f"{where}: image.crop_size {crop!r} must be a positive integer no larger than the stored "
+            f"{image['height']}x{image['width']}"
+        )
     for split, info in manifest["splits"].items():
         for key in ("num_examples", "num_examples_per_class", "shards"):
             if key not in info:

@@ -1,7 +1,8 @@
 """The local workflow: stage 1 on the DirectRunner, then training on this machine.
 
     python -m pipelines.local --workdir /tmp/run                 # the embedded sample corpus
-    python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small
+    python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small \
+        --weights imagenet
     python -m pipelines.local --workdir /tmp/run --skip-preprocess   # retrain on the existing dataset
 
 Without --input it generates the sample corpus (shapes in five classes, with
@@ -34,6 +35,7 @@ SAMPLE_SUBDIR = "sample_corpus"
 # (it needs ~600 steps before BatchNorm's statistics settle: 50 epochs of 15).
 DEMO_IMAGE_SIZE = 64
 DEMO_EPOCHS = 50
+DEMO_LEARNING_RATE = 2e-3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
     parser.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
     parser.add_argument("--global-batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help=f"The peak learning rate (default: {DEMO_LEARNING_RATE:g} from scratch, the demo's; with --weights, "
+        "train's own default, scaled with the batch size).",
+    )
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="Start from pretrained weights: 'imagenet' (with a keras.applications --model) or a backbone "
+        ".weights.h5 / an earlier run's model dir (see python -m train --help).",
+    )
+    parser.add_argument(
+        "--crop-margin",
+        type=float,
+        default=0.0,
+        help="Stage 1 stores images this much larger for random-crop augmentation (see python -m preprocess --help).",
+    )
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes."
     )
@@ -75,6 +95,8 @@ def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
         str(args.image_size),
         "--encoding",
         args.encoding,
+        "--crop-margin",
+        str(args.crop_margin),
         "--runner",
         "DirectRunner",
     ]
@@ -146,6 +168,10 @@ def main(argv=None) -> int:
             print(f"Generating the sample corpus in {input_spec} ...")
             sample_corpus.write_sample_corpus(input_spec, images_per_class=args.sample_images_per_class)
         stage1_argv = preprocess_argv(args, input_spec, paths.dataset_dir)
+    learning_rate = args.learning_rate
+    if learning_rate is None and not args.weights:
+        # The demo's small CNN from scratch; fine-tuning takes train's default, scaled with the batch.
+        learning_rate = DEMO_LEARNING_RATE
     config = TrainConfig(
         data_dir=paths.dataset_dir,
         model_dir=paths.model_dir,
@@ -153,7 +179,8 @@ def main(argv=None) -> int:
         epochs=args.epochs,
         steps=args.steps,
         global_batch_size=args.global_batch_size,
-        learning_rate=args.learning_rate,
+        learning_rate=learning_rate,
+        weights=args.weights,
     )
     try:
         manifest, metrics = run_workflow(

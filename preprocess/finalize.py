@@ -66,6 +66,10 @@ def build_manifest(
             "resize_method": config["resize_method"],
             # The decompression-bomb limit images were held to; serving refuses above it too.
             "max_pixels": config["max_pixels"],
+            # The model's square: random crops of it in training, the center one in evaluation and
+            # serving. Equal to height/width without a margin.
+            "crop_size": config.get("crop_size", config["image_size"]),
+            "crop_margin": config.get("crop_margin", 0.0),
             "jpeg_quality": config["jpeg_quality"] if config["encoding"] == "jpeg" else None,
         },
         "labels": list(labels),

@@ -32,6 +32,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _crop_margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number like 0.14, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m preprocess",
@@ -53,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=geometry.RESIZE_METHODS,
         default=geometry.CROP,
         help="crop: scale the short side, center-crop (default); pad: scale the long side, letterbox in black.",
+    )
+    parser.add_argument(
+        "--crop-margin",
+        type=_crop_margin,
+        default=0.0,
+        help="Store round(SIZE x (1 + F)) pixels on the short side, center-cropped to a square, so that "
+        "training can take random SIZE x SIZE crops (evaluation and serving take the center one): the "
+        "'resize to 256, crop 224' of the ImageNet recipes, done offline. 0.14 turns 224 into 255. Default 0: "
+        "store the final center crop. Needs --resize-method crop.",
     )
     parser.add_argument(
         "--encoding",
@@ -102,8 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv):
-    """(our args, the rest for Beam's PipelineOptions)."""
+    """(our args, the rest for Beam's PipelineOptions).
+
+    `args.image_size` is the stored square (--image-size grown by --crop-margin), `args.crop_size` the
+    --image-size asked for (what the model sees).
+    """
     args, beam_args = build_parser().parse_known_args(argv)
     if not 1 <= args.jpeg_quality <= 100:
         raise SystemExit(f"--jpeg-quality {args.jpeg_quality}: expected 1..100")
+    if args.crop_margin and args.resize_method != geometry.CROP:
+        raise SystemExit(
+            f"--crop-margin {args.crop_margin} needs --resize-method crop: random crops of a letterboxed "
+            "image would cut into its black bars"
+        )
+    # --image-size is the size the model sees. Everything the job does (decode,
+    # statistics, encoding, shard sizing, the manifest's height and width) is
+    # about the square it stores, so from here on `image_size` is that square
+    # and `crop_size` the model's.
+    args.crop_size = args.image_size
+    args.image_size = geometry.stored_size(args.crop_size, args.crop_margin)
     return args, beam_args

@@ -92,6 +92,8 @@ def job_config(args, build_id: str) -> dict:
         "input_kind": input_kind(args.input),
         "output": output_dir_of(args),
         "image_size": args.image_size,
+        "crop_size": args.crop_size,
+        "crop_margin": args.crop_margin,
         "resize_method": args.resize_method,
         "max_pixels": args.max_pixels,
         "encoding": args.encoding,

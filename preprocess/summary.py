@@ -104,6 +104,13 @@ def _class_table(manifest: dict) -> list[str]:
     return rows
 
 
+def _crop_note(image: dict) -> str:
+    crop = manifest_lib.crop_size(image)
+    if crop == image["height"]:
+        return ""
+    return f"; training crops {crop}x{crop} (margin {image.get('crop_margin', 0):g}), center crop to serve"
+
+
 def format_summary(
     manifest: dict, output_dir: str, error_examples: dict[str, list[str]] | None = None
 ) -> str:
@@ -121,7 +128,8 @@ def format_summary(
         f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates",
         f"  image: {image['height']}x{image['width']}x{image['channels']} {image['encoding']}"
         + (f" (quality {image['jpeg_quality']})" if image.get("jpeg_quality") else "")
-        + f", resize {image['resize_method']}",
+        + f", resize {image['resize_method']}"
+        + _crop_note(image),
         f"  normalization ({normalization.get('computed_on', manifest_lib.TRAIN)}):"
         f" mean {[round(v, 2) for v in normalization['mean']]}"
         f" std {[round(v, 2) for v in normalization['std']]}",

@@ -15,9 +15,15 @@ Modules, one job each:
   errors.py        SetupError and its kinds: problems found before the first step
   checks.py        reading dataset.json and checking the dataset before training
   dataset.py       the tf.data input pipeline (train and evaluation)
+  augment.py       crops of a crop-margin dataset: random (training), center (evaluation, serving)
   strategy.py      resolving the tf.distribute strategy (TPU local or a multi-host slice), hosts, chief
   accelerator.py   per-device defaults: mixed precision, XLA, steps per execution (a pure function)
-  models.py        the model zoo (a small CNN, ResNet50, MobileNetV3Small) with one head
+  models.py        the model zoo (a small CNN and keras.applications backbones) with one head
+  pretrained.py    the applications, their input conventions, ImageNet / file weights for the backbone
+  recipe.py        the optimization numbers (learning rate x batch / 256, warmup, weight decay, EMA)
+  optimization.py  the Keras optimizer of a recipe: warmup + cosine, decoupled weight decay, EMA
+  losses.py        the training loss, with label smoothing
+  freeze.py        --freeze-backbone-epochs: the head alone first, then the whole model
   metrics.py       weighted evaluation metrics (padding-proof) and the example counter
   checkpoints.py   step checkpoints (interval, epoch ends, SIGTERM), resume from the latest
   evaluation.py    exact evaluation at epoch ends and every N steps

@@ -1,13 +1,17 @@
 """Command line of stage 2: train, evaluate and export a classifier on a stage 1 dataset.
 
-On this machine (CPU, or every local GPU through MirroredStrategy):
+On this machine (CPU, or every local GPU through MirroredStrategy), the
+recommended first run on one's own photos (fine-tuning ImageNet weights):
 
-    python -m train --data /tmp/dataset --model-dir /tmp/run1 --epochs 10
+    python -m train --data /tmp/dataset --model-dir /tmp/run1 --model mobilenetv3small --weights imagenet
 
 On a single-host Cloud TPU VM (TPUStrategy, bfloat16 and 32 steps per execution by default):
 
     python -m train --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/run1 \\
-        --tpu local --model resnet50 --global-batch-size 1024 --epochs 90 --augment
+        --tpu local --model resnet50 --global-batch-size 1024 --epochs 90 \\
+        --optimizer sgd --warmup-epochs 5 --label-smoothing 0.1
+
+(the dataset preprocessed with --crop-margin 0.143: random 224 crops of 256 squares).
 
 On a multi-host TPU slice (v4-32, v5litepod-16, ...), on its worker 0, with
 the TPU's name: TensorFlow drives every host of the slice from that one
@@ -57,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "An existing run there is resumed, mid-epoch included.",
     )
     flags.add_setup_flags(parser)
+    flags.add_recipe_flags(parser)
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
         "--epochs",
@@ -77,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Steps between epoch-end evaluations and checkpoints (default: one pass over the train split).",
     )
     parser.add_argument(
-        "--learning-rate", type=float, default=defaults.learning_rate, help="Peak of a cosine decay."
+        "--learning-rate",
+        type=float,
+        default=defaults.learning_rate,
+        help="The peak learning rate, instead of --base-learning-rate x --global-batch-size / 256.",
     )
     parser.add_argument(
         "--checkpoint-every",
@@ -130,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         verify_data=args.verify_data,
         export=args.export,
         **flags.setup_config_fields(args),
+        **flags.recipe_config_fields(args),
     )
 
 

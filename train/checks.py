@@ -101,7 +101,8 @@ def check_dataset(
 
 def check_model_fits(model_name: str, manifest: dict) -> None:
     """Raise DatasetError if `model_name` cannot take the dataset's images."""
-    height, width = manifest["image"]["height"], manifest["image"]["width"]
+    # With a crop margin the model sees crop_size x crop_size windows of the stored images.
+    height = width = manifest_lib.crop_size(manifest["image"])
     minimum = models.min_image_size(model_name)
     if height < minimum or width < minimum:
         raise DatasetError(

@@ -17,10 +17,14 @@ import re
 from train.errors import ConfigError
 
 # The names `--model` accepts (train.models builds them).
+# train.pretrained.APPLICATIONS holds the keras.applications ones (a test keeps the two in step).
 SMALL_CNN = "small_cnn"
 RESNET50 = "resnet50"
+MOBILENET_V2 = "mobilenetv2"
 MOBILENET_V3_SMALL = "mobilenetv3small"
-MODELS = (SMALL_CNN, RESNET50, MOBILENET_V3_SMALL)
+MOBILENET_V3_LARGE = "mobilenetv3large"
+EFFICIENTNET_B0 = "efficientnetb0"
+MODELS = (SMALL_CNN, RESNET50, MOBILENET_V2, MOBILENET_V3_SMALL, MOBILENET_V3_LARGE, EFFICIENTNET_B0)
 
 # `--strategy` (train.strategy resolves them).
 STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")
@@ -44,7 +48,7 @@ class TrainConfig:
     steps: int | None = None  # total training steps instead of epochs
     steps_per_epoch: int | None = None  # default: one pass over the train split
     global_batch_size: int = 64
-    learning_rate: float = 1e-3
+    learning_rate: float | None = None  # the peak; None: base_learning_rate x batch / 256 (recipe.py)
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
     tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
     mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.accelerator)
@@ -60,6 +64,19 @@ class TrainConfig:
     eval_every: int | None = None  # steps between evaluations, besides the one at each epoch end
     profile_steps: tuple[int, int] | None = None  # (first, last) global step of a TensorBoard profile
     shared_filesystem: bool = False  # local paths are the same on every host (NFS, gcsfuse)
+    # --- The training recipe (recipe.py, optimization.py, losses.py, pretrained.py, freeze.py) ---
+    # Where the backbone starts: None (random), "imagenet", or a .weights.h5 file / a finished run's model dir.
+    weights: str | None = None
+    freeze_backbone_epochs: int = 0  # train the new head alone for this many epochs first
+    optimizer: str = "adamw"  # adamw|sgd, both with decoupled weight decay
+    base_learning_rate: float | None = None  # per 256 images; None: the optimizer's default
+    # Linear warmup; with neither: 1 epoch, at most 10% of the run.
+    warmup_epochs: float | None = None
+    warmup_steps: int | None = None
+    weight_decay: float | None = None  # None: the optimizer's default; never on biases and norm parameters
+    label_smoothing: float = 0.0
+    ema: bool = False  # exponential moving average of the weights, used by the final evaluation and export
+    ema_momentum: float | None = None  # None: 1 - 10 / total steps, within [0.9, 0.9999]
 
 
 @dataclasses.dataclass(frozen=True)

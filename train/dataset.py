@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from train.augment import center_crop, random_crop_and_flip
 from train.errors import DatasetError
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -58,6 +59,8 @@ class ImageFormat:
     encoding: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # The square the model sees; smaller than height/width when stage 1 stored a crop margin.
+    crop_size: int | None = None
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "ImageFormat":
@@ -68,11 +71,24 @@ class ImageFormat:
             encoding=image["encoding"],
             mean=tuple(float(v) for v in normalization["mean"]),
             std=tuple(float(v) for v in normalization["std"]),
+            crop_size=manifest_lib.crop_size(image),
         )
 
     @property
     def shape(self) -> tuple[int, int, int]:
+        """The stored images' shape (what the records hold)."""
         return (self.height, self.width, features.CHANNELS)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """The shape the model takes: the stored one, or the crop of it with a crop margin."""
+        size = self.crop_size or self.height
+        return (size, size, features.CHANNELS)
+
+    @property
+    def has_crop_margin(self) -> bool:
+        """Whether training crops at random and evaluation/serving take the center (stage 1's --crop-margin)."""
+        return self.input_shape != self.shape
 
     @property
     def normalized_offline(self) -> bool:
@@ -316,6 +332,9 @@ def make_train_dataset(
     """One input pipeline's endless stream of (images [B,H,W,3], labels [B]) for training.
 
     `batch_size` is the per-replica batch size (InputContext.get_per_replica_batch_size).
+    A dataset with a crop margin yields random crops, mirrored half the time,
+    of the stored images (train/augment.py), whatever `augment`
+    says; `augment` adds flips and shifts to datasets without one.
     """
     image_format = ImageFormat.from_manifest(manifest)
     all_shards = split_shards(manifest, split)
@@ -349,7 +368,9 @@ def make_train_dataset(
     def to_model_input(serialized):
         parsed = parse_batch(serialized)
         images = decode_images(parsed[features.IMAGE], image_format)
-        if augment:
+        if image_format.has_crop_margin:
+            images = random_crop_and_flip(images, image_format.input_shape[0])
+        elif augment:
             images = augment_images(images)
         return images, tf.cast(parsed[features.LABEL], tf.int32)
 
@@ -389,7 +410,8 @@ def make_eval_dataset(
     weight 0, and pipelines with fewer examples add blank batches until all
     yield `eval_steps` batches per replica; the metrics are weighted metrics,
     so padding counts for nothing. One scheme for every strategy: the path a
-    TPU takes is the path the CPU tests take.
+    TPU takes is the path the CPU tests take. With a crop margin, the images
+    are the center crops of the stored ones, as serving takes them.
     """
     image_format = ImageFormat.from_manifest(manifest)
     share = shards_for_input_pipeline(split_shards(manifest, split), input_context)
@@ -405,6 +427,8 @@ def make_eval_dataset(
     def to_padded_model_input(serialized):
         parsed = parse_batch(serialized)
         images = decode_images(parsed[features.IMAGE], image_format)
+        if image_format.has_crop_margin:
+            images = center_crop(images, image_format.input_shape[0])
         labels = tf.cast(parsed[features.LABEL], tf.int32)
         real = tf.shape(labels)[0]
         missing = batch_size - real
@@ -412,7 +436,7 @@ def make_eval_dataset(
         labels = tf.pad(labels, [[0, missing]])
         weights = tf.pad(tf.ones([real], tf.float32), [[0, missing]])
         return (
-            tf.ensure_shape(images, [batch_size, *image_format.shape]),
+            tf.ensure_shape(images, [batch_size, *image_format.input_shape]),
             tf.ensure_shape(labels, [batch_size]),
             tf.ensure_shape(weights, [batch_size]),
         )
@@ -420,7 +444,7 @@ def make_eval_dataset(
     batches = batches.map(to_padded_model_input, num_parallel_calls=AUTOTUNE, deterministic=False)
     blank = tf.data.Dataset.from_tensors(
         (
-            tf.zeros([batch_size, *image_format.shape], image_format.dtype),
+            tf.zeros([batch_size, *image_format.input_shape], image_format.dtype),
             tf.zeros([batch_size], tf.int32),
             tf.zeros([batch_size], tf.float32),
         )

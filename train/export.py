@@ -16,10 +16,11 @@
 The input is named `image_bytes` so that TF Serving's REST API takes
 base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
 
-The signature runs the same steps as stage 1 + the training pipeline, each
+The signature runs the same steps as stage 1 + the evaluation pipeline, each
 a function of its own: decode and resize to uint8 pixels in bounded memory
-(train/serving_image.py: `decode_batch`), then what the training pipeline
-gives the model (`model_input`): for the bfloat16 / float32 encodings the
+(train/serving_image.py: `decode_batch`), then what the evaluation pipeline
+gives the model (`model_input`): the center crop of a dataset with a crop
+margin (augment.center_crop), and for the bfloat16 / float32 encodings the
 pixels normalized with the manifest's mean and std (dataset.normalize) in the
 model's input dtype; for uint8 / jpeg the pixels themselves (the model
 normalizes them in its first layer, as in training). Then the model. One bad
@@ -34,7 +35,7 @@ import tensorflow as tf
 
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train import dataset, image_header, serving_image, serving_warmup
+from train import augment, dataset, image_header, serving_image, serving_warmup
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -123,8 +124,27 @@ def export_serving_model(
     return export_dir
 
 
+def serving_model_input(
+    image_bytes: tf.Tensor,
+    image_format: dataset.ImageFormat,
+    resize_method: str,
+    limits: serving_image.ServingLimits | None = None,
+):
+    """A batch of encoded images -> what the evaluation pipeline feeds the model (zeros for invalid images)."""
+    limits = limits or serving_image.ServingLimits()
+    decoded = serving_image.decode_batch(image_bytes, image_format.height, resize_method, limits)
+    return model_input(decoded.pixels, image_format)
+
+
 def model_input(pixels, image_format: dataset.ImageFormat):
-    """uint8 [batch, size, size, 3] pixels -> what the training pipeline feeds the model for this encoding."""
+    """uint8 [batch, size, size, 3] pixels -> what the evaluation pipeline feeds the model for this encoding.
+
+    The center crop when the dataset has a crop margin (as evaluation takes it),
+    then the normalization for the encodings stage 1 normalized. The model's own
+    first layers do the rest (its input convention, models.py).
+    """
+    if image_format.has_crop_margin:
+        pixels = augment.center_crop(pixels, image_format.input_shape[0])
     if image_format.normalized_offline:
         return tf.cast(dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype)
     return pixels

@@ -8,6 +8,7 @@ imports TensorFlow or Keras: `--help` and flag errors come back at once.
 
 import argparse
 
+from train import recipe as recipe_lib
 from train.config import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES, MODELS, STRATEGIES, TrainConfig
 
 MULTI_STEP_BLOCKER = "keras-team/keras#19246"  # the same as train.accelerator's, without importing it
@@ -91,4 +92,116 @@ def setup_config_fields(args: argparse.Namespace) -> dict:
         "augment": args.augment,
         "shuffle_buffer": args.shuffle_buffer,
         "shared_filesystem": args.shared_filesystem,
+    }
+
+
+# --- The training recipe: weights, optimizer, schedule, regularization (issue 13) ---
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
+    return value
+
+
+def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """--weights, --freeze-backbone-epochs, --optimizer, --base-learning-rate, --warmup-epochs/--warmup-steps,
+    --weight-decay, --label-smoothing, --ema, --ema-momentum (see train/recipe.py)."""
+    defaults = TrainConfig(data_dir="", model_dir="")
+    adamw, sgd = recipe_lib.DEFAULTS[recipe_lib.ADAMW], recipe_lib.DEFAULTS[recipe_lib.SGD]
+    recipe = parser.add_argument_group("training recipe")
+    recipe.add_argument(
+        "--weights",
+        default=None,
+        help="Start from pretrained weights: 'imagenet' (keras.applications' published weights, downloaded "
+        "once into ~/.keras; not for small_cnn), or a backbone .weights.h5 file, or the --model-dir of a "
+        "finished run (its backbone.weights.h5). Only the backbone is loaded; the head is new. Default: random.",
+    )
+    recipe.add_argument(
+        "--freeze-backbone-epochs",
+        type=_non_negative_int,
+        default=defaults.freeze_backbone_epochs,
+        help="Train only the new head for this many epochs (the backbone frozen, its BatchNorm in inference "
+        "mode), then the whole model (default %(default)s).",
+    )
+    recipe.add_argument(
+        "--optimizer",
+        choices=recipe_lib.OPTIMIZERS,
+        default=defaults.optimizer,
+        help=f"adamw (default; base learning rate {adamw.base_learning_rate:g}, weight decay "
+        f"{adamw.weight_decay:g}) or sgd with Nesterov momentum 0.9 (base learning rate "
+        f"{sgd.base_learning_rate:g}, weight decay {sgd.weight_decay:g}). Weight decay is decoupled and skips "
+        "biases and normalization parameters.",
+    )
+    recipe.add_argument(
+        "--base-learning-rate",
+        type=float,
+        default=None,
+        help=f"Peak learning rate per {recipe_lib.REFERENCE_BATCH} images: the peak is this x "
+        f"--global-batch-size / {recipe_lib.REFERENCE_BATCH} (default: the optimizer's, above).",
+    )
+    warmup = recipe.add_mutually_exclusive_group()
+    warmup.add_argument(
+        "--warmup-epochs",
+        type=_non_negative_float,
+        default=None,
+        help="Linear warmup from 0 to the peak learning rate, then cosine decay to 0 "
+        "(default: 1 epoch, at most a tenth of the run).",
+    )
+    warmup.add_argument("--warmup-steps", type=_non_negative_int, default=None, help="The warmup in steps.")
+    recipe.add_argument(
+        "--weight-decay",
+        type=_non_negative_float,
+        default=None,
+        help="Decoupled weight decay (default: the optimizer's, above; 0 turns it off).",
+    )
+    recipe.add_argument(
+        "--label-smoothing",
+        type=_fraction,
+        default=defaults.label_smoothing,
+        help="Smooth the training targets: (1 - s) x one-hot + s / classes (default %(default)s; 0.1 is the "
+        "ImageNet recipes' value). The reported cross-entropy stays unsmoothed.",
+    )
+    recipe.add_argument(
+        "--ema",
+        action="store_true",
+        help="Keep an exponential moving average of the weights; the final evaluation, the export and "
+        "backbone.weights.h5 use it.",
+    )
+    recipe.add_argument(
+        "--ema-momentum",
+        type=float,
+        default=None,
+        help="The EMA's decay per step (default: 1 - 10 / total steps, within [0.9, 0.9999]).",
+    )
+
+
+def recipe_config_fields(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields that add_recipe_flags sets, from parsed arguments."""
+    return {
+        "weights": args.weights,
+        "freeze_backbone_epochs": args.freeze_backbone_epochs,
+        "optimizer": args.optimizer,
+        "base_learning_rate": args.base_learning_rate,
+        "warmup_epochs": args.warmup_epochs,
+        "warmup_steps": args.warmup_steps,
+        "weight_decay": args.weight_decay,
+        "label_smoothing": args.label_smoothing,
+        "ema": args.ema,
+        "ema_momentum": args.ema_momentum,
     }

@@ -34,6 +34,7 @@ Model dir layout:
     metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
+    backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
 """
 
 import contextlib
@@ -47,7 +48,19 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import accelerator, checks, dataset, export, metrics, models, plots
+from train import (
+    accelerator,
+    checks,
+    dataset,
+    export,
+    losses,
+    metrics,
+    models,
+    optimization,
+    plots,
+    pretrained,
+)
+from train import recipe as recipe_lib
 from train import strategy as strategy_lib
 from train.checkpoints import (
     Checkpoints,
@@ -60,6 +73,7 @@ from train.checkpoints import (
 from train.config import TrainConfig, TrainingPlan, parse_checkpoint_interval, plan_training
 from train.errors import TrainingPreempted
 from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
+from train.freeze import FreezeBackbone
 from train.summaries import EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"
@@ -110,28 +124,22 @@ def setup_run(
     return RunSetup(strategy=strategy, kind=kind, device=device, choice=choice, plan=plan)
 
 
-def learning_rate_schedule(config: TrainConfig, plan: TrainingPlan):
-    """The learning rate as a function of the optimizer's iteration: cosine decay over the planned steps."""
-    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=plan.total_steps)
-
-
-def build_optimizer(config: TrainConfig, plan: TrainingPlan) -> keras.optimizers.Optimizer:
-    """The optimizer, with its schedule. (With the mixed_float16 policy, compile wraps it in loss scaling.)"""
-    return keras.optimizers.Adam(learning_rate=learning_rate_schedule(config, plan))
-
-
 def compile_model(
     model: keras.Model, config: TrainConfig, plan: TrainingPlan, choice: accelerator.AcceleratorChoice
-) -> None:
+) -> recipe_lib.Recipe:
+    """Compile `model` with the run's recipe (optimizer, schedule, loss: recipe.py); returns the recipe."""
+    recipe = recipe_lib.resolve_recipe(config, plan)
     model.compile(
-        optimizer=build_optimizer(config, plan),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
+        optimizer=optimization.build_optimizer(recipe, model),
+        loss=losses.training_loss(recipe.label_smoothing),
         weighted_metrics=metrics.evaluation_metrics(),
         steps_per_execution=plan.steps_per_execution,
         jit_compile=choice.keras_jit_compile,
     )
-    # Optimizer slots must exist before a checkpoint is restored into them.
+    # Optimizer slots must exist before a checkpoint is restored into them, and
+    # for every variable, before a frozen backbone hides some (freeze.py).
     model.optimizer.build(model.trainable_variables)
+    return recipe
 
 
 def build_from_shapes(model: keras.Model, strategy: tf.distribute.Strategy, batch: tuple) -> None:
@@ -270,6 +278,24 @@ def _steps_per_execution(model: keras.Model, steps: int):
         model.steps_per_execution, model.train_function = previous, None
 
 
+@contextlib.contextmanager
+def _final_weights_held_back(model: keras.Model):
+    """Keep a fit that more training follows from finalizing the weights.
+
+    At the end of every fit, Keras swaps the optimizer's moving average into
+    the model (`finalize_variable_values`, with --ema: optimization.py). That
+    is right once, at the end of training; after a resumed epoch's own fit it
+    would restart the remaining epochs from the average instead of from the
+    trained weights.
+    """
+    optimizer = model.optimizer
+    optimizer.finalize_variable_values = lambda var_list: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values
+
+
 def fit_from_step(
     model: keras.Model, train_data, plan: TrainingPlan, start_step: int, callbacks: list, stopped
 ) -> None:
@@ -286,7 +312,10 @@ def fit_from_step(
         remaining = plan.steps_per_epoch - step_in_epoch
         # A checkpoint of this plan lies on an execution boundary; one of another plan
         # (a changed --steps-per-execution) may not: run the remainder in steps that divide it.
-        with _steps_per_execution(model, math.gcd(remaining, plan.steps_per_execution)):
+        with (
+            _steps_per_execution(model, math.gcd(remaining, plan.steps_per_execution)),
+            _final_weights_held_back(model),
+        ):
             model.fit(
                 train_data,
                 epochs=epoch + 1,
@@ -296,7 +325,8 @@ def fit_from_step(
                 shuffle=False,
                 verbose=0,
             )
-        if stopped():
+        if stopped() or epoch + 1 >= plan.epochs:
+            model.optimizer.finalize_variable_values(model.trainable_weights)
             return
         epoch += 1
     if epoch < plan.epochs:
@@ -330,6 +360,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     checks.check_paths_for_hosts(
         config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
     )
+    # Resolved here too so that an impossible recipe fails before anything is built.
+    log.info("recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan)))
     chief = strategy_lib.is_chief(strategy)
     worker = strategy_lib.worker_name(strategy)
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
@@ -355,9 +387,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
 
     with strategy.scope():
         model = models.build_model_for_dataset(
-            config.model, image_format, len(manifest["labels"]), choice.policy
+            config.model, image_format, len(manifest["labels"]), choice.policy, weights=config.weights
         )
-        compile_model(model, config, plan, choice)
+        recipe = compile_model(model, config, plan, choice)
         evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
         build_from_shapes(model, strategy, _replica_batch(plan, image_format, weighted=False))
         build_from_shapes(evaluation_model, strategy, _replica_batch(plan, image_format, weighted=True))
@@ -390,6 +422,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     # Order matters: the step count first; at epoch ends the clock stops, then the evaluation
     # fills val_* before the checkpoint, the summaries and the progress line read it.
     callbacks = [StepCounter(progress), clock, EvaluateEachEpoch(evaluator, progress, plan)]
+    if recipe.freeze_backbone_steps:
+        callbacks.insert(0, FreezeBackbone(recipe.freeze_backbone_steps))
     if config.eval_every:
         callbacks.append(EvaluateEverySteps(evaluator, progress, config.eval_every))
     callbacks.append(saver)
@@ -436,7 +470,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "checkpoint_interval": interval.describe(),
         "encoding": image_format.encoding,
         "image_size": [image_format.height, image_format.width],
+        "crop_size": image_format.input_shape[0],
         "data_dir": config.data_dir,
+        "recipe": recipe.as_dict(),
     }
     counts = metrics.validation_confusion_matrix(
         strategy, model, eval_data, eval_steps, len(manifest["labels"])
@@ -450,6 +486,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         plots.plot_confusion_matrix(
             counts, manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
         )
+        # After fit: with --ema these are the averaged weights (optimization.py).
+        result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
         if config.export:
             result["export_dir"] = export.export_serving_model(
                 model, manifest, export.export_path(config.model_dir)

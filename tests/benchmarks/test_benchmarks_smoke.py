@@ -14,6 +14,7 @@ from benchmarks import (
     serving_memory,
     stage1_memory,
     stage1_vs_handwritten,
+    training_recipe,
 )
 
 
@@ -104,3 +105,16 @@ def test_serving_memory_runs_at_tiny_size(tmp_path, capsys):
         # The code before issue 14, from git history (or said to be unavailable, as in a shallow clone).
         assert "valid" in result["before"] or "skipped" in result["before"]
     assert "target <= 300 MB" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_training_recipe_runs_at_tiny_size(cache, tmp_path, capsys):
+    report = training_recipe.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
+    assert set(report["median"]) == {
+        training_recipe.SCRATCH,
+        training_recipe.FINE_TUNE,
+        training_recipe.MARGIN,
+    }
+    assert all(0.0 <= accuracy <= 1.0 for accuracy in report["median"].values())
+    assert report["stored_size_with_margin"] == 36  # 32 px crops of round(32 x 1.14) px squares
+    assert "vs scratch, points" in capsys.readouterr().out

@@ -73,7 +73,7 @@ def test_unknown_format_version(dataset_copy, tmp_path):
 
 
 def test_model_that_cannot_take_the_image_shape(dataset_copy, tmp_path):
-    edit_manifest(dataset_copy, lambda m: m["image"].update(height=16, width=16))
+    edit_manifest(dataset_copy, lambda m: m["image"].update(height=16, width=16, crop_size=16))
     assert_stops_before_training(
         dataset_copy, tmp_path, r"'resnet50' needs images of at least 32x32.*16x16", model="resnet50"
     )

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.train.conftest import IMAGE_SIZE
-from train import checks, dataset, models
+from train import checks, dataset, models, pretrained
 from train.errors import ConfigError
 
 BATCH = 4
@@ -67,3 +67,9 @@ def test_normalized_encodings_get_no_normalization_layer(stage1_dataset):
     model = models.build_model_for_dataset(models.SMALL_CNN, image_format, len(manifest["labels"]))
     assert model.inputs[0].dtype == "bfloat16"
     assert "normalize" not in [layer.name for layer in model.layers]
+
+
+def test_every_model_flag_name_is_the_small_cnn_or_a_known_application():
+    # config.MODELS is what --model accepts (defined without importing Keras, for --help);
+    # pretrained.APPLICATIONS is what builds them.
+    assert set(models.MODELS) == {models.SMALL_CNN, *pretrained.APPLICATIONS}
