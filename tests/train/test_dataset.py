@@ -252,8 +252,14 @@ def test_eval_steps_pad_to_the_fullest_pipeline():
     }
     # One pipeline: 20 examples in batches of 4.
     assert dataset.eval_steps(manifest, "validation", 4) == 5
-    # Two pipelines (shards 0+2 = 17, shard 1 = 3): the first needs 5 batches.
-    assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=2, num_replicas=2) == 5
+    # Two pipelines: the shards of 10 and 7 whole, one each; the 3 records of the third split 2/1
+    # (input_share). The first pipeline holds 12 examples: 3 batches, and the second pads to 3 too.
+    assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=2, num_replicas=2) == 3
+    # Three pipelines, one whole shard each: the shard of 10 needs 3 batches.
+    assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=3, num_replicas=3) == 3
+    # Batches of 2: the fullest of the two pipelines (12) needs 6, where whole shards alone (10+3 vs 7)
+    # would have needed 7.
+    assert dataset.eval_steps(manifest, "validation", 2, num_input_pipelines=2, num_replicas=2) == 6
     # One pipeline feeding two replicas: 5 batches -> 3 steps of 2 batches.
     assert dataset.eval_steps(manifest, "validation", 4, num_input_pipelines=1, num_replicas=2) == 3
 
