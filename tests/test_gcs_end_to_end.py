@@ -63,6 +63,7 @@ IMAGES_PER_CLASS = 6  # one plain image per class, so the corpus has exact dupli
 IMAGE_SIZE = 32  # the smallest size every --model accepts
 EPOCHS = 3
 STEPS_PER_EPOCH = 40  # a few seconds an epoch: long enough to kill the run between two checkpoints
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 # What a run's directory holds besides its shards (docs/dataset_format.md).
 RUN_ENTRIES = {
     manifest_lib.ERRORS_FILE,
@@ -369,8 +370,9 @@ def test_training_reads_the_gcs_dataset_writes_to_gcs_and_resumes_from_its_gcs_c
     bucket.blob(stray_shard).upload_from_string(b"not a TFRecord file")
     try:
         kill_after_the_first_checkpoint(gcs_emulator, command, cwd, env, checkpoint_index)
+        # Checkpoints are named by global step; without --checkpoint-every's interval passing, at epoch ends.
         done_when_killed = max(checkpoint_numbers(f"{model_dir}/checkpoints"))
-        assert 1 <= done_when_killed < EPOCHS, "the kill must land between the first and the last epoch"
+        assert STEPS_PER_EPOCH <= done_when_killed < TOTAL_STEPS, "the kill must land before the last epoch"
         assert "metrics.json" not in objects_under(gcs_emulator, model_dir)
 
         second = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -378,19 +380,20 @@ def test_training_reads_the_gcs_dataset_writes_to_gcs_and_resumes_from_its_gcs_c
         bucket.blob(stray_shard).delete()  # the dataset is shared with the other tests of this module
 
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{done_when_killed} of {EPOCHS} epochs already done" in second.stderr
+    assert f"resuming from step {done_when_killed} of {TOTAL_STEPS}" in second.stdout
     objects = objects_under(gcs_emulator, model_dir)
     metrics = json.loads(gcs_emulator.read_object(object_name(gcs_emulator, f"{model_dir}/metrics.json")))
-    assert metrics["initial_epoch"] == done_when_killed  # resumed from the bucket, not restarted
-    assert metrics["epochs_this_run"] == EPOCHS - done_when_killed
-    assert metrics["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert metrics["resumed_from_step"] == done_when_killed  # resumed from the bucket, not restarted
+    assert metrics["initial_epoch"] == done_when_killed // STEPS_PER_EPOCH
+    assert metrics["steps_this_run"] == TOTAL_STEPS - done_when_killed
+    assert metrics["global_step"] == TOTAL_STEPS
     assert metrics["data_dir"] == dataset_url
     assert metrics["export_dir"] == f"{model_dir}/export"
     assert (
         metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
     )
-    assert max(checkpoint_numbers(f"{model_dir}/checkpoints")) == EPOCHS
-    assert f"checkpoints/ckpt-{EPOCHS}.index" in objects
+    assert max(checkpoint_numbers(f"{model_dir}/checkpoints")) == TOTAL_STEPS
+    assert f"checkpoints/ckpt-{TOTAL_STEPS}.index" in objects
     for log_dir in ("logs/train", "logs/validation"):
         assert any(name.startswith(f"{log_dir}/events.out.tfevents.") for name in objects), log_dir
     assert "export/saved_model.pb" in objects
