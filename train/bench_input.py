@@ -76,7 +76,9 @@ def synthetic_dataset(strategy, image_format, per_replica_batch: int, num_classe
     def dataset_fn(_):
         # Pixel-like values for the pixel encodings, normalized-like values for the others.
         scale = 1.0 if image_format.normalized_offline else 64.0
-        images = scale * tf.random.stateless_normal([per_replica_batch, *image_format.shape], seed=[1, 2])
+        images = scale * tf.random.stateless_normal(
+            [per_replica_batch, *image_format.input_shape], seed=[1, 2]
+        )
         if not image_format.normalized_offline:
             images = tf.clip_by_value(images + 128.0, 0.0, 255.0)
         labels = tf.random.stateless_uniform(

@@ -183,7 +183,7 @@ def reduce_logs_as_vectors(model: keras.Model, strategy: tf.distribute.Strategy)
 
 def _replica_batch(plan: TrainingPlan, image_format, weighted: bool) -> tuple:
     batch = plan.per_replica_batch_size
-    images = keras.KerasTensor((batch, *image_format.shape), image_format.dtype.name)
+    images = keras.KerasTensor((batch, *image_format.input_shape), image_format.dtype.name)
     labels = keras.KerasTensor((batch,), "int32")
     return (images, labels, keras.KerasTensor((batch,), "float32")) if weighted else (images, labels)
 
