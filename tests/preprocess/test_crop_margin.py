@@ -7,7 +7,7 @@ import pytest
 
 from dataset_contract import geometry
 from dataset_contract import manifest as manifest_lib
-from preprocess import verify
+from preprocess import runs, verify
 from preprocess.finalize import build_manifest
 from preprocess.image_decode import load_image, resize_image
 from preprocess.options import parse_args
@@ -71,6 +71,8 @@ def _manifest(**image_config):
     config = {
         "input": "x",
         "input_kind": "directory",
+        "output": "/tmp/dataset",
+        "max_pixels": 100_000_000,
         "image_size": STORED,
         "resize_method": "crop",
         "encoding": "uint8",
@@ -80,6 +82,7 @@ def _manifest(**image_config):
     }
     return build_manifest(
         config=config,
+        run_id=runs.new_run_id(),
         labels=["a"],
         stats=((1.0, 2.0, 3.0), (4.0, 5.0, 6.0)),
         shards=[{"split": "train", "path": "train-00000-of-00001.tfrecord", "num_examples": 1,
