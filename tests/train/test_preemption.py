@@ -99,7 +99,9 @@ def test_sigterm_mid_epoch_saves_the_last_completed_step_exits_143_and_resumes_t
 ):
     model_dir = tmp_path / "model"
     # No interval checkpoint: the only mid-epoch checkpoint can come from the signal.
-    command = train_command(stage1_dataset("uint8"), model_dir, "--checkpoint-every", "epoch")
+    # A schedule with a known formula (no warmup, a fixed peak), to check it resumes at the right step.
+    schedule = ("--learning-rate", "1e-3", "--warmup-steps", "0")
+    command = train_command(stage1_dataset("uint8"), model_dir, "--checkpoint-every", "epoch", *schedule)
     run = RunningTraining(command, tmp_path)
     completed = run.wait_for_step(STEPS_PER_EPOCH + 5)  # mid-way through the second epoch
     run.process.send_signal(signal.SIGTERM)
