@@ -445,16 +445,17 @@ def test_local_workflow_runs_with_gcs_input_and_workdir(gcs_emulator, gcs_root, 
     assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url, manifest)
     assert_inputs_accounted_for(gcs_emulator, dataset_url, manifest, gcs_corpus)
     objects = objects_under(gcs_emulator, model_dir)
+    metrics = json.loads(gcs_emulator.read_object(object_name(gcs_emulator, f"{model_dir}/metrics.json")))
     for name in (
         "metrics.json",
         "checkpoints/checkpoint",
-        "checkpoints/ckpt-1.index",
+        f"checkpoints/ckpt-{metrics['global_step']}.index",  # named by global step: one epoch's steps
         "export/saved_model.pb",
     ):
         assert name in objects, f"{name} is not in {model_dir}: {sorted(objects)}"
+    assert metrics["global_step"] == metrics["steps_per_epoch"]
     assert any(name.startswith("logs/train/events.out.tfevents.") for name in objects)
     assert_created_last(gcs_emulator, model_dir, "metrics.json", objects)
-    metrics = json.loads(gcs_emulator.read_object(object_name(gcs_emulator, f"{model_dir}/metrics.json")))
     assert metrics["data_dir"] == dataset_url
     assert f"dataset:      {dataset_url}" in result.stdout
     # The report's prediction: the exported model, loaded from gs://, on a source image read from gs://.

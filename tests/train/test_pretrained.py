@@ -2,6 +2,7 @@
 mechanism (offline: only the download is replaced), weights from a file made by an earlier run, and
 freezing the backbone."""
 
+import json
 import os
 
 import keras
@@ -154,12 +155,15 @@ def _backbone_values(model) -> list[np.ndarray]:
     return [variable.numpy().copy() for variable in model.get_layer(pretrained.BACKBONE).weights]
 
 
-def _restore(data_dir, model_dir, checkpoint_number) -> keras.Model:
+def _restore(data_dir, model_dir, epoch) -> keras.Model:
+    """The model as of the end of `epoch`, from its checkpoint (named by global step)."""
     manifest = checks.read_manifest(data_dir)
     model = models.build_model_for_dataset(
         models.SMALL_CNN, dataset.ImageFormat.from_manifest(manifest), len(manifest["labels"])
     )
-    path = os.path.join(model_dir, "checkpoints", f"ckpt-{checkpoint_number}")
+    with open(os.path.join(model_dir, "metrics.json")) as handle:
+        steps_per_epoch = json.load(handle)["steps_per_epoch"]
+    path = os.path.join(model_dir, "checkpoints", f"ckpt-{epoch * steps_per_epoch}")
     tf.train.Checkpoint(model=model).restore(path).expect_partial()
     return model
 

@@ -12,7 +12,7 @@ from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
 from tests.train.conftest import CROP_MARGIN
 from train import checks, dataset, export, models, pretrained, trainer
-from train.config import TrainConfig, plan_training
+from train.config import TrainConfig
 
 MODEL = models.SMALL_CNN
 
@@ -41,8 +41,8 @@ def test_the_export_and_the_backbone_file_hold_the_ema_weights(stage1_dataset, t
     manifest = checks.read_manifest(data_dir)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     model = models.build_model_for_dataset(MODEL, image_format, len(manifest["labels"]))
-    plan = plan_training(config, manifest["splits"][manifest_lib.TRAIN]["num_examples"], 1, on_tpu=False)
-    trainer._compile(model, config, plan)
+    run = trainer.setup_run(config, manifest)
+    trainer.compile_model(model, config, run.plan, run.choice)
     latest = tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints"))
     tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(latest).expect_partial()
 
