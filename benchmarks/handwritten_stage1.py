@@ -25,6 +25,15 @@ less than stage 1 where that is free to leave out: no error records, no
 manifest, no shard checksums, no tf.Transform graph, no per-file dedup group-by.
 It uses only the `--encoding` choices stage 1 has and the same shard sizing
 (at least `--min-shards` per split, about `--shard-size-mb` each).
+
+For uint8 and jpeg, which store pixels and are normalized at read time,
+nothing waits for the statistics, so the script does what a careful user
+would: one pass. Each process reads, hashes and decodes an image, and
+appends its Example to its own shard file of the image's split (labels are
+the class folders, known from the listing); the statistics are summed on the
+way. It cannot drop a duplicate that another process wrote without a second
+pass, so it keeps duplicates (the benchmark corpus has none), and it makes
+one shard per process and split, whatever `--min-shards` says.
 """
 
 import argparse
@@ -97,6 +106,112 @@ def _decode_chunk(task):
     return records, sums, squares
 
 
+_writers: dict = {}
+
+
+def _example(pixels, encoding, mean, std, size, quality, label, class_name, sha256, uri) -> bytes:
+    import tensorflow as tf
+
+    def feature(value: bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                features.IMAGE: feature(_payload(pixels, encoding, mean, std, size, quality)),
+                features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                features.CLASS_NAME: feature(class_name.encode()),
+                features.SHA256: feature(sha256.encode()),
+                features.URI: feature(uri.encode()),
+            }
+        )
+    ).SerializeToString()
+
+
+def _decode_and_write_chunk(task):
+    """One pass (uint8, jpeg) on one chunk: decode and append each Example to this process's shard."""
+    import tensorflow as tf
+
+    from preprocess.errors import ImageError
+    from preprocess.image_decode import load_image
+
+    items, output_dir, labels, encoding, size, method, max_pixels, quality = task
+    label_of = {name: index for index, name in enumerate(labels)}
+    counts = {}
+    sums = np.zeros(3, np.uint64)
+    squares = np.zeros(3, np.uint64)
+    for uri, class_name in items:
+        with open(uri, "rb") as handle:
+            data = handle.read()
+        sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            pixels = load_image(data, size=size, method=method, max_pixels=max_pixels)
+        except ImageError:
+            continue
+        split = split_of(sha256)
+        writer = _writers.get(split)
+        if writer is None:
+            path = os.path.join(output_dir, f"{split}-{os.getpid()}.tfrecord")
+            writer = _writers[split] = tf.io.TFRecordWriter(path)
+        writer.write(
+            _example(
+                pixels, encoding, None, None, size, quality, label_of[class_name], class_name, sha256, uri
+            )
+        )
+        counts[split] = counts.get(split, 0) + 1
+        if split == "train":
+            flat = pixels.reshape(-1, 3)
+            sums += flat.sum(axis=0, dtype=np.uint64)
+            squares += np.square(flat, dtype=np.uint32).sum(axis=0, dtype=np.uint64)
+    # The pool's workers are terminated, not shut down, at the end: whatever a task wrote is flushed.
+    for writer in _writers.values():
+        writer.flush()
+    return counts, sums, squares
+
+
+def run_one_pass(args, files, start) -> dict:
+    """uint8 and jpeg: see the module docstring."""
+    labels = sorted({class_name for _, class_name in files})
+    chunks = [files[i : i + _CHUNK] for i in range(0, len(files), _CHUNK)]
+    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        pool_ready = time.perf_counter()
+        counts, sums, squares = {}, np.zeros(3, np.uint64), np.zeros(3, np.uint64)
+        tasks = [
+            (chunk, args.output, labels, args.encoding, args.image_size, args.resize_method, args.max_pixels,
+             args.jpeg_quality)
+            for chunk in chunks
+        ]  # fmt: skip
+        for chunk_counts, chunk_sums, chunk_squares in pool.imap_unordered(_decode_and_write_chunk, tasks):
+            for split, count in chunk_counts.items():
+                counts[split] = counts.get(split, 0) + count
+            sums += chunk_sums
+            squares += chunk_squares
+        pass1_done = time.perf_counter()
+    train_pixels = counts.get("train", 0) * args.image_size**2
+    mean = sums.astype(np.float64) / max(train_pixels, 1)
+    std = np.sqrt(np.maximum(squares.astype(np.float64) / max(train_pixels, 1) - mean**2, 0.0))
+    shards = [name for name in os.listdir(args.output) if name.endswith(".tfrecord")]
+    end = time.perf_counter()
+    summary = {
+        "num_found": len(files),
+        "num_written": sum(counts.values()),
+        "labels": labels,
+        "mean": mean.tolist(),
+        "std": np.where(std < 1e-3, 1.0, std).tolist(),
+        "num_shards": len(shards),
+        "num_bytes": sum(os.path.getsize(os.path.join(args.output, name)) for name in shards),
+        "seconds": {
+            "pool_start": round(pool_ready - start, 2),
+            "pass1_decode_encode_write": round(pass1_done - pool_ready, 2),
+            "teardown": round(end - pass1_done, 2),
+            "total": round(end - start, 2),
+        },
+    }
+    with open(os.path.join(args.output, "handwritten.json"), "w") as handle:
+        json.dump(summary, handle, indent=2)
+    return summary
+
+
 def _read_pixels(path: str, offset: int, num_bytes: int) -> bytes:
     handle = _readers.get(path)
     if handle is None:
@@ -164,6 +279,9 @@ def _record_bytes(encoding: str, size: int) -> int:
 def run(args) -> dict:
     start = time.perf_counter()
     shutil.rmtree(args.output, ignore_errors=True)
+    if args.encoding not in features.NORMALIZED_ENCODINGS:
+        os.makedirs(args.output)
+        return run_one_pass(args, corpus_files(args.input), start)
     spill_dir = os.path.join(args.output, ".spill")
     os.makedirs(spill_dir)
     files = corpus_files(args.input)
@@ -248,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--resize-method", default="crop", choices=("crop", "pad"))
-    parser.add_argument("--encoding", default=features.BFLOAT16, choices=features.ENCODINGS)
+    parser.add_argument("--encoding", default=features.UINT8, choices=features.ENCODINGS)
     parser.add_argument("--jpeg-quality", type=int, default=90)
     parser.add_argument("--min-shards", type=int, default=8)
     parser.add_argument("--shard-size-mb", type=int, default=150)

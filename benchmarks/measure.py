@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,10 @@ class RunResult:
     last_growth: dict[str, float]  # watch label -> seconds from launch to the last growth of those files
     output_tail: str
     cpu_seconds: list[tuple[int, str, float]]  # (pid, role, CPU seconds at its last sample) per process
+    # The whole process tree, exact: every process that exited and was reaped, from the kernel's
+    # accounting of this process's children (getrusage, /proc/self/io), not from samples.
+    tree_cpu_seconds: float = 0.0  # user + sys
+    tree_io: dict[str, int] = dataclasses.field(default_factory=dict)  # rchar, wchar, read_bytes, write_bytes
 
     def cpu_seconds_by_role(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -226,6 +231,17 @@ class _Sampler(threading.Thread):
         self.join()
 
 
+def _own_io() -> dict[str, int]:
+    """This process's /proc/self/io: its own I/O plus that of every child it has reaped (recursively)."""
+    with open("/proc/self/io") as handle:
+        return {key: int(value) for key, value in (line.split(":") for line in handle if ":" in line)}
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_measured(
     argv: list[str],
     *,
@@ -239,6 +255,7 @@ def run_measured(
     """Run argv to completion, sampling its process tree; stdout+stderr go to log_path (or are kept)."""
     log = open(log_path, "w") if log_path else None  # noqa: SIM115 - closed below
     try:
+        io_before, cpu_before = _own_io(), _children_cpu_seconds()
         start = time.perf_counter()
         process = subprocess.Popen(
             argv,
@@ -253,6 +270,8 @@ def run_measured(
         output, _ = process.communicate()
         wall = time.perf_counter() - start
         sampler.stop()
+        # Includes what the sampler read from /proc meanwhile (a few KB per sample), a small overcount.
+        io_after, cpu_after = _own_io(), _children_cpu_seconds()
     finally:
         if log:
             log.close()
@@ -274,6 +293,10 @@ def run_measured(
         last_growth=dict(sampler.last_growth),
         output_tail=tail,
         cpu_seconds=sorted((pid, role, seconds) for pid, (seconds, role) in sampler.cpu_by_pid.items()),
+        tree_cpu_seconds=cpu_after - cpu_before,
+        tree_io={
+            key: io_after[key] - io_before[key] for key in ("rchar", "wchar", "read_bytes", "write_bytes")
+        },
     )
 
 

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a TensorFlow pod runtime).",
     )
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.BFLOAT16)
+    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--global-batch-size", type=int, default=1024)

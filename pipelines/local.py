@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset as it is.")
     parser.add_argument("--image-size", type=int, default=DEMO_IMAGE_SIZE)
-    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.BFLOAT16)
+    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
     parser.add_argument("--model", default="small_cnn")
     parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
     parser.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")

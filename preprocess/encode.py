@@ -1,8 +1,16 @@
-"""Transformed record batches -> serialized tf.train.Examples, per encoding.
+"""Serialized tf.train.Examples, per encoding: from decoded images (one pass) or transformed batches.
 
-Works a record batch at a time: the float image column is converted to the
-target dtype for the whole batch in one numpy call, and only the final
-`tf.train.Example` assembly is per row.
+uint8 and jpeg records are encoded straight from the decoded pixels, in the
+step that decodes them (`EncodeDecodedFn`): their normalization is applied
+at read time, so nothing waits for tf.Transform's statistics. bfloat16 and
+float32 records hold normalized values, so they are encoded from the record
+batches tf.Transform's transform produced (`EncodeExamplesFn`), a record
+batch at a time: the float image column is converted to the target dtype for
+the whole batch in one numpy call, and only the final `tf.train.Example`
+assembly is per row.
+
+Both yield `(split, serialized example, class name)`, so one shard writer and
+one class count serve every split and both paths.
 """
 
 import io
@@ -43,6 +51,30 @@ def encode_jpeg(pixels: bytes, image_size: int, quality: int) -> bytes:
     return out.getvalue()
 
 
+def serialize_example(payload: bytes, label: int, class_name: bytes, sha256: bytes, uri: bytes) -> bytes:
+    """One record of the dataset (docs/dataset_format.md), serialized."""
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                features.IMAGE: _bytes_feature(payload),
+                features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                features.CLASS_NAME: _bytes_feature(class_name),
+                features.SHA256: _bytes_feature(sha256),
+                features.URI: _bytes_feature(uri),
+            }
+        )
+    )
+    return example.SerializeToString()
+
+
+def label_not_in_train(uri: str, class_name: str, split: str) -> errors.ErrorRecord:
+    return errors.ErrorRecord(
+        uri,
+        errors.LABEL_NOT_IN_TRAIN,
+        f"class {class_name!r} has no example in the train split, so this {split} example cannot be labelled",
+    )
+
+
 def image_payloads(batch, encoding: str, image_size: int, jpeg_quality: int) -> list[bytes]:
     """The `image` feature of every row of a transformed record batch."""
     column = batch.column(features.IMAGE)
@@ -59,7 +91,7 @@ def image_payloads(batch, encoding: str, image_size: int, jpeg_quality: int) -> 
 class EncodeExamplesFn(beam.DoFn):
     """(RecordBatch, passthrough) of one split -> EncodedExample tuples.
 
-    Main output: (serialized example, class name). 'errors': rows whose class
+    Main output: (split, serialized example, class name). 'errors': rows whose class
     has no training example (the vocabulary is learned on train, so such a row
     has label -1 and nothing to learn it from). 'stats': the (mean, std) the
     transform applied, once per batch (all equal), for the manifest.
@@ -92,26 +124,57 @@ class EncodeExamplesFn(beam.DoFn):
             if label < 0:
                 self._progress_failed.inc()
                 yield beam.pvalue.TaggedOutput(
-                    "errors",
-                    errors.ErrorRecord(
-                        uri.decode("utf-8"),
-                        errors.LABEL_NOT_IN_TRAIN,
-                        f"class {class_name.decode('utf-8')!r} has no example in the train split, "
-                        f"so this {self._split} example cannot be labelled",
-                    ),
+                    "errors", label_not_in_train(uri.decode("utf-8"), class_name.decode("utf-8"), self._split)
                 )
                 continue
-            example = tf.train.Example(
-                features=tf.train.Features(
-                    feature={
-                        features.IMAGE: _bytes_feature(payload),
-                        features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                        features.CLASS_NAME: _bytes_feature(class_name),
-                        features.SHA256: _bytes_feature(sha256),
-                        features.URI: _bytes_feature(uri),
-                    }
-                )
-            )
             self._encoded.inc()
             self._progress.inc()
-            yield example.SerializeToString(), class_name.decode("utf-8")
+            yield self._split, serialize_example(payload, label, class_name, sha256, uri), class_name.decode()
+
+
+class EncodeDecodedFn(beam.DoFn):
+    """Raw example dict (DecodeImagesFn) -> (split, serialized example, class name), for uint8 and jpeg.
+
+    `vocabulary` (a side input) is the sorted class names of the train
+    split's inputs, known once duplicates are resolved, before any image is
+    decoded; a label's index is its position. A validation or test image of
+    a class that has no train input goes to 'errors' (label_not_in_train).
+    """
+
+    def __init__(self, encoding: str, image_size: int, jpeg_quality: int):
+        if encoding in features.NORMALIZED_ENCODINGS:
+            raise ValueError(f"{encoding} records hold normalized values: encode them after the transform")
+        self._encoding = encoding
+        self._image_size = image_size
+        self._jpeg_quality = jpeg_quality
+        self._encoded = {}
+        self._progress = ProgressCounter("encoded")
+        self._progress_failed = ProgressCounter("failed")
+        self._indices = None
+
+    def _index(self, vocabulary: list[str]) -> dict[str, int]:
+        # A side input is the same object for a whole bundle: build its index once.
+        if self._indices is None or self._indices[0] is not vocabulary:
+            self._indices = (vocabulary, {name: index for index, name in enumerate(vocabulary)})
+        return self._indices[1]
+
+    def process(self, example: dict, vocabulary: list[str]):
+        split, class_name = example["split"], example["label"]
+        label = self._index(vocabulary).get(class_name)
+        if label is None:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", label_not_in_train(example["uri"], class_name, split))
+            return
+        pixels = example["image_raw"]
+        if self._encoding == features.JPEG:
+            payload = encode_jpeg(pixels, self._image_size, self._jpeg_quality)
+        else:
+            payload = pixels
+        if split not in self._encoded:
+            self._encoded[split] = Metrics.counter("preprocess", f"encoded_{split}")
+        self._encoded[split].inc()
+        self._progress.inc()
+        serialized = serialize_example(
+            payload, label, class_name.encode(), example["sha256"].encode(), example["uri"].encode()
+        )
+        yield split, serialized, class_name

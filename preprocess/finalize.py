@@ -8,22 +8,15 @@ runs left (see publish.py for the protocol and why it is crash-safe).
 """
 
 import datetime
-
-from apache_beam.io.filesystems import FileSystems
+import logging
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
 from preprocess.publish import publish_run
 from preprocess.runs import RunPaths, run_started_at
-from preprocess.transform import LABEL_VOCABULARY_FILE
+from preprocess.transform_output import read_label_vocabulary
 
 _TRANSFORM_DIRS = (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METADATA_DIR)
-
-
-def read_label_vocabulary(transform_fn_dir: str) -> list[str]:
-    path = manifest_lib.join(transform_fn_dir, "assets", LABEL_VOCABULARY_FILE)
-    with FileSystems.open(path) as handle:
-        return [line for line in handle.read().decode("utf-8").split("\n") if line]
 
 
 def build_manifest(
@@ -98,35 +91,44 @@ def finalize_dataset(
     *,
     config,
     run_id,
+    labels,
+    stats,
     shards,
     errors_log,
     class_counts,
-    stats,
     num_found,
     failures,
     num_duplicates,
-    transform_written,
 ):
     """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
 
-    `errors_log` and `transform_written` are side inputs only to order this
-    step after those writes (the manifest names both by their fixed places).
+    `labels` is the label vocabulary the records were written with, `stats`
+    the (mean, std) the transform graph holds (read back from the run's copy
+    of it, so the graph is written when this runs). `errors_log` is a side
+    input only to order this step after its write.
     """
-    del errors_log, transform_written
+    del errors_log
     run = RunPaths(config["output"], run_id)
-    if not stats:
+    if not labels or not any(shard["split"] == manifest_lib.TRAIN for shard in shards):
         raise ValueError(
             "no training example was written: every input failed or the split gave train nothing; "
             f"see {run.final(manifest_lib.ERRORS_FILE)}"
         )
-    if len(set(stats)) != 1:
-        raise AssertionError(f"the transform applied different statistics to different batches: {set(stats)}")
-    labels = read_label_vocabulary(run.final(manifest_lib.TRANSFORM_FN_DIR))
+    analyzed = read_label_vocabulary(run.final(manifest_lib.TRANSFORM_FN_DIR))
+    if analyzed != list(labels):
+        # Only when every train image of a class failed to decode: the records were labelled from
+        # the train inputs before decoding, tf.Transform's vocabulary from the decoded ones.
+        logging.warning(
+            "classes %s have train inputs but no decoded train image: their index is kept, and the "
+            "label vocabulary in %s lacks them",
+            sorted(set(labels) - set(analyzed)),
+            run.final(manifest_lib.TRANSFORM_FN_DIR),
+        )
     manifest = build_manifest(
         config=config,
         run_id=run_id,
         labels=labels,
-        stats=next(iter(stats)),
+        stats=stats,
         shards=shards,
         class_counts=class_counts,
         num_found=num_found,

@@ -76,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--encoding",
         choices=features.ENCODINGS,
-        default=features.BFLOAT16,
-        help="How images are stored: bfloat16 (default, normalized, TPU-native), float32 (normalized), "
-        "uint8 (pixels), jpeg (re-encoded pixels); uint8 and jpeg are normalized at read time.",
+        default=features.UINT8,
+        help="How images are stored: uint8 (default: the resized pixels, normalized on the accelerator "
+        "in the model's first layer), jpeg (re-encoded pixels, normalized the same way), bfloat16 or "
+        "float32 (normalized values, twice or four times uint8's bytes). uint8 and jpeg are written in one "
+        "pass over the images; bfloat16 and float32 need the statistics first, so their decoded pixels "
+        "are spilled to the staging directory and read back for a second pass.",
     )
     parser.add_argument(
         "--jpeg-quality", type=int, default=90, help="JPEG quality for --encoding jpeg (default 90)."

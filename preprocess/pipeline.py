@@ -45,19 +45,20 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem, local_runner, progress
+from preprocess import shards as shards_lib
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
-from preprocess.encode import EncodeExamplesFn
+from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
 from preprocess.finalize import finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
 from preprocess.publish import SupersededRunError
 from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
-from preprocess.shards import WriteErrorLog, WriteShards
+from preprocess.shards import WriteErrorLog
 from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
-from preprocess.transform_output import WriteTransformOutput
+from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
 # Per-record framing and metadata features around the image payload (sha256,
 # uri, class name, proto overhead): used only to size shard parts.
@@ -102,10 +103,107 @@ def job_config(args, build_id: str) -> dict:
     }
 
 
+class WriteShards(beam.PTransform):
+    """(split, record) pairs of every split -> shard entries: shards.WriteShards, split by split."""
+
+    def __init__(self, output_dir, shard_size_bytes, min_shards, estimated_bytes, run_id):
+        super().__init__()
+        self._args = (output_dir, shard_size_bytes, min_shards)
+        self._estimated_bytes = estimated_bytes
+        self._run_id = run_id
+
+    def expand(self, pairs):
+        by_split = pairs | "BySplit" >> beam.Partition(
+            lambda pair, _: manifest_lib.SPLITS.index(pair[0]), len(manifest_lib.SPLITS)
+        )
+        output_dir, shard_size_bytes, min_shards = self._args
+        entries = []
+        for index, split in enumerate(manifest_lib.SPLITS):
+            estimated = self._estimated_bytes | f"Estimate[{split}]" >> beam.Map(
+                lambda sizes, s=split: sizes[s]
+            )
+            entries.append(
+                by_split[index]
+                | f"Records[{split}]" >> beam.Map(lambda pair: pair[1])
+                | f"Write[{split}]"
+                >> shards_lib.WriteShards(
+                    split, output_dir, shard_size_bytes, min_shards, estimated, self._run_id
+                )
+            )
+        return entries | "AllShards" >> beam.Flatten()
+
+
+def train_vocabulary(unique):
+    """The sorted class names of the train split's inputs, as a singleton: the label vocabulary.
+
+    Known once duplicates are resolved, before any image is decoded, so that
+    uint8 and jpeg records can be labelled as they are decoded.
+    """
+    return (
+        unique
+        | "TrainInputs" >> beam.Filter(lambda item: item.split == manifest_lib.TRAIN)
+        | "TrainLabels" >> beam.Map(lambda item: item.label)
+        | "DistinctLabels" >> beam.Distinct()
+        | "AllLabels" >> beam.combiners.ToList()
+        | "Sorted" >> beam.Map(sorted)
+    )
+
+
+def estimated_split_bytes(unique, record_bytes: int):
+    """{split: estimated bytes of its records}, as a singleton: sizes the shards before they are written."""
+    return (
+        unique
+        | "SplitOf" >> beam.Map(lambda item: item.split)
+        | "CountPerSplit" >> beam.combiners.Count.PerElement()
+        | "PerSplit" >> beam.combiners.ToDict()
+        | "TimesRecordBytes"
+        >> beam.Map(
+            lambda counts: {split: counts.get(split, 0) * record_bytes for split in manifest_lib.SPLITS}
+        )
+    )
+
+
+def encode_in_one_pass(decoded, vocabulary, args):
+    """uint8 and jpeg: records encoded as the images are decoded (preprocess/encode.py)."""
+    return decoded | "Encode" >> beam.ParDo(
+        EncodeDecodedFn(args.encoding, args.image_size, args.jpeg_quality),
+        beam.pvalue.AsSingleton(vocabulary),
+    ).with_outputs("errors", main="examples")
+
+
+def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
+    """bfloat16 and float32: the decoded batches are spilled, then transformed with the statistics."""
+    adapter_config = tensor_adapter_config()
+    by_split = decoded | "PartitionBySplit" >> beam.Partition(
+        lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
+    )
+    examples, errors_out = [], []
+    for index, split in enumerate(manifest_lib.SPLITS):
+        # Decoded once; the transform reads them back from disk (see decoded_cache.py).
+        reloaded = (
+            by_split[index]
+            | f"ToRecordBatches[{split}]" >> ToRecordBatches(args.transform_batch_size)
+            | f"Spill[{split}]" >> SpillAndReload(split, output_dir, run_id)
+        )
+        transformed, _ = ((reloaded, adapter_config), run_transform_fn) | f"Transform[{split}]" >> (
+            tft_beam.TransformDataset(output_record_batches=True)
+        )
+        encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
+            EncodeExamplesFn(split, args.encoding, args.image_size, args.jpeg_quality)
+        ).with_outputs("errors", main="examples")
+        examples.append(encoded.examples)
+        errors_out.append(encoded.errors)
+    return (
+        examples | "AllEncoded" >> beam.Flatten(),
+        errors_out | "AllEncodeErrors" >> beam.Flatten(),
+    )
+
+
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
     config = job_config(args, build_id)
     output_dir = config["output"]
+    one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
     # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
     template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
@@ -113,60 +211,54 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
-    decoded = deduplicated["unique"] | "Decode" >> beam.ParDo(
+    unique = deduplicated["unique"]
+    vocabulary = train_vocabulary(unique)
+    decoded = unique | "Decode" >> beam.ParDo(
         DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)
     ).with_outputs("errors", main="examples")
-    by_split = decoded.examples | "PartitionBySplit" >> beam.Partition(
-        lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
-    )
-
-    adapter_config = tensor_adapter_config()
-    preprocessing_fn = make_preprocessing_fn(args.image_size, args.encoding)
-    record_bytes = estimated_record_bytes(args.encoding, args.image_size)
-    shard_size_bytes = args.shard_size_mb * 1_000_000
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
-    shard_collections, class_count_collections, stats_collections = [], [], []
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
-        batches = {
-            split: by_split[index] | f"ToRecordBatches[{split}]" >> ToRecordBatches(args.transform_batch_size)
-            for index, split in enumerate(manifest_lib.SPLITS)
-        }
+        # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            batches[manifest_lib.TRAIN],
-            adapter_config,
-        ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(preprocessing_fn)
+            decoded.examples
+            | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
+            | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
+            tensor_adapter_config(),
+        ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.image_size, args.encoding))
         transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
-        # The transform loads the graph from the run's copy (written once, where it stays).
-        run_transform_fn = (transform_written, transform_fn[1])
-        for index, split in enumerate(manifest_lib.SPLITS):
-            # Decoded once; the analysis consumes the batches as they are made,
-            # the transform reads them back from disk (see decoded_cache.py).
-            reloaded = batches[split] | f"Spill[{split}]" >> SpillAndReload(split, output_dir, run_id)
-            transformed, _ = ((reloaded, adapter_config), run_transform_fn) | f"Transform[{split}]" >> (
-                tft_beam.TransformDataset(output_record_batches=True)
+        if one_pass:
+            encoded = encode_in_one_pass(decoded.examples, vocabulary, args)
+            encoded_examples, encode_errors = encoded.examples, encoded.errors
+            labels = vocabulary
+        else:
+            # The transform loads the graph from the run's copy (written once, where it stays).
+            encoded_examples, encode_errors = encode_after_transform(
+                decoded.examples, (transform_written, transform_fn[1]), args, output_dir, run_id
             )
-            encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
-                EncodeExamplesFn(split, args.encoding, args.image_size, args.jpeg_quality)
-            ).with_outputs("errors", "stats", main="examples")
-            error_collections.append(encoded.errors)
-            stats_collections.append(encoded.stats)
-            class_count_collections.append(
-                encoded.examples
-                | f"ClassOf[{split}]" >> beam.Map(lambda example, split=split: (split, example[1]))
-                | f"CountClasses[{split}]" >> beam.combiners.Count.PerElement()
-            )
-            estimated_bytes = (
-                by_split[index]
-                | f"Count[{split}]" >> beam.combiners.Count.Globally()
-                | f"EstimateBytes[{split}]" >> beam.Map(lambda count: count * record_bytes)
-            )
-            shard_collections.append(
-                encoded.examples
-                | f"Records[{split}]" >> beam.Map(lambda example: example[0])
-                | f"WriteShards[{split}]"
-                >> WriteShards(split, output_dir, shard_size_bytes, args.min_shards, estimated_bytes, run_id)
-            )
+            labels = transform_written | "ReadVocabulary" >> beam.Map(read_label_vocabulary)
+    error_collections.append(encode_errors)
+    stats = transform_written | "ReadNormalization" >> beam.Map(
+        read_normalization, image_size=args.image_size
+    )
+
+    class_counts = (
+        encoded_examples
+        | "ClassOf" >> beam.MapTuple(lambda split, _, class_name: (split, class_name))
+        | "CountClasses" >> beam.combiners.Count.PerElement()
+    )
+    shards = (
+        encoded_examples
+        | "Records" >> beam.MapTuple(lambda split, record, _: (split, record))
+        | "WriteShards"
+        >> WriteShards(
+            output_dir,
+            args.shard_size_mb * 1_000_000,
+            args.min_shards,
+            estimated_split_bytes(unique, estimated_record_bytes(args.encoding, args.image_size)),
+            run_id,
+        )
+    )
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
     errors_log = (
@@ -187,7 +279,6 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
         | "Found" >> beam.CombineGlobally(sum)
     )
     num_duplicates = deduplicated["duplicates"] | "CountDuplicates" >> beam.combiners.Count.Globally()
-    stats = stats_collections | "AllStats" >> beam.Flatten() | "DistinctStats" >> beam.Distinct()
 
     return (
         pipeline
@@ -197,14 +288,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
             finalize_dataset,
             config=config,
             run_id=beam.pvalue.AsSingleton(run_id),
-            shards=beam.pvalue.AsList(shard_collections | "AllShards" >> beam.Flatten()),
+            labels=beam.pvalue.AsSingleton(labels),
+            stats=beam.pvalue.AsSingleton(stats),
+            shards=beam.pvalue.AsList(shards),
             errors_log=beam.pvalue.AsSingleton(errors_log),
-            class_counts=beam.pvalue.AsList(class_count_collections | "AllClassCounts" >> beam.Flatten()),
-            stats=beam.pvalue.AsList(stats),
+            class_counts=beam.pvalue.AsList(class_counts),
             num_found=beam.pvalue.AsSingleton(num_found),
             failures=beam.pvalue.AsList(failures),
             num_duplicates=beam.pvalue.AsSingleton(num_duplicates),
-            transform_written=beam.pvalue.AsList(transform_written),
         )
     )
 

@@ -17,12 +17,17 @@ the copy is made (see runs.tft_temp_dir).
 import json
 
 import apache_beam as beam
+import numpy as np
+import tensorflow as tf
+from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
 from tensorflow_transform.output_wrapper import TFTransformOutput
 
+from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 from preprocess.runs import RunPaths
+from preprocess.transform import IMAGE_RAW, LABEL_VOCABULARY_FILE, MEAN, STD
 
 SCHEMA_FILE = "schema.pbtxt"
 # tf.Transform keeps its own metadata inside the SavedModel directory; its
@@ -96,3 +101,32 @@ class WriteTransformOutput(beam.PTransform):
             metadata_written=beam.pvalue.AsList(metadata_written),
         )
         return copied
+
+
+def read_label_vocabulary(transform_fn_dir: str) -> list[str]:
+    """The class names of the label vocabulary tf.Transform wrote, in index order."""
+    path = manifest_lib.join(transform_fn_dir, "assets", LABEL_VOCABULARY_FILE)
+    with FileSystems.open(path) as handle:
+        return [line for line in handle.read().decode("utf-8").split("\n") if line]
+
+
+def read_normalization(transform_fn_dir: str, image_size: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The per-channel (mean, std) the transform graph applies, read by running it.
+
+    The statistics are constants inside the graph (tf.Transform replaced its
+    analyzers by their results); running the graph on one black image is how
+    `TFTransformOutput` gives them back, the same way a trainer would see them.
+    """
+    run_dir = transform_fn_dir.rstrip("/").rsplit("/", 1)[0]
+    output = TFTransformOutput(run_dir)
+    black = bytes(image_size * image_size * features.CHANNELS)
+    raw = {
+        IMAGE_RAW: tf.constant([black]),
+        features.CLASS_NAME: tf.constant([b""]),
+        features.SHA256: tf.constant([b""]),
+        features.URI: tf.constant([b""]),
+    }
+    transformed = output.transform_raw_features(raw)
+    mean = np.asarray(transformed[MEAN])[0]
+    std = np.asarray(transformed[STD])[0]
+    return tuple(float(value) for value in mean), tuple(float(value) for value in std)
