@@ -170,9 +170,25 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
 @pytest.mark.parametrize(
     "encoding,mean_error,max_error", [("bfloat16", None, None), ("uint8", 0, 0), ("jpeg", 6, 80)]
 )
-def test_each_encoding_round_trips_within_its_precision(corpus, tmp_path, encoding, mean_error, max_error):
+def test_each_encoding_round_trips_within_its_precision(
+    corpus, dataset, tmp_path, encoding, mean_error, max_error
+):
     output = tmp_path / encoding
     manifest = run_stage1(corpus.root, output, image_size=SIZE, encoding=encoding, min_shards=1)
+    # One pass (uint8, jpeg) or two (bfloat16, and the float32 `dataset`): the same images, labels
+    # and statistics.
+    _, reference = dataset
+    assert manifest["labels"] == reference["labels"]
+    assert manifest["inputs"] == reference["inputs"]
+    for split in manifest_lib.SPLITS:
+        assert (
+            manifest["splits"][split]["num_examples_per_class"]
+            == reference["splits"][split]["num_examples_per_class"]
+        )
+    np.testing.assert_allclose(
+        manifest["normalization"]["mean"], reference["normalization"]["mean"], rtol=1e-6
+    )
+    np.testing.assert_allclose(manifest["normalization"]["std"], reference["normalization"]["std"], rtol=1e-6)
     mean = np.array(manifest["normalization"]["mean"])
     std = np.array(manifest["normalization"]["std"])
     rows = read_split(str(output), "validation", manifest)
@@ -257,3 +273,32 @@ def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_r
     assert not set(shard_paths(first)) & set(shard_paths(second))
     assert os.listdir(output / "runs") == [second["run"]["id"]]
     assert verification.verify_shards(str(output), second, check_sha256=True) == []
+
+
+def _step_names(encoding: str, tmp_path) -> set[str]:
+    args, beam_args = parse_args(
+        ["--input", str(tmp_path), "--output", str(tmp_path / "out"), "--encoding", encoding]
+    )
+    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+    build_pipeline(pipeline, args, build_id="graph-only")
+    proto = pipeline.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
+    return {transform.unique_name for transform in proto.components.transforms.values()}
+
+
+@pytest.mark.parametrize("encoding", ["uint8", "jpeg"])
+def test_pixel_encodings_are_written_in_one_pass_without_a_spill_or_a_transform(encoding, tmp_path):
+    steps = _step_names(encoding, tmp_path)
+    assert "Encode" in steps and "AnalyzeTrain" in steps and "WriteShards" in steps
+    assert not {step for step in steps if step.startswith(("Spill[", "Transform[", "Encode["))}
+
+
+def test_normalized_encodings_take_a_second_pass_through_the_spill_and_the_transform(tmp_path):
+    steps = _step_names("bfloat16", tmp_path)
+    for split in manifest_lib.SPLITS:
+        assert {f"Spill[{split}]", f"Transform[{split}]", f"Encode[{split}]"} <= steps
+    assert "WriteShards" in steps  # one writer for every split
+
+
+def test_uint8_is_the_default_encoding(tmp_path):
+    args, _ = parse_args(["--input", str(tmp_path), "--output", str(tmp_path / "out")])
+    assert args.encoding == "uint8"
