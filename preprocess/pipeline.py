@@ -18,9 +18,9 @@ Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
 URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
 Arrow record batches -> tf.Transform (analyze on train as the batches are
 decoded; transform all splits, read back from a spill on disk so that memory
-does not grow with the corpus) -> encode -> shard parts -> shards packed by
-bytes -> finalize (the manifest, published by one atomic replacement of
-dataset.json). Every input that is not written is an error record or a
+does not grow with the corpus) -> encode -> shard files written in place
+(the small remainders packed into shards) -> finalize (the manifest,
+published by one atomic replacement of dataset.json). Every input that is not written is an error record or a
 counted duplicate.
 
 Each run writes its files once, under `runs/<run id>/` of the output
@@ -60,10 +60,10 @@ from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_
 from preprocess.transform_output import WriteTransformOutput
 
 # Per-record framing and metadata features around the image payload (sha256,
-# uri, class name, proto overhead): used only to size shard parts.
+# uri, class name, proto overhead): used only to size shard files.
 _RECORD_OVERHEAD_BYTES = 400
 # A 224x224 JPEG at quality 90 is about a sixth of its raw pixels; an estimate
-# for sizing parts only (shards are packed by the bytes actually written).
+# for sizing files only (shards are planned by the bytes actually written).
 _JPEG_COMPRESSION_ESTIMATE = 6
 
 
@@ -125,7 +125,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     record_bytes = estimated_record_bytes(args.encoding, args.image_size)
     shard_size_bytes = args.shard_size_mb * 1_000_000
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
-    shard_collections, class_count_collections, stats_collections = [], [], []
+    class_count_collections, stats_collections = [], []
+    # Every split's records go to one WriteShards, keyed by split, with the estimates of all splits.
+    keyed_record_collections, estimate_collections = [], []
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         batches = {
@@ -156,17 +158,27 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
                 | f"ClassOf[{split}]" >> beam.Map(lambda example, split=split: (split, example[1]))
                 | f"CountClasses[{split}]" >> beam.combiners.Count.PerElement()
             )
-            estimated_bytes = (
+            estimate_collections.append(
                 by_split[index]
                 | f"Count[{split}]" >> beam.combiners.Count.Globally()
-                | f"EstimateBytes[{split}]" >> beam.Map(lambda count: count * record_bytes)
+                | f"EstimateBytes[{split}]"
+                >> beam.Map(lambda count, split=split: (split, count * record_bytes))
             )
-            shard_collections.append(
+            keyed_record_collections.append(
                 encoded.examples
-                | f"Records[{split}]" >> beam.Map(lambda example: example[0])
-                | f"WriteShards[{split}]"
-                >> WriteShards(split, output_dir, shard_size_bytes, args.min_shards, estimated_bytes, run_id)
+                | f"Records[{split}]" >> beam.Map(lambda example, split=split: (split, example[0]))
             )
+
+    estimated_bytes = (
+        estimate_collections
+        | "AllEstimates" >> beam.Flatten()
+        | "EstimatesBySplit" >> beam.combiners.ToDict()
+    )
+    shards = (
+        keyed_record_collections
+        | "AllRecords" >> beam.Flatten()
+        | "WriteShards" >> WriteShards(output_dir, shard_size_bytes, args.min_shards, estimated_bytes, run_id)
+    )
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
     errors_log = (
@@ -197,7 +209,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
             finalize_dataset,
             config=config,
             run_id=beam.pvalue.AsSingleton(run_id),
-            shards=beam.pvalue.AsList(shard_collections | "AllShards" >> beam.Flatten()),
+            shards=beam.pvalue.AsList(shards),
             errors_log=beam.pvalue.AsSingleton(errors_log),
             class_counts=beam.pvalue.AsList(class_count_collections | "AllClassCounts" >> beam.Flatten()),
             stats=beam.pvalue.AsList(stats),
