@@ -24,8 +24,8 @@ repetition, then the median over repetitions is reported:
 
 Where the time goes is read from outside, by watching the output directory:
 stage 1 writes its decoded spill (staging/<run id>/decoded/) during decode + analysis,
-shard parts (staging/<run id>/parts/) during transform + encode, then the shards and
-the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
+its shard files (runs/<run id>/) during transform + encode, then packs the small ones and
+writes the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
 job costs whatever the corpus (process and worker start-up, stage scheduling).
 """
 
@@ -59,8 +59,8 @@ HANDWRITTEN = (HANDWRITTEN_2, HANDWRITTEN_1)
 # Stage 1's files, as paths relative to its output directory.
 BEAM_PHASE_FILES = {
     "spill": r"/decoded/",
-    "parts": r"/parts/",
-    "shards": r"(^|/)(train|validation|test)-\d{5}-of-\d{5}\.tfrecord$",
+    # Written in place, in runs/<run id>/ (preprocess/shards.py).
+    "shards": r"^runs/[^/]+/(train|validation|test)-[^/]+\.tfrecord$",
 }
 HANDWRITTEN_PHASE_FILES = {
     "spill": r"^\.spill/",
@@ -106,7 +106,7 @@ def phases(name: str, result) -> dict[str, float]:
         }
     start = first["spill"]
     decode_end = last.get("spill", start)
-    write_end = max(last.get("shards", 0.0), last.get("parts", 0.0)) or wall
+    write_end = last.get("shards", 0.0) or wall
     return {
         "start-up": start,
         "decode+analyze": decode_end - start,
