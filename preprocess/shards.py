@@ -5,9 +5,9 @@ with a small remainder is a little copied:
 
 1. `WriteShardFilesFn`: each bundle attempt writes the records of every split
    straight into the run's directory (`runs/<run id>/`), one file per split,
-   rolling over to a new file at the split's target size (`file_target_bytes`:
-   the shard size, or less so that a small split still gets about
-   `min_shards` files). It computes each file's sha256 and size from the
+   rolling over to a new file before the record that would take it past the
+   split's target size (`file_target_bytes`: the shard size, or less so that
+   a small split still gets about `min_shards` files). It computes each file's sha256 and size from the
    framed bytes as it writes them, and emits a small `WrittenFile` entry.
 2. `plan_shards` runs once all entries of the job are known (a list of these
    small entries, never records): a file of at least half the target size is
@@ -88,7 +88,7 @@ class ShardPlan:
 
 
 def file_target_bytes(estimated_split_bytes: int, shard_size_bytes: int, min_shards: int) -> int:
-    """The size at which a writer rolls over: a shard, or 1/min_shards of a small split."""
+    """The size a writer's files stay within: a shard, or 1/min_shards of a small split."""
     return max(1, min(shard_size_bytes, estimated_split_bytes // max(min_shards, 1)))
 
 
@@ -154,7 +154,15 @@ class WriteShardFilesFn(beam.DoFn):
             raise ValueError(
                 f"no target file size for split {split!r} (sizes given for {sorted(target_bytes)})"
             )
+        framed_bytes = (
+            _TFRecordUtil.encoded_num_bytes(record) if self._framing == TFRECORD else len(record) + 1
+        )
         handle = self._open.get(split)
+        # Roll over before the record that would take the file past its target, not after it:
+        # files stay within the target, so a split of N targets' worth makes at least N files.
+        if handle is not None and handle.num_bytes + framed_bytes > target_bytes[split]:
+            yield self._open.pop(split).close()
+            handle = None
         if handle is None:
             handle = self._open[split] = self._new_file(split, run_id)
         if self._framing == TFRECORD:
@@ -163,8 +171,6 @@ class WriteShardFilesFn(beam.DoFn):
         else:
             handle.write(record + b"\n")
         handle.num_examples += 1
-        if handle.num_bytes >= target_bytes[split]:
-            yield self._open.pop(split).close()
 
     def finish_bundle(self):
         for split in sorted(self._open):

@@ -126,6 +126,14 @@ def _read_tfrecords(path):
     return [record.numpy() for record in tf.data.TFRecordDataset(str(path))]
 
 
+def test_files_stay_within_the_target_so_a_split_of_n_targets_makes_at_least_n_files(tmp_path):
+    # 20 records of 116 framed bytes, 8 files wanted: a target of 290 bytes holds 2 records.
+    records = [("test", record) for record in _records(20)]
+    files = _write_bundle(tmp_path, records, {"test": file_target_bytes(20 * 116, 10**9, 8)})
+    assert [file.num_examples for file in files] == [2] * 10
+    assert all(file.num_bytes <= 290 for file in files)
+
+
 def test_a_bundle_written_twice_gives_two_complete_file_sets_that_do_not_overlap(tmp_path):
     elements = [("train", record) for record in _records(25)] + [("test", record) for record in _records(7)]
     targets = {"train": 1_000, "test": 1_000}
@@ -145,13 +153,13 @@ def test_a_bundle_written_twice_gives_two_complete_file_sets_that_do_not_overlap
 
 def test_a_written_file_records_the_sha256_and_size_of_its_bytes(tmp_path):
     files = _write_bundle(tmp_path, [("train", record) for record in _records(25)], {"train": 1_000})
-    assert len(files) == 3  # 116 bytes a framed record: rolled over after 9, 9, then the 7 left
+    assert len(files) == 4  # 116 bytes a framed record: 8 fit in 1,000 bytes
     for file in files:
         data = open(file.path, "rb").read()
         assert file.num_bytes == len(data)
         assert file.sha256 == hashlib.sha256(data).hexdigest()
         assert len(_read_tfrecords(file.path)) == file.num_examples
-    assert [file.num_examples for file in files] == [9, 9, 7]
+    assert [file.num_examples for file in files] == [8, 8, 8, 1]
 
 
 def test_a_kept_file_is_its_own_shard_without_a_copy(tmp_path):
