@@ -11,7 +11,7 @@ Optionally a directory is watched at the same interval: for each labelled
 regular expression (matched against paths relative to the directory), the
 time the first matching file appeared and the time their total size last
 grew. These mark the phases of a job from outside, without touching its code
-(stage 1 writes its decoded spill, then shard parts, then the shards).
+(stage 1 writes its decoded spill, then its shards).
 """
 
 import dataclasses

@@ -24,8 +24,8 @@ repetition, then the median over repetitions is reported:
 
 Where the time goes is read from outside, by watching the output directory:
 stage 1 writes its decoded spill (staging/<run id>/decoded/) during decode + analysis,
-shard parts (staging/<run id>/parts/) during transform + encode, then the shards and
-the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
+its shard files (runs/<run id>/) during transform + encode, then packs the small ones and
+writes the manifest. `--fixed-cost` also runs beam x2 on an 8-image corpus: what the
 job costs whatever the corpus (process and worker start-up, stage scheduling).
 """
 
@@ -59,8 +59,8 @@ HANDWRITTEN = (HANDWRITTEN_2, HANDWRITTEN_1)
 # Stage 1's files, as paths relative to its output directory.
 BEAM_PHASE_FILES = {
     "spill": r"/decoded/",
-    "parts": r"/parts/",
-    "shards": r"(^|/)(train|validation|test)-[^/]*\.tfrecord$",
+    # Written in place, in runs/<run id>/ (preprocess/shards.py).
+    "shards": r"^runs/[^/]+/(train|validation|test)-[^/]+\.tfrecord$",
 }
 HANDWRITTEN_PHASE_FILES = {
     "spill": r"^\.spill/",
@@ -96,9 +96,8 @@ def phases(name: str, result) -> dict[str, float]:
     first, last, wall = result.first_seen, result.last_growth, result.wall_seconds
     if "spill" not in first:
         # One pass (uint8, jpeg): records are written as the images are decoded.
-        written = [first[kind] for kind in ("parts", "shards") if kind in first]
-        start = min(written, default=wall)
-        write_end = max((last[kind] for kind in ("parts", "shards") if kind in last), default=wall)
+        start = first.get("shards", wall)
+        write_end = last.get("shards", wall)
         return {"start-up": start, "decode+encode+write": write_end - start, "end": wall - write_end}
     if name in HANDWRITTEN:
         start = first.get("spill", wall)
@@ -112,7 +111,7 @@ def phases(name: str, result) -> dict[str, float]:
         }
     start = first["spill"]
     decode_end = last.get("spill", start)
-    write_end = max(last.get("shards", 0.0), last.get("parts", 0.0)) or wall
+    write_end = last.get("shards", 0.0) or wall
     return {
         "start-up": start,
         "decode+analyze": decode_end - start,

@@ -24,7 +24,7 @@ def build_manifest(
 ):
     """The manifest dict, from the job's config and the facts the pipeline gathered.
 
-    `shards` are the entries ConcatenatePartsFn yields: paths relative to the
+    `shards` are the entries shards.WriteShards yields: paths relative to the
     output directory, inside the run's directory.
     """
     run = RunPaths(config["output"], run_id)

@@ -16,12 +16,15 @@ Dockerfile, or install the package from setup.py at boot with
 
 Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
 URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
-Arrow record batches -> tf.Transform (analyze on train as the batches are
-decoded; transform all splits, read back from a spill on disk so that memory
-does not grow with the corpus) -> encode -> shard parts -> shards packed by
-bytes -> finalize (the manifest, published by one atomic replacement of
-dataset.json). Every input that is not written is an error record or a
-counted duplicate.
+then, for uint8 and jpeg (the default is uint8), one pass: each image is
+encoded and its record appended to a shard file as it is decoded, while
+tf.Transform's analysis takes the train split's decoded batches in the same
+step; for bfloat16 and float32, whose records are normalized with the
+statistics, the decoded batches are spilled to disk and read back through
+tf.Transform's transform after the analysis -> shard files written once, in
+place (the small remainders packed into shards) -> finalize (the manifest,
+published by one atomic replacement of dataset.json). Every input that is
+not written is an error record or a counted duplicate.
 
 Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the run id is
@@ -45,7 +48,6 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem, local_runner, progress
-from preprocess import shards as shards_lib
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -55,16 +57,16 @@ from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
 from preprocess.publish import SupersededRunError
 from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
-from preprocess.shards import WriteErrorLog
+from preprocess.shards import WriteErrorLog, WriteShards
 from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
 # Per-record framing and metadata features around the image payload (sha256,
-# uri, class name, proto overhead): used only to size shard parts.
+# uri, class name, proto overhead): used only to size shard files.
 _RECORD_OVERHEAD_BYTES = 400
 # A 224x224 JPEG at quality 90 is about a sixth of its raw pixels; an estimate
-# for sizing parts only (shards are packed by the bytes actually written).
+# for sizing files only (shards are planned by the bytes actually written).
 _JPEG_COMPRESSION_ESTIMATE = 6
 
 
@@ -101,36 +103,6 @@ def job_config(args, build_id: str) -> dict:
         "jpeg_quality": args.jpeg_quality,
         "split_fractions": args.split,
     }
-
-
-class WriteShards(beam.PTransform):
-    """(split, record) pairs of every split -> shard entries: shards.WriteShards, split by split."""
-
-    def __init__(self, output_dir, shard_size_bytes, min_shards, estimated_bytes, run_id):
-        super().__init__()
-        self._args = (output_dir, shard_size_bytes, min_shards)
-        self._estimated_bytes = estimated_bytes
-        self._run_id = run_id
-
-    def expand(self, pairs):
-        by_split = pairs | "BySplit" >> beam.Partition(
-            lambda pair, _: manifest_lib.SPLITS.index(pair[0]), len(manifest_lib.SPLITS)
-        )
-        output_dir, shard_size_bytes, min_shards = self._args
-        entries = []
-        for index, split in enumerate(manifest_lib.SPLITS):
-            estimated = self._estimated_bytes | f"Estimate[{split}]" >> beam.Map(
-                lambda sizes, s=split: sizes[s]
-            )
-            entries.append(
-                by_split[index]
-                | f"Records[{split}]" >> beam.Map(lambda pair: pair[1])
-                | f"Write[{split}]"
-                >> shards_lib.WriteShards(
-                    split, output_dir, shard_size_bytes, min_shards, estimated, self._run_id
-                )
-            )
-        return entries | "AllShards" >> beam.Flatten()
 
 
 def train_vocabulary(unique):

@@ -287,7 +287,7 @@ def _read_records(path: tf.Tensor, count: tf.Tensor, index: tf.Tensor) -> tf.dat
 def _share_files(data_dir: str, share: InputShare) -> tf.data.Dataset:
     """(path, count, index) per shard of the share: the reader keeps records `index` mod `count`."""
     # Manifest paths are relative to the dataset directory and may name a subdirectory
-    # (e.g. runs/<id>/train-00000-of-00016.tfrecord): joined, never assumed to be a bare file name.
+    # (e.g. runs/<id>/train-3f9c0a1b2c4d-0000.tfrecord): joined, never assumed to be a bare file name.
     paths = [manifest_lib.join(data_dir, shard["path"]) for shard in share.shards]
     counts = [1] * len(share.whole) + [share.count] * len(share.split)
     indexes = [0] * len(share.whole) + [share.index] * len(share.split)

@@ -134,7 +134,8 @@ def test_cells_without_an_example_are_blank_and_the_shortfall_is_noted(dataset):
 @pytest.mark.slow
 def test_reading_stops_as_soon_as_the_rows_are_full(dataset):
     manifest = read_manifest(dataset)
-    assert len(manifest["splits"][manifest_lib.TRAIN]["shards"]) == 2
+    # Shards are sized by bytes from an estimate (rough for jpeg): at least min_shards, maybe one more.
+    assert len(manifest["splits"][manifest_lib.TRAIN]["shards"]) >= 2
     in_order = read_split(dataset, manifest_lib.TRAIN, manifest)  # the shards in manifest order
     first_of_class_0 = next(index for index, row in enumerate(in_order) if row["label"] == 0)
     sample = inspect_lib.sample_examples(dataset, manifest, manifest_lib.TRAIN, per_class=1, labels=[0])
@@ -152,8 +153,9 @@ def test_cli_prints_the_summary_and_writes_the_sheet(dataset, tmp_path, capsys):
     assert inspect_lib.main([dataset, "--per-class", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     manifest = read_manifest(dataset)
+    num_shards = len(manifest["splits"][manifest_lib.TRAIN]["shards"])
     assert f"image: {SIZE}x{SIZE}x3 {manifest['image']['encoding']}" in printed
-    assert "total size:" in printed and "train: 2 shards" in printed
+    assert "total size:" in printed and f"train: {num_shards} shards" in printed
     assert f"contact sheet: {out}" in printed
     assert Image.open(out).size == inspect_lib.contact_sheet(dataset, manifest, "train", 2)[1].size
 

@@ -289,12 +289,19 @@ def test_tf_transform_temporary_directories_go_once_idle_for_the_grace_period(st
 
 
 def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_the_switch(staged, output):
-    """Format 1 kept shards, errors.jsonl and the transform dirs at the top, and staging in .staging-*/."""
+    """Format 1 kept shards (named split-NNNNN-of-MMMMM), errors.jsonl and the transform dirs at the top,
+    and staging in .staging-*/."""
     old_dir = os.path.join(output, staged.old["run"]["dir"])
+    text = json.dumps(staged.old)
+    for split, info in staged.old["splits"].items():
+        for index, shard in enumerate(info["shards"]):
+            format1_name = manifest_lib.shard_file_name(split, index, len(info["shards"]))
+            os.rename(os.path.join(output, shard["path"]), os.path.join(old_dir, format1_name))
+            text = text.replace(shard["path"], format1_name)
     for entry in os.listdir(old_dir):
         shutil.move(os.path.join(old_dir, entry), os.path.join(output, entry))
     shutil.rmtree(old_dir)
-    flat = json.loads(json.dumps(staged.old).replace(staged.old["run"]["dir"] + "/", ""))
+    flat = json.loads(text.replace(staged.old["run"]["dir"] + "/", ""))
     flat["format_version"] = 1
     del flat["run"]
     with open(os.path.join(output, "dataset.json"), "w") as handle:
