@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unique", type=int, default=None, help="Distinct renders (default: --num-images).")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--encoding", default="bfloat16")
+    parser.add_argument("--encoding", default="uint8")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.25, help="Seconds between memory samples.")
