@@ -1,6 +1,6 @@
 """kill -9 of real re-runs (`python -m preprocess`) into a directory that holds a dataset.
 
-Each re-run is stopped at a known point (while decoding: as soon as its decoded spill appears; while
+Each re-run is stopped at a known point (while decoding: as soon as its first shard file appears; while
 publishing: the PREPROCESS_PAUSE_AT hook of preprocess/publish.py makes it wait there) and killed with
 SIGKILL, process group and all. After every kill the directory verifies (`python -m preprocess.verify`)
 and holds the old dataset or the new one, as the kill point says. A normal run afterwards succeeds and
@@ -90,14 +90,19 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
     output = tmp_path / "dataset"
     old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
 
-    # 1. While decoding: the new run has only staging files.
+    # 1. While decoding: the new run (uint8, one pass) writes its shard files as it decodes, in its own
+    # runs/<run id>/, which no manifest names yet.
     log_path = tmp_path / "decoding.log"
     process = start_stage1(corpus.root, output, log_path)
     wait_until(
-        lambda: glob.glob(str(output / "staging" / "*" / "decoded" / "*.arrow")),
+        lambda: [
+            path
+            for path in glob.glob(str(output / "runs" / "*" / "*.tfrecord"))
+            if not path.startswith(str(output / old["run"]["dir"]) + "/")
+        ],
         process,
         log_path,
-        "its decoded spill",
+        "its first shard file",
     )
     kill(process)
     assert assert_verifies(output, capsys) == old
