@@ -185,9 +185,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
     unique = deduplicated["unique"]
     vocabulary = train_vocabulary(unique)
-    decoded = unique | "Decode" >> beam.ParDo(
-        DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)
-    ).with_outputs("errors", main="examples")
+    # Decoding, encoding and writing must run in one fused stage, so that no decoded image ever
+    # crosses a stage boundary (the local runner would hold every one in memory). The encoder's side
+    # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
+    # `unique` could not also wait for them: the runner would split decode from encode. The reshuffle
+    # (of small metadata) ends the deduplication's stage here; it also spreads the decoding evenly.
+    decoded = (
+        unique
+        | "SpreadDecoding" >> beam.Reshuffle()
+        | "Decode"
+        >> beam.ParDo(DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)).with_outputs(
+            "errors", main="examples"
+        )
+    )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow_transform as tft
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.transforms import environments
 
 from dataset_contract import manifest as manifest_lib
@@ -238,6 +239,7 @@ def test_csv_manifest_input_with_splits_and_unknown_labels(corpus, tmp_path):
 RUN_SERIALIZED_PIPELINE = """
 import sys
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.transforms import environments
 from apache_beam.portability.api import beam_runner_api_pb2
 from preprocess import local_runner
@@ -275,14 +277,40 @@ def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_r
     assert verification.verify_shards(str(output), second, check_sha256=True) == []
 
 
-def _step_names(encoding: str, tmp_path) -> set[str]:
+def _graph(encoding: str, tmp_path):
     args, beam_args = parse_args(
         ["--input", str(tmp_path), "--output", str(tmp_path / "out"), "--encoding", encoding]
     )
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
     build_pipeline(pipeline, args, build_id="graph-only")
-    proto = pipeline.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
-    return {transform.unique_name for transform in proto.components.transforms.values()}
+    return pipeline.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
+
+
+def _step_names(encoding: str, tmp_path) -> set[str]:
+    return {transform.unique_name for transform in _graph(encoding, tmp_path).components.transforms.values()}
+
+
+@pytest.mark.parametrize(
+    "encoding,same_stage",
+    [
+        (
+            "uint8",
+            {"Decode/ParDo(DecodeImagesFn)", "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"},
+        ),
+        ("jpeg", {"Decode/ParDo(DecodeImagesFn)", "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}),
+        ("bfloat16", {"Decode/ParDo(DecodeImagesFn)", "Spill[train]/WriteParts", "Spill[test]/WriteParts"}),
+    ],
+)
+def test_no_decoded_image_crosses_a_stage_boundary(encoding, same_stage, tmp_path):
+    """Decoded pixels go to disk (shards, or the spill) in the stage that decodes them, as the local runner
+    fuses the graph: whatever crosses a stage boundary, it holds in memory."""
+    _, stages = fn_runner.FnApiRunner().create_stages(_graph(encoding, tmp_path))
+    (decoding,) = [
+        stage
+        for stage in stages
+        if "Decode/ParDo(DecodeImagesFn)" in {t.unique_name for t in stage.transforms}
+    ]
+    assert same_stage <= {transform.unique_name for transform in decoding.transforms}
 
 
 @pytest.mark.parametrize("encoding", ["uint8", "jpeg"])
