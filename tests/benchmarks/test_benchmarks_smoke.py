@@ -61,6 +61,10 @@ def test_stage1_vs_handwritten_runs_at_tiny_size(cache, tmp_path, capsys):
     )
     assert {run["contender"] for run in report["runs"]} == {"handwritten x2", "beam x2"}
     assert all(run["images"] == 12 for run in report["runs"])
+    # The whole tree's accounting sees the workers' work: every source file is read at least once.
+    for run in report["runs"]:
+        assert run["tree_cpu_seconds"] > 0 and run["shard_bytes"] > 0
+        assert run["read_per_source_byte"] >= 1.0, run
     assert "beam x2 / handwritten x2" in capsys.readouterr().out
 
 
@@ -69,7 +73,7 @@ def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
     report = stage1_memory.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
     assert [run["images"] for run in report["runs"]] == [6, 12]
     assert all(run["peak_rss_bytes"] > 0 for run in report["runs"])
-    assert "target <= 1.5" in capsys.readouterr().out
+    assert "target <= 1.3" in capsys.readouterr().out
 
 
 @pytest.mark.slow
