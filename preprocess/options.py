@@ -45,8 +45,8 @@ def _crop_margin(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m preprocess",
-        description="Turn a corpus of images into a dataset directory of normalized, sharded TFRecords "
-        "with a manifest (dataset.json). Any flag not listed here is passed to Apache Beam "
+        description="Turn a corpus of images into a dataset directory of resized, sharded TFRecords "
+        "with a manifest (dataset.json) holding the train split's normalization statistics. Any flag not listed here is passed to Apache Beam "
         "(--runner, --project, --region, --temp_location, --num_workers, --sdk_container_image, ...).",
     )
     parser.add_argument(
