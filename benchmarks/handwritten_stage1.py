@@ -73,19 +73,12 @@ def split_of(sha256: str) -> str:
     return _SPLIT_FRACTIONS[-1][0]
 
 
-def _decode_chunk(task):
-    """Pass 1 on one chunk of files: [(uri, class, sha256, split, spill path, offset)], sums, sums of squares."""
-    global _spill, _spill_path
+def _decoded_images(items, size, method, max_pixels):
+    """Pass 1's per-image work: read each file once, sha256 it, decode it; yields (uri, class, sha256,
+    split, pixels) for the images that decode."""
     from preprocess.errors import ImageError
     from preprocess.image_decode import load_image
 
-    items, spill_dir, size, method, max_pixels = task
-    if _spill is None:
-        _spill_path = os.path.join(spill_dir, f"spill-{os.getpid()}.raw")
-        _spill = open(_spill_path, "ab")  # noqa: SIM115 - lives as long as the worker process
-    records = []
-    sums = np.zeros(3, np.uint64)
-    squares = np.zeros(3, np.uint64)
     for uri, class_name in items:
         with open(uri, "rb") as handle:
             data = handle.read()
@@ -94,13 +87,32 @@ def _decode_chunk(task):
             pixels = load_image(data, size=size, method=method, max_pixels=max_pixels)
         except ImageError:
             continue
-        split = split_of(sha256)
+        yield uri, class_name, sha256, split_of(sha256), pixels
+
+
+def _add_to_sums(pixels: np.ndarray, sums: np.ndarray, squares: np.ndarray):
+    """Per-channel sums of a train image's pixels and of their squares, in integers (exact)."""
+    flat = pixels.reshape(-1, 3)
+    sums += flat.sum(axis=0, dtype=np.uint64)
+    squares += np.square(flat, dtype=np.uint32).sum(axis=0, dtype=np.uint64)
+
+
+def _decode_chunk(task):
+    """Pass 1 on one chunk of files: [(uri, class, sha256, split, spill path, offset)], sums, sums of squares."""
+    global _spill, _spill_path
+
+    items, spill_dir, size, method, max_pixels = task
+    if _spill is None:
+        _spill_path = os.path.join(spill_dir, f"spill-{os.getpid()}.raw")
+        _spill = open(_spill_path, "ab")  # noqa: SIM115 - lives as long as the worker process
+    records = []
+    sums = np.zeros(3, np.uint64)
+    squares = np.zeros(3, np.uint64)
+    for uri, class_name, sha256, split, pixels in _decoded_images(items, size, method, max_pixels):
         offset = _spill.tell()
         _spill.write(pixels.tobytes())
         if split == "train":
-            flat = pixels.reshape(-1, 3)
-            sums += flat.sum(axis=0, dtype=np.uint64)
-            squares += np.square(flat, dtype=np.uint32).sum(axis=0, dtype=np.uint64)
+            _add_to_sums(pixels, sums, squares)
         records.append((uri, class_name, sha256, split, _spill_path, offset))
     _spill.flush()
     return records, sums, squares
@@ -109,7 +121,7 @@ def _decode_chunk(task):
 _writers: dict = {}
 
 
-def _example(pixels, encoding, mean, std, size, quality, label, class_name, sha256, uri) -> bytes:
+def _example(payload: bytes, label: int, class_name: str, sha256: str, uri: str) -> bytes:
     import tensorflow as tf
 
     def feature(value: bytes):
@@ -118,7 +130,7 @@ def _example(pixels, encoding, mean, std, size, quality, label, class_name, sha2
     return tf.train.Example(
         features=tf.train.Features(
             feature={
-                features.IMAGE: feature(_payload(pixels, encoding, mean, std, size, quality)),
+                features.IMAGE: feature(payload),
                 features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
                 features.CLASS_NAME: feature(class_name.encode()),
                 features.SHA256: feature(sha256.encode()),
@@ -132,37 +144,21 @@ def _decode_and_write_chunk(task):
     """One pass (uint8, jpeg) on one chunk: decode and append each Example to this process's shard."""
     import tensorflow as tf
 
-    from preprocess.errors import ImageError
-    from preprocess.image_decode import load_image
-
     items, output_dir, labels, encoding, size, method, max_pixels, quality = task
     label_of = {name: index for index, name in enumerate(labels)}
     counts = {}
     sums = np.zeros(3, np.uint64)
     squares = np.zeros(3, np.uint64)
-    for uri, class_name in items:
-        with open(uri, "rb") as handle:
-            data = handle.read()
-        sha256 = hashlib.sha256(data).hexdigest()
-        try:
-            pixels = load_image(data, size=size, method=method, max_pixels=max_pixels)
-        except ImageError:
-            continue
-        split = split_of(sha256)
+    for uri, class_name, sha256, split, pixels in _decoded_images(items, size, method, max_pixels):
         writer = _writers.get(split)
         if writer is None:
             path = os.path.join(output_dir, f"{split}-{os.getpid()}.tfrecord")
             writer = _writers[split] = tf.io.TFRecordWriter(path)
-        writer.write(
-            _example(
-                pixels, encoding, None, None, size, quality, label_of[class_name], class_name, sha256, uri
-            )
-        )
+        payload = _payload(pixels, encoding, None, None, size, quality)
+        writer.write(_example(payload, label_of[class_name], class_name, sha256, uri))
         counts[split] = counts.get(split, 0) + 1
         if split == "train":
-            flat = pixels.reshape(-1, 3)
-            sums += flat.sum(axis=0, dtype=np.uint64)
-            squares += np.square(flat, dtype=np.uint32).sum(axis=0, dtype=np.uint64)
+            _add_to_sums(pixels, sums, squares)
     # The pool's workers are terminated, not shut down, at the end: whatever a task wrote is flushed.
     for writer in _writers.values():
         writer.flush()
@@ -246,28 +242,13 @@ def _write_shard(task):
     num_bytes = size * size * 3
     label_of = {name: index for index, name in enumerate(labels)}
 
-    def feature(value: bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
     with tf.io.TFRecordWriter(path) as writer:
         for uri, class_name, sha256, _, spill_path, offset in records:
             pixels = np.frombuffer(_read_pixels(spill_path, offset, num_bytes), np.uint8).reshape(
                 size, size, 3
             )
-            example = tf.train.Example(
-                features=tf.train.Features(
-                    feature={
-                        features.IMAGE: feature(_payload(pixels, encoding, mean, std, size, quality)),
-                        features.LABEL: tf.train.Feature(
-                            int64_list=tf.train.Int64List(value=[label_of[class_name]])
-                        ),
-                        features.CLASS_NAME: feature(class_name.encode()),
-                        features.SHA256: feature(sha256.encode()),
-                        features.URI: feature(uri.encode()),
-                    }
-                )
-            )
-            writer.write(example.SerializeToString())
+            payload = _payload(pixels, encoding, mean, std, size, quality)
+            writer.write(_example(payload, label_of[class_name], class_name, sha256, uri))
     return path, len(records), os.path.getsize(path)
 
 
