@@ -25,7 +25,6 @@ from PIL import Image
 from dataset_contract import features
 from preprocess import errors
 from preprocess.progress import ProgressCounter
-from preprocess.transform import MEAN, STD
 
 # Little-endian on every host: the reader's decode_raw assumes it.
 _STORAGE_DTYPES = {
@@ -93,8 +92,8 @@ class EncodeExamplesFn(beam.DoFn):
 
     Main output: (split, serialized example, class name). 'errors': rows whose class
     has no training example (the vocabulary is learned on train, so such a row
-    has label -1 and nothing to learn it from). 'stats': the (mean, std) the
-    transform applied, once per batch (all equal), for the manifest.
+    has label -1 and nothing to learn it from). The manifest's statistics are
+    read from the transform graph itself (transform_output.read_normalization).
     """
 
     def __init__(self, split: str, encoding: str, image_size: int, jpeg_quality: int):
@@ -114,9 +113,6 @@ class EncodeExamplesFn(beam.DoFn):
         class_names = _column_values(batch, features.CLASS_NAME)
         hashes = _column_values(batch, features.SHA256)
         uris = _column_values(batch, features.URI)
-        mean = batch.column(MEAN).flatten().to_numpy()[: features.CHANNELS]
-        std = batch.column(STD).flatten().to_numpy()[: features.CHANNELS]
-        yield beam.pvalue.TaggedOutput("stats", (tuple(float(v) for v in mean), tuple(float(v) for v in std)))
         payloads = image_payloads(batch, self._encoding, self._image_size, self._jpeg_quality)
         for label, class_name, sha256, uri, payload in zip(
             labels, class_names, hashes, uris, payloads, strict=True
