@@ -1,11 +1,22 @@
-"""Content hashing, exact-duplicate removal and the deterministic split.
+"""Exact-duplicate removal and the deterministic split, reading each file about once.
 
-The hash of a file's bytes is its identity: duplicates are found by it and the
-split is a function of it, so the same corpus gives the same split on every
-run and every runner, and two copies of one image can never land in two
-splits. Only (hash, uri, label) travels through the shuffles here, never the
+Duplicates are found by content, and the split is a function of content, so
+the same corpus gives the same split on every run and every runner, and two
+copies of one image can never land in two splits. A file is read whole only
+when it is decoded (decode_stage.py, which also hashes it), so finding
+duplicates must not read every file in full beforehand:
+
+1. Each file's content key is read: a hash of its size and its first 16 KiB
+   (reading.content_key). Copies share a key, so a key seen once is an image
+   with no copy, known from a small prefix of it. The split is assigned from
+   the key, so it is known before decoding, and so is the label vocabulary.
+2. Only the files that share a key with another are hashed in full (sha256),
+   and copies are told from look-alikes (same size, same first 16 KiB) on
+   the full hash. In a corpus of photos that is the duplicates alone.
+
+Only (key or hash, uri, label) travels through the shuffles here, never the
 image bytes, so they stay small whatever the corpus size; and the copies of
-one hash are counted by a combiner and then streamed past its decision, never
+one key are counted by a combiner and then streamed past its decision, never
 gathered, so a million copies of one placeholder image cost O(N), not O(N^2).
 """
 
@@ -19,29 +30,68 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
 from preprocess.progress import ProgressCounter
-from preprocess.reading import hash_file
+from preprocess.reading import content_key, hash_file
 
 
 @dataclasses.dataclass(frozen=True)
 class UniqueInput:
-    """One distinct image: where to read it, its class, its split and its hash."""
+    """One distinct image: where to read it, its class and its split.
+
+    Its sha256 is computed by the read that decodes it (decode_stage.py).
+    """
 
     uri: str
     label: str
     split: str
-    sha256: str
 
 
-class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord); empty or unreadable files -> 'errors'.
+def _empty_file(record: InputRecord) -> errors.ErrorRecord:
+    return errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
 
-    Only a deterministic read failure (reading.py) is this input's error;
+
+class KeyContentFn(beam.DoFn):
+    """InputRecord -> (content key, InputRecord with its split); empty or unreadable files -> 'errors'.
+
+    Reads the first 16 KiB of each file (reading.content_key). A record
+    whose split the manifest does not name gets the split of its key. Only
+    a deterministic read failure (reading.py) is this input's error;
     anything else is raised, so that the runner retries the bundle.
     """
 
-    def __init__(self):
-        self._hashed = Metrics.counter("preprocess", "hashed")
+    def __init__(self, fractions: dict[str, float]):
+        self._fractions = fractions
+        self._keyed = Metrics.counter("preprocess", "keyed")
         self._progress = ProgressCounter("hashed")
+        self._progress_failed = ProgressCounter("failed")
+
+    def process(self, record: InputRecord):
+        try:
+            key, size = content_key(record.uri)
+        except errors.ImageError as exc:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(record.uri, exc.reason, exc.detail))
+            return
+        if size == 0:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", _empty_file(record))
+            return
+        self._keyed.inc()
+        self._progress.inc()
+        if record.split is None:
+            record = dataclasses.replace(record, split=assign_split(key, self._fractions))
+        yield key, record
+
+
+class HashContentFn(beam.DoFn):
+    """InputRecord -> (sha256, InputRecord) of the whole file; empty or unreadable files -> 'errors'.
+
+    For the files whose content key is shared (a file can change or vanish
+    between the two reads, hence the same checks). Only a deterministic read
+    failure (reading.py) is this input's error; anything else is raised.
+    """
+
+    def __init__(self):
+        self._hashed = Metrics.counter("preprocess", "hashed_in_full")
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
@@ -53,22 +103,19 @@ class HashContentFn(beam.DoFn):
             return
         if size == 0:
             self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput(
-                "errors", errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
-            )
+            yield beam.pvalue.TaggedOutput("errors", _empty_file(record))
             return
         self._hashed.inc()
-        self._progress.inc()
         yield sha256, record
 
 
-def assign_split(sha256: str, fractions: dict[str, float]) -> str:
-    """The split of an image, from its content hash alone.
+def assign_split(key: str, fractions: dict[str, float]) -> str:
+    """The split of an image, from its content key alone (a hex sha256 digest).
 
-    The first 64 bits of the hash are a uniform number in [0, 1); the split is
+    The first 64 bits of the key are a uniform number in [0, 1); the split is
     the bucket of the cumulative fractions it falls in, in SPLITS order.
     """
-    point = int(sha256[:16], 16) / float(1 << 64)
+    point = int(key[:16], 16) / float(1 << 64)
     cumulative = 0.0
     last = None
     for split in manifest_lib.SPLITS:
@@ -163,13 +210,15 @@ class CountCopiesFn(beam.CombineFn):
         return accumulator
 
 
-# Tags of the two kinds of value grouped under a hash for the second pass.
+# Tags of the two kinds of value grouped under a key or hash: a copy, and the decision on all copies.
 _COPY = 0
 _DECISION = 1
 
 
 class ResolveDuplicatesFn(beam.DoFn):
     """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
+
+    The copies come with their splits (KeyContentFn); the kept copy's is the image's.
 
     Copies under one label are one image: the copy with the smallest URI is
     kept and the rest are counted as duplicates. Copies under different
@@ -181,8 +230,7 @@ class ResolveDuplicatesFn(beam.DoFn):
     the shuffle as they are consumed.
     """
 
-    def __init__(self, fractions: dict[str, float]):
-        self._fractions = fractions
+    def __init__(self):
         self._duplicates = Metrics.counter("preprocess", "duplicates")
         self._progress_duplicates = ProgressCounter("duplicates")
         self._progress_failed = ProgressCounter("failed")
@@ -205,12 +253,7 @@ class ResolveDuplicatesFn(beam.DoFn):
                 )
             return
         kept = copies.kept
-        yield UniqueInput(
-            uri=kept.uri,
-            label=kept.label,
-            split=kept.split or assign_split(sha256, self._fractions),
-            sha256=sha256,
-        )
+        yield UniqueInput(uri=kept.uri, label=kept.label, split=kept.split)
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
         for record in records:
@@ -232,38 +275,64 @@ class ResolveDuplicates(beam.PTransform):
     group into a list, which for a hot hash is every copy at once.)
     """
 
-    def __init__(self, fractions: dict[str, float]):
-        super().__init__()
-        self._fractions = fractions
-
     def expand(self, hashed):
         copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())
-        tagged_copies = hashed | "TagCopies" >> beam.MapTuple(
-            lambda sha256, record: (sha256, (_COPY, record))
+        return _with_decisions(hashed, copies) | "Resolve" >> beam.ParDo(ResolveDuplicatesFn()).with_outputs(
+            "errors", "duplicates", main="unique"
         )
-        tagged_decisions = copies | "TagDecisions" >> beam.MapTuple(
-            lambda sha256, decision: (sha256, (_DECISION, decision))
-        )
-        return (
-            (tagged_copies, tagged_decisions)
-            | "CopiesWithDecisions" >> beam.Flatten()
-            | "GroupByHash" >> beam.GroupByKey()
-            | "Resolve"
-            >> beam.ParDo(ResolveDuplicatesFn(self._fractions)).with_outputs(
-                "errors", "duplicates", main="unique"
-            )
-        )
+
+
+def _with_decisions(keyed, decisions):
+    """(key, value) and (key, decision) -> (key, [(tag, value or decision), ...]), grouped by key."""
+    tagged_values = keyed | "TagCopies" >> beam.MapTuple(lambda key, value: (key, (_COPY, value)))
+    tagged_decisions = decisions | "TagDecisions" >> beam.MapTuple(
+        lambda key, decision: (key, (_DECISION, decision))
+    )
+    return (
+        (tagged_values, tagged_decisions)
+        | "WithDecisions" >> beam.Flatten()
+        | "GroupByKey" >> beam.GroupByKey()
+    )
+
+
+class SeparateSharedKeysFn(beam.DoFn):
+    """(content key, [(tag, copy or count), ...]) -> a UniqueInput, or every copy on 'shared'.
+
+    A key seen once is an image with no copy. The copies under a shared key
+    are streamed past its count, never held, and hashed in full downstream.
+    """
+
+    def process(self, element):
+        _, tagged = element
+        count = next(value for tag, value in tagged if tag == _DECISION)
+        records = (value for tag, value in tagged if tag == _COPY)
+        if count == 1:
+            record = next(records)
+            yield UniqueInput(uri=record.uri, label=record.label, split=record.split)
+            return
+        for record in records:
+            yield beam.pvalue.TaggedOutput("shared", record)
 
 
 class DeduplicateByContent(beam.PTransform):
-    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs."""
+    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring)."""
 
     def __init__(self, fractions: dict[str, float]):
         super().__init__()
         self._fractions = fractions
 
     def expand(self, records):
-        hashed = records | "HashContent" >> beam.ParDo(HashContentFn()).with_outputs("errors", main="hashed")
-        resolved = hashed.hashed | "ResolveDuplicates" >> ResolveDuplicates(self._fractions)
-        all_errors = (hashed.errors, resolved.errors) | "MergeHashErrors" >> beam.Flatten()
-        return {"unique": resolved.unique, "errors": all_errors, "duplicates": resolved.duplicates}
+        keyed = records | "KeyContent" >> beam.ParDo(KeyContentFn(self._fractions)).with_outputs(
+            "errors", main="keyed"
+        )
+        counts = keyed.keyed | "CountPerKey" >> beam.combiners.Count.PerKey()
+        separated = _with_decisions(keyed.keyed, counts) | "SeparateSharedKeys" >> beam.ParDo(
+            SeparateSharedKeysFn()
+        ).with_outputs("shared", main="unique")
+        hashed = separated.shared | "HashInFull" >> beam.ParDo(HashContentFn()).with_outputs(
+            "errors", main="hashed"
+        )
+        resolved = hashed.hashed | "ResolveDuplicates" >> ResolveDuplicates()
+        unique = (separated.unique, resolved.unique) | "AllUnique" >> beam.Flatten()
+        all_errors = (keyed.errors, hashed.errors, resolved.errors) | "MergeHashErrors" >> beam.Flatten()
+        return {"unique": unique, "errors": all_errors, "duplicates": resolved.duplicates}

@@ -2,9 +2,12 @@
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. Nothing an image can contain stops the job; a read that fails for a
+reason. The file is read once, here: its sha256 is computed from the bytes
+that are decoded (content.py found duplicates from a prefix of it). Nothing an image can contain stops the job; a read that fails for a
 reason that may pass (reading.py) does, so that the runner retries it.
 """
+
+import hashlib
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -59,7 +62,7 @@ class DecodeImagesFn(beam.DoFn):
         yield {
             "image_raw": pixels.tobytes(),
             "label": item.label,
-            "sha256": item.sha256,
+            "sha256": hashlib.sha256(data).hexdigest(),
             "uri": item.uri,
             "split": item.split,
         }

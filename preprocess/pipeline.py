@@ -14,8 +14,10 @@ Dockerfile, or install the package from setup.py at boot with
         --temp_location gs://BUCKET/tmp \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Data flow: list inputs -> hash file bytes -> dedup by hash (only hashes and
-URIs are grouped) -> split by hash -> read, decode, orient, RGB, resize ->
+Data flow: list inputs -> content key of each file (its size and first 16
+KiB) -> split by key, dedup by key, and by full hash where keys are shared
+(only keys, hashes and URIs are grouped; content.py) -> read each image whole,
+once: hash, decode, orient, RGB, resize ->
 then, for uint8 and jpeg (the default is uint8), one pass: each image is
 encoded and its record appended to a shard file as it is decoded, while
 tf.Transform's analysis takes the train split's decoded batches in the same

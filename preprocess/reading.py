@@ -37,6 +37,7 @@ Bytes are read raw: an image whose name ends in `.gz` is not decompressed.
 
 import contextlib
 import hashlib
+import os
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -44,6 +45,11 @@ from apache_beam.io.filesystems import FileSystems
 from preprocess import errors
 
 _READ_CHUNK_BYTES = 1 << 20
+# How much of a file its content key reads (content_key): small next to a photo, so that a file is
+# read about once in all (its prefix here, then whole when it is decoded); large enough to take in
+# a JPEG's or PNG's headers and the start of its compressed data, where two different images differ.
+CONTENT_KEY_PREFIX_BYTES = 16 * 1024
+_GCS_PREFIX = "gs://"
 _LOCAL_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -74,11 +80,20 @@ def _unreadable_if_deterministic():
         raise
 
 
-def _open(uri: str):
+def _open(uri: str, read_ahead_bytes: int | None = None):
+    """The file, opened for reading raw bytes.
+
+    `read_ahead_bytes` caps what one read fetches from GCS: Beam's GCS reader
+    fetches 16 MiB (or the whole object) per read, which for a prefix would be
+    the whole file. Local files are read as asked.
+    """
     try:
         filesystem = FileSystems.get_filesystem(uri)
     except ValueError as exc:  # a scheme no filesystem serves (a manifest row naming http://...)
         raise errors.ImageError(errors.UNREADABLE, str(exc)) from exc
+    if read_ahead_bytes is not None and uri.startswith(_GCS_PREFIX):
+        # Beam's GcsIO, as its GCS filesystem builds it for every open (credentials, the emulator).
+        return filesystem._gcsIO().open(uri, "rb", read_buffer_size=read_ahead_bytes)
     return filesystem.open(uri, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -96,4 +111,24 @@ def hash_file(uri: str) -> tuple[str, int]:
         while chunk := handle.read(_READ_CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def content_key(uri: str) -> tuple[str, int]:
+    """(content key, size in bytes) of a file, from its size and first CONTENT_KEY_PREFIX_BYTES bytes.
+
+    Two files with the same bytes have the same key, so a key seen once is
+    an image with no copy, known without reading the whole file; files that
+    share a key are hashed in full to tell copies from look-alikes
+    (content.py). Failures as for `read_file_bytes`.
+    """
+    with _unreadable_if_deterministic(), _open(uri, read_ahead_bytes=CONTENT_KEY_PREFIX_BYTES) as handle:
+        prefix = handle.read(CONTENT_KEY_PREFIX_BYTES)
+        if len(prefix) < CONTENT_KEY_PREFIX_BYTES:
+            size = len(prefix)
+        else:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+    digest = hashlib.sha256(b"%d:" % size)
+    digest.update(prefix)
     return digest.hexdigest(), size

@@ -50,6 +50,7 @@ This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import http.client
 import http.server
@@ -496,7 +497,8 @@ class FaultInjectingForwarder:
     """A plain-HTTP forwarder to the emulator, in a thread of this process, that fails object reads.
 
     ``faults`` (a :class:`ReadFaults`) may be replaced at any time; ``injected`` lists the reads it failed,
-    ``forwarded_reads`` the object reads it passed on. The emulator writes its own address into the URLs it
+    ``forwarded_reads`` the object reads it passed on, ``media_bytes`` how many bytes of each object's
+    content it passed back. The emulator writes its own address into the URLs it
     answers with (an object's ``mediaLink``, which google-cloud-storage downloads from; upload sessions):
     the forwarder rewrites them to its own, so that every later request of the client comes back through
     it, and sends the emulator its own address as Host, so that the URLs it stores stay valid without the
@@ -507,6 +509,7 @@ class FaultInjectingForwarder:
         self.faults = ReadFaults()
         self.injected: list[tuple[ObjectRead, int]] = []
         self.forwarded_reads: list[ObjectRead] = []
+        self.media_bytes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._reads_under_prefix = 0
         self._emulator = emulator
@@ -604,6 +607,9 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
             return
         finally:
             upstream.close()
+        if read is not None and read.media:
+            with forwarder._lock:
+                forwarder.media_bytes[read.name] += len(data)
         content_type = response.getheader("Content-Type", "")
         if any(kind in content_type for kind in _REWRITTEN_CONTENT_TYPES):
             data = data.replace(forwarder.emulator_url.encode(), forwarder.url.encode())

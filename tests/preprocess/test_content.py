@@ -1,4 +1,4 @@
-"""Content hashing, deduplication and the split: transforms fed with beam.Create."""
+"""Content keys, deduplication and the split: transforms fed with beam.Create."""
 
 import ast
 import collections
@@ -20,10 +20,12 @@ from preprocess.content import (
     DeduplicateByContent,
     ResolveDuplicates,
     ResolveDuplicatesFn,
+    SeparateSharedKeysFn,
     UniqueInput,
     assign_split,
 )
 from preprocess.inputs import InputRecord
+from preprocess.reading import CONTENT_KEY_PREFIX_BYTES, content_key
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
@@ -73,12 +75,12 @@ def test_duplicates_are_written_once_and_conflicting_labels_are_errors(tmp_path)
         InputRecord(empty, "dog"),
         InputRecord(missing, "dog"),
     ]
-    sha_a = hashlib.sha256(b"image-a").hexdigest()
+    key_a, _ = content_key(a)
     with TestPipeline() as pipeline:
         result = pipeline | beam.Create(records) | DeduplicateByContent(FRACTIONS)
         assert_that(
             result["unique"],
-            equal_to([UniqueInput(a, "cat", assign_split(sha_a, FRACTIONS), sha_a)]),
+            equal_to([UniqueInput(a, "cat", assign_split(key_a, FRACTIONS))]),
             label="unique",
         )
         assert_that(result["duplicates"], equal_to([{"uri": a_copy, "duplicate_of": a}]), label="duplicates")
@@ -96,13 +98,76 @@ def test_duplicates_are_written_once_and_conflicting_labels_are_errors(tmp_path)
         )
 
 
-def test_a_split_named_by_the_manifest_wins_over_the_hash(tmp_path):
+def test_a_split_named_by_the_manifest_wins_over_the_content_key(tmp_path):
     path = _write(tmp_path, "cat/a.png", b"image-a")
-    sha = hashlib.sha256(b"image-a").hexdigest()
-    named = "test" if assign_split(sha, FRACTIONS) != "test" else "validation"
+    key, _ = content_key(path)
+    named = "test" if assign_split(key, FRACTIONS) != "test" else "validation"
     with TestPipeline() as pipeline:
         result = pipeline | beam.Create([InputRecord(path, "cat", named)]) | DeduplicateByContent(FRACTIONS)
         assert_that(result["unique"] | beam.Map(lambda item: item.split), equal_to([named]))
+
+
+def _look_alike(seed: int, tail: bytes) -> bytes:
+    """Bytes sharing their size and first CONTENT_KEY_PREFIX_BYTES with every other look-alike of `seed`."""
+    head = hashlib.sha256(str(seed).encode()).digest() * (CONTENT_KEY_PREFIX_BYTES // 32 + 1)
+    return head[:CONTENT_KEY_PREFIX_BYTES] + tail
+
+
+def test_the_content_key_is_the_size_and_first_bytes_of_the_file(tmp_path):
+    one = _write(tmp_path, "cat/one.jpg", _look_alike(1, b"A" * 1000))
+    other_tail = _write(tmp_path, "cat/two.jpg", _look_alike(1, b"B" * 1000))
+    longer = _write(tmp_path, "cat/three.jpg", _look_alike(1, b"A" * 1001))
+    other_head = _write(tmp_path, "cat/four.jpg", _look_alike(2, b"A" * 1000))
+    assert content_key(one) == content_key(other_tail)
+    assert content_key(one)[1] == CONTENT_KEY_PREFIX_BYTES + 1000
+    assert content_key(longer)[0] != content_key(one)[0]
+    assert content_key(other_head)[0] != content_key(one)[0]
+    small = _write(tmp_path, "cat/small.png", b"tiny")
+    assert content_key(small)[1] == 4
+
+
+def _bytes_read_by_this_process() -> int:
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+
+
+def test_content_keys_read_a_small_prefix_of_each_file(tmp_path):
+    paths = [_write(tmp_path, f"cat/{i}.jpg", _look_alike(i, bytes(1 << 20))) for i in range(8)]
+    before = _bytes_read_by_this_process()
+    for path in paths:
+        content_key(path)
+    read = _bytes_read_by_this_process() - before
+    # The prefix and a little: not the 8 MiB of the files.
+    assert read < len(paths) * CONTENT_KEY_PREFIX_BYTES * 2
+
+
+def test_look_alikes_sharing_a_content_key_are_told_apart_by_their_full_hash(tmp_path):
+    """Same size, same first 16 KiB, different images: both are kept, in the same split (their key's)."""
+    first = _write(tmp_path, "cat/a.jpg", _look_alike(7, b"A" * 100))
+    first_copy = _write(tmp_path, "cat/b.jpg", _look_alike(7, b"A" * 100))
+    look_alike = _write(tmp_path, "dog/c.jpg", _look_alike(7, b"B" * 100))
+    alone = _write(tmp_path, "dog/d.jpg", _look_alike(8, b"A" * 100))
+    split = assign_split(content_key(first)[0], FRACTIONS)
+    records = [InputRecord(first, "cat"), InputRecord(first_copy, "cat"), InputRecord(look_alike, "dog")]
+    with TestPipeline() as pipeline:
+        result = (
+            pipeline | beam.Create([*records, InputRecord(alone, "dog")]) | DeduplicateByContent(FRACTIONS)
+        )
+        assert_that(
+            result["unique"],
+            equal_to(
+                [
+                    UniqueInput(first, "cat", split),
+                    UniqueInput(look_alike, "dog", split),
+                    UniqueInput(alone, "dog", assign_split(content_key(alone)[0], FRACTIONS)),
+                ]
+            ),
+            label="unique",
+        )
+        assert_that(
+            result["duplicates"], equal_to([{"uri": first_copy, "duplicate_of": first}]), label="duplicates"
+        )
+        assert_that(result["errors"], equal_to([]), label="errors")
 
 
 @pytest.mark.parametrize("bad", ["0.5,0.5", "0.7,0.2,0.2", "0,0.5,0.5", "a,b,c"])
@@ -125,7 +190,8 @@ def _copies(count, labels=("cat",)):
     # Listed in an order unrelated to the URIs, as a bucket listing would be after a shuffle.
     order = sorted(range(count), key=lambda i: hashlib.md5(str(i).encode()).digest())
     return [
-        InputRecord(f"/corpus/{labels[i % len(labels)]}/{i:06d}.jpg", labels[i % len(labels)]) for i in order
+        InputRecord(f"/corpus/{labels[i % len(labels)]}/{i:06d}.jpg", labels[i % len(labels)], "train")
+        for i in order
     ]
 
 
@@ -183,7 +249,7 @@ def test_resolving_a_hot_key_reads_the_copies_as_it_emits_them():
     # The decision arrives last, as it may: a group's order is the runner's.
     group = _GroupedValues([(_COPY, record) for record in records] + [(_DECISION, _count_copies(records))])
     outputs = 0
-    for _ in ResolveDuplicatesFn(FRACTIONS).process((SHA_HOT, group)):
+    for _ in ResolveDuplicatesFn().process((SHA_HOT, group)):
         outputs += 1
         # The first pass finds the decision; in the second, each copy read is out before the next.
         assert group.passes == 1 or group.pulled <= outputs
@@ -197,8 +263,29 @@ def _hot_key(pipeline, labels):
         pipeline
         | "Size" >> beam.Create([HOT_KEY_COPIES])
         | "Copies" >> beam.FlatMap(lambda count: ((SHA_HOT, record) for record in _copies(count, labels)))
-        | ResolveDuplicates(FRACTIONS)
+        | ResolveDuplicates()
     )
+
+
+def test_separating_a_hot_content_key_streams_its_copies_to_the_full_hash():
+    """Copies under one content key go on, one at a time, to be hashed in full; none are held."""
+    records = _copies(HOT_KEY_COPIES)
+    group = _GroupedValues([(_COPY, record) for record in records] + [(_DECISION, HOT_KEY_COPIES)])
+    outputs = 0
+    for output in SeparateSharedKeysFn().process(("key", group)):
+        outputs += 1
+        assert output.tag == "shared"
+        assert group.passes == 1 or group.pulled <= outputs
+    assert group.passes == 2
+    assert outputs == HOT_KEY_COPIES
+
+
+def test_a_key_seen_once_is_a_unique_input_without_a_full_hash():
+    record = InputRecord("/corpus/cat/a.jpg", "cat", "validation")
+    group = _GroupedValues([(_DECISION, 1), (_COPY, record)])
+    assert list(SeparateSharedKeysFn().process(("key", group))) == [
+        UniqueInput("/corpus/cat/a.jpg", "cat", "validation")
+    ]
 
 
 def _count(pcollection, name):
@@ -212,7 +299,7 @@ def test_a_hot_key_under_one_label_is_one_image_and_all_other_copies_are_duplica
         result = _hot_key(pipeline, ("cat",))
         assert_that(
             result.unique,
-            equal_to([UniqueInput(kept, "cat", assign_split(SHA_HOT, FRACTIONS), SHA_HOT)]),
+            equal_to([UniqueInput(kept, "cat", "train")]),
             label="unique",
         )
         duplicate_uris = result.duplicates | "OfKept" >> beam.Map(
@@ -256,10 +343,10 @@ def test_a_hot_key_under_conflicting_labels_makes_every_copy_an_error_naming_oth
 
 
 def test_a_uri_listed_twice_is_kept_once_and_counted_once_as_a_duplicate():
-    record = InputRecord("/corpus/cat/a.jpg", "cat")
+    record = InputRecord("/corpus/cat/a.jpg", "cat", "train")
     sha = _sha("a")
     with TestPipeline() as pipeline:
-        result = pipeline | beam.Create([(sha, record), (sha, record)]) | ResolveDuplicates(FRACTIONS)
+        result = pipeline | beam.Create([(sha, record), (sha, record)]) | ResolveDuplicates()
         assert_that(result.unique | beam.Map(lambda item: item.uri), equal_to([record.uri]), label="unique")
         assert_that(
             result.duplicates,

@@ -24,6 +24,7 @@ from preprocess.content import assign_split
 from preprocess.image_decode import load_image
 from preprocess.options import parse_args
 from preprocess.pipeline import build_pipeline
+from preprocess.reading import content_key
 from tests.stage1 import read_errors, read_manifest, read_split, run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
@@ -99,14 +100,16 @@ def test_labels_are_the_class_names_sorted(corpus, dataset):
     assert manifest["labels"] == sorted(corpus.class_names)
 
 
-def test_splits_follow_the_content_hash_and_never_share_an_image(dataset):
+def test_splits_follow_the_content_key_and_never_share_an_image(dataset):
     output, manifest = dataset
     seen = {}
     for split in manifest_lib.SPLITS:
         for row in read_split(output, split, manifest):
             assert row["sha256"] not in seen
             seen[row["sha256"]] = split
-            assert assign_split(row["sha256"], manifest["split_fractions"]) == split
+            assert assign_split(content_key(row["uri"])[0], manifest["split_fractions"]) == split
+            with open(row["uri"], "rb") as source:
+                assert hashlib.sha256(source.read()).hexdigest() == row["sha256"]
     assert set(seen.values()) == set(manifest_lib.SPLITS)
 
 

@@ -13,10 +13,16 @@ from google.cloud import storage
 from PIL import Image
 
 from preprocess import errors
-from preprocess.content import HashContentFn, UniqueInput
+from preprocess.content import HashContentFn, KeyContentFn, UniqueInput
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.inputs import InputRecord
-from preprocess.reading import hash_file, is_deterministic_read_failure, read_file_bytes
+from preprocess.reading import (
+    CONTENT_KEY_PREFIX_BYTES,
+    content_key,
+    hash_file,
+    is_deterministic_read_failure,
+    read_file_bytes,
+)
 from tests.gcs_emulator import ReadFaults
 
 
@@ -42,17 +48,23 @@ def _outputs(fn, element):
 
 
 def _unique(uri: str) -> UniqueInput:
-    return UniqueInput(uri=uri, label="cat", split="train", sha256="0" * 64)
+    return UniqueInput(uri=uri, label="cat", split="train")
+
+
+def _listing_readers():
+    """The two DoFns that read an InputRecord before decoding: its content key, its full hash."""
+    return (KeyContentFn({"train": 1.0}), HashContentFn())
 
 
 # ------------------------------------------------------------------------------------------- local files
 
 
-def test_a_missing_local_file_is_recorded_as_unreadable_by_both_stages(tmp_path):
+def test_a_missing_local_file_is_recorded_as_unreadable_by_every_stage(tmp_path):
     missing = str(tmp_path / "cat" / "gone.jpg")
-    failed, main = _outputs(HashContentFn(), InputRecord(missing, "cat"))
-    assert main == [] and failed == [(missing, errors.UNREADABLE, failed[0][2])]
-    assert failed[0][2].startswith("FileNotFoundError")
+    for reader in _listing_readers():
+        failed, main = _outputs(reader, InputRecord(missing, "cat"))
+        assert main == [] and failed == [(missing, errors.UNREADABLE, failed[0][2])]
+        assert failed[0][2].startswith("FileNotFoundError")
     failed, main = _outputs(_decode_fn(), _unique(missing))
     assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(missing, errors.UNREADABLE)]
 
@@ -164,16 +176,18 @@ def _upload(gcs_emulator, url: str, data: bytes) -> str:
 
 def test_a_missing_gcs_object_is_recorded_as_unreadable(gcs_dir):
     missing = f"{gcs_dir}/cat/gone.jpg"
-    failed, main = _outputs(HashContentFn(), InputRecord(missing, "cat"))
-    assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(missing, errors.UNREADABLE)]
-    assert failed[0][2].startswith("NotFound: 404")
+    for reader in _listing_readers():
+        failed, main = _outputs(reader, InputRecord(missing, "cat"))
+        assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(missing, errors.UNREADABLE)]
+        assert failed[0][2].startswith("NotFound: 404")
 
 
 def test_a_gcs_object_that_answers_403_is_recorded_as_unreadable(gcs_emulator, gcs_dir, gcs_read_faults):
     url = f"{gcs_dir}/cat/secret.jpg"
     name = _upload(gcs_emulator, url, _jpeg())
     gcs_read_faults.faults = ReadFaults(media={name: 403})
-    for fn, element in ((HashContentFn(), InputRecord(url, "cat")), (_decode_fn(), _unique(url))):
+    readers = [(reader, InputRecord(url, "cat")) for reader in _listing_readers()]
+    for fn, element in (*readers, (_decode_fn(), _unique(url))):
         failed, main = _outputs(fn, element)
         assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(url, errors.UNREADABLE)]
         assert failed[0][2].startswith("Forbidden: 403")
@@ -185,9 +199,10 @@ def test_a_503_that_outlasts_the_client_retries_is_raised_out_of_both_stages(
     url = f"{gcs_dir}/cat/busy.jpg"
     name = _upload(gcs_emulator, url, _jpeg())
     gcs_read_faults.faults = ReadFaults(media={name: 503})
-    with pytest.raises(api_exceptions.RetryError) as raised:
-        _outputs(HashContentFn(), InputRecord(url, "cat"))
-    assert "503" in repr(raised.value.cause)
+    for reader in _listing_readers():
+        with pytest.raises(api_exceptions.RetryError) as raised:
+            _outputs(reader, InputRecord(url, "cat"))
+        assert "503" in repr(raised.value.cause)
     with pytest.raises(api_exceptions.RetryError):
         _outputs(_decode_fn(), _unique(url))
     # The client did retry (exponential back-off within the deadline) before giving up.
@@ -201,10 +216,30 @@ def test_503s_the_client_retries_away_lose_nothing(gcs_emulator, gcs_dir, gcs_re
     prefix = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
     gcs_read_faults.faults = ReadFaults(fraction=0.3, prefix=prefix)
     for url, content in data.items():
-        failed, main = _outputs(HashContentFn(), InputRecord(url, "cat"))
-        assert failed == [] and len(main) == 1
+        for reader in _listing_readers():
+            failed, main = _outputs(reader, InputRecord(url, "cat"))
+            assert failed == [] and len(main) == 1
         assert read_file_bytes(url) == content
     assert len(gcs_read_faults.injected) >= 0.25 * (
         len(gcs_read_faults.injected) + len(gcs_read_faults.forwarded_reads)
     )
     assert os.environ["STORAGE_EMULATOR_HOST"] == gcs_read_faults.url
+
+
+def test_the_content_key_of_a_gcs_object_downloads_only_its_prefix(
+    gcs_emulator, gcs_dir, gcs_read_faults, tmp_path
+):
+    """Beam's GCS reader fetches 16 MiB a read; the key must fetch its 16 KiB, not the whole object."""
+    url = f"{gcs_dir}/cat/large.bin"
+    data = os.urandom(1 << 20)
+    name = _upload(gcs_emulator, url, data)
+    gcs_read_faults.media_bytes.clear()
+    key, size = content_key(url)
+    assert size == len(data)
+    assert 0 < gcs_read_faults.media_bytes[name] <= 2 * CONTENT_KEY_PREFIX_BYTES
+    local = tmp_path / "large.bin"
+    local.write_bytes(data)
+    assert content_key(str(local)) == (key, size)  # the same key wherever the file is
+    gcs_read_faults.media_bytes.clear()
+    assert read_file_bytes(url) == data
+    assert gcs_read_faults.media_bytes[name] == len(data)
