@@ -44,6 +44,13 @@ def first_shard(data_dir, split=manifest_lib.TRAIN):
     return data_dir / load_manifest(data_dir)["splits"][split]["shards"][0]["path"]
 
 
+def first_shard_not_of_train(data_dir):
+    """A shard of the validation or test split (which of them has records depends on the split's keys)."""
+    splits = load_manifest(data_dir)["splits"]
+    split = next(split for split in (manifest_lib.VALIDATION, manifest_lib.TEST) if splits[split]["shards"])
+    return first_shard(data_dir, split)
+
+
 def problems_of(data_dir, **checks) -> set[tuple[str, str]]:
     checks = {"check_sha256": True, "check_records": True, **checks}
     problems = verification.verify_shards(str(data_dir), load_manifest(data_dir), **checks)
@@ -103,7 +110,7 @@ def test_a_truncated_shard_fails_naming_it(dataset, capsys):
 
 
 def test_a_flipped_byte_fails_naming_it(dataset, capsys):
-    shard = first_shard(dataset, manifest_lib.VALIDATION)
+    shard = first_shard_not_of_train(dataset)
     content = bytearray(shard.read_bytes())
     content[len(content) // 2] ^= 0x01
     shard.write_bytes(bytes(content))
