@@ -49,12 +49,15 @@ def run_stage1(corpus: str, output: str, args, log_path: str):
         args.encoding,
         "--direct_running_mode=multi_processing",
         f"--direct_num_workers={args.workers}",
+        # Both corpus sizes with the same worker processes, however small the smaller one is.
+        "--in-process-below",
+        "0",
     )
     result = run_measured(argv, interval=args.interval, log_path=log_path)
     with open(os.path.join(output, "dataset.json")) as handle:
-        written = json.load(handle)["inputs"]["num_written"]
+        accounting = json.load(handle)["inputs"]
     shutil.rmtree(output, ignore_errors=True)
-    return result, written
+    return result, accounting
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,10 +108,14 @@ def main(argv=None) -> dict:
         order = list(corpora) if repeat % 2 == 0 else list(reversed(corpora))
         for factor in order:
             log_path = os.path.join(args.workdir, f"log-{repeat}-{factor}x.txt")
-            result, written = run_stage1(corpora[factor], os.path.join(args.workdir, "out"), args, log_path)
+            result, accounting = run_stage1(
+                corpora[factor], os.path.join(args.workdir, "out"), args, log_path
+            )
+            written = accounting["num_written"]
             run = {
                 "repeat": repeat,
                 "factor": factor,
+                "inputs": accounting["num_found"],
                 "images": written,
                 "seconds": result.wall_seconds,
                 "peak_rss_bytes": result.peak_rss_bytes,

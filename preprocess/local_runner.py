@@ -15,9 +15,23 @@ processes. Stage 1 asks for the FnApiRunner directly, for two reasons:
   ~12 s of a small job on a 2-core machine (benchmarks/RESULTS.md, target 1).
 
 Any other runner (Dataflow, `--runner PrismRunner`, ...) is left to Beam.
+
+A small local job runs in this process even when worker processes were
+asked for (`--in-process-below`): each worker imports TensorFlow and Beam and
+the runner stops them one by one at the end, ~15 s of a job over 8 images on
+2 cores, more than the workers save below about a thousand photos
+(benchmarks/RESULTS.md, the fixed cost).
 """
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+import itertools
+import logging
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from preprocess import inputs
+
+IN_MEMORY = "in_memory"
 
 _DIRECT_RUNNER_NAMES = {"directrunner", "direct", "switchingdirectrunner"}
 
@@ -48,3 +62,50 @@ def fn_api_runner(options: PipelineOptions):
 def runner_for(options: PipelineOptions):
     """The runner object to hand to beam.Pipeline, or None to let Beam pick from --runner."""
     return fn_api_runner(options) if uses_direct_runner(options) else None
+
+
+def _manifest_lines(path: str):
+    with FileSystems.open(path) as handle:
+        for line in handle:
+            if line.strip():
+                yield line
+
+
+def count_inputs_up_to(spec: str, limit: int) -> int | None:
+    """How many inputs `spec` lists, counting no further than `limit`; None if it cannot be listed here.
+
+    Cheap whatever the corpus: the listing stops at `limit` names (a manifest
+    counts its non-blank lines, its header included).
+    """
+    try:
+        if inputs.input_kind(spec) == inputs.DIRECTORY:
+            listing = inputs.list_directory_tree(spec)
+        else:
+            listing = _manifest_lines(spec)
+        return sum(1 for _ in itertools.islice(listing, limit))
+    except Exception:  # noqa: BLE001 - a missing or unreadable input is the job's to report, with its message
+        return None
+
+
+def run_small_jobs_in_process(options: PipelineOptions, spec: str, below: int) -> bool:
+    """Switches a local run over fewer than `below` inputs to this process; True if it did.
+
+    Leaves the options alone for other runners, for a run already in this
+    process, and when `below` is 0.
+    """
+    direct = options.view_as(DirectOptions)
+    if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode in (None, IN_MEMORY):
+        return False
+    count = count_inputs_up_to(spec, below)
+    if count is None or count >= below:
+        return False
+    logging.info(
+        "%d inputs: running in this process; worker processes (--direct_running_mode=%s) start from "
+        "--in-process-below %d inputs",
+        count,
+        direct.direct_running_mode,
+        below,
+    )
+    direct.direct_running_mode = IN_MEMORY
+    direct.direct_num_workers = 1
+    return True

@@ -120,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="Images per Arrow record batch fed to tf.Transform; bounds its memory (default 64).",
     )
+    parser.add_argument(
+        "--in-process-below",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="A local run (DirectRunner) over fewer than N inputs runs in this process, whatever "
+        "--direct_running_mode says: worker processes cost more to start than they save on a small job "
+        "(default 1000; 0: always as --direct_running_mode says).",
+    )
     return parser
 
 

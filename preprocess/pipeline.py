@@ -295,6 +295,7 @@ def run(argv=None) -> dict | None:
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
     options = PipelineOptions(beam_args)
+    local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
     build_pipeline(pipeline, args, build_id)
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.

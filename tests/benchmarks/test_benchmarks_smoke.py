@@ -71,7 +71,9 @@ def test_stage1_vs_handwritten_runs_at_tiny_size(cache, tmp_path, capsys):
 @pytest.mark.slow
 def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
     report = stage1_memory.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
-    assert [run["images"] for run in report["runs"]] == [6, 12]
+    assert [run["inputs"] for run in report["runs"]] == [6, 12]
+    # Most are written; with 4 classes, a class of one image may land outside train (label_not_in_train).
+    assert all(run["images"] >= run["inputs"] // 2 for run in report["runs"])
     assert all(run["peak_rss_bytes"] > 0 for run in report["runs"])
     assert "target <= 1.3" in capsys.readouterr().out
 

@@ -1,7 +1,7 @@
 """Stage 1 runs on the FnApiRunner when the runner is the DirectRunner, and leaves other runners to Beam."""
 
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from preprocess import local_runner
@@ -23,3 +23,55 @@ def test_the_direct_runner_means_the_fn_api_runner_with_the_job_options(flags):
 @pytest.mark.parametrize("runner", ["DataflowRunner", "PrismRunner", "PortableRunner"])
 def test_other_runners_are_left_to_beam(runner):
     assert local_runner.runner_for(PipelineOptions(["--runner", runner])) is None
+
+
+def _tree(root, files_per_class=5, classes=("cat", "dog")):
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(files_per_class):
+            (root / name / f"{i}.jpg").write_bytes(b"x")
+    return str(root)
+
+
+def test_counting_inputs_stops_at_the_limit(tmp_path):
+    root = _tree(tmp_path / "tree", files_per_class=30)
+    assert local_runner.count_inputs_up_to(root, 1000) == 60
+    assert local_runner.count_inputs_up_to(root, 10) == 10
+    manifest = tmp_path / "inputs.csv"
+    manifest.write_text("uri,label\na.jpg,cat\n\nb.jpg,dog\n")
+    assert local_runner.count_inputs_up_to(str(manifest), 1000) == 3  # the header counts, blank lines do not
+    # Not listable here: left to the job, which reports it with its own message.
+    assert local_runner.count_inputs_up_to(str(tmp_path / "missing"), 1000) is None
+
+
+def _worker_options(*flags):
+    return PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2", *flags])
+
+
+def test_a_small_local_job_runs_in_this_process_whatever_the_mode_asked(tmp_path, caplog):
+    root = _tree(tmp_path / "tree")
+    options = _worker_options()
+    with caplog.at_level("INFO"):
+        assert local_runner.run_small_jobs_in_process(options, root, below=1000)
+    direct = options.view_as(DirectOptions)
+    assert (direct.direct_running_mode, direct.direct_num_workers) == ("in_memory", 1)
+    assert "10 inputs: running in this process" in caplog.text
+    # The runner is built from the changed options: its workers (none) get them too.
+    encoded = local_runner.runner_for(options)._provision_info.provision_info.pipeline_options
+    assert encoded["beam:option:direct_running_mode:v1"] == "in_memory"
+
+
+@pytest.mark.parametrize(
+    "flags, below",
+    [
+        ([], 10),  # as many inputs as the threshold: a large job
+        ([], 0),  # the switch is off
+        (["--runner", "DataflowRunner"], 1000),  # not a local run
+    ],
+)
+def test_large_jobs_other_runners_and_a_zero_threshold_keep_the_workers_asked_for(tmp_path, flags, below):
+    root = _tree(tmp_path / "tree")
+    options = _worker_options(*flags)
+    assert not local_runner.run_small_jobs_in_process(options, root, below=below)
+    direct = options.view_as(DirectOptions)
+    assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 2)
