@@ -53,6 +53,11 @@ _SWAPS_AXES = (5, 6, 7, 8)
 
 _SIXTEEN_BIT_GRAY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _MODES_WITH_ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+# `crop` scales the short side to the target, so a long thin image becomes a
+# huge intermediate (a 1x65500 JPEG at 224 would be 224x14.7M px, 9.9 GB) of
+# which the crop keeps one square. Beyond this many squares' worth, only the
+# window is resized; below it, the whole image (the usual path) costs little.
+_WHOLE_RESIZE_MAX_WINDOWS = 4
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -196,6 +201,8 @@ def _to_rgb(image: Image.Image, image_format: str) -> Image.Image:
 def _resize_to_target(image: Image.Image, target_shape, size: int, method: str) -> np.ndarray:
     """Bilinear (antialiased when shrinking) resize to target_shape, then crop or pad to size."""
     target_height, target_width = target_shape
+    if method == geometry.CROP and target_height * target_width > _WHOLE_RESIZE_MAX_WINDOWS * size * size:
+        return _resize_crop_window(image, target_shape, size)
     if image.size != (target_width, target_height):
         image = image.resize((target_width, target_height), Image.Resampling.BILINEAR)
     resized = np.asarray(image)
@@ -206,6 +213,22 @@ def _resize_to_target(image: Image.Image, target_shape, size: int, method: str) 
     canvas = np.full((size, size, 3), geometry.PAD_VALUE, dtype=np.uint8)
     canvas[top : top + target_height, left : left + target_width] = resized
     return canvas
+
+
+def _resize_crop_window(image: Image.Image, target_shape, size: int) -> np.ndarray:
+    """The centered size x size window of `image` resized to `target_shape`, without resizing the rest.
+
+    PIL's `box` resamples only the source region under the window, at the
+    scale of the whole resize, and its filter still reads the pixels around
+    the region, so the window's pixels are those of the whole resize (up to
+    float rounding) at the cost of the window alone.
+    """
+    target_height, target_width = target_shape
+    top, left = geometry.crop_offsets(target_height, target_width, size)
+    scale_x = image.width / target_width
+    scale_y = image.height / target_height
+    box = (left * scale_x, top * scale_y, (left + size) * scale_x, (top + size) * scale_y)
+    return np.asarray(image.resize((size, size), Image.Resampling.BILINEAR, box=box))
 
 
 def _decode_failure(error: Exception, image_format: str, data: bytes, *, header_hit_end: bool):

@@ -1,7 +1,10 @@
 """Stage 1's per-image decode: formats, colour modes, orientation, geometry, bad input."""
 
 import io
+import json
 import struct
+import subprocess
+import sys
 import time
 import zlib
 
@@ -261,6 +264,46 @@ def test_crop_keeps_the_center_of_a_tall_or_wide_image(height, width, axis):
     # kept; the antialiasing filter lets a little of the neighbours in at the edges.
     assert resized[:, :, 1].min() >= 200
     assert resized[:, :, [0, 2]].max() <= 60
+
+
+def _whole_resize_then_crop(image: np.ndarray, size: int) -> np.ndarray:
+    height, width = image.shape[:2]
+    target_height, target_width = geometry.resized_shape(height, width, size, geometry.CROP)
+    whole = np.asarray(
+        Image.fromarray(image).resize((target_width, target_height), Image.Resampling.BILINEAR)
+    )
+    top, left = geometry.crop_offsets(target_height, target_width, size)
+    return whole[top : top + size, left : left + size]
+
+
+@pytest.mark.parametrize("height, width", [(3, 2000), (1500, 7), (40, 900), (1, 700)])
+def test_a_long_thin_image_is_cropped_as_if_resized_whole(height, width):
+    """Past 4 windows' worth, only the window is resized: the pixels are those of the whole resize."""
+    rng = np.random.default_rng(height * width)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    resized = resize_image(image, 32, geometry.CROP)
+    assert resized.shape == (32, 32, 3)
+    difference = np.abs(resized.astype(int) - _whole_resize_then_crop(image, 32).astype(int))
+    assert difference.max() <= 1  # float rounding of the window's coordinates, at most
+
+
+def test_a_1x65500_jpeg_is_cropped_at_224_in_bounded_memory(tmp_path):
+    """Resized whole, its crop would need a 224 x 14.7M px intermediate, 9.9 GB."""
+    path = tmp_path / "thin.jpg"
+    Image.fromarray(np.full((1, 65500, 3), 90, np.uint8)).save(path, "JPEG")
+    script = (
+        "import json, resource\n"
+        "from preprocess.image_decode import load_image\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"pixels = load_image(open({str(path)!r}, 'rb').read(), size=224, method='crop', max_pixels=10**8)\n"
+        "grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "print(json.dumps({'shape': pixels.shape, 'mean': float(pixels.mean()), 'grown_mib': grown_kib / 1024}))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout)
+    assert result["shape"] == [224, 224, 3] and abs(result["mean"] - 90) <= 2
+    assert result["grown_mib"] < 100, result
 
 
 def test_pad_letterboxes_a_wide_image_with_black_bars_and_centers_it():
