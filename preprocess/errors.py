@@ -10,12 +10,16 @@ change meaning.
 import dataclasses
 import json
 
-EMPTY_FILE = "empty_file"  # zero bytes
+# What is wrong with an image's bytes: shared with the serving signature, which reports the same codes.
+from dataset_contract.image_errors import (  # noqa: F401 - re-exported: every stage 1 reason is here
+    DECODE_ERROR,
+    EMPTY_FILE,
+    NOT_AN_IMAGE,
+    TOO_MANY_PIXELS,
+    TRUNCATED,
+)
+
 UNREADABLE = "unreadable"  # not found or access denied (transient read failures are raised: reading.py)
-NOT_AN_IMAGE = "not_an_image"  # content is not any supported image format
-TRUNCATED = "truncated"  # a supported format, but the data ends early
-DECODE_ERROR = "decode_error"  # a supported format that the decoder rejects
-TOO_MANY_PIXELS = "too_many_pixels"  # over --max-pixels (decompression bomb guard)
 MISSING_LABEL = "missing_label"  # a manifest row with an empty label
 UNKNOWN_LABEL = "unknown_label"  # a label not among --labels
 BAD_MANIFEST_ROW = "bad_manifest_row"  # a manifest row that cannot be parsed

@@ -2,7 +2,7 @@
 
 import argparse
 
-from dataset_contract import features, geometry
+from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-pixels",
         type=_positive_int,
-        default=100_000_000,
+        default=image_errors.DEFAULT_MAX_PIXELS,
         help="Refuse images with more pixels than this, without decoding them (default 100M).",
     )
     parser.add_argument(

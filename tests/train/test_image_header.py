@@ -220,9 +220,8 @@ def test_an_animated_webp_whose_first_frame_leaves_canvas_uncovered_is_refused_b
     assert b"does not cover the canvas" in header.detail
 
 
-def test_the_reason_codes_and_pixel_limit_are_stage_ones():
-    from dataset_contract import image_errors  # noqa: PLC0415
-    from preprocess import errors, options  # noqa: PLC0415
+def test_the_reason_codes_are_stage_ones():
+    from preprocess import errors  # noqa: PLC0415
 
     assert [reason for reason in PROBLEMS if reason] == [
         errors.EMPTY_FILE,
@@ -232,4 +231,3 @@ def test_the_reason_codes_and_pixel_limit_are_stage_ones():
         errors.TOO_MANY_PIXELS,
     ]
     assert set(PROBLEMS[1:]) <= set(errors.REASONS)
-    assert options.build_parser().get_default("max_pixels") == image_errors.DEFAULT_MAX_PIXELS
