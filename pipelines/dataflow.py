@@ -52,8 +52,6 @@ import subprocess
 import sys
 import tempfile
 
-from apache_beam.io.filesystems import FileSystems
-
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
@@ -291,13 +289,20 @@ def build_package(destination_uri: str) -> None:
         (built,) = os.listdir(build_dir)
         with (
             open(os.path.join(build_dir, built), "rb") as source,
-            FileSystems.create(destination_uri) as target,
+            _filesystems().create(destination_uri) as target,
         ):
             target.write(source.read())
 
 
+def _filesystems():
+    """Beam's FileSystems, imported when a file is written: --help answers without importing Beam."""
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    return FileSystems
+
+
 def write_json(path: str, content: dict) -> None:
-    with FileSystems.create(path) as handle:
+    with _filesystems().create(path) as handle:
         handle.write(json.dumps(content, indent=2).encode("utf-8"))
 
 

@@ -18,15 +18,14 @@ import os
 import sys
 import tempfile
 
-import tensorflow as tf
-
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from train.config import TrainConfig
 from train.errors import SetupError
-from train.trainer import train_and_evaluate
+
+# TensorFlow and the trainer (~8 s to import) are imported where they run: --help answers at once.
 
 SAMPLE_SUBDIR = "sample_corpus"
 
@@ -107,6 +106,8 @@ def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
 
 def predict_one(export_dir: str, dataset_dir: str, manifest: dict):
     """(source file, true class, predicted class, probability) for one validation image, via the export."""
+    import tensorflow as tf  # noqa: PLC0415 - see the imports
+
     shard = manifest_lib.join(dataset_dir, manifest["splits"][manifest_lib.VALIDATION]["shards"][0]["path"])
     record = next(iter(tf.data.TFRecordDataset(shard).take(1)))
     example = tf.io.parse_single_example(
@@ -154,6 +155,12 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def _train_and_evaluate(config: TrainConfig):
+    from train.trainer import train_and_evaluate  # noqa: PLC0415 - see the imports
+
+    return train_and_evaluate(config)
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
@@ -186,7 +193,7 @@ def main(argv=None) -> int:
         manifest, metrics = run_workflow(
             dataset_dir=paths.dataset_dir,
             preprocess_argv=stage1_argv,
-            launch_training=lambda manifest: train_and_evaluate(config),
+            launch_training=lambda manifest: _train_and_evaluate(config),
         )
     except (WorkflowError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)

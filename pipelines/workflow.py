@@ -13,9 +13,10 @@ import logging
 from collections.abc import Callable
 
 from dataset_contract import manifest as manifest_lib
-from preprocess import pipeline as preprocess_pipeline
-from train import checks
 from train.errors import DatasetError
+
+# The stages themselves (TensorFlow, Beam, tf.Transform: ~8 s to import) are imported where they run,
+# so that the commands built on this module answer --help and bad flags at once.
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class WorkflowPaths:
 
 def check_stage1_output(dataset_dir: str) -> dict:
     """The manifest of a complete, usable dataset; WorkflowError otherwise."""
+    from train import checks  # noqa: PLC0415 - see the imports
+
     try:
         manifest = checks.read_manifest(dataset_dir)
         # The splits training reads must be non-empty, and every shard of
@@ -59,6 +62,8 @@ def check_stage1_output(dataset_dir: str) -> dict:
 
 def run_stage1(preprocess_argv: list[str]) -> None:
     """Runs stage 1 and waits for it; WorkflowError if it fails."""
+    from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - see the imports
+
     log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
     try:
         preprocess_pipeline.run(preprocess_argv)
