@@ -2,9 +2,10 @@
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. The file is read once, here: its sha256 is computed from the bytes
-that are decoded (content.py found duplicates from a prefix of it). Nothing an image can contain stops the job; a read that fails for a
-reason that may pass (reading.py) does, so that the runner retries it.
+reason. The file is read whole once, here: its sha256 is computed from the
+bytes that are decoded (content.py found duplicates from a prefix of it).
+Nothing an image can contain stops the job; a read that fails for a reason
+that may pass (reading.py) does, so that the runner retries it.
 """
 
 import hashlib

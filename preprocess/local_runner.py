@@ -18,9 +18,9 @@ Any other runner (Dataflow, `--runner PrismRunner`, ...) is left to Beam.
 
 A small local job runs in this process even when worker processes were
 asked for (`--in-process-below`): each worker imports TensorFlow and Beam and
-the runner stops them one by one at the end, ~15 s of a job over 8 images on
-2 cores, more than the workers save below about a thousand photos
-(benchmarks/RESULTS.md, the fixed cost).
+the runner stops them one by one at the end: 11 s of a job over 8 images on
+2 cores (28.1 s with them, 16.9 s without), more than two workers save below
+about a thousand photos (benchmarks/RESULTS.md, the fixed cost).
 """
 
 import itertools
