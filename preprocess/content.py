@@ -45,17 +45,26 @@ class UniqueInput:
     split: str
 
 
-def _empty_file(record: InputRecord) -> errors.ErrorRecord:
-    return errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
+def _digest_or_error(read, record: InputRecord):
+    """(digest, None) from `read(uri)` -> (digest, size); (None, ErrorRecord) for an unreadable or empty file.
+
+    Only a deterministic read failure (reading.py) becomes an ErrorRecord;
+    anything else is raised, so that the runner retries the bundle.
+    """
+    try:
+        digest, size = read(record.uri)
+    except errors.ImageError as exc:
+        return None, errors.ErrorRecord(record.uri, exc.reason, exc.detail)
+    if size == 0:
+        return None, errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
+    return digest, None
 
 
 class KeyContentFn(beam.DoFn):
     """InputRecord -> (content key, InputRecord with its split); empty or unreadable files -> 'errors'.
 
     Reads the first 16 KiB of each file (reading.content_key). A record
-    whose split the manifest does not name gets the split of its key. Only
-    a deterministic read failure (reading.py) is this input's error;
-    anything else is raised, so that the runner retries the bundle.
+    whose split the manifest does not name gets the split of its key.
     """
 
     def __init__(self, fractions: dict[str, float]):
@@ -65,15 +74,10 @@ class KeyContentFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
-        try:
-            key, size = content_key(record.uri)
-        except errors.ImageError as exc:
+        key, error = _digest_or_error(content_key, record)
+        if error is not None:
             self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(record.uri, exc.reason, exc.detail))
-            return
-        if size == 0:
-            self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput("errors", _empty_file(record))
+            yield beam.pvalue.TaggedOutput("errors", error)
             return
         self._keyed.inc()
         self._progress.inc()
@@ -86,8 +90,7 @@ class HashContentFn(beam.DoFn):
     """InputRecord -> (sha256, InputRecord) of the whole file; empty or unreadable files -> 'errors'.
 
     For the files whose content key is shared (a file can change or vanish
-    between the two reads, hence the same checks). Only a deterministic read
-    failure (reading.py) is this input's error; anything else is raised.
+    between the two reads, hence the same checks).
     """
 
     def __init__(self):
@@ -95,15 +98,10 @@ class HashContentFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def process(self, record: InputRecord):
-        try:
-            sha256, size = hash_file(record.uri)
-        except errors.ImageError as exc:
+        sha256, error = _digest_or_error(hash_file, record)
+        if error is not None:
             self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(record.uri, exc.reason, exc.detail))
-            return
-        if size == 0:
-            self._progress_failed.inc()
-            yield beam.pvalue.TaggedOutput("errors", _empty_file(record))
+            yield beam.pvalue.TaggedOutput("errors", error)
             return
         self._hashed.inc()
         yield sha256, record

@@ -94,7 +94,7 @@ def run_small_jobs_in_process(options: PipelineOptions, spec: str, below: int) -
     process, and when `below` is 0.
     """
     direct = options.view_as(DirectOptions)
-    if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode in (None, IN_MEMORY):
+    if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode == IN_MEMORY:
         return False
     count = count_inputs_up_to(spec, below)
     if count is None or count >= below:

@@ -1,34 +1,13 @@
 """The command line's manners: --help before TensorFlow, quiet start-up, TPU coordinator environment."""
 
 import os
-import subprocess
-import sys
-import textwrap
 
+from tests.cli_probe import probe_module
 from train import console
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-# Runs `python -m train --help` as `python -m` does, then reports which heavy modules were imported.
-HELP_PROBE = textwrap.dedent(
-    """
-    import runpy, sys
-    sys.argv = ["train", "--help"]
-    try:
-        runpy.run_module("train", run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code
-    heavy = sorted(m for m in ("tensorflow", "keras", "numpy") if m in sys.modules)
-    print(f"EXIT {code} HEAVY {heavy}", file=sys.stderr)
-    """
-)
 
 
 def test_help_prints_before_tensorflow_or_keras_is_imported(tmp_path):
-    env = {**os.environ, "PYTHONPATH": REPO}
-    result = subprocess.run(
-        [sys.executable, "-c", HELP_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = probe_module("train", ["--help"], ("tensorflow", "keras", "numpy"), tmp_path)
     assert "EXIT 0 HEAVY []" in result.stderr, result.stderr[-2000:]
     assert "--checkpoint-every" in result.stdout and "--profile-steps" in result.stdout
     assert "keras-team/keras#19246" in result.stdout  # why multi-replica runs one step per execution
