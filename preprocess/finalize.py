@@ -12,6 +12,7 @@ import logging
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
+from preprocess import outcomes
 from preprocess.publish import publish_run
 from preprocess.runs import RunPaths, run_started_at
 from preprocess.transform_output import read_label_vocabulary
@@ -95,17 +96,15 @@ def finalize_dataset(
     stats,
     shards,
     errors_log,
-    class_counts,
-    num_found,
-    failures,
-    num_duplicates,
+    outcome_counts,
 ):
     """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
 
     `labels` is the label vocabulary the records were written with, `stats`
     the (mean, std) the transform graph holds (read back from the run's copy
-    of it, so the graph is written when this runs). `errors_log` is a side
-    input only to order this step after its write.
+    of it, so the graph is written when this runs). `outcome_counts` are the
+    (outcome, count) pairs of outcomes.py. `errors_log` is a side input only
+    to order this step after its write.
     """
     del errors_log
     run = RunPaths(config["output"], run_id)
@@ -130,10 +129,7 @@ def finalize_dataset(
         labels=labels,
         stats=stats,
         shards=shards,
-        class_counts=class_counts,
-        num_found=num_found,
-        failures=dict(failures),
-        num_duplicates=num_duplicates,
+        **outcomes.tally(outcome_counts),
     )
     manifest_lib.check_manifest(manifest)
     return publish_run(config["output"], run_id, manifest, tft_build_id=config.get("build_id"))

@@ -49,7 +49,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, progress
+from preprocess import errors, filesystem, local_runner, outcomes, progress
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -107,34 +107,41 @@ def job_config(args, build_id: str) -> dict:
     }
 
 
-def train_vocabulary(unique):
-    """The sorted class names of the train split's inputs, as a singleton: the label vocabulary.
+class SummarizeUniqueInputsFn(beam.CombineFn):
+    """Unique inputs -> {"labels": the train split's sorted class names, "per_split": {split: inputs}}.
 
-    Known once duplicates are resolved, before any image is decoded, so that
-    uint8 and jpeg records can be labelled as they are decoded.
+    One combine gives both things known before decoding: the label vocabulary
+    (so that uint8 and jpeg records can be labelled as they are decoded) and
+    the split sizes (to size the shard files). Its accumulator grows with the
+    number of classes, not of images.
     """
-    return (
-        unique
-        | "TrainInputs" >> beam.Filter(lambda item: item.split == manifest_lib.TRAIN)
-        | "TrainLabels" >> beam.Map(lambda item: item.label)
-        | "DistinctLabels" >> beam.Distinct()
-        | "AllLabels" >> beam.combiners.ToList()
-        | "Sorted" >> beam.Map(sorted)
-    )
+
+    def create_accumulator(self):
+        return set(), {}
+
+    def add_input(self, accumulator, item):
+        labels, per_split = accumulator
+        if item.split == manifest_lib.TRAIN:
+            labels.add(item.label)
+        per_split[item.split] = per_split.get(item.split, 0) + 1
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        labels, per_split = self.create_accumulator()
+        for other_labels, other_per_split in accumulators:
+            labels |= other_labels
+            for split, count in other_per_split.items():
+                per_split[split] = per_split.get(split, 0) + count
+        return labels, per_split
+
+    def extract_output(self, accumulator):
+        labels, per_split = accumulator
+        return {"labels": sorted(labels), "per_split": per_split}
 
 
-def estimated_split_bytes(unique, record_bytes: int):
-    """{split: estimated bytes of its records}, as a singleton: sizes the shards before they are written."""
-    return (
-        unique
-        | "SplitOf" >> beam.Map(lambda item: item.split)
-        | "CountPerSplit" >> beam.combiners.Count.PerElement()
-        | "PerSplit" >> beam.combiners.ToDict()
-        | "TimesRecordBytes"
-        >> beam.Map(
-            lambda counts: {split: counts.get(split, 0) * record_bytes for split in manifest_lib.SPLITS}
-        )
-    )
+def estimated_split_bytes(summary: dict, record_bytes: int) -> dict:
+    """{split: estimated bytes of its records}: sizes the shards before they are written."""
+    return {split: summary["per_split"].get(split, 0) * record_bytes for split in manifest_lib.SPLITS}
 
 
 def encode_in_one_pass(decoded, vocabulary, args):
@@ -186,7 +193,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
     unique = deduplicated["unique"]
-    vocabulary = train_vocabulary(unique)
+    summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+    vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
     # Decoding, encoding and writing must run in one fused stage, so that no decoded image ever
     # crosses a stage boundary (the local runner would hold every one in memory). The encoder's side
     # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
@@ -226,11 +234,6 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
         read_normalization, image_size=args.image_size
     )
 
-    class_counts = (
-        encoded_examples
-        | "ClassOf" >> beam.MapTuple(lambda split, _, class_name: (split, class_name))
-        | "CountClasses" >> beam.combiners.Count.PerElement()
-    )
     shards = (
         encoded_examples
         | "Records" >> beam.MapTuple(lambda split, record, _: (split, record))
@@ -239,7 +242,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
             output_dir,
             args.shard_size_mb * 1_000_000,
             args.min_shards,
-            estimated_split_bytes(unique, estimated_record_bytes(args.encoding, args.image_size)),
+            summary
+            | "EstimatedSplitBytes"
+            >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.image_size)),
             run_id,
         )
     )
@@ -250,19 +255,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
         | "ErrorsToJson" >> beam.Map(lambda error: errors.ErrorRecord.to_json(error).encode("utf-8"))
         | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
     )
-    failures = (
-        all_errors
-        | "Reasons" >> beam.Map(lambda error: error.reason)
-        | "CountReasons" >> beam.combiners.Count.PerElement()
+    # Every input's fate, counted in one combine (each global count would add its own stages).
+    outcome_counts = (
+        (
+            listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
+            listed.errors | "Unlisted" >> beam.Map(lambda _: outcomes.FOUND),
+            deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
+            all_errors | "Failed" >> beam.Map(outcomes.failed),
+            encoded_examples
+            | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        )
+        | "Outcomes" >> beam.Flatten()
+        | "CountOutcomes" >> beam.combiners.Count.PerElement()
     )
-    num_listed = listed.records | "CountListed" >> beam.combiners.Count.Globally()
-    num_listing_errors = listed.errors | "CountListingErrors" >> beam.combiners.Count.Globally()
-    num_found = (
-        (num_listed, num_listing_errors)
-        | "FoundParts" >> beam.Flatten()
-        | "Found" >> beam.CombineGlobally(sum)
-    )
-    num_duplicates = deduplicated["duplicates"] | "CountDuplicates" >> beam.combiners.Count.Globally()
 
     return (
         pipeline
@@ -276,10 +281,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
             stats=beam.pvalue.AsSingleton(stats),
             shards=beam.pvalue.AsList(shards),
             errors_log=beam.pvalue.AsSingleton(errors_log),
-            class_counts=beam.pvalue.AsList(class_counts),
-            num_found=beam.pvalue.AsSingleton(num_found),
-            failures=beam.pvalue.AsList(failures),
-            num_duplicates=beam.pvalue.AsSingleton(num_duplicates),
+            outcome_counts=beam.pvalue.AsList(outcome_counts),
         )
     )
 
