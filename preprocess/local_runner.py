@@ -25,6 +25,8 @@ about a thousand photos (benchmarks/RESULTS.md, the fixed cost).
 
 import itertools
 import logging
+import shlex
+import sys
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
@@ -46,17 +48,36 @@ def uses_direct_runner(options: PipelineOptions) -> bool:
     return runner.rsplit(".", 1)[-1].lower() in _DIRECT_RUNNER_NAMES
 
 
+def worker_command() -> str:
+    """The command line of the local runner's worker processes (preprocess/local_worker.py)."""
+    return shlex.join([sys.executable, "-m", "preprocess.local_worker"])
+
+
 def fn_api_runner(options: PipelineOptions):
-    """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options."""
+    """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options.
+
+    Its worker processes (`--direct_running_mode=multi_processing`) run
+    preprocess/local_worker.py: Beam's harness, which exits without the
+    interpreter's teardown.
+    """
+    from apache_beam.portability import python_urns
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    class LocalFnApiRunner(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            # run_pipeline has just named Beam's own worker command in the subprocess environment.
+            for environment in pipeline_proto.components.environments.values():
+                if environment.urn == python_urns.SUBPROCESS_SDK:
+                    environment.payload = worker_command().encode("utf-8")
+            return super().run_via_runner_api(pipeline_proto, options)
 
     encoded_options = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     provision_info = fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded_options)
     )
-    return fn_runner.FnApiRunner(provision_info=provision_info)
+    return LocalFnApiRunner(provision_info=provision_info)
 
 
 def runner_for(options: PipelineOptions):

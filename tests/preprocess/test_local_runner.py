@@ -1,10 +1,17 @@
 """Stage 1 runs on the FnApiRunner when the runner is the DirectRunner, and leaves other runners to Beam."""
 
+import atexit
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from preprocess import local_runner
+from tests.cli_probe import REPO
 
 
 @pytest.mark.parametrize(
@@ -75,3 +82,45 @@ def test_large_jobs_other_runners_and_a_zero_threshold_keep_the_workers_asked_fo
     assert not local_runner.run_small_jobs_in_process(options, root, below=below)
     direct = options.view_as(DirectOptions)
     assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 2)
+
+
+class _RecordWorkerFn(beam.DoFn):
+    """Notes, per element, the command line of the worker process it ran in, and arms an exit marker there."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def process(self, element):
+        with open("/proc/self/cmdline", "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode()
+        with open(os.path.join(self._directory, f"element-{element}"), "w") as handle:
+            handle.write(command)
+        # Written only if this worker's interpreter tears down normally (atexit handlers run).
+        marker = os.path.join(self._directory, f"teardown-{os.getpid()}")
+        atexit.register(lambda: open(marker, "w").close())
+        yield element
+
+
+def test_worker_processes_run_beams_harness_and_exit_without_the_interpreters_teardown(tmp_path):
+    options = _worker_options()
+    with beam.Pipeline(runner=local_runner.runner_for(options), options=options) as pipeline:
+        _ = pipeline | beam.Create(range(4)) | beam.ParDo(_RecordWorkerFn(str(tmp_path)))
+    commands = [path.read_text() for path in sorted(tmp_path.glob("element-*"))]
+    assert len(commands) == 4
+    assert all("-m preprocess.local_worker" in command for command in commands), commands
+    assert not list(tmp_path.glob("teardown-*"))
+
+
+def test_a_worker_whose_harness_fails_exits_with_an_error(tmp_path):
+    # No control service to connect to: Beam's harness raises before it starts.
+    env = {key: value for key, value in os.environ.items() if key != "CONTROL_API_SERVICE_DESCRIPTOR"}
+    env["PYTHONPATH"] = REPO
+    result = subprocess.run(
+        [sys.executable, "-m", "preprocess.local_worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "CONTROL_API_SERVICE_DESCRIPTOR" in result.stderr
