@@ -1,6 +1,10 @@
-"""`python -m preprocess`: --help and a wrong flag are answered before TensorFlow or Beam is imported."""
+"""`python -m preprocess`: --help and a wrong flag are answered before TensorFlow or Beam is imported; a job ends without the interpreter's teardown."""
 
-from tests.cli_probe import probe_module
+import os
+import subprocess
+import sys
+
+from tests.cli_probe import REPO, probe_module
 
 HEAVY = ("tensorflow", "apache_beam", "tensorflow_transform")
 
@@ -19,3 +23,27 @@ def test_a_wrong_flag_is_refused_before_tensorflow_or_beam_is_imported(tmp_path)
     result = _probe(tmp_path, "--input", "x", "--output", "y", "--jpeg-quality", "0")
     assert "--jpeg-quality 0: expected 1..100" in result.stderr
     assert "HEAVY []" in result.stderr and "EXIT 0" not in result.stderr, result.stderr[-2000:]
+
+
+def test_the_end_of_a_job_skips_only_the_teardown_exit_handlers_still_run_and_output_is_flushed(tmp_path):
+    script = (
+        "import atexit, logging, sys\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "logging.warning('logged')\n"
+        "print('summary', end='')  # buffered: stdout is a pipe\n"
+        "from preprocess.__main__ import _exit_without_teardown\n"
+        "_exit_without_teardown()\n"
+        "print('never printed')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    assert result.stdout == "summaryexit handler ran\n"
+    assert "logged" in result.stderr
