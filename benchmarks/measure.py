@@ -118,7 +118,7 @@ def _cpu_seconds_and_name(pid: int) -> tuple[float, str] | None:
 
 
 def _role(pid: int, root_pid: int) -> str:
-    """'main', 'sdk worker' (a Beam SDK harness) or 'other', from the command line."""
+    """From the command line: 'main', 'sdk worker' (Beam's harness, or preprocess/local_worker.py), 'pool worker' or 'other'."""
     if pid == root_pid:
         return "main"
     try:
@@ -126,7 +126,7 @@ def _role(pid: int, root_pid: int) -> str:
             cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "other"
-    if "sdk_worker_main" in cmdline:
+    if "sdk_worker_main" in cmdline or "preprocess.local_worker" in cmdline:
         return "sdk worker"
     if "multiprocessing" in cmdline:
         return "pool worker"
