@@ -16,11 +16,15 @@ processes. Stage 1 asks for the FnApiRunner directly, for two reasons:
 
 Any other runner (Dataflow, `--runner PrismRunner`, ...) is left to Beam.
 
+Its worker processes run Beam's harness through preprocess/local_worker.py,
+which exits without the interpreter's teardown: the runner stops the workers
+one after the other, and each teardown took ~1 s.
+
 A small local job runs in this process even when worker processes were
-asked for (`--in-process-below`): each worker imports TensorFlow and Beam and
-the runner stops them one by one at the end: 11 s of a job over 8 images on
-2 cores (28.1 s with them, 16.9 s without), more than two workers save below
-about a thousand photos (benchmarks/RESULTS.md, the fixed cost).
+asked for (`--in-process-below`): each worker imports TensorFlow and Beam,
+7 s of a job over 8 images on 2 cores (22.4 s with them, 15.1 s without),
+more than two workers save below about a thousand photos
+(benchmarks/RESULTS.md, the fixed cost).
 """
 
 import itertools
