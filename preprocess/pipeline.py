@@ -259,7 +259,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     outcome_counts = (
         (
             listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
-            listed.errors | "Unlisted" >> beam.Map(lambda _: outcomes.FOUND),
+            listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
             deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
             all_errors | "Failed" >> beam.Map(outcomes.failed),
             encoded_examples
