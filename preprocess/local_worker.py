@@ -3,17 +3,18 @@
 The local runner (preprocess/local_runner.py) starts `--direct_num_workers`
 of these in place of `python -m apache_beam.runners.worker.sdk_worker_main`.
 Each runs that same harness. When the harness returns, the runner has every
-result of the worker, and the worker has imported TensorFlow: the interpreter's
-ordinary teardown would then take about a second per worker, and the runner
-stops the workers one after the other, waiting for each to exit. So the
-worker flushes its output and exits at once instead.
+result of the worker; the runner then stops the workers one after the
+other, waiting for each to exit, and the teardown of an interpreter holding
+TensorFlow takes about a second. So the worker exits at once instead
+(preprocess/process_exit.py), with the harness's status.
 """
 
-import os
 import sys
 import traceback
 
 from apache_beam.runners.worker import sdk_worker_main
+
+from preprocess.process_exit import exit_without_teardown
 
 
 def main() -> None:
@@ -25,10 +26,7 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - the runner is told by the exit code; the log keeps the trace
         traceback.print_exc()
         code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":

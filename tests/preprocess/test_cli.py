@@ -32,8 +32,8 @@ def test_the_end_of_a_job_skips_only_the_teardown_exit_handlers_still_run_and_ou
         "logging.basicConfig(stream=sys.stderr)\n"
         "logging.warning('logged')\n"
         "print('summary', end='')  # buffered: stdout is a pipe\n"
-        "from preprocess.__main__ import _exit_without_teardown\n"
-        "_exit_without_teardown()\n"
+        "from preprocess.process_exit import exit_without_teardown\n"
+        "exit_without_teardown(0)\n"
         "print('never printed')\n"
     )
     result = subprocess.run(

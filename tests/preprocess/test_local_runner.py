@@ -1,6 +1,5 @@
 """Stage 1 runs on the FnApiRunner when the runner is the DirectRunner, and leaves other runners to Beam."""
 
-import atexit
 import os
 import subprocess
 import sys
@@ -84,8 +83,22 @@ def test_large_jobs_other_runners_and_a_zero_threshold_keep_the_workers_asked_fo
     assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 2)
 
 
+class _TeardownMarker:
+    """Creates `path` when freed: at the latest by the interpreter's teardown, which frees every module."""
+
+    def __init__(self, path):
+        self._path, self._open, self._close = path, os.open, os.close
+
+    def __del__(self):
+        self._close(self._open(self._path, os.O_CREAT | os.O_WRONLY))
+
+
+# Held by this module, in the worker process that imports it to run _RecordWorkerFn.
+_TEARDOWN_MARKERS = []
+
+
 class _RecordWorkerFn(beam.DoFn):
-    """Notes, per element, the command line of the worker process it ran in, and arms an exit marker there."""
+    """Notes, per element, the command line of the worker process it ran in, and arms a teardown marker there."""
 
     def __init__(self, directory):
         self._directory = directory
@@ -95,9 +108,8 @@ class _RecordWorkerFn(beam.DoFn):
             command = handle.read().replace(b"\0", b" ").decode()
         with open(os.path.join(self._directory, f"element-{element}"), "w") as handle:
             handle.write(command)
-        # Written only if this worker's interpreter tears down normally (atexit handlers run).
-        marker = os.path.join(self._directory, f"teardown-{os.getpid()}")
-        atexit.register(lambda: open(marker, "w").close())
+        # Written only if this worker's interpreter tears down (frees its modules) on exit.
+        _TEARDOWN_MARKERS.append(_TeardownMarker(os.path.join(self._directory, f"teardown-{os.getpid()}")))
         yield element
 
 
