@@ -6,8 +6,8 @@ For a single-host TPU VM (one command, on the VM):
       && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' -f https://storage.googleapis.com/libtpu-tf-releases/index.html \\
       && mkdir -p tf-image-pipeline \\
       && export NEXT_PLUGGABLE_DEVICE_USE_C_API=true TF_PLUGGABLE_DEVICE_LIBRARY_PATH="$(... libtpu.so ...)" \\
-      && setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid -- \\
-           python3 -m train ... --tpu local > tf-image-pipeline/train.log 2>&1 < /dev/null &
+      && { setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid -- \\
+           python3 -m train ... --tpu local > tf-image-pipeline/train.log 2>&1 < /dev/null & }
 
 For a multi-host slice: the install and `tpu_server_setup_command` on every
 worker (`--worker=all`), then the supervised launch on worker 0 only, with
@@ -129,9 +129,11 @@ def supervised_launch_command(train_argv: list[str], multi_host: bool) -> str:
     """The shell command that starts `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh."""
     exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
     supervised = shlex.join(supervisor_argv("python3", train_argv))
+    # The braces put only the supervisor in the background: `a && b & c` would background the whole list,
+    # install included, and report success before it ran.
     return (
         f"mkdir -p {RUN_DIR} && export {exports} && "
-        f"setsid nohup {supervised} > {LOG_FILE} 2>&1 < /dev/null & "
+        f"{{ setsid nohup {supervised} > {LOG_FILE} 2>&1 < /dev/null & }} && "
         f'echo "training started under train.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"'
     )
 

@@ -129,37 +129,33 @@ class RuntimeEntry:
     note: str
 
 
-_BASE_NOTE = (
-    "the docs name no tpu-vm-tf-{tf} image, so the base image the docs give for {generation}, with "
-    "tensorflow-tpu {tf} installed on top"
-)
 _POD_NOTE = (
     "; each worker's TPU server (the tpu-runtime service) is moved to grpc_tpu_worker:tf-{tf}-pjrt, the "
     "client's TensorFlow, as the harness's set_up_pjrt does"
 )
 
 
-def _base(version, generation, tf, pod, *sources, extra=""):
-    note = _BASE_NOTE.format(tf=tf, generation=generation) + (_POD_NOTE.format(tf=tf) if pod else "") + extra
+def _installed_on(version, image, tf, pod, *sources, extra=""):
+    """An entry for a runtime without TensorFlow: `image` says whose image it is; tensorflow-tpu goes on top."""
+    note = f"the docs name no tpu-vm-tf-{tf} image, so {image}, with tensorflow-tpu {tf} installed on top"
+    note += (_POD_NOTE.format(tf=tf) if pod else "") + extra
     return RuntimeEntry(version, tensorflow_preinstalled=False, sources=sources, note=note)
 
 
 _TF = TENSORFLOW_TPU_VERSION
 # (TensorFlow version, generation, multi-host) -> the runtime.
 RUNTIMES: dict[tuple[str, str, bool], RuntimeEntry] = {
-    # "v4 and older: tpu-ubuntu2204-base" (RUNTIMES_DOC).
     **{
-        (_TF, generation, False): _base(
-            "tpu-ubuntu2204-base", f"{generation} (v4 and older)", _TF, False, RUNTIMES_DOC
+        (_TF, generation, False): _installed_on(
+            "tpu-ubuntu2204-base", f"the docs' base image for {generation} ('v4 and older')", _TF, False, RUNTIMES_DOC
         )
         for generation in ("v2", "v3", "v4")
     },
-    # The harness's v4-32 TensorFlow release test runs on v2-alpha-tpuv5, whose tpu-runtime service
-    # set_up_pjrt retargets; the docs do not say that tpu-ubuntu2204-base has that service.
     **{
-        (_TF, generation, True): _base(
+        (_TF, generation, True): _installed_on(
             "v2-alpha-tpuv5",
-            f"{generation} slices (the harness's v4-32)",
+            f"for a {generation} slice the image Google's TPU harness runs its TensorFlow v4-32 release test on "
+            "(the docs do not say that tpu-ubuntu2204-base has the tpu-runtime service a slice's TPU servers need)",
             _TF,
             True,
             HARNESS_DAG,
@@ -167,32 +163,29 @@ RUNTIMES: dict[tuple[str, str, bool], RuntimeEntry] = {
         )
         for generation in ("v2", "v3", "v4")
     },
-    (_TF, "v5e", False): _base("v2-alpha-tpuv5-lite", "v5e", _TF, False, RUNTIMES_DOC, HARNESS_DAG),
-    (_TF, "v5e", True): _base(
-        "v2-alpha-tpuv5-lite",
-        "v5e (the harness's v5e-16)",
-        _TF,
-        True,
-        RUNTIMES_DOC,
+    (_TF, "v5e", False): _installed_on(
+        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-4)", _TF, False, RUNTIMES_DOC,
         HARNESS_DAG,
-        HARNESS_COMMON,
     ),
-    (_TF, "v5p", False): _base("v2-alpha-tpuv5", "v5p", _TF, False, RUNTIMES_DOC, HARNESS_DAG),
-    (_TF, "v5p", True): _base(
-        "v2-alpha-tpuv5", "v5p (the harness's v5p-32)", _TF, True, RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON
+    (_TF, "v5e", True): _installed_on(
+        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-16 slice)", _TF, True,
+        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
     ),
-    (_TF, "v6e", False): _base("v2-alpha-tpuv6e", "v6e", _TF, False, RUNTIMES_DOC),
-    (_TF, "v6e", True): _base(
-        "v2-alpha-tpuv6e",
-        "v6e",
-        _TF,
-        True,
-        RUNTIMES_DOC,
-        HARNESS_COMMON,
-        extra="; the harness runs no TensorFlow test on v6e, so this pairing is the docs' image plus the "
-        "harness's pod procedure, unverified on v6e hardware",
+    (_TF, "v5p", False): _installed_on(
+        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-8)", _TF, False, RUNTIMES_DOC,
+        HARNESS_DAG,
     ),
-}
+    (_TF, "v5p", True): _installed_on(
+        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-32 slice)", _TF, True,
+        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
+    ),
+    (_TF, "v6e", False): _installed_on("v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, False, RUNTIMES_DOC),
+    (_TF, "v6e", True): _installed_on(
+        "v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, True, RUNTIMES_DOC, HARNESS_COMMON,
+        extra="; the harness runs no TensorFlow test on v6e, so this pairing of the docs' image and the "
+        "harness's slice procedure is unverified on v6e hardware",
+    ),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

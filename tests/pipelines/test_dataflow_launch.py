@@ -194,3 +194,21 @@ def test_the_remote_launch_command_starts_the_supervisor_detached_for_real(tmp_p
     while "not restarting" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "not restarting" in log.read_text()
+
+
+def test_a_failed_install_stops_the_single_host_command_before_training_starts(tmp_path):
+    # The ssh --command text in a real shell, with a `gcloud` that fails as a missing package would.
+    spec = spec_for("v5litepod-8")
+    command = flag(shlex.split(spec["commands"][1]), "--command")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(
+        "#!/bin/sh\necho 'ERROR: gs://b/run/packages/...: not found' >&2\nexit 1\n"
+    )
+    (bin_dir / "gcloud").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and "not found" in result.stderr
+    assert "training started" not in result.stdout and not (tmp_path / tpu_launch.RUN_DIR).exists()
