@@ -11,14 +11,19 @@ command's exit status means (train/__main__.py):
 
   0                       training finished (and exported)  -> stop, exit 0
   2                       a setup error: bad flags, an incompatible dataset, no TPU -> stop, exit 2
-                          (running the same command again cannot succeed; the log says what to fix)
+                          (running the same command again cannot succeed; the log says what to fix),
+                          unless an earlier run of it was interrupted: then it set up fine before,
+                          and the error is the machine (a slice whose preempted worker is not back
+                          yet: no TPU could be initialized) -> restart, as a crash
   143                     SIGTERM: a checkpoint was saved   -> restart
   anything else, or       on a multi-host slice a peer's preemption reaches worker 0's
   killed by a signal      process as a runtime error (exit 1); SIGKILL, OOM -> restart
 
 A command that keeps failing soon after it starts (--crash-loop-limit runs
 in a row, each within --crash-loop-seconds) is a bug, not an interruption:
-the supervisor then stops with the last status. SIGTERM, SIGINT or SIGHUP
+the supervisor then stops with the last status. The wait before a restart
+doubles with each such failure (from --restart-delay, at most 10 minutes),
+giving a slice's workers time to come back. SIGTERM, SIGINT or SIGHUP
 to the supervisor itself (a shutdown, `kill $(cat supervisor.pid)`) is
 passed on to the command, which saves a checkpoint, and the supervisor then
 exits without restarting it.
@@ -47,6 +52,7 @@ SUCCESS_EXIT_CODE = 0
 SETUP_ERROR_EXIT_CODE = 2
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+MAX_RESTART_DELAY = 600.0
 
 log = logging.getLogger("train.supervisor")
 
@@ -74,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart-delay",
         type=float,
         default=30.0,
-        help="Seconds between a failure and the restart, e.g. for a slice's peers to come back "
+        help="Seconds between a failure and the restart, doubled for each quick failure in a row, at most 600 "
         "(default %(default)s).",
     )
     parser.add_argument("--pid-file", default=None, help="Write this process's id here while it runs.")
@@ -107,8 +113,13 @@ class Supervisor:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
+    def delay_after(self, quick_failures: int) -> float:
+        """Seconds before the next run: --restart-delay, doubled for each quick failure in a row, at most 10 min."""
+        return min(self.restart_delay * 2 ** max(0, quick_failures - 1), MAX_RESTART_DELAY)
+
     def run(self) -> int:
         quick_failures = 0
+        interrupted = False  # whether an earlier run got past its setup and was interrupted
         while True:
             self.runs += 1
             started = time.monotonic()
@@ -122,12 +133,15 @@ class Supervisor:
             if status == SUCCESS_EXIT_CODE:
                 log.info("training finished")
                 return status
-            if status == SETUP_ERROR_EXIT_CODE:
+            if status == SETUP_ERROR_EXIT_CODE and not interrupted:
                 log.error("setup error (see the message above): fix the flags or the dataset; not restarting")
                 return status
             if self.stop_requested.is_set():
                 log.warning("stopped on request; the same command resumes from the last checkpoint")
                 return status
+            # The same command set up fine before: a setup error now is the machine, e.g. a slice whose
+            # preempted worker is not back yet ("no TPU could be initialized"). Retried like a crash.
+            interrupted = True
             quick_failures = quick_failures + 1 if lasted < self.crash_loop_seconds else 0
             if quick_failures >= self.crash_loop_limit:
                 log.error(
@@ -136,12 +150,13 @@ class Supervisor:
                     self.crash_loop_seconds,
                 )
                 return status if status > 0 else 128 - status
+            delay = self.delay_after(quick_failures)
             log.warning(
                 "interrupted (%s): restarting in %g s from the last checkpoint",
                 describe_status(status),
-                self.restart_delay,
+                delay,
             )
-            if self.stop_requested.wait(self.restart_delay):
+            if self.stop_requested.wait(delay):
                 log.warning("stopped on request before the restart")
                 return status
 

@@ -58,9 +58,20 @@ def test_a_peer_preemption_runtime_error_and_a_sigkill_are_restarted(tmp_path):
 
 
 def test_a_setup_error_stops_supervision_without_a_restart(tmp_path):
-    result, runs = supervise(tmp_path, ["143", "2", "0"])
-    assert (result.returncode, runs) == (2, 2), result.stderr
+    result, runs = supervise(tmp_path, ["2", "0"])
+    assert (result.returncode, runs) == (2, 1), result.stderr
     assert "not restarting" in result.stderr
+
+
+def test_a_setup_error_after_an_interruption_is_retried_as_the_tpu_coming_back(tmp_path):
+    # Run 2 fails to set up (a slice's preempted worker not back yet), run 3 resumes.
+    result, runs = supervise(tmp_path, ["1", "2", "0"])
+    assert (result.returncode, runs) == (0, 3), result.stderr
+
+
+def test_the_wait_before_a_restart_doubles_with_each_quick_failure_up_to_ten_minutes():
+    delays = [supervisor.Supervisor(["true"], restart_delay=30).delay_after(n) for n in (0, 1, 2, 3, 4, 6)]
+    assert delays == [30, 30, 60, 120, 240, 600]
 
 
 def test_a_command_that_keeps_failing_at_once_is_given_up_after_the_crash_loop_limit(tmp_path):
