@@ -301,6 +301,12 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
     name = args.tpu if args.tpu != "local" else "THIS-TPU-VM"
     choice = tpu_runtime.choose_runtime(args.accelerator_type, override=args.runtime_version)
     multi_host = choice.tpu.multi_host
+    if args.tpu == "local" and multi_host:
+        raise ValueError(
+            f"--tpu local trains on this VM alone, but {args.accelerator_type} is a multi-host slice: run this "
+            "command elsewhere with --tpu NAME, and it prints the commands that set up every worker and train "
+            "from worker 0"
+        )
     location = ["--zone", zone, "--project", args.project]
     arguments = train_argv(args, paths, choice, name if multi_host else "local")
     return {

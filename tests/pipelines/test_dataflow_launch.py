@@ -212,3 +212,12 @@ def test_a_failed_install_stops_the_single_host_command_before_training_starts(t
     )
     assert result.returncode == 1 and "not found" in result.stderr
     assert "training started" not in result.stdout and not (tmp_path / tpu_launch.RUN_DIR).exists()
+
+
+def test_tpu_local_on_a_multi_host_slice_is_refused():
+    args = dataflow.build_parser().parse_args(
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r", "--tpu", "local",
+         "--accelerator-type", "v5litepod-16"]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="v5litepod-16 is a multi-host slice"):
+        dataflow.training_job_spec(args, WorkflowPaths(args.workdir))
