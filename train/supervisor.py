@@ -24,9 +24,9 @@ in a row, each within --crash-loop-seconds) is a bug, not an interruption:
 the supervisor then stops with the last status. The wait before a restart
 doubles with each such failure (from --restart-delay, at most 10 minutes),
 giving a slice's workers time to come back. SIGTERM, SIGINT or SIGHUP
-to the supervisor itself (a shutdown, `kill $(cat supervisor.pid)`) is
-passed on to the command, which saves a checkpoint, and the supervisor then
-exits without restarting it.
+to the supervisor itself (a shutdown, `kill $(cat supervisor.pid)`) reaches
+the command as SIGTERM, on which it saves a checkpoint, and the supervisor
+then exits without restarting it.
 
 Why a supervisor process under setsid/nohup and not a systemd unit
 (`systemd-run -p Restart=on-failure -p RestartPreventExitStatus=2`): a system
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.supervisor",
         description="Run COMMAND; run it again after an interruption (any status but 0 and 2); stop after "
-        "success (0) or a setup error (2). SIGTERM/SIGINT/SIGHUP are passed on and end supervision.",
+        "success (0) or a setup error (2). SIGTERM/SIGINT/SIGHUP reach COMMAND as SIGTERM and end supervision.",
     )
     parser.add_argument(
         "--crash-loop-limit",
@@ -107,11 +107,14 @@ class Supervisor:
         self.runs = 0
 
     def request_stop(self, signum, _frame=None) -> None:
-        """A signal handler: pass the signal on to the running command and restart nothing after it."""
-        log.warning("received %s: passing it on; no restart after this run", signal.Signals(signum).name)
+        """A signal handler: SIGTERM to the running command (it saves a checkpoint) and no restart after it."""
+        log.warning(
+            "received %s: sending SIGTERM to training; no restart after this run", signal.Signals(signum).name
+        )
         self.stop_requested.set()
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            # SIGTERM whatever arrived: it is the signal python -m train saves a checkpoint on.
+            self.child.send_signal(signal.SIGTERM)
 
     def delay_after(self, quick_failures: int) -> float:
         """Seconds before the next run: --restart-delay, doubled for each quick failure in a row, at most 10 min."""

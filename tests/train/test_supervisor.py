@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from train import supervisor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,7 +101,10 @@ def test_the_real_train_cli_with_a_bad_flag_exits_with_the_setup_error_status_th
     assert result.stderr.count("run 1:") == 1 and "run 2:" not in result.stderr
 
 
-def test_sigterm_to_the_supervisor_reaches_the_command_and_ends_supervision(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_supervisor_reaches_the_command_as_sigterm_and_ends_supervision(
+    tmp_path, stop_signal
+):
     runs = tmp_path / "runs"
     child = tmp_path / "child.py"
     child.write_text(CHILD)
@@ -114,12 +119,12 @@ def test_sigterm_to_the_supervisor_reaches_the_command_and_ends_supervision(tmp_
         while not os.path.exists(f"{runs}.ready") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert int(pid_file.read_text()) == process.pid
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop_signal)
         _, stderr = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
-    # The command saw SIGTERM (its handler exits 143) and was not started again.
+    # The command got SIGTERM (its handler exits 143, as train does after saving) and was not started again.
     assert process.returncode == supervisor.PREEMPTED_EXIT_CODE, stderr
     assert len(runs.read_text().splitlines()) == 1
     assert "stopped on request" in stderr
