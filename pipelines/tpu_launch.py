@@ -3,7 +3,7 @@
 For a single-host TPU VM (one command, on the VM):
 
     gcloud storage cp gs://BUCKET/run/packages/tf-image-pipeline.tar.gz /tmp/tf-image-pipeline.tar.gz \\
-      && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' -f https://storage.googleapis.com/libtpu-tf-releases/index.html \\
+      && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' \\
       && mkdir -p tf-image-pipeline \\
       && export NEXT_PLUGGABLE_DEVICE_USE_C_API=true TF_PLUGGABLE_DEVICE_LIBRARY_PATH="$(... libtpu.so ...)" \\
       && { setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid -- \\
@@ -51,7 +51,6 @@ import sys
 
 from pipelines import tpu_runtime
 
-LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
 # Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
 RUN_DIR = "tf-image-pipeline"
@@ -69,9 +68,10 @@ _LIBTPU_PATH_PYTHON = (
 def pip_install_command(sdist_path: str) -> str:
     """The TPU VM install line: the staged package with its [tpu] extra (tensorflow-tpu + the matching libtpu).
 
-    The one place that spells it (train/install_lines.py is meant to own the string once it lands).
+    The one place here that spells it; it is the string train/install_lines.py's
+    tpu_install_command gives (the packaging work of the same issue), to which it can defer once both are in.
     """
-    return f"pip install {shlex.quote(sdist_path + '[tpu]')} -f {LIBTPU_INDEX}"
+    return f"pip install {shlex.quote(sdist_path + '[tpu]')}"
 
 
 def install_command(package_uri: str) -> str:
