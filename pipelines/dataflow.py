@@ -1,9 +1,11 @@
 """The cloud workflow: stage 1 on Dataflow, then training on a Cloud TPU VM.
 
-Run it on the TPU VM itself and it does everything, start to finish:
+Run it on a single-host TPU VM itself and it does everything: stage 1 on
+Dataflow, the check, then training on this VM, started detached under the
+supervisor (below):
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
-        --project PROJECT --region us-central1 --tpu local \\
+        --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
 (the worker image built from the repository's Dockerfile: see its header).
@@ -15,18 +17,40 @@ commands that create the TPU and train there:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu my-tpu --zone us-central1-a \\
-        --accelerator-type v4-32
+        --accelerator-type v4-32 --optimizer sgd --warmup-epochs 5 --label-smoothing 0.1
 
-Single-host TPUs (up to 8 chips: v5litepod-8, v4-8, ...) run one command on
-the VM: install, then `python3 -m train --tpu local`. Multi-host slices
-(v4-32, v5litepod-16, ...) run TensorFlow the way TPUStrategy works there,
-single-client: the software is installed on every worker
-(`gcloud compute tpus tpu-vm ssh NAME --worker=all`), the slice is created
-with a TensorFlow *pod* runtime (each worker runs TensorFlow's TPU server),
-and training is launched on worker 0 with `--tpu NAME`, from where one
-process drives every host's TPU chips and every host's input pipeline (each
-host reads its own shards). Running `python -m train` on every worker would
-start one coordinator per worker, each re-initializing the whole slice.
+The commands (pipelines/tpu_launch.py):
+- `gcloud compute tpus tpu-vm create NAME --accelerator-type TYPE --version RUNTIME`,
+  the runtime chosen from the accelerator type and tensorflow-tpu 2.20.0 by the
+  table in pipelines/tpu_runtime.py, which cites the docs behind each entry
+  (`--runtime-version` overrides it; the choice and its reason are printed).
+- Single-host TPUs (up to 8 chips: v5litepod-8, v4-8, v5p-8, v6e-8): one ssh
+  command that installs the staged package with its [tpu] extra and starts
+  `python3 -m train ... --tpu local` under `python3 -m train.supervisor`,
+  detached from ssh (`setsid nohup`, log in ~/tf-image-pipeline/train.log),
+  with the PJRT environment Google's TPU test harness sets for TensorFlow.
+- Multi-host slices (v4-32, v5litepod-16, v6e-16, ...): TPUStrategy is
+  single-client. The install goes on every worker, and every worker's TPU
+  server (the runtime's tpu-runtime service) is moved to the client's
+  TensorFlow version; then training starts on worker 0 only, supervised, with
+  `--tpu NAME`, from where one process drives every host's chips and every
+  host's input pipeline (each host reads its own shards). Running `python -m
+  train` on every worker would start one coordinator per worker, each
+  re-initializing the whole slice.
+
+The supervisor restarts training after an interruption (exit 143 after
+SIGTERM; on a slice a peer's preemption reaches worker 0 as a runtime error)
+and stops after success or a setup error (exit 2). Each restart resumes from
+the last checkpoint in --model-dir. On a slice only worker 0's process sees
+signals, so what a preemption can lose is bounded by the interval checkpoint
+(--checkpoint-every, python -m train's default 10m), not by a SIGTERM save.
+
+Training runs the recipe: stage 1 stores --crop-margin squares (default 0.143
+for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
+(--weights, --optimizer, --base-learning-rate, --warmup-epochs/--warmup-steps,
+--weight-decay, --label-smoothing, --ema, ...), --augment and
+--learning-rate are forwarded when given, and the global batch defaults to
+128 per chip, the learning rate following it (train/recipe.py).
 
 `--dry-run` builds both job descriptions and submits nothing: the Dataflow
 job as a template file (`--template_location`, which stages the package
@@ -46,15 +70,16 @@ import argparse
 import json
 import logging
 import os
-import re
-import shlex
 import subprocess
 import sys
 import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from pipelines import tpu_launch, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
+from train import flags as train_flags
+from train.config import MODELS, RESNET50, SMALL_CNN, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +88,34 @@ SETUP_FILE = os.path.join(REPO_ROOT, "setup.py")
 TEMPLATE_FILE = "dataflow_template.json"
 TRAINING_SPEC_FILE = "train_tpu_vm.json"
 DEFAULT_ACCELERATOR = "v5litepod-8"
-DEFAULT_RUNTIME = "v2-alpha-tpuv5-lite"
-# Multi-host slices need a runtime whose workers run TensorFlow's TPU server for the
-# coordinator on worker 0 to connect to: a TensorFlow pod runtime of the pinned version.
-DEFAULT_POD_RUNTIME = "tpu-vm-tf-2.21.0-pod-pjrt"
-TENSORFLOW_TPU_REQUIREMENT = "tensorflow-tpu==2.21.0"
-LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+# Without --global-batch-size: 128 images per chip (Google's TPU harness gives ResNet-50 128 per unit of the
+# accelerator type's count: per chip on v5e). The learning rate follows the batch (train/recipe.py): none is set here.
+BATCH_PER_CHIP = 128
+# Without --crop-margin: store 256 squares for 224 crops (crop fraction 0.875), the resize-then-crop of the
+# ImageNet recipes the keras.applications backbones were trained with; the small CNN takes the center crop.
+IMAGENET_CROP_MARGIN = 0.143
+# The flags of `python -m train` this command forwards when given (besides the recipe group, train/flags.py).
+FORWARDED_TRAIN_FLAGS = ("--learning-rate", "--checkpoint-every")
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.dataflow",
         description="Preprocess on Dataflow, then train on a Cloud TPU VM. Unknown flags go to Dataflow.",
+        epilog="The TPU VM's runtime comes from the accelerator type and tensorflow-tpu "
+        f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu_runtime.py). Training starts detached from "
+        "ssh under `python3 -m train.supervisor`, which restarts it after an interruption (exit 143, a slice "
+        "peer's preemption) and stops after success or a setup error (exit 2); log: ~/tf-image-pipeline/train.log. "
+        "Single host: one command installs and launches on the VM; a multi-host slice: install and TPU servers on "
+        "every worker, training on worker 0 with --tpu NAME. On a slice, what a preemption can lose is bounded by "
+        "--checkpoint-every (only worker 0's process sees SIGTERM).",
     )
     parser.add_argument("--input", required=True, help="gs:// image tree or CSV/JSONL manifest.")
     parser.add_argument("--workdir", required=True, help="gs:// directory for the dataset, model, staging.")
@@ -87,19 +128,54 @@ def build_parser() -> argparse.ArgumentParser:
         "for which the training commands are printed.",
     )
     parser.add_argument("--zone", help="TPU VM zone (default: REGION-a).")
-    parser.add_argument("--accelerator-type", default=DEFAULT_ACCELERATOR, help="TPU type for a new TPU VM.")
+    parser.add_argument(
+        "--accelerator-type",
+        default=DEFAULT_ACCELERATOR,
+        help="TPU type: v4-8, v4-32, v5litepod-8, v5litepod-16, v5p-8, v6e-8, v6e-16, ... (default %(default)s). "
+        "It chooses the runtime, single host or slice, and the default batch.",
+    )
     parser.add_argument(
         "--runtime-version",
         default=None,
-        help=f"TPU VM software version (default: {DEFAULT_RUNTIME}; for a multi-host slice {DEFAULT_POD_RUNTIME}, "
-        "a TensorFlow pod runtime).",
+        help="TPU VM software version. Default: from the table in pipelines/tpu_runtime.py for the accelerator "
+        f"type and tensorflow-tpu {tpu_runtime.TENSORFLOW_TPU_VERSION} (--dry-run prints the choice and why).",
     )
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument(
+        "--image-size", type=int, default=224, help="The square the model sees (default 224)."
+    )
+    parser.add_argument(
+        "--crop-margin",
+        type=_fraction,
+        default=None,
+        help="Stage 1 stores round(SIZE x (1 + F)) squares so that training takes random SIZE crops (evaluation "
+        f"and serving the center). Default: {IMAGENET_CROP_MARGIN} for the ImageNet backbones (256 stored for "
+        "224), 0 for small_cnn.",
+    )
     parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
-    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--model", choices=MODELS, default=RESNET50)
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--global-batch-size", type=int, default=1024)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help=f"Default: {BATCH_PER_CHIP} per chip of the accelerator type (1024 on v5litepod-8, 2048 on v4-32).",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="A fixed peak learning rate (default: the recipe's, --base-learning-rate x batch / 256).",
+    )
+    parser.add_argument(
+        "--augment", action="store_true", help="Random flips and shifts of training images (python -m train)."
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        default=None,
+        help="python -m train's interval checkpoint (default there: 10m). On a multi-host slice it bounds what "
+        "a preemption loses: only worker 0's process sees SIGTERM.",
+    )
+    train_flags.add_recipe_flags(parser)  # --weights, --optimizer, --warmup-*, --label-smoothing, --ema, ...
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
     parser.add_argument("--dry-run-dir", default="dry-run", help="Local directory for --dry-run output.")
@@ -127,6 +203,8 @@ def preprocess_argv(args, paths: WorkflowPaths, dataflow_args: list[str]) -> lis
         paths.dataset_dir,
         "--image-size",
         str(args.image_size),
+        "--crop-margin",
+        str(crop_margin(args)),
         "--encoding",
         args.encoding,
         "--runner",
@@ -160,32 +238,35 @@ def worker_setup_argv(args) -> list[str]:
     return ["--setup_file", args.setup_file]
 
 
-def _parse_tpu_type(accelerator_type: str) -> tuple[int, str]:
-    match = re.fullmatch(r"v(\d+)(litepod|e|p)?-(\d+)", accelerator_type.strip().lower())
-    if not match:
-        raise ValueError(
-            f"--accelerator-type {accelerator_type!r}: expected a TPU type such as v5litepod-8, v4-32, v5p-16, v6e-8"
-        )
-    return int(match.group(3)), match.group(2) or ""
+def crop_margin(args) -> float:
+    """--crop-margin, or the default for the model: random 224 crops of 256 squares for the ImageNet backbones."""
+    if args.crop_margin is not None:
+        return args.crop_margin
+    return 0.0 if args.model == SMALL_CNN else IMAGENET_CROP_MARGIN
 
 
-def tpu_chips(accelerator_type: str) -> int:
-    """The chips of a TPU type: v5litepod-16 -> 16; v4-32 -> 16 (v2, v3, v4 and v5p count TensorCores, 2 a chip)."""
-    number, variant = _parse_tpu_type(accelerator_type)
-    return number if variant in ("litepod", "e") else max(1, number // 2)
+def global_batch_size(args, choice: tpu_runtime.RuntimeChoice) -> int:
+    """--global-batch-size, or BATCH_PER_CHIP per chip of the TPU: the learning rate then scales with it."""
+    return args.global_batch_size or BATCH_PER_CHIP * choice.tpu.chips
 
 
-def is_multi_host(accelerator_type: str) -> bool:
-    """Whether a slice of this type spans several TPU VMs: more chips than one VM holds
-    (8 for v5e and v6e, 4 for v2, v3, v4 and v5p)."""
-    _, variant = _parse_tpu_type(accelerator_type)
-    chips_per_vm = 8 if variant in ("litepod", "e") else 4
-    return tpu_chips(accelerator_type) > chips_per_vm
+def recipe_argv(args) -> list[str]:
+    """The training recipe's flags (train/flags.py) that differ from python -m train's defaults, as given."""
+    defaults = TrainConfig(data_dir="", model_dir="")
+    argv = []
+    for field, value in train_flags.recipe_config_fields(args).items():
+        if value == getattr(defaults, field):
+            continue
+        flag = "--" + field.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
 
 
-def train_argv(args, paths: WorkflowPaths, tpu: str = "local") -> list[str]:
+def train_argv(
+    args, paths: WorkflowPaths, choice: tpu_runtime.RuntimeChoice, tpu: str = "local"
+) -> list[str]:
     """`python -m train`'s arguments: `tpu` is `local` on a single-host VM, the TPU's name for a slice."""
-    return [
+    argv = [
         "--data",
         paths.dataset_dir,
         "--model-dir",
@@ -195,71 +276,39 @@ def train_argv(args, paths: WorkflowPaths, tpu: str = "local") -> list[str]:
         "--epochs",
         str(args.epochs),
         "--global-batch-size",
-        str(args.global_batch_size),
-        "--learning-rate",
-        str(args.learning_rate),
+        str(global_batch_size(args, choice)),
         "--strategy",
         "tpu",
         "--tpu",
         tpu,
     ]
+    if args.augment:
+        argv.append("--augment")
+    for flag in FORWARDED_TRAIN_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + recipe_argv(args)
 
 
 def package_uri(args) -> str:
     return manifest_lib.join(args.workdir.rstrip("/"), "packages", "tf-image-pipeline.tar.gz")
 
 
-def _ssh(name: str, location: list[str], worker: str, command: str) -> str:
-    return shlex.join(
-        [
-            "gcloud",
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "ssh",
-            name,
-            *location,
-            f"--worker={worker}",
-            "--command",
-            command,
-        ]
-    )
-
-
 def training_job_spec(args, paths: WorkflowPaths) -> dict:
-    """What runs stage 2 on a TPU: the machine, the paths, and the exact commands (see the module docstring)."""
+    """What runs stage 2 on a TPU: the machine, its runtime, the paths, the exact commands (module docstring)."""
     zone = args.zone or f"{args.region}-a"
     name = args.tpu if args.tpu != "local" else "THIS-TPU-VM"
-    multi_host = is_multi_host(args.accelerator_type)
-    runtime = args.runtime_version or (DEFAULT_POD_RUNTIME if multi_host else DEFAULT_RUNTIME)
+    choice = tpu_runtime.choose_runtime(args.accelerator_type, override=args.runtime_version)
+    multi_host = choice.tpu.multi_host
+    if args.tpu == "local" and multi_host:
+        raise ValueError(
+            f"--tpu local trains on this VM alone, but {args.accelerator_type} is a multi-host slice: run this "
+            "command elsewhere with --tpu NAME, and it prints the commands that set up every worker and train "
+            "from worker 0"
+        )
     location = ["--zone", zone, "--project", args.project]
-    setup = (
-        f"gcloud storage cp {package_uri(args)} /tmp/pkg.tar.gz && "
-        f"pip install /tmp/pkg.tar.gz {TENSORFLOW_TPU_REQUIREMENT} -f {LIBTPU_INDEX}"
-    )
-    tpu_target = name if multi_host else "local"
-    arguments = train_argv(args, paths, tpu_target)
-    train = shlex.join(["python3", "-m", "train", *arguments])
-    create = shlex.join(
-        [
-            "gcloud",
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "create",
-            name,
-            *location,
-            "--accelerator-type",
-            args.accelerator_type,
-            "--version",
-            runtime,
-        ]
-    )
-    if multi_host:
-        # The same software on every worker; one coordinator, on worker 0, drives the whole slice.
-        commands = [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", train)]
-    else:
-        commands = [create, _ssh(name, location, "all", f"{setup} && {train}")]
+    arguments = train_argv(args, paths, choice, name if multi_host else "local")
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
@@ -267,14 +316,25 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
             "zone": zone,
             "project": args.project,
             "accelerator_type": args.accelerator_type,
-            "runtime_version": runtime,
+            "runtime_version": choice.runtime_version,
             "multi_host": multi_host,
+        },
+        "chips": choice.tpu.chips,
+        "hosts": choice.tpu.hosts,
+        "tensorflow_tpu": choice.tensorflow_version,
+        "runtime": choice.describe(),
+        "environment": dict(tpu_launch.training_environment(multi_host)),
+        "supervisor": {
+            "command": "python3 -m train.supervisor",
+            "log": f"~/{tpu_launch.LOG_FILE}",
+            "pid_file": f"~/{tpu_launch.PID_FILE}",
+            "worker": "0" if multi_host else "all",
         },
         "package": package_uri(args),
         "data_dir": paths.dataset_dir,
         "model_dir": paths.model_dir,
         "train_args": arguments,
-        "commands": commands,
+        "commands": tpu_launch.training_commands(name, location, choice, package_uri(args), arguments),
     }
 
 
@@ -306,12 +366,14 @@ def write_json(path: str, content: dict) -> None:
         handle.write(json.dumps(content, indent=2).encode("utf-8"))
 
 
-def train_on_this_tpu_vm(args, paths: WorkflowPaths):
-    from train.__main__ import build_parser as train_parser
-    from train.__main__ import config_from_args
-    from train.trainer import train_and_evaluate
-
-    return train_and_evaluate(config_from_args(train_parser().parse_args(train_argv(args, paths))))
+def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict):
+    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached)."""
+    run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir)
+    print(
+        f"Dataset ready. Training started under train.supervisor (pid {pid}); follow it with: tail -f {log_path}"
+    )
+    return pid
 
 
 def main(argv=None) -> int:
@@ -331,6 +393,7 @@ def main(argv=None) -> int:
         return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
+    print(f"TPU runtime: {spec['runtime']}")
     if args.dry_run:
         os.makedirs(args.dry_run_dir, exist_ok=True)
         if stage1_argv is not None:
@@ -345,7 +408,7 @@ def main(argv=None) -> int:
 
     def launch_training(manifest):
         if args.tpu == "local":
-            return train_on_this_tpu_vm(args, paths)
+            return train_on_this_tpu_vm(args, paths, spec)
         build_package(package_uri(args))
         spec_uri = manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
         write_json(spec_uri, spec)

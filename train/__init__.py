@@ -32,4 +32,5 @@ Modules, one job each:
   export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
   serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
   __main__.py      the command line
+  supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
 """

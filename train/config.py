@@ -79,6 +79,39 @@ class TrainConfig:
     ema_momentum: float | None = None  # None: 1 - 10 / total steps, within [0.9, 0.9999]
 
 
+def requests_tpu(config: TrainConfig) -> bool:
+    """Whether the flags ask for a TPU (--tpu NAME|local or --strategy tpu), before any strategy is resolved."""
+    return config.tpu is not None or config.strategy == "tpu"
+
+
+def check_paths_for_tpu(data_dir: str, model_dir: str, shared_filesystem: bool) -> None:
+    """Refuse a local --data or --model-dir for training on a TPU.
+
+    A spot or preemptible TPU VM is deleted with its disk: checkpoints on it
+    cannot resume anything, and a multi-host slice's other hosts cannot read
+    a dataset on worker 0's disk. --shared-filesystem (a mount that outlives
+    the VM: Filestore, NFS, gcsfuse) allows local paths, as it does for
+    multi-worker training (checks.check_paths_for_hosts).
+    """
+    if shared_filesystem:
+        return
+    local = [
+        (flag, path) for flag, path in (("--data", data_dir), ("--model-dir", model_dir)) if not _on_gcs(path)
+    ]
+    if local:
+        named = ", ".join(f"{flag} {path}" for flag, path in local)
+        raise ConfigError(
+            f"{named}: not on gs://, but this training uses a TPU. A spot or preemptible TPU VM is deleted with its "
+            "disk, taking the checkpoints with it, and the hosts of a slice read the dataset themselves: put the "
+            "dataset and the model dir on gs://BUCKET/..., or pass --shared-filesystem for a mount that outlives "
+            "the VM (Filestore, NFS, gcsfuse)"
+        )
+
+
+def _on_gcs(path: str) -> bool:
+    return path.startswith("gs://")
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointInterval:
     """How often training saves a checkpoint besides the epoch ends: every `steps`, or every `seconds`."""

@@ -70,7 +70,14 @@ from train.checkpoints import (
     TrainingProgress,
     make_worker_agreement,
 )
-from train.config import TrainConfig, TrainingPlan, parse_checkpoint_interval, plan_training
+from train.config import (
+    TrainConfig,
+    TrainingPlan,
+    check_paths_for_tpu,
+    parse_checkpoint_interval,
+    plan_training,
+    requests_tpu,
+)
 from train.errors import TrainingPreempted
 from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
 from train.freeze import FreezeBackbone
@@ -352,6 +359,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     TrainingPreempted when SIGTERM stopped training (after its checkpoint).
     """
     interval = parse_checkpoint_interval(config.checkpoint_every)
+    if requests_tpu(config):  # before anything is read: the flags alone say a TPU will be used
+        check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     manifest = checks.read_manifest(config.data_dir)
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, verify_sha256=config.verify_data)
@@ -360,6 +369,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     checks.check_paths_for_hosts(
         config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
     )
+    if run.kind == strategy_lib.TPU:  # also a TPU found without being asked for ($TPU_NAME, this VM's chips)
+        check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     # Resolved here too so that an impossible recipe fails before anything is built.
     log.info("recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan)))
     chief = strategy_lib.is_chief(strategy)

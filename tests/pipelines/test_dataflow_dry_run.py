@@ -7,14 +7,16 @@ pipeline options, and the package built from setup.py staged to
 needs a gs:// location, so it goes to the GCS emulator (tests/conftest.py).
 """
 
+import contextlib
 import io
 import json
+import shlex
 import tarfile
 
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from pipelines import dataflow
+from pipelines import dataflow, tpu_launch, tpu_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -22,43 +24,50 @@ pytestmark = pytest.mark.slow
 WORKER_IMAGE = "europe-west4-docker.pkg.dev/test-project-123/images/tf-image-pipeline:abc123"
 
 
+# The ImageNet recipe's flags, which the written training command must carry.
+RECIPE_ARGS = ("--optimizer", "sgd", "--warmup-epochs", "5", "--label-smoothing", "0.1", "--ema", "--augment")
+
+
 def _run_dry_run(gcs_emulator, out, workdir, extra_args=()):
-    code = dataflow.main(
-        [
-            "--input",
-            gcs_emulator.url("raw"),
-            "--workdir",
-            workdir,
-            "--project",
-            "test-project-123",
-            "--region",
-            "europe-west4",
-            "--zone",
-            "europe-west4-a",
-            "--tpu",
-            "my-tpu",
-            "--accelerator-type",
-            "v5litepod-8",
-            "--image-size",
-            "160",
-            "--encoding",
-            "uint8",
-            "--dry-run",
-            "--dry-run-dir",
-            str(out),
-            "--max_num_workers",
-            "17",
-            "--machine_type",
-            "n2-standard-8",
-            *extra_args,
-        ]
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = dataflow.main(
+            [
+                "--input",
+                gcs_emulator.url("raw"),
+                "--workdir",
+                workdir,
+                "--project",
+                "test-project-123",
+                "--region",
+                "europe-west4",
+                "--zone",
+                "europe-west4-a",
+                "--tpu",
+                "my-tpu",
+                "--accelerator-type",
+                "v5litepod-8",
+                "--image-size",
+                "160",
+                "--encoding",
+                "uint8",
+                "--dry-run",
+                "--dry-run-dir",
+                str(out),
+                "--max_num_workers",
+                "17",
+                "--machine_type",
+                "n2-standard-8",
+                *RECIPE_ARGS,
+                *extra_args,
+            ]
+        )
     assert code == 0
     with open(out / dataflow.TEMPLATE_FILE) as handle:
         template = json.load(handle)
     with open(out / dataflow.TRAINING_SPEC_FILE) as handle:
         spec = json.load(handle)
-    return template, spec, workdir
+    return template, spec, workdir, printed.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +92,7 @@ def _pipeline_options(template):
 
 
 def test_dataflow_template_carries_our_options_and_the_runner_flags(dry_run, gcs_emulator):
-    template, _, workdir = dry_run
+    template, _, workdir, _ = dry_run
     options = _pipeline_options(template)
     assert options["project"] == "test-project-123"
     assert options["region"] == "europe-west4"
@@ -110,7 +119,7 @@ def test_dataflow_template_carries_our_options_and_the_runner_flags(dry_run, gcs
 
 
 def test_the_staged_package_contains_the_job_code(dry_run, gcs_emulator):
-    _, _, workdir = dry_run
+    _, _, workdir, _ = dry_run
     prefix = workdir.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/staging/"
     staged = [name for name in gcs_emulator.list_objects(prefix) if name.endswith("workflow.tar.gz")]
     assert len(staged) == 1
@@ -125,16 +134,18 @@ def test_the_staged_package_contains_the_job_code(dry_run, gcs_emulator):
         assert module in names
 
 
-def test_training_job_spec_names_the_tpu_the_dataset_and_the_model(dry_run):
-    _, spec, workdir = dry_run
+def test_training_job_spec_names_the_tpu_the_dataset_the_model_and_the_tables_runtime(dry_run):
+    _, spec, workdir, _ = dry_run
+    choice = tpu_runtime.choose_runtime("v5litepod-8")
     assert spec["tpu"] == {
         "name": "my-tpu",
         "zone": "europe-west4-a",
         "project": "test-project-123",
         "accelerator_type": "v5litepod-8",
-        "runtime_version": dataflow.DEFAULT_RUNTIME,
+        "runtime_version": choice.runtime_version,
         "multi_host": False,  # v5litepod-8: one VM
     }
+    assert choice.runtime_version == "v2-alpha-tpuv5-lite" and spec["runtime"] == choice.describe()
     assert spec["data_dir"] == f"{workdir}/dataset"
     assert spec["model_dir"] == f"{workdir}/model"
     args = spec["train_args"]
@@ -143,18 +154,41 @@ def test_training_job_spec_names_the_tpu_the_dataset_and_the_model(dry_run):
     create, train = spec["commands"]
     assert "--worker=all" in train and args[args.index("--tpu") + 1] == "local"
     assert "tpu-vm create my-tpu" in create and "--accelerator-type v5litepod-8" in create
-    assert "python3 -m train" in train and spec["package"] in train
+    assert f"--version {choice.runtime_version}" in create
+    assert spec["package"] in train
+
+
+def test_the_written_training_command_runs_the_recipe_under_the_supervisor(dry_run):
+    _, spec, _, _ = dry_run
+    _, run = (shlex.split(command) for command in spec["commands"])
+    command = run[run.index("--command") + 1]
+    assert "setsid nohup python3 -m train.supervisor" in command and tpu_launch.LOG_FILE in command
+    train_argv = shlex.split(command[command.index("python3 -m train ") : command.index(" >")])[3:]
+    assert train_argv == spec["train_args"]
+    assert train_argv[train_argv.index("--optimizer") + 1] == "sgd"
+    assert float(train_argv[train_argv.index("--warmup-epochs") + 1]) == 5
+    assert float(train_argv[train_argv.index("--label-smoothing") + 1]) == 0.1
+    assert "--ema" in train_argv and "--augment" in train_argv
+    # 128 images per chip of a v5litepod-8, and no learning rate: the recipe scales it with the batch.
+    assert train_argv[train_argv.index("--global-batch-size") + 1] == "1024"
+    assert "--learning-rate" not in train_argv
+
+
+def test_the_dry_run_prints_the_chosen_runtime_and_why(dry_run):
+    _, spec, _, printed = dry_run
+    assert f"TPU runtime: {spec['runtime']}" in printed
+    assert "v2-alpha-tpuv5-lite" in printed and "installed on top" in printed
 
 
 def test_dry_run_writes_nothing_to_the_dataset_or_model_dirs(dry_run, gcs_emulator):
-    _, _, workdir = dry_run
+    _, _, workdir, _ = dry_run
     prefix = workdir.removeprefix(f"gs://{gcs_emulator.bucket}/")
     written = [name for name in gcs_emulator.list_objects(prefix) if not name.endswith("/")]
     assert all("/staging/" in name for name in written), written
 
 
 def test_with_a_worker_image_the_job_runs_in_it_and_installs_nothing_at_boot(container_dry_run):
-    template, _, _ = container_dry_run
+    template, _, _, _ = container_dry_run
     (pool,) = template["environment"]["workerPools"]
     assert [image["containerImage"] for image in pool["sdkHarnessContainerImages"]] == [WORKER_IMAGE]
     assert "setup_file" not in _pipeline_options(template)
@@ -165,7 +199,7 @@ def test_with_a_worker_image_the_job_runs_in_it_and_installs_nothing_at_boot(con
 
 
 def test_without_a_worker_image_workers_install_the_package_from_setup_py(dry_run):
-    template, _, _ = dry_run
+    template, _, _, _ = dry_run
     (pool,) = template["environment"]["workerPools"]
     assert {package["name"] for package in pool["packages"]} >= {"workflow.tar.gz"}
     assert _pipeline_options(template)["setup_file"] == dataflow.SETUP_FILE

@@ -1,11 +1,16 @@
 """The TPU launch commands pipelines.dataflow prints and writes, for single-host VMs and multi-host slices."""
 
+import os
 import shlex
+import subprocess
+import sys
+import time
 
 import pytest
 
-from pipelines import dataflow
+from pipelines import dataflow, tpu_launch, tpu_runtime
 from pipelines.workflow import WorkflowPaths
+from train import supervisor
 
 
 def spec_for(accelerator_type, *extra):
@@ -20,50 +25,199 @@ def flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
+def supervised_train_argv(launch_command):
+    """The `python3 -m train ...` argv inside `setsid nohup python3 -m train.supervisor ... -- python3 -m train ...`."""
+    words = shlex.split(launch_command)
+    start = words.index("setsid")
+    assert words[start : start + 5] == ["setsid", "nohup", "python3", "-m", "train.supervisor"]
+    command = words[words.index("--", start) + 1 : words.index(">", start)]
+    assert command[:3] == ["python3", "-m", "train"]
+    return command[3:]
+
+
 @pytest.mark.parametrize(
     "accelerator_type,multi_host",
     [("v5litepod-8", False), ("v4-8", False), ("v5p-8", False), ("v6e-8", False), ("v5litepod-16", True),
      ("v4-16", True), ("v4-32", True), ("v3-32", True), ("v6e-64", True)],
 )  # fmt: skip
 def test_slices_larger_than_one_vm_are_multi_host(accelerator_type, multi_host):
-    assert dataflow.is_multi_host(accelerator_type) is multi_host
+    assert tpu_runtime.parse_accelerator_type(accelerator_type).multi_host is multi_host
 
 
-def test_a_multi_host_slice_installs_on_every_worker_and_trains_from_worker_0_with_the_tpu_name():
+def test_a_multi_host_slice_installs_and_retargets_tpu_servers_on_every_worker_and_trains_from_worker_0():
     spec = spec_for("v4-32")
-    create, install, train = (shlex.split(command) for command in spec["commands"])
-    assert spec["tpu"]["multi_host"] is True
+    create, setup, train = (shlex.split(command) for command in spec["commands"])
+    assert spec["tpu"]["multi_host"] is True and spec["hosts"] == 4 and spec["chips"] == 16
     assert create[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "my-tpu"]
-    assert flag(create, "--version") == dataflow.DEFAULT_POD_RUNTIME  # workers run TensorFlow's TPU server
-    assert install[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-tpu"]
-    assert "--worker=all" in install and flag(install, "--zone") == "us-central2-b"
-    assert "pip install" in flag(install, "--command") and "python3 -m train" not in flag(
-        install, "--command"
+    assert (
+        flag(create, "--version") == tpu_runtime.choose_runtime("v4-32").runtime_version == "v2-alpha-tpuv5"
     )
+    assert setup[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-tpu"]
+    assert "--worker=all" in setup and flag(setup, "--zone") == "us-central2-b"
+    setup_command = flag(setup, "--command")
+    assert tpu_launch.pip_install_command(tpu_launch.REMOTE_PACKAGE) in setup_command
+    # Every worker's TPU server runs the client's TensorFlow (tensorflow-tpu 2.20.0).
+    assert (
+        "grpc_tpu_worker:tf-2.20.0-pjrt" in setup_command and "systemctl restart tpu-runtime" in setup_command
+    )
+    assert "train" not in shlex.split(setup_command)
     assert "--worker=0" in train
-    train_argv = shlex.split(flag(train, "--command"))
-    assert train_argv[:3] == ["python3", "-m", "train"]
+    launch = flag(train, "--command")
+    assert "export TPU_LOAD_LIBRARY=0" in launch
+    train_argv = supervised_train_argv(launch)
     # The resolver must see the whole slice: the TPU's name, not `local`.
     assert flag(train_argv, "--tpu") == "my-tpu" and flag(train_argv, "--strategy") == "tpu"
     assert flag(train_argv, "--data") == "gs://b/run/dataset" and flag(train_argv, "--model-dir").startswith(
         "gs://"
     )
-    assert spec["train_args"] == train_argv[3:]
+    assert spec["train_args"] == train_argv
 
 
-def test_a_single_host_vm_installs_and_trains_in_one_command_with_the_local_tpu():
+def test_a_single_host_vm_installs_and_starts_supervised_training_in_one_command_with_the_harness_pjrt_env():
     spec = spec_for("v5litepod-8")
     create, run = (shlex.split(command) for command in spec["commands"])
-    assert spec["tpu"]["multi_host"] is False and flag(create, "--version") == dataflow.DEFAULT_RUNTIME
+    assert spec["tpu"]["multi_host"] is False
+    assert flag(create, "--version") == "v2-alpha-tpuv5-lite"
     assert "--worker=all" in run
     command = flag(run, "--command")
-    assert "pip install" in command and "python3 -m train" in command
-    assert flag(spec["train_args"], "--tpu") == "local"
+    assert "pip install '/tmp/tf-image-pipeline.tar.gz[tpu]'" in command
+    assert (
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in command and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=" in command
+    )
+    assert "TPU_LOAD_LIBRARY" not in command and "tpu-runtime" not in command
+    # Detached from ssh: a new session, no terminal, every stream redirected, in the background.
+    assert "setsid nohup python3 -m train.supervisor" in command
+    assert command.index(f"> {tpu_launch.LOG_FILE} 2>&1 < /dev/null &") > command.index("train.supervisor")
+    assert flag(supervised_train_argv(command), "--tpu") == "local"
+
+
+def test_the_launch_names_no_tensorflow_without_a_tpu_build():
+    for accelerator_type in ("v4-8", "v4-32", "v5litepod-16", "v6e-16"):
+        text = " ".join(spec_for(accelerator_type)["commands"])
+        assert "2.21" not in text and "tensorflow-tpu==" not in text  # the [tpu] extra pins it
 
 
 def test_an_explicit_runtime_version_wins_and_an_unknown_type_is_refused():
-    assert spec_for("v4-32", "--runtime-version", "tpu-vm-tf-2.21.0-pod-custom")["tpu"][
-        "runtime_version"
-    ] == ("tpu-vm-tf-2.21.0-pod-custom")
-    with pytest.raises(ValueError, match="expected a TPU type"):
+    assert spec_for("v4-32", "--runtime-version", "my-runtime")["tpu"]["runtime_version"] == "my-runtime"
+    with pytest.raises(ValueError, match="Known TPU types are"):
         spec_for("tpu-large")
+
+
+@pytest.mark.parametrize("accelerator_type,batch", [("v5litepod-8", 1024), ("v4-8", 512), ("v4-32", 2048),
+                                                     ("v6e-16", 2048)])  # fmt: skip
+def test_the_default_global_batch_is_128_per_chip_and_no_learning_rate_is_set(accelerator_type, batch):
+    args = spec_for(accelerator_type)["train_args"]
+    assert flag(args, "--global-batch-size") == str(batch)
+    assert "--learning-rate" not in args and "--base-learning-rate" not in args
+
+
+def test_given_batch_learning_rate_and_recipe_flags_are_forwarded_as_given():
+    args = spec_for(
+        "v4-32", "--global-batch-size", "4096", "--learning-rate", "0.5", "--optimizer", "sgd",
+        "--warmup-epochs", "5", "--label-smoothing", "0.1", "--ema", "--augment", "--weights", "imagenet",
+        "--base-learning-rate", "0.2", "--checkpoint-every", "5m",
+    )["train_args"]  # fmt: skip
+    assert flag(args, "--global-batch-size") == "4096" and flag(args, "--learning-rate") == "0.5"
+    assert flag(args, "--optimizer") == "sgd" and flag(args, "--warmup-epochs") == "5.0"
+    assert flag(args, "--label-smoothing") == "0.1" and flag(args, "--weights") == "imagenet"
+    assert flag(args, "--base-learning-rate") == "0.2" and flag(args, "--checkpoint-every") == "5m"
+    assert "--ema" in args and "--augment" in args
+    # What python -m train would do anyway is left to it.
+    assert "--weight-decay" not in args and "--ema-momentum" not in args and "--warmup-steps" not in args
+
+
+def test_the_forwarded_arguments_parse_as_python_m_train_flags():
+    from train.__main__ import build_parser, config_from_args
+
+    args = spec_for("v5litepod-16", "--optimizer", "sgd", "--warmup-steps", "100", "--ema")["train_args"]
+    config = config_from_args(build_parser().parse_args(args))
+    assert (config.optimizer, config.warmup_steps, config.ema, config.global_batch_size) == (
+        "sgd",
+        100,
+        True,
+        2048,
+    )
+    assert config.learning_rate is None and config.tpu == "my-tpu"
+
+
+def test_stage_1_gets_the_backbones_crop_margin_by_default_and_a_given_one_otherwise():
+    def stage1(*extra):
+        args = dataflow.build_parser().parse_args(
+            ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r", *extra]
+        )
+        return dataflow.preprocess_argv(args, WorkflowPaths(args.workdir), [])
+
+    assert flag(stage1(), "--crop-margin") == "0.143"  # resnet50 by default: 256 stored, 224 crops
+    assert flag(stage1("--model", "efficientnetb0"), "--crop-margin") == "0.143"
+    assert flag(stage1("--model", "small_cnn"), "--crop-margin") == "0.0"
+    assert flag(stage1("--crop-margin", "0.25"), "--crop-margin") == "0.25"
+    with pytest.raises(SystemExit):
+        stage1("--crop-margin", "1.5")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_start_detached_runs_the_supervisor_in_its_own_session_with_output_in_the_log(tmp_path, monkeypatch):
+    # A setup error (--epochs 0) ends it at once: the supervisor's own log lines show it ran, detached.
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    pid, log_path = tpu_launch.start_detached(
+        ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"], str(tmp_path / "run")
+    )
+    assert os.getsid(pid) == pid  # a session leader: no terminal, no SIGHUP from the launching shell
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            break
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(status) == supervisor.SETUP_ERROR_EXIT_CODE
+    text = open(log_path).read()
+    assert "supervisor" in text and "not restarting" in text and "--epochs" in text
+
+
+def test_the_remote_launch_command_starts_the_supervisor_detached_for_real(tmp_path):
+    # The same shell text the ssh command runs, in a real shell in a scratch home, with python3 on PATH.
+    command = tpu_launch.supervised_launch_command(
+        ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"], multi_host=True
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": REPO, "HOME": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "training started under train.supervisor" in result.stdout
+    log = tmp_path / tpu_launch.LOG_FILE
+    deadline = time.monotonic() + 120
+    while "not restarting" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "not restarting" in log.read_text()
+
+
+def test_a_failed_install_stops_the_single_host_command_before_training_starts(tmp_path):
+    # The ssh --command text in a real shell, with a `gcloud` that fails as a missing package would.
+    spec = spec_for("v5litepod-8")
+    command = flag(shlex.split(spec["commands"][1]), "--command")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(
+        "#!/bin/sh\necho 'ERROR: gs://b/run/packages/...: not found' >&2\nexit 1\n"
+    )
+    (bin_dir / "gcloud").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and "not found" in result.stderr
+    assert "training started" not in result.stdout and not (tmp_path / tpu_launch.RUN_DIR).exists()
+
+
+def test_tpu_local_on_a_multi_host_slice_is_refused():
+    args = dataflow.build_parser().parse_args(
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r", "--tpu", "local",
+         "--accelerator-type", "v5litepod-16"]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="v5litepod-16 is a multi-host slice"):
+        dataflow.training_job_spec(args, WorkflowPaths(args.workdir))

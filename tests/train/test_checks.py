@@ -152,6 +152,8 @@ def test_cli_prints_a_missing_tpu_without_traceback_and_exits_2(stage1_dataset, 
         str(tmp_path / "model"),
         "--tpu",
         "local",
+        # Local paths on a TPU need a filesystem that outlives the VM (train.config.check_paths_for_tpu).
+        "--shared-filesystem",
         cwd=tmp_path,
     )
     assert result.returncode == 2

@@ -1,0 +1,208 @@
+"""The commands that put this package on a TPU VM and start training there, supervised and detached from ssh.
+
+For a single-host TPU VM (one command, on the VM):
+
+    gcloud storage cp gs://BUCKET/run/packages/tf-image-pipeline.tar.gz /tmp/tf-image-pipeline.tar.gz \\
+      && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' \\
+      && mkdir -p tf-image-pipeline \\
+      && export NEXT_PLUGGABLE_DEVICE_USE_C_API=true TF_PLUGGABLE_DEVICE_LIBRARY_PATH="$(... libtpu.so ...)" \\
+      && { setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid -- \\
+           python3 -m train ... --tpu local > tf-image-pipeline/train.log 2>&1 < /dev/null & }
+
+For a multi-host slice: the install and `tpu_server_setup_command` on every
+worker (`--worker=all`), then the supervised launch on worker 0 only, with
+`--tpu NAME` (TPUStrategy is single-client: one process drives every host).
+
+The environment is the one Google's TPU test harness gives TensorFlow
+(GoogleCloudPlatform/ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py,
+export_env_variables):
+
+    if is_pod: TPU_LOAD_LIBRARY=0
+    if not is_pod and is_pjrt: NEXT_PLUGGABLE_DEVICE_USE_C_API=true,
+        TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/home/$USER/.local/lib/python3.10/site-packages/libtpu/libtpu.so
+
+The library path is found where pip put libtpu rather than assumed (the
+harness's is one user's ~/.local under Python 3.10). The harness's other
+variables are for its own workloads and are not set: TF_USE_LEGACY_KERAS=1
+selects tf-keras (this project is Keras 3), PYTHONPATH points at its model
+garden checkout, and its TF_XLA_FLAGS configure SparseCore embedding tables.
+PJRT_DEVICE=TPU appears only in the harness's PyTorch/XLA configs.
+
+On a slice, worker 0's client and every worker's TPU server must run the
+same TensorFlow. The runtime images start the server as the `tpu-runtime`
+systemd service, a `grpc_tpu_worker` container named by TF_DOCKER_URL in
+/etc/systemd/system/tpu-runtime.service; the harness's set_up_pjrt points
+that at `grpc_tpu_worker:tf-X.Y.Z-pjrt` for the TensorFlow it installed and
+restarts the service, and `tpu_server_setup_command` does the same for
+tensorflow-tpu 2.20.0 (the version the install pins).
+
+Supervision: training runs under `python -m train.supervisor` (see its
+docstring for the policy and why it is not a systemd unit), started with
+`setsid nohup ... &`: a new session with no controlling terminal, so the end
+of the ssh session sends it no SIGHUP, and every output goes to a log file,
+so ssh can close the connection at once.
+"""
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+
+from pipelines import tpu_runtime
+
+REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
+# Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
+RUN_DIR = "tf-image-pipeline"
+LOG_FILE = f"{RUN_DIR}/train.log"
+PID_FILE = f"{RUN_DIR}/supervisor.pid"
+TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
+TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
+# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
+_LIBTPU_PATH_PYTHON = (
+    "import importlib.util, os; "
+    'print(os.path.join(importlib.util.find_spec("libtpu").submodule_search_locations[0], "libtpu.so"))'
+)
+
+
+def pip_install_command(sdist_path: str) -> str:
+    """The TPU VM install line: the staged package with its [tpu] extra (tensorflow-tpu + the matching libtpu).
+
+    The one place here that spells it; it is the string train/install_lines.py's
+    tpu_install_command gives (the packaging work of the same issue), to which it can defer once both are in.
+    """
+    return f"pip install {shlex.quote(sdist_path + '[tpu]')}"
+
+
+def install_command(package_uri: str) -> str:
+    """Copy the staged sdist from GCS and install it with the [tpu] extra."""
+    return f"gcloud storage cp {shlex.quote(package_uri)} {REMOTE_PACKAGE} && {pip_install_command(REMOTE_PACKAGE)}"
+
+
+def tpu_server_image(tensorflow_version: str) -> str:
+    return f"{TPU_SERVER_IMAGE}:tf-{tensorflow_version}-pjrt"
+
+
+def tpu_server_setup_command(tensorflow_version: str) -> str:
+    """Point this worker's TPU server (the tpu-runtime service) at `tensorflow_version` and restart it."""
+    image = tpu_server_image(tensorflow_version)
+    missing = (
+        f"echo 'no {TPU_RUNTIME_SERVICE} on this worker: the runtime image runs no TensorFlow TPU server, so "
+        "TensorFlow cannot drive this slice from worker 0; create the slice with the runtime "
+        "pipelines/tpu_runtime.py chooses' >&2"
+    )
+    # The service line reads Environment="TF_DOCKER_URL=...": the substitution ends with the closing quote.
+    return (
+        f"{{ test -f {TPU_RUNTIME_SERVICE} || {{ {missing}; exit 1; }}; }} && "
+        f"sudo sed -i 's|TF_DOCKER_URL=.*|TF_DOCKER_URL={image}\"|' {TPU_RUNTIME_SERVICE} && "
+        "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime"
+    )
+
+
+def training_environment(multi_host: bool) -> list[tuple[str, str]]:
+    """(name, shell value) pairs the training process gets, as the harness sets them (module docstring)."""
+    if multi_host:
+        # The client on worker 0 leaves the chips to the TPU servers (python -m train sets it too for --tpu NAME).
+        return [("TPU_LOAD_LIBRARY", "0")]
+    return [
+        ("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true"),
+        ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", f'"$(python3 -c {shlex.quote(_LIBTPU_PATH_PYTHON)})"'),
+    ]
+
+
+def supervisor_argv(python: str, train_argv: list[str], pid_file: str = PID_FILE) -> list[str]:
+    return [
+        python,
+        "-m",
+        "train.supervisor",
+        "--pid-file",
+        pid_file,
+        "--",
+        python,
+        "-m",
+        "train",
+        *train_argv,
+    ]
+
+
+def supervised_launch_command(train_argv: list[str], multi_host: bool) -> str:
+    """The shell command that starts `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh."""
+    exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
+    supervised = shlex.join(supervisor_argv("python3", train_argv))
+    # The braces put only the supervisor in the background: `a && b & c` would background the whole list,
+    # install included, and report success before it ran.
+    return (
+        f"mkdir -p {RUN_DIR} && export {exports} && "
+        f"{{ setsid nohup {supervised} > {LOG_FILE} 2>&1 < /dev/null & }} && "
+        f'echo "training started under train.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"'
+    )
+
+
+def start_detached(
+    train_argv: list[str], run_dir: str, multi_host: bool = False, python: str = sys.executable
+):
+    """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log.
+
+    Returns (pid, log path). The same environment as `supervised_launch_command`.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    env = dict(os.environ)
+    if multi_host:
+        env["TPU_LOAD_LIBRARY"] = "0"
+    else:
+        env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
+        spec = importlib.util.find_spec("libtpu")
+        if spec is not None and spec.submodule_search_locations:
+            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.path.join(
+                spec.submodule_search_locations[0], "libtpu.so"
+            )
+    log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
+    argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)))
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return process.pid, log_path
+
+
+def training_commands(
+    name: str,
+    location: list[str],
+    choice: tpu_runtime.RuntimeChoice,
+    package_uri: str,
+    train_argv: list[str],
+) -> list[str]:
+    """create, then install (+ TPU servers on a slice) and the supervised launch, as gcloud commands."""
+    create = shlex.join(
+        ["gcloud", "compute", "tpus", "tpu-vm", "create", name, *location,
+         "--accelerator-type", choice.tpu.name, "--version", choice.runtime_version]
+    )  # fmt: skip
+    install = install_command(package_uri)
+    launch = supervised_launch_command(train_argv, choice.tpu.multi_host)
+    if choice.tpu.multi_host:
+        # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0.
+        setup = f"{install} && {tpu_server_setup_command(choice.tensorflow_version)}"
+        return [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", launch)]
+    return [create, _ssh(name, location, "all", f"{install} && {launch}")]
+
+
+def _ssh(name: str, location: list[str], worker: str, command: str) -> str:
+    return shlex.join(
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "ssh",
+            name,
+            *location,
+            f"--worker={worker}",
+            "--command",
+            command,
+        ]
+    )
