@@ -43,7 +43,6 @@ import sys
 import uuid
 
 import apache_beam as beam
-import tensorflow_transform.beam as tft_beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
@@ -60,7 +59,6 @@ from preprocess.options import parse_args
 from preprocess.publish import SupersededRunError
 from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
-from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
@@ -154,6 +152,8 @@ def encode_in_one_pass(decoded, vocabulary, args):
 
 def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     """bfloat16 and float32: the decoded batches are spilled, then transformed with the statistics."""
+    import tensorflow_transform.beam as tft_beam  # not at module level: see build_pipeline
+
     adapter_config = tensor_adapter_config()
     by_split = decoded | "PartitionBySplit" >> beam.Partition(
         lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
@@ -182,6 +182,10 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
+    # Imported here, not with the module: a worker that unpickles this module's functions for the
+    # listing and deduplication stages must not load TensorFlow (benchmarks/RESULTS.md, worker memory).
+    import tensorflow_transform.beam as tft_beam
+
     config = job_config(args, build_id)
     output_dir = config["output"]
     one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
@@ -319,6 +323,8 @@ def run(argv=None) -> dict | None:
 
 
 def main(argv=None):
+    from preprocess.summary import format_summary, read_error_examples
+
     logging.getLogger().setLevel(logging.INFO)
     try:
         manifest = run(sys.argv[1:] if argv is None else argv)
