@@ -48,7 +48,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, outcomes, progress
+from preprocess import errors, filesystem, local_runner, logs, outcomes, progress, worker_image
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -298,11 +298,12 @@ def read_manifest(output_dir: str) -> dict:
 def run(argv=None) -> dict | None:
     """Runs the job and waits for it; returns the manifest (None if the runner did not run it)."""
     args, beam_args = parse_args(argv)
+    worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
     options = PipelineOptions(beam_args)
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
-    pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id)
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
     with progress.ProgressReporter(enabled=progress.runs_locally(options)):
@@ -323,15 +324,17 @@ def run(argv=None) -> dict | None:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once.
+    logs.configure_launcher(parse_args(argv)[0].verbose)
     from preprocess.summary import format_summary, read_error_examples
 
-    logging.getLogger().setLevel(logging.INFO)
     try:
-        manifest = run(sys.argv[1:] if argv is None else argv)
+        manifest = run(argv)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
     if manifest is not None:
-        args, _ = parse_args(sys.argv[1:] if argv is None else argv)
+        args, _ = parse_args(argv)
         output_dir = args.output.rstrip("/")
         print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))
