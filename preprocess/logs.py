@@ -17,7 +17,8 @@ channel"), so the progress line and the summary drown. Unless `--verbose`:
   (`configure_worker`), so its first lines are quiet too.
 
 Dataflow is left alone: its workers' logs go to Cloud Logging, not to the
-launcher's terminal.
+launcher's terminal, and the launcher's INFO lines from Beam (the job's
+link, its states) are that run's progress.
 """
 
 import json

@@ -325,8 +325,11 @@ def run(argv=None) -> dict | None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once.
-    logs.configure_launcher(parse_args(argv)[0].verbose)
+    args, beam_args = parse_args(argv)
+    # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
+    # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
+    local = progress.runs_locally(PipelineOptions(beam_args))
+    logs.configure_launcher(verbose=args.verbose or not local)
     from preprocess.summary import format_summary, read_error_examples
 
     try:
@@ -335,6 +338,5 @@ def main(argv=None):
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
     if manifest is not None:
-        args, _ = parse_args(argv)
         output_dir = args.output.rstrip("/")
         print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))
