@@ -10,10 +10,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.worker_memory import HEAVY_MODULES, LISTING_AND_DEDUP, OTHER_STAGES, measure_worker
 from tests.cli_probe import REPO
 
 
+@pytest.mark.slow  # builds and fuses the whole pipeline, and a worker-like process imports TensorFlow
 def test_listing_hashing_and_dedup_stages_load_in_a_worker_without_tensorflow():
     harness, lean, other = measure_worker("uint8", (LISTING_AND_DEDUP, OTHER_STAGES))
     assert lean["after"] == LISTING_AND_DEDUP
