@@ -183,7 +183,7 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
     # Imported here, not with the module: a worker that unpickles this module's functions for the
-    # listing and deduplication stages must not load TensorFlow (benchmarks/RESULTS.md, worker memory).
+    # listing and deduplication stages must not load TensorFlow (benchmarks/RESULTS.md, issue 20).
     import tensorflow_transform.beam as tft_beam
 
     config = job_config(args, build_id)

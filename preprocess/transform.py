@@ -22,7 +22,7 @@ whenever the class balance changes; preprocess/label_vocabulary.py).
 TensorFlow, tf.Transform and TFXIO are imported by the functions that use
 them, not with the module: the pipeline module imports this one, and a
 worker process that only lists, hashes and deduplicates files must not pay
-TensorFlow's ~700 MB (benchmarks/RESULTS.md, worker memory).
+TensorFlow's and tf.Transform's ~530 MB (benchmarks/RESULTS.md, issue 20).
 """
 
 import functools
