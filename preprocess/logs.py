@@ -39,13 +39,13 @@ WORKER_LEVEL_OPTION = "default_sdk_harness_log_level"
 WORKER_OVERRIDES_OPTION = "sdk_harness_log_level_overrides"
 
 
-def configure_launcher(verbose: bool) -> None:
-    """This process logs INFO and up; unless `verbose`, the libraries only WARNING and up.
+def configure_launcher(verbose: bool, local: bool = True) -> None:
+    """This process logs INFO and up; for a `local` run, unless `verbose`, the libraries only WARNING and up.
 
     Call before TensorFlow is imported: its C++ logging reads the environment once.
     """
     logging.getLogger().setLevel(logging.INFO)
-    if verbose:
+    if verbose or not local:
         return
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(_QUIET_LEVEL)

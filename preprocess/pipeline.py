@@ -328,8 +328,7 @@ def main(argv=None):
     args, beam_args = parse_args(argv)
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
-    local = progress.runs_locally(PipelineOptions(beam_args))
-    logs.configure_launcher(verbose=args.verbose or not local)
+    logs.configure_launcher(args.verbose, local=progress.runs_locally(PipelineOptions(beam_args)))
     from preprocess.summary import format_summary, read_error_examples
 
     try:

@@ -95,3 +95,26 @@ def test_a_worker_sets_the_libraries_loggers_to_the_level_in_its_options():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(["WARNING"] * len(logs.LIBRARY_LOGGERS))
+
+
+@pytest.mark.parametrize(
+    "verbose, local, quiet", [(False, True, True), (True, True, False), (False, False, False)]
+)
+def test_the_launcher_quiets_the_libraries_only_for_a_local_run_without_verbose(verbose, local, quiet):
+    # A fresh process: logger levels are process-wide. On Dataflow, Beam's INFO lines are the job's progress.
+    script = (
+        "import logging, os\n"
+        "from preprocess import logs\n"
+        f"logs.configure_launcher({verbose}, local={local})\n"
+        "print(logging.getLevelName(logging.getLogger('apache_beam.runners').getEffectiveLevel()),\n"
+        "      logging.getLevelName(logging.getLogger('preprocess.publish').getEffectiveLevel()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["WARNING" if quiet else "INFO", "INFO"]
