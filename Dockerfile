@@ -13,7 +13,9 @@
 # (python -m pipelines.dataflow and python -m preprocess both take it).
 #
 # The base image's Python and Beam versions must match the launcher's:
-# tests/pipelines/test_worker_container.py holds them to requirements.txt.
+# tests/pipelines/test_worker_container.py holds them to requirements.txt and
+# to preprocess/worker_image.py's IMAGE_PYTHON, with which the launchers
+# refuse another Python.
 FROM apache/beam_python3.11_sdk:2.77.0
 
 WORKDIR /opt/tf-image-pipeline
@@ -26,7 +28,17 @@ COPY pipelines ./pipelines
 # pinned there to the base image's version, so pip keeps the SDK that is
 # already in the image, and everything else gets the versions the tests ran
 # with.
+# `pip check` fails the build if what is installed does not fit together
+# (the base image's own packages included). The import probe runs from /tmp,
+# outside the source folder, so that it imports the installed package (from
+# site-packages) as the workers will, not ./preprocess; it imports
+# TensorFlow and tf.Transform by name, since the stage-1 modules load them
+# only where they are used.
 RUN pip install --no-cache-dir -c constraints.txt . \
-    && python -c "import apache_beam, preprocess.pipeline; print('Beam', apache_beam.__version__)"
+    && pip check \
+    && cd /tmp \
+    && python -c "import apache_beam, tensorflow, tensorflow_transform, dataset_contract, pipelines, train, \
+preprocess.pipeline, preprocess.label_vocabulary; assert '/site-packages/' in preprocess.__file__, preprocess.__file__; \
+print('Beam', apache_beam.__version__, 'TensorFlow', tensorflow.__version__)"
 
 # The base image's entry point (the Beam SDK harness) stays as it is.

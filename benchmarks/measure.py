@@ -161,6 +161,9 @@ class RunResult:
     # accounting of this process's children (getrusage, /proc/self/io), not from samples.
     tree_cpu_seconds: float = 0.0  # user + sys
     tree_io: dict[str, int] = dataclasses.field(default_factory=dict)  # rchar, wchar, read_bytes, write_bytes
+    # The largest RSS a single SDK worker process reached (Beam's harness, preprocess/local_worker.py):
+    # what each of a Dataflow worker's SDK processes, one per vCPU, needs for the same work.
+    peak_rss_sdk_worker_bytes: int = 0
 
     def cpu_seconds_by_role(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -180,7 +183,7 @@ class _Sampler(threading.Thread):
         self.last_growth: dict[str, float] = {}
         self._stopped = threading.Event()
         self.start_time = time.perf_counter()
-        self.peak_rss = self.peak_pss = self.peak_processes = self.peak_main = 0
+        self.peak_rss = self.peak_pss = self.peak_processes = self.peak_main = self.peak_sdk_worker = 0
         self.first_seen: dict[str, float] = {}
         self.cpu_by_pid: dict[int, tuple[float, str]] = {}
 
@@ -208,7 +211,8 @@ class _Sampler(threading.Thread):
     def sample(self) -> None:
         now = time.perf_counter()
         pids = process_tree(self._pid)
-        rss = sum(_rss_bytes(pid) for pid in pids)
+        rss_by_pid = {pid: _rss_bytes(pid) for pid in pids}
+        rss = sum(rss_by_pid.values())
         if rss > self.peak_rss:
             self.peak_rss = rss
             self.peak_pss = max(self.peak_pss, sum(_pss_bytes(pid) for pid in pids))
@@ -219,6 +223,8 @@ class _Sampler(threading.Thread):
             if cpu is not None:
                 role = self.cpu_by_pid[pid][1] if pid in self.cpu_by_pid else _role(pid, self._pid)
                 self.cpu_by_pid[pid] = (cpu[0], role)
+                if role == "sdk worker":
+                    self.peak_sdk_worker = max(self.peak_sdk_worker, rss_by_pid[pid])
         self._watch(now)
 
     def run(self) -> None:
@@ -289,6 +295,7 @@ def run_measured(
         peak_pss_bytes=sampler.peak_pss,
         peak_processes=sampler.peak_processes,
         peak_rss_main_bytes=sampler.peak_main,
+        peak_rss_sdk_worker_bytes=sampler.peak_sdk_worker,
         first_seen=dict(sampler.first_seen),
         last_growth=dict(sampler.last_growth),
         output_tail=tail,

@@ -78,6 +78,7 @@ from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines import tpu_launch, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
+from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train.config import MODELS, RESNET50, SMALL_CNN, TrainConfig
 
@@ -379,6 +380,12 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict):
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args, dataflow_args = build_parser().parse_known_args(argv)
+    if args.sdk_container_image:
+        try:
+            check_launcher_python(["--sdk_container_image", args.sdk_container_image])
+        except LauncherPythonError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if not args.workdir.startswith("gs://") or not args.input.startswith("gs://"):
         print(
             "error: --input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS",

@@ -22,6 +22,7 @@ from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
+from preprocess import logs
 from train.config import TrainConfig
 from train.errors import SetupError
 
@@ -81,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Also show the INFO logs of Beam, tf.Transform and TensorFlow, and those of stage 1's worker "
+        "processes; by default the workflow prints its progress, warnings and the results.",
+    )
     return parser
 
 
@@ -101,6 +108,8 @@ def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
     ]
     if args.workers > 1:
         argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]
+    if args.verbose:
+        argv.append("--verbose")
     return argv
 
 
@@ -162,8 +171,10 @@ def _train_and_evaluate(config: TrainConfig):
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
+    logs.configure_launcher(args.verbose)
     paths = WorkflowPaths(args.workdir)
     stage1_argv = None
     if not args.skip_preprocess:

@@ -11,6 +11,10 @@ assembly is per row.
 
 Both yield `(split, serialized example, class name)`, so one shard writer and
 one class count serve every split and both paths.
+
+TensorFlow (for the tf.train.Example proto) is imported on the first record,
+not with the module: the pipeline module imports this one, and a worker
+process that only lists, hashes and deduplicates files must not load it.
 """
 
 import io
@@ -18,7 +22,6 @@ import io
 import apache_beam as beam
 import ml_dtypes
 import numpy as np
-import tensorflow as tf
 from apache_beam.metrics import Metrics
 from PIL import Image
 
@@ -31,10 +34,6 @@ _STORAGE_DTYPES = {
     features.BFLOAT16: np.dtype(ml_dtypes.bfloat16).newbyteorder("<"),
     features.FLOAT32: np.dtype("<f4"),
 }
-
-
-def _bytes_feature(value: bytes) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
 
 def _column_values(batch, name) -> list:
@@ -52,14 +51,19 @@ def encode_jpeg(pixels: bytes, image_size: int, quality: int) -> bytes:
 
 def serialize_example(payload: bytes, label: int, class_name: bytes, sha256: bytes, uri: bytes) -> bytes:
     """One record of the dataset (docs/dataset_format.md), serialized."""
+    import tensorflow as tf  # already loaded after the first record: a dictionary lookup
+
+    def bytes_feature(value: bytes) -> tf.train.Feature:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
     example = tf.train.Example(
         features=tf.train.Features(
             feature={
-                features.IMAGE: _bytes_feature(payload),
+                features.IMAGE: bytes_feature(payload),
                 features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                features.CLASS_NAME: _bytes_feature(class_name),
-                features.SHA256: _bytes_feature(sha256),
-                features.URI: _bytes_feature(uri),
+                features.CLASS_NAME: bytes_feature(class_name),
+                features.SHA256: bytes_feature(sha256),
+                features.URI: bytes_feature(uri),
             }
         )
     )

@@ -35,7 +35,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from preprocess import inputs
+from preprocess import inputs, logs
 
 IN_MEMORY = "in_memory"
 
@@ -57,12 +57,13 @@ def worker_command() -> str:
     return shlex.join([sys.executable, "-m", "preprocess.local_worker"])
 
 
-def fn_api_runner(options: PipelineOptions):
+def fn_api_runner(options: PipelineOptions, verbose: bool = False):
     """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options.
 
     Its worker processes (`--direct_running_mode=multi_processing`) run
     preprocess/local_worker.py: Beam's harness, which exits without the
-    interpreter's teardown.
+    interpreter's teardown. Unless `verbose`, they log at WARNING
+    (preprocess/logs.py): their INFO lines would reach this terminal.
     """
     from apache_beam.portability import python_urns
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -77,16 +78,17 @@ def fn_api_runner(options: PipelineOptions):
                     environment.payload = worker_command().encode("utf-8")
             return super().run_via_runner_api(pipeline_proto, options)
 
-    encoded_options = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    worker_options = logs.worker_log_options(options.get_all_options(), verbose)
+    encoded_options = JobServiceHandle.encode_pipeline_options(worker_options)
     provision_info = fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded_options)
     )
     return LocalFnApiRunner(provision_info=provision_info)
 
 
-def runner_for(options: PipelineOptions):
+def runner_for(options: PipelineOptions, verbose: bool = False):
     """The runner object to hand to beam.Pipeline, or None to let Beam pick from --runner."""
-    return fn_api_runner(options) if uses_direct_runner(options) else None
+    return fn_api_runner(options, verbose) if uses_direct_runner(options) else None
 
 
 def _manifest_lines(path: str):

@@ -7,17 +7,24 @@ result of the worker; the runner then stops the workers one after the
 other, waiting for each to exit, and the teardown of an interpreter holding
 TensorFlow takes about a second. So the worker exits at once instead
 (preprocess/process_exit.py), with the harness's status.
+
+Before the harness starts, the libraries' loggers get the log level the
+runner chose for its workers (preprocess/logs.py): the harness logs INFO
+lines of its own until it has read its options.
 """
 
+import os
 import sys
 import traceback
 
 from apache_beam.runners.worker import sdk_worker_main
 
+from preprocess import logs
 from preprocess.process_exit import exit_without_teardown
 
 
 def main() -> None:
+    logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
     code = 0
     try:
         sdk_worker_main.main(sys.argv)

@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--direct_running_mode says: worker processes cost more to start than they save on a small job "
         "(default 1000; 0: always as --direct_running_mode says).",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Also show the INFO logs of Beam, tf.Transform and TensorFlow, and those of the local "
+        "worker processes; by default a local run prints its progress, warnings and the summary.",
+    )
     return parser
 
 

@@ -43,13 +43,12 @@ import sys
 import uuid
 
 import apache_beam as beam
-import tensorflow_transform.beam as tft_beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, outcomes, progress
+from preprocess import errors, filesystem, local_runner, logs, outcomes, progress, worker_image
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -60,7 +59,6 @@ from preprocess.options import parse_args
 from preprocess.publish import SupersededRunError
 from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
-from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
@@ -154,6 +152,8 @@ def encode_in_one_pass(decoded, vocabulary, args):
 
 def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     """bfloat16 and float32: the decoded batches are spilled, then transformed with the statistics."""
+    import tensorflow_transform.beam as tft_beam  # not at module level: see build_pipeline
+
     adapter_config = tensor_adapter_config()
     by_split = decoded | "PartitionBySplit" >> beam.Partition(
         lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
@@ -182,6 +182,10 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
+    # Imported here, not with the module: a worker that unpickles this module's functions for the
+    # listing and deduplication stages must not load TensorFlow (benchmarks/RESULTS.md, issue 20).
+    import tensorflow_transform.beam as tft_beam
+
     config = job_config(args, build_id)
     output_dir = config["output"]
     one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
@@ -294,11 +298,12 @@ def read_manifest(output_dir: str) -> dict:
 def run(argv=None) -> dict | None:
     """Runs the job and waits for it; returns the manifest (None if the runner did not run it)."""
     args, beam_args = parse_args(argv)
+    worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
     options = PipelineOptions(beam_args)
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
-    pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id)
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
     with progress.ProgressReporter(enabled=progress.runs_locally(options)):
@@ -319,13 +324,18 @@ def run(argv=None) -> dict | None:
 
 
 def main(argv=None):
-    logging.getLogger().setLevel(logging.INFO)
+    argv = sys.argv[1:] if argv is None else argv
+    args, beam_args = parse_args(argv)
+    # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
+    # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
+    logs.configure_launcher(args.verbose, local=progress.runs_locally(PipelineOptions(beam_args)))
+    from preprocess.summary import format_summary, read_error_examples
+
     try:
-        manifest = run(sys.argv[1:] if argv is None else argv)
+        manifest = run(argv)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
     if manifest is not None:
-        args, _ = parse_args(sys.argv[1:] if argv is None else argv)
         output_dir = args.output.rstrip("/")
         print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))

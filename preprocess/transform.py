@@ -17,46 +17,55 @@ Analyzers: mean and std of every training pixel per channel, accumulated in
 float64 (mean of per-image means is the pixel mean: every image has H*W
 pixels after resize), and the label vocabulary ordered by class name (a custom
 analyzer; tft.vocabulary orders by frequency, which would renumber classes
-whenever the class balance changes).
+whenever the class balance changes; preprocess/label_vocabulary.py).
+
+TensorFlow, tf.Transform and TFXIO are imported by the functions that use
+them, not with the module: the pipeline module imports this one, and a
+worker process that only lists, hashes and deduplicates files must not pay
+TensorFlow's and tf.Transform's ~530 MB (benchmarks/RESULTS.md, issue 20).
 """
 
 import functools
-import uuid
+from typing import TYPE_CHECKING
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import tensorflow as tf
-import tensorflow_transform as tft
-import tensorflow_transform.beam as tft_beam
-from apache_beam.io.filesystems import FileSystems
-from tensorflow_transform.tf_metadata import schema_utils
-from tfx_bsl.public import tfxio
 
 from dataset_contract import features
-from dataset_contract import manifest as manifest_lib
+
+if TYPE_CHECKING:
+    from tfx_bsl.public import tfxio
 
 IMAGE_RAW = "image_raw"
 MEAN = "normalization_mean"
 STD = "normalization_std"
 LABEL_VOCABULARY_FILE = "labels"
 
-# Raw features, all scalar strings: the resized uint8 pixels and the metadata.
-RAW_FEATURE_SPEC = {
-    IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
-    features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
-    features.SHA256: tf.io.FixedLenFeature([], tf.string),
-    features.URI: tf.io.FixedLenFeature([], tf.string),
-}
+
+def raw_feature_spec() -> dict:
+    """Raw features, all scalar strings: the resized uint8 pixels and the metadata."""
+    import tensorflow as tf
+
+    return {
+        IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
+        features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
+        features.SHA256: tf.io.FixedLenFeature([], tf.string),
+        features.URI: tf.io.FixedLenFeature([], tf.string),
+    }
+
 
 # A std below this (a constant colour channel over the whole train split)
 # would blow pixels up to infinity; treat such a channel as unscaled.
 _MIN_STD = 1e-3
 
 
-def tensor_adapter_config() -> tfxio.TensorAdapterConfig:
+def tensor_adapter_config() -> "tfxio.TensorAdapterConfig":
     """How the record batches below map to the raw feature tensors."""
-    schema = schema_utils.schema_from_feature_spec(RAW_FEATURE_SPEC)
+    from tensorflow_transform.tf_metadata import schema_utils
+    from tfx_bsl.public import tfxio
+
+    schema = schema_utils.schema_from_feature_spec(raw_feature_spec())
     source = tfxio.TFExampleBeamRecord(
         physical_format="inmem", telemetry_descriptors=["preprocess"], schema=schema
     )
@@ -74,7 +83,7 @@ _COLUMN_SOURCES = {
 
 @functools.cache
 def _arrow_schema() -> pa.Schema:
-    """The Arrow schema TFXIO expects for RAW_FEATURE_SPEC (its column order, its types)."""
+    """The Arrow schema TFXIO expects for raw_feature_spec() (its column order, its types)."""
     return tensor_adapter_config().arrow_schema
 
 
@@ -115,29 +124,13 @@ class ToRecordBatches(beam.PTransform):
         )
 
 
-class SortedLabelVocabulary(tft_beam.experimental.PTransformAnalyzer):
-    """Analyzer: the distinct labels of the analyzed data, sorted, as a vocabulary file."""
-
-    def expand(self, batches):
-        return (
-            batches
-            | "Labels" >> beam.FlatMap(lambda batch: {value for value in np.asarray(batch[0]).reshape(-1)})
-            | "Distinct" >> beam.Distinct()
-            | "ToList" >> beam.combiners.ToList()
-            | "Write" >> beam.Map(self._write_vocabulary)
-        )
-
-    def _write_vocabulary(self, labels):
-        directory = manifest_lib.join(self.base_temp_dir, uuid.uuid4().hex)
-        path = manifest_lib.join(directory, LABEL_VOCABULARY_FILE)
-        names = sorted(label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels)
-        with FileSystems.create(path) as handle:
-            handle.write("".join(f"{name}\n" for name in names).encode("utf-8"))
-        return path.encode("utf-8")
-
-
 def make_preprocessing_fn(image_size: int, encoding: str):
     """The tf.Transform preprocessing_fn for square `image_size` images."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+
+    from preprocess.label_vocabulary import SortedLabelVocabulary
+
     num_values = image_size * image_size * features.CHANNELS
 
     def preprocessing_fn(inputs):

@@ -12,16 +12,18 @@ loads the result.
 The transform of every split then loads the graph from this copy, not from
 tf.Transform's temporary directory, so that directory is needed only until
 the copy is made (see runs.tft_temp_dir).
+
+TensorFlow and tf.Transform are imported by the functions that need them:
+the finalize step imports this module, and reading the vocabulary needs
+neither.
 """
 
 import json
 
 import apache_beam as beam
 import numpy as np
-import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from google.protobuf import text_format
-from tensorflow_transform.output_wrapper import TFTransformOutput
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
@@ -33,6 +35,8 @@ SCHEMA_FILE = "schema.pbtxt"
 # tf.Transform keeps its own metadata inside the SavedModel directory; its
 # WriteTransformFn leaves it out of the published copy too.
 _TFT_PRIVATE_DIR = ".tft_metadata"
+# tf.Transform's name for the asset map file (TFTransformOutput.ASSET_MAP).
+ASSET_MAP_FILE = "asset_map"
 
 
 def copy_transform_fn(saved_model_dir: str, output_dir: str, run_id: str) -> str:
@@ -56,7 +60,7 @@ def write_transformed_metadata(metadata, output_dir: str, run_id: str, asset_map
     filesystem.write_bytes(manifest_lib.join(destination, SCHEMA_FILE), schema, tmp_dir=paths.tmp_dir)
     if asset_map:
         filesystem.write_bytes(
-            manifest_lib.join(destination, TFTransformOutput.ASSET_MAP),
+            manifest_lib.join(destination, ASSET_MAP_FILE),
             json.dumps(asset_map).encode("utf-8"),
             tmp_dir=paths.tmp_dir,
         )
@@ -117,6 +121,9 @@ def read_normalization(transform_fn_dir: str, image_size: int) -> tuple[tuple[fl
     analyzers by their results); running the graph on one black image is how
     `TFTransformOutput` gives them back, the same way a trainer would see them.
     """
+    import tensorflow as tf
+    from tensorflow_transform.output_wrapper import TFTransformOutput
+
     run_dir = transform_fn_dir.rstrip("/").rsplit("/", 1)[0]
     output = TFTransformOutput(run_dir)
     black = bytes(image_size * image_size * features.CHANNELS)

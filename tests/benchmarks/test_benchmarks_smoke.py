@@ -75,6 +75,8 @@ def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
     # Most are written; with 4 classes, a class of one image may land outside train (label_not_in_train).
     assert all(run["images"] >= run["inputs"] // 2 for run in report["runs"])
     assert all(run["peak_rss_bytes"] > 0 for run in report["runs"])
+    # Two worker processes: one of them holds less than the whole tree.
+    assert all(0 < run["peak_rss_sdk_worker_bytes"] < run["peak_rss_bytes"] for run in report["runs"])
     assert "target <= 1.3" in capsys.readouterr().out
 
 

@@ -14,3 +14,12 @@ def test_help_prints_before_tensorflow_or_beam_is_imported(tmp_path, module, fla
     result = probe_module(module, ["--help"], HEAVY, tmp_path)
     assert "EXIT 0 HEAVY []" in result.stderr, result.stderr[-2000:]
     assert flag in result.stdout
+
+
+def test_the_local_workflow_hands_verbose_to_stage_1_and_is_quiet_without_it():
+    from pipelines import local
+
+    verbose = local.build_parser().parse_args(["--workdir", "w", "--verbose"])
+    assert "--verbose" in local.preprocess_argv(verbose, "images", "dataset")
+    quiet = local.build_parser().parse_args(["--workdir", "w"])
+    assert "--verbose" not in local.preprocess_argv(quiet, "images", "dataset")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import setuptools
 
+from preprocess import worker_image
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +42,49 @@ def test_base_image_is_the_beam_sdk_of_the_pinned_beam_and_python():
     target = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["target-version"]
     python = f"{target[2]}.{target[3:]}"  # "py311" -> "3.11"
     assert base == f"apache/beam_python{python}_sdk:{_pinned_version('apache-beam')}"
+
+
+def test_the_launchers_require_the_python_of_the_base_image():
+    (base,) = [rest for keyword, rest in _dockerfile_instructions() if keyword == "FROM"]
+    image_python = ".".join(map(str, worker_image.IMAGE_PYTHON))
+    assert base.startswith(f"apache/beam_python{image_python}_sdk:"), (base, worker_image.IMAGE_PYTHON)
+
+
+def _shell_commands() -> list[tuple[str, str]]:
+    """Every command of every RUN, in order, with the directory it runs in (WORKDIR, then `cd`)."""
+    commands, workdir = [], "/"
+    for keyword, rest in _dockerfile_instructions():
+        if keyword == "WORKDIR":
+            workdir = rest
+        elif keyword == "RUN":
+            cwd = workdir
+            for command in rest.split("&&"):
+                command = " ".join(command.split())
+                if command.startswith("cd "):
+                    cwd = command[3:].strip()
+                commands.append((cwd, command))
+    return commands
+
+
+def test_the_build_runs_pip_check_after_installing_the_package():
+    commands = [command for _, command in _shell_commands()]
+    installs = [i for i, command in enumerate(commands) if command.startswith("pip install")]
+    checks = [i for i, command in enumerate(commands) if command == "pip check"]
+    assert installs and checks and max(checks) > max(installs), commands
+
+
+def test_the_import_probe_imports_the_installed_package_from_outside_the_source_folder():
+    copied_to = {rest for keyword, rest in _dockerfile_instructions() if keyword == "WORKDIR"}
+    probes = [(cwd, command) for cwd, command in _shell_commands() if command.startswith("python -c")]
+    assert probes, "the build should import the installed package once"
+    for cwd, command in probes:
+        # From the source folder, `import preprocess` would find ./preprocess whatever pip installed.
+        assert cwd not in copied_to, (cwd, command)
+        assert "'/site-packages/' in preprocess.__file__" in command
+        # The stage-1 modules import TensorFlow and tf.Transform lazily: the probe names them itself.
+        imported = re.search(r"import ([\w., ]+);", command).group(1)
+        names = {name.strip() for name in imported.split(",")}
+        assert {"tensorflow", "tensorflow_transform", "apache_beam", "preprocess.pipeline", "train"} <= names
 
 
 def test_image_copies_every_package_that_setup_py_installs():

@@ -11,7 +11,12 @@ import tensorflow_transform.beam as tft_beam
 from apache_beam.testing import test_pipeline
 
 from preprocess.transform import make_preprocessing_fn, tensor_adapter_config, to_record_batch
-from preprocess.transform_output import WriteTransformOutput, copy_transform_fn, write_transformed_metadata
+from preprocess.transform_output import (
+    ASSET_MAP_FILE,
+    WriteTransformOutput,
+    copy_transform_fn,
+    write_transformed_metadata,
+)
 
 RUN_ID = "20260101T000000000000Z-0123abcd"
 SIZE = 2
@@ -60,3 +65,8 @@ def test_the_run_copy_loads_with_tft_and_copying_again_gives_the_same_files(tmp_
     assert _snapshot(run_dir) == first
     assert not os.listdir(os.path.join(output, "staging", RUN_ID, "tmp"))
     assert tf.io.gfile.exists(os.path.join(run_dir, "transform_fn", "assets", "labels"))
+
+
+def test_the_asset_map_is_written_under_the_name_tf_transform_reads():
+    # transform_output names it without importing tf.Transform (a worker's finalize step stays lean).
+    assert ASSET_MAP_FILE == tft.TFTransformOutput.ASSET_MAP

@@ -1,0 +1,41 @@
+"""The label vocabulary analyzer: the train split's distinct class names, sorted, as a vocabulary file.
+
+tft.vocabulary orders by frequency, which would renumber the classes
+whenever the class balance changes; a class's index here is its position in
+the sorted names. preprocess/transform.py's preprocessing_fn applies it.
+
+A module of its own because it subclasses a tf.Transform class, so
+importing it imports TensorFlow: only the analysis loads it
+(preprocess/transform.py stays free of TensorFlow at import).
+"""
+
+import uuid
+
+import apache_beam as beam
+import numpy as np
+import tensorflow_transform.beam as tft_beam
+from apache_beam.io.filesystems import FileSystems
+
+from dataset_contract import manifest as manifest_lib
+from preprocess.transform import LABEL_VOCABULARY_FILE
+
+
+class SortedLabelVocabulary(tft_beam.experimental.PTransformAnalyzer):
+    """Analyzer: the distinct labels of the analyzed data, sorted, as a vocabulary file."""
+
+    def expand(self, batches):
+        return (
+            batches
+            | "Labels" >> beam.FlatMap(lambda batch: {value for value in np.asarray(batch[0]).reshape(-1)})
+            | "Distinct" >> beam.Distinct()
+            | "ToList" >> beam.combiners.ToList()
+            | "Write" >> beam.Map(self._write_vocabulary)
+        )
+
+    def _write_vocabulary(self, labels):
+        directory = manifest_lib.join(self.base_temp_dir, uuid.uuid4().hex)
+        path = manifest_lib.join(directory, LABEL_VOCABULARY_FILE)
+        names = sorted(label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels)
+        with FileSystems.create(path) as handle:
+            handle.write("".join(f"{name}\n" for name in names).encode("utf-8"))
+        return path.encode("utf-8")

@@ -1,0 +1,51 @@
+"""The Dataflow worker image built from the repository's Dockerfile, and the launcher Python it needs.
+
+Beam pickles the pipeline's functions with the launcher's Python, and the
+workers unpickle them with the image's: across Python minor versions the
+bytecode and pickles differ, and a worker fails to load the job, late and
+obscurely (Dataflow reports a stuck or crashing harness, not the cause). So
+a launch that names a worker image (`--sdk_container_image`) from a Python
+other than the image's is refused here, before anything is built.
+
+`IMAGE_PYTHON` is the Python of the Dockerfile's base image,
+`apache/beam_python3.11_sdk`; tests/pipelines/test_worker_container.py
+holds the two together. Without `--sdk_container_image`, Dataflow picks
+Beam's own image for the launcher's Python, so nothing can mismatch.
+
+Light on purpose (argparse and sys): `python -m preprocess` and
+`python -m pipelines.dataflow` check before they import Beam or TensorFlow.
+"""
+
+import argparse
+import sys
+
+IMAGE_PYTHON = (3, 11)
+# Beam's flag for the worker image, and its deprecated name.
+_IMAGE_FLAGS = ("--sdk_container_image", "--worker_harness_container_image")
+
+
+class LauncherPythonError(ValueError):
+    """The launcher's Python differs from the worker image's: the message says which Python to use."""
+
+
+def requested_image(beam_args: list[str]) -> str | None:
+    """The worker image that Beam's flags `beam_args` name, if any."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(*_IMAGE_FLAGS, dest="image", default=None)
+    known, _ = parser.parse_known_args(beam_args)
+    return known.image
+
+
+def check_launcher_python(beam_args: list[str], version_info=sys.version_info) -> None:
+    """Raises LauncherPythonError if `beam_args` name a worker image and this Python is not the image's."""
+    image = requested_image(beam_args)
+    if image is None or tuple(version_info[:2]) == IMAGE_PYTHON:
+        return
+    wanted = ".".join(map(str, IMAGE_PYTHON))
+    running = ".".join(map(str, version_info[:2]))
+    raise LauncherPythonError(
+        f"the worker image {image} runs Python {wanted}, but this launcher runs Python {running}: Beam "
+        f"pickles the job with the launcher's Python, and workers of another version fail to load it. "
+        f"Launch with Python {wanted} (PYTHON=python{wanted} bash scripts/bootstrap.sh makes a .venv with it), "
+        "or leave out --sdk_container_image to let the workers install the package from --setup_file."
+    )
