@@ -114,14 +114,27 @@ def setup_run(
     )
     for note in choice.notes:
         log.info("%s", note)
-    if choice.multi_step_supported and (config.steps_per_execution or 1) > plan.steps_per_execution:
-        log.warning(
-            "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch",
-            plan.steps_per_execution,
-            config.steps_per_execution,
-            plan.steps_per_epoch,
-        )
+    warn_about_steps_per_execution(config, choice, plan)
     return RunSetup(strategy=strategy, kind=kind, device=device, choice=choice, plan=plan)
+
+
+def warn_about_steps_per_execution(
+    config: TrainConfig, choice: accelerator.AcceleratorChoice, plan: TrainingPlan
+) -> str | None:
+    """Log (and return) a warning when the plan runs far fewer steps per execution than wanted.
+
+    Wanted: the flag if given, else the device default (32 on a TPU), the
+    number the plan was asked for either way. Where the strategy cannot run
+    several, choose_defaults' notes already say so.
+    """
+    if not choice.multi_step_supported:
+        return None
+    asked_by_flag = config.steps_per_execution is not None
+    wanted = config.steps_per_execution if asked_by_flag else choice.steps_per_execution
+    message = accelerator.steps_per_execution_warning(wanted, asked_by_flag, plan)
+    if message:
+        log.warning("%s", message)
+    return message
 
 
 def compile_model(
