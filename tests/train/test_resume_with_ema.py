@@ -1,12 +1,13 @@
-"""A run resumed mid-epoch with --ema: the rest of the plan trains on from the trained weights, and only
-the end of training swaps in the moving average (trainer.fit_from_step)."""
+"""Resuming with --ema: mid-epoch, the rest of the plan trains on from the trained weights, and only the end
+of training swaps in the moving average (trainer.fit_from_step, trainer.use_final_weights); after the last
+step (a preemption during the final evaluation or the export), the restart ships the average too."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from train.config import TrainingPlan
-from train.trainer import fit_from_step
+from train.trainer import fit_from_step, use_final_weights
 
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 4
 
@@ -60,7 +61,9 @@ def test_a_mid_epoch_resume_with_ema_continues_from_the_trained_weights_and_ends
     assert len(recorder.fit_begins) == 2 and len(recorder.epoch_ends) == 2
     # The second fit starts where the first one's training left the weights, not from their average.
     assert _same(recorder.fit_begins[1], recorder.epoch_ends[0])
-    # The end of training swaps the average in: the final weights are not the last trained ones.
+    # Training ends on the trained weights; use_final_weights then swaps the average in.
+    assert _same(model.get_weights(), recorder.epoch_ends[1])
+    use_final_weights(model)
     final = [np.array(weight) for weight in model.get_weights()]
     assert not _same(final, recorder.epoch_ends[1])
     averages = [np.array(variable) for variable in model.optimizer._model_variables_moving_average]
