@@ -481,7 +481,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         if saver.preempted_at_step is not None:
             if writer:
                 writer.close()
-            raise TrainingPreempted(saver.preempted_at_step, checkpoints.directory, notice.signal_name)
+            # Under several workers the signal may have reached another one only.
+            cause = notice.signal_name or ("a signal to another worker" if agreement.multi_worker else None)
+            raise TrainingPreempted(saver.preempted_at_step, checkpoints.directory, cause)
         # Before the moving average is swapped in: the checkpoint holds the trained weights and the average.
         checkpoints.save(progress.step)  # a run that had nothing left to train still leaves its final state
     finally:
