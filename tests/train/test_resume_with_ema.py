@@ -114,7 +114,11 @@ def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_
         assert run.process.poll() is None, "the run ended early: " + run.finish()[1][-3000:]
         assert time.monotonic() < deadline, "no end of training after 300 s"
         time.sleep(0.01)
-    run.process.send_signal(signal.SIGTERM)
+    # A SIGTERM in the last moments of fit only sets the flag training no longer reads; once fit is over,
+    # SIGTERM ends the process. Signal until it does (the final evaluation and the export take seconds).
+    while run.process.poll() is None:
+        run.process.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
     code, stderr = run.finish()
     assert code != 0, "the signal came too late: the run had finished"
     assert not os.path.exists(os.path.join(config.model_dir, "metrics.json"))
