@@ -31,7 +31,8 @@ Model dir layout:
 
     checkpoints/     step checkpoints (tf.train.CheckpointManager, ckpt-<global step>), the resume point
     logs/            TensorBoard: train and validation curves (epoch_* and step_*), profiles
-    metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
+    metrics.json     final evaluation metrics of the exported weights (with --ema the average; the
+                     validation confusion matrix too), the plan, throughput
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
