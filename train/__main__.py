@@ -25,8 +25,8 @@ cluster (MultiWorkerMirroredStrategy).
 
 Running the same command again after an interruption resumes from the last
 checkpoint in --model-dir, at its step. SIGTERM (spot VM preemption, TPU
-maintenance) saves a checkpoint at the next step boundary and exits with
-status 143. Problems with the dataset, the flags or the machine are printed
+maintenance) or SIGHUP (the ssh session closed) saves a checkpoint at the
+next step boundary and exits with status 143. Problems with the dataset, the flags or the machine are printed
 as one message (no traceback) and exit with status 2.
 
 `--help` is printed before TensorFlow is imported.
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description="Train a Keras image classifier on a dataset directory written by `python -m preprocess`, "
         "evaluate it on the validation split and export a SavedModel that serves encoded image bytes. "
-        "SIGTERM saves a checkpoint at the next step and exits with status 143; the same command resumes.",
+        "SIGTERM or SIGHUP saves a checkpoint at the next step and exits with status 143; the same command "
+        "resumes.",
     )
     parser.add_argument(
         "--data", required=True, help="The dataset directory (dataset.json + shards); local or gs://."
@@ -94,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         "epoch ends only (default %(default)s). A SIGKILL loses at most this much; SIGTERM loses nothing.",
     )
     parser.add_argument(
+        "--preemption-check-every",
+        default=defaults.preemption_check_every,
+        help="Multi-worker only: how often the workers agree whether one of them got SIGTERM/SIGHUP (a "
+        "collective): every N steps (20), or every so much time's worth of steps, from the measured step time "
+        "(default %(default)s). A signal is acted on within this much.",
+    )
+    parser.add_argument(
         "--log-every",
         type=flags.positive_int,
         default=defaults.log_every,
@@ -132,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.learning_rate,
         checkpoint_every=args.checkpoint_every,
+        preemption_check_every=args.preemption_check_every,
         log_every=args.log_every,
         eval_every=args.eval_every,
         profile_steps=parse_profile_steps(args.profile_steps),

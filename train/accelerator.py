@@ -27,12 +27,19 @@ What `auto` means, and why:
                    reproduced on two logical CPU devices). CPU: 1 (no dispatch to amortize).
 
 Every choice is overridable: --mixed-precision, --jit-compile, --steps-per-execution.
+
+Steps per execution must divide an epoch's steps (config.plan_training). An
+epoch of the dataset's length is rounded down to a multiple of them; a fixed
+one (--steps-per-epoch, --steps) keeps its length and runs the divisor
+nearest the wanted number within a factor of two (config.steps_per_execution_dividing).
+When none is that near, `steps_per_execution_warning` says what was lost
+against the device default (or the flag) and how to get it back.
 """
 
 import contextlib
 import dataclasses
 
-from train.config import TPU_STEPS_PER_EXECUTION
+from train.config import TPU_STEPS_PER_EXECUTION, TrainingPlan
 from train.errors import ConfigError
 
 TPU, GPU, CPU = "tpu", "gpu", "cpu"
@@ -148,6 +155,27 @@ def choose_defaults(
         steps_per_execution=per_call,
         multi_step_supported=supported,
         notes=tuple(notes),
+    )
+
+
+def steps_per_execution_warning(wanted: int, asked_by_flag: bool, plan: TrainingPlan) -> str | None:
+    """What to warn when `plan` runs far fewer steps per execution than `wanted`; None when it does not.
+
+    `wanted` is --steps-per-execution if given (`asked_by_flag`), else the
+    device default (AcceleratorChoice.steps_per_execution). An epoch shorter
+    than `wanted` runs whole, and a divisor within half of `wanted` keeps
+    nearly all of its gain: neither is worth a warning.
+    """
+    reachable = min(wanted, plan.steps_per_epoch)
+    if 2 * plan.steps_per_execution >= reachable:
+        return None
+    whose = "asked for by --steps-per-execution" if asked_by_flag else "the device default"
+    multiple = -(-plan.steps_per_epoch // wanted) * wanted
+    return (
+        f"{plan.steps_per_execution} step(s) per execution instead of {wanted} ({whose}): it must divide the "
+        f"{plan.steps_per_epoch} steps of an epoch, which have no divisor between {-(-wanted // 2)} and "
+        f"{2 * wanted}; every step then costs a host round trip. Choose --steps-per-epoch (or --steps) a "
+        f"multiple of {wanted}, e.g. {multiple}, to keep it"
     )
 
 

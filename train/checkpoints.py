@@ -14,12 +14,13 @@ When a checkpoint is written (SaveCheckpoints):
     execution of `steps_per_execution` steps), mid-epoch included;
   - at every epoch end, after that epoch's evaluation;
   - on SIGTERM (how spot VMs, preemptible capacity and TPU maintenance
-    events announce that the machine goes away, typically 30 s ahead): the
-    signal handler only sets a flag (PreemptionNotice); at the next step
-    boundary the callback saves a checkpoint at that step and stops
-    training, and `python -m train` exits with status 143 (128 + SIGTERM),
-    the code supervisors treat as "terminated, restart me". A SIGKILL loses
-    at most one checkpoint interval.
+    events announce that the machine goes away, typically 30 s ahead) or
+    SIGHUP (the ssh session that started training closed): the signal
+    handler only sets a flag (PreemptionNotice); at the next step boundary
+    the callback saves a checkpoint at that step and stops training, and
+    `python -m train` exits with status 143 (128 + SIGTERM), the code
+    supervisors treat as "terminated, restart me". A SIGKILL loses at most
+    one checkpoint interval.
 
 Why not tf.distribute.experimental.PreemptionCheckpointHandler: in TF 2.21
 it is a no-op on Google Cloud TPU and CPU VMs (its `run` and
@@ -30,18 +31,28 @@ wrap each step function). The protocol above is the same one, by hand:
 flag on signal, save at the next step boundary, exit.
 
 Under MultiWorkerMirroredStrategy a checkpoint save is a collective: every
-worker must save at the same step. A SIGTERM may reach one worker only, and
-time-based intervals depend on each worker's clock, so the workers agree at
-every step boundary (a sum all-reduce of two flags) before deciding. Only
-the chief's copy is kept; the others write to a scratch directory that is
-deleted right after.
+worker must save at the same step. A signal may reach one worker only, and
+time-based intervals depend on each worker's clock, so the workers agree
+(WorkerAgreement: a sum all-reduce of the flags, plus a host sync) before
+deciding. Not at every step: that would cost a collective per step. They
+agree every `--preemption-check-every` steps, by default about a second's
+worth of them (the step count re-derived at each agreement from the chief's
+measured step time, which the agreement itself carries, so that every worker
+computes the same next step). A signal is then acted on within about a
+second, well inside the ~30 s notice. Saves on a step interval need no
+agreement: every worker counts the same steps. Only the chief's checkpoint
+is kept; the other workers write theirs (the save is a collective) to a
+scratch directory on local disk that is deleted right after, never to the
+shared model dir.
 
 Resuming: the same command again restores the latest checkpoint and goes on
 from its global step, mid-epoch included (trainer.fit_from_step).
 """
 
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -55,9 +66,14 @@ from train.config import CheckpointInterval, TrainingPlan
 from train.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
-# The exit status of a run stopped by SIGTERM after saving its checkpoint (128 + SIGTERM, as a
-# shell reports a process that SIGTERM ended): supervisors restart it rather than call it done.
+# The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,
+# as a shell reports a process that SIGTERM ended): supervisors restart it rather than call it done.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+# What stops training with a save: preemption and maintenance (SIGTERM), the controlling terminal
+# going away (SIGHUP: an ssh session that closed).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The most steps between two agreements of the workers, whatever the step time.
+MAX_STEPS_BETWEEN_AGREEMENTS = 1000
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +126,19 @@ class StepCounter(keras.callbacks.Callback):
 
 
 class Checkpoints:
-    """The checkpoints of one run: restore the latest, save at a global step."""
+    """The checkpoints of one run: restore the latest, save at a global step.
+
+    `worker` names a non-chief worker of a multi-worker cluster (None for the
+    chief and single-process runs): its saves go to a local scratch directory.
+    """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, step: tf.Variable, model_dir: str, worker, keep=3):
         silence_checkpoint_chatter()
         self._checkpoint = checkpoint
         self._step = step
         self.directory = manifest_lib.join(model_dir, CHECKPOINT_DIR)
-        self._scratch = None if worker is None else manifest_lib.join(self.directory, f".scratch-{worker}")
+        # Local disk, not the model dir: a copy nobody keeps should not travel to GCS and back.
+        self._scratch = None if worker is None else tempfile.mkdtemp(prefix=f"checkpoint-scratch-{worker}-")
         self._manager = tf.train.CheckpointManager(
             checkpoint, self._scratch or self.directory, max_to_keep=keep
         )
@@ -145,23 +166,29 @@ class Checkpoints:
         self._step.assign(step)
         path = self._manager.save(checkpoint_number=step)
         if self._scratch is not None:
-            tf.io.gfile.rmtree(self._scratch)
+            shutil.rmtree(self._scratch, ignore_errors=True)  # the next save makes it again
         self.last_saved_step = step
         return path
 
+    def close(self) -> None:
+        """Remove the scratch directory (non-chief workers)."""
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
 
 class PreemptionNotice:
-    """SIGTERM sets a flag; training acts on it at the next step boundary. A context manager.
+    """SIGTERM or SIGHUP sets a flag; training acts on it at the next step boundary. A context manager.
 
     The handler does nothing else: a signal handler that saved a checkpoint
     itself would run in the middle of whatever TensorFlow call the main
     thread was in. Outside the `with` block the previous handler is back.
     """
 
-    def __init__(self, signals=(signal.SIGTERM,)):
+    def __init__(self, signals=STOP_SIGNALS):
         self._signals = signals
         self._event = threading.Event()
         self._previous = {}
+        self.signal_name = None  # the first signal received, for the messages
 
     @property
     def requested(self) -> bool:
@@ -169,13 +196,15 @@ class PreemptionNotice:
 
     def request(self, signum=None, frame=None) -> None:
         if not self._event.is_set():
-            name = signal.Signals(signum).name if signum else "a stop request"
-            log.warning("%s received: saving a checkpoint at the next step boundary, then stopping", name)
+            self.signal_name = signal.Signals(signum).name if signum else "a stop request"
+            log.warning(
+                "%s received: saving a checkpoint at the next step boundary, then stopping", self.signal_name
+            )
         self._event.set()
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
-            log.warning("training runs outside the main thread: SIGTERM will not save a checkpoint")
+            log.warning("training runs outside the main thread: SIGTERM/SIGHUP will not save a checkpoint")
             return self
         for signum in self._signals:
             self._previous[signum] = signal.signal(signum, self.request)
@@ -188,21 +217,89 @@ class PreemptionNotice:
         return False
 
 
-def make_worker_agreement(strategy) -> Callable[[list[bool]], list[bool]]:
-    """flags -> the same flags OR-ed over every worker of the cluster (as is, with one worker)."""
+class WorkerAgreement:
+    """When the workers agree on what to do at a step boundary (stop for a signal, save on time), and how.
+
+    `combine` sums a list of numbers over the workers (a collective; None for
+    a single process, which needs no agreement and decides at every step).
+    Under several workers the agreement comes every `every.steps` steps, or,
+    with `every.seconds`, every "that much time's worth" of steps, K, derived
+    from the step time the chief measured (record_step_time) and carried by
+    the agreement itself: every worker computes the same K from the same sum,
+    so they all call the collective at the same steps. The next agreement is
+    at the next multiple of K. `count` is how many collectives ran.
+    """
+
+    def __init__(self, combine: Callable[[list[float]], list[float]] | None, every, start_step: int = 0):
+        self._combine = combine
+        self._every = every
+        self.count = 0
+        self.steps_between = every.steps or 1  # K
+        self._next_step = self._next_multiple(start_step)
+        self._steps_timed = 0
+        self._seconds = 0.0
+
+    @property
+    def multi_worker(self) -> bool:
+        return self._combine is not None
+
+    def _next_multiple(self, step: int) -> int:
+        return (step // self.steps_between + 1) * self.steps_between
+
+    def record_step_time(self, steps: int, seconds: float) -> None:
+        """Time spent in the train function for `steps` steps (only the chief's counts)."""
+        self._steps_timed += steps
+        self._seconds += seconds
+
+    def due(self, step: int) -> bool:
+        """Whether the workers agree at the end of global step `step`."""
+        return not self.multi_worker or step >= self._next_step
+
+    def agree(self, flags: list[bool], step: int) -> list[bool]:
+        """The flags OR-ed over the workers; schedules the next agreement after `step`."""
+        if not self.multi_worker:
+            return [bool(flag) for flag in flags]
+        seconds_per_step = self._seconds / self._steps_timed if self._steps_timed else 0.0
+        totals = self._combine([1.0 if flag else 0.0 for flag in flags] + [seconds_per_step])
+        self.count += 1
+        self._steps_timed, self._seconds = 0, 0.0
+        if self._every.seconds is not None:
+            chief_seconds_per_step = totals[-1]
+            steps = round(self._every.seconds / chief_seconds_per_step) if chief_seconds_per_step > 0 else 1
+            self.steps_between = max(1, min(MAX_STEPS_BETWEEN_AGREEMENTS, steps))
+        self._next_step = self._next_multiple(step)
+        return [total > 0 for total in totals[:-1]]
+
+    def describe(self) -> dict:
+        every = f"{self._every.steps} steps" if self._every.steps else f"{self._every.seconds:g} s of steps"
+        return {"every": every, "agreements": self.count, "last_steps_between": self.steps_between}
+
+
+def make_worker_agreement(strategy, every, start_step: int = 0) -> WorkerAgreement:
+    """The WorkerAgreement of `strategy`'s cluster: a sum all-reduce under MultiWorkerMirroredStrategy.
+
+    `every` is a CheckpointInterval (config.parse_preemption_check). The last
+    number summed is the step time, counted from the first replica only (the
+    chief's): a sum with zeros is exact, so every worker reads the same value.
+    """
     if strategy_lib.strategy_kind(strategy) != strategy_lib.MULTIWORKER:
-        return lambda flags: [bool(flag) for flag in flags]
+        return WorkerAgreement(None, every, start_step)
 
     @tf.function
-    def summed(flags):
-        per_replica = strategy.run(lambda: tf.identity(flags))
+    def summed(values):
+        def replica_values():
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            # Flags from every replica; the step time from the first only.
+            mask = tf.concat([tf.ones_like(values[:-1]), tf.where(first, 1.0, 0.0)[None]], axis=0)
+            return values * mask
+
+        per_replica = strategy.run(replica_values)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    def agree(flags: list[bool]) -> list[bool]:
-        totals = summed(tf.constant([1.0 if flag else 0.0 for flag in flags], tf.float32))
-        return [bool(total > 0) for total in totals.numpy()]
+    def combine(values: list[float]) -> list[float]:
+        return [float(total) for total in summed(tf.constant(values, tf.float32)).numpy()]
 
-    return agree
+    return WorkerAgreement(combine, every, start_step)
 
 
 class SaveCheckpoints(keras.callbacks.Callback):
@@ -218,7 +315,7 @@ class SaveCheckpoints(keras.callbacks.Callback):
         plan: TrainingPlan,
         interval: CheckpointInterval,
         notice: PreemptionNotice,
-        agree: Callable[[list[bool]], list[bool]],
+        agreement: WorkerAgreement,
         clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__()
@@ -227,9 +324,10 @@ class SaveCheckpoints(keras.callbacks.Callback):
         self._plan = plan
         self._interval = interval
         self._notice = notice
-        self._agree = agree
+        self._agreement = agreement
         self._clock = clock
         self._last_save_time = clock()
+        self._call = (0, 0.0)  # the first step index and the start time of the running execution
         self.preempted_at_step = None
 
     def _save(self, why: str) -> None:
@@ -246,22 +344,34 @@ class SaveCheckpoints(keras.callbacks.Callback):
             "stopped at step %d with a checkpoint there; run the same command to resume", self._progress.step
         )
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._call = (batch, time.perf_counter())
+
     def on_train_batch_end(self, batch, logs=None):
         if self.preempted_at_step is not None:
             return
+        first, started = self._call
+        self._agreement.record_step_time(batch - first + 1, time.perf_counter() - started)
+        step = self._progress.step
         last = self._checkpoints.last_saved_step or 0
-        due = self._interval.due(self._progress.step - last, self._clock() - self._last_save_time)
-        preempted, due = self._agree([self._notice.requested, due])
+        if self._interval.steps is not None and self._interval.due(step - last, 0.0):
+            self._save("interval")  # the same step on every worker: no agreement needed
+        if not self._agreement.due(step):
+            return
+        time_due = self._interval.seconds is not None and self._interval.due(
+            step - last, self._clock() - self._last_save_time
+        )
+        preempted, time_due = self._agreement.agree([self._notice.requested, time_due], step)
         if preempted:
             self._save("preemption")
             self._stop_for_preemption()
-        elif due:
+        elif time_due:
             self._save("interval")
 
     def on_epoch_end(self, epoch, logs=None):
         if self.preempted_at_step is not None or not self._progress.epoch_completed(epoch, self._plan):
             return
         self._save("epoch end")
-        (preempted,) = self._agree([self._notice.requested])
+        (preempted,) = self._agreement.agree([self._notice.requested], self._progress.step)
         if preempted:  # the signal came during the evaluation: the epoch's checkpoint is the one
             self._stop_for_preemption()

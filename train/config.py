@@ -60,6 +60,8 @@ class TrainConfig:
     export: bool = True  # write the serving SavedModel at the end
     checkpoints_to_keep: int = 3
     checkpoint_every: str | None = "10m"  # steps ("500") or time ("30s", "10m", "1h"); None: epoch ends only
+    # Multi-worker: how often the workers agree on stopping for a signal (a collective), steps or time.
+    preemption_check_every: str = "1s"
     log_every: int = 100  # steps between TensorBoard step scalars and progress lines
     eval_every: int | None = None  # steps between evaluations, besides the one at each epoch end
     profile_steps: tuple[int, int] | None = None  # (first, last) global step of a TensorBoard profile
@@ -137,20 +139,31 @@ class CheckpointInterval:
 _TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_checkpoint_interval(text: str | None) -> CheckpointInterval:
+def parse_checkpoint_interval(text: str | None, flag: str = "--checkpoint-every") -> CheckpointInterval:
     """`500` -> every 500 steps; `90s`, `10m`, `1h` -> every so much time; None/`epoch` -> epoch ends only."""
     if text is None or text.strip().lower() in ("", "epoch", "none"):
         return CheckpointInterval()
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text.lower())
     if not match or float(match.group(1)) <= 0 or (not match.group(2) and "." in match.group(1)):
         raise ConfigError(
-            f"--checkpoint-every {text!r}: expected a number of steps (500) or a time with a unit "
+            f"{flag} {text!r}: expected a number of steps (500) or a time with a unit "
             "(90s, 10m, 1h), or 'epoch'"
         )
     number, unit = match.groups()
     if unit:
         return CheckpointInterval(seconds=float(number) * _TIME_UNITS[unit])
     return CheckpointInterval(steps=int(number))
+
+
+def parse_preemption_check(text: str) -> CheckpointInterval:
+    """--preemption-check-every: `20` -> every 20 steps; `1s` -> about a second's worth of steps."""
+    interval = parse_checkpoint_interval(text, "--preemption-check-every")
+    if interval.steps is None and interval.seconds is None:
+        raise ConfigError(
+            f"--preemption-check-every {text!r}: expected a number of steps (20) or a time (1s); "
+            "the workers must check for a signal during an epoch"
+        )
+    return interval
 
 
 def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
@@ -186,8 +199,24 @@ class TrainingPlan:
         return step // self.steps_per_epoch, step % self.steps_per_epoch
 
 
-def _largest_divisor_at_most(number: int, limit: int) -> int:
-    return max(d for d in range(1, min(number, limit) + 1) if number % d == 0)
+def steps_per_execution_dividing(steps_per_epoch: int, wanted: int) -> int:
+    """The divisor of `steps_per_epoch` to run per execution when `wanted` does not divide it.
+
+    The divisor nearest `wanted` between half and twice it (the smaller on a
+    tie: callbacks, progress lines and a signal's save come at execution
+    boundaries), so that an epoch of 100 steps runs 25 at a time rather than
+    the 32 a TPU wants, and one of 74 runs 37 rather than 2. Only when no
+    divisor lies that near (a prime number of steps, say) the largest one below
+    `wanted`, possibly 1: the caller warns then (accelerator.steps_per_execution_warning).
+    """
+    near = [
+        divisor
+        for divisor in range(max(1, -(-wanted // 2)), min(steps_per_epoch, 2 * wanted) + 1)
+        if steps_per_epoch % divisor == 0
+    ]
+    if near:
+        return min(near, key=lambda divisor: (abs(divisor - wanted), divisor))
+    return max(d for d in range(1, min(steps_per_epoch, wanted) + 1) if steps_per_epoch % d == 0)
 
 
 def plan_training(
@@ -246,7 +275,7 @@ def plan_training(
     per_call = min(requested, steps_per_epoch) if multi_step_supported else 1
     if steps_per_epoch % per_call:
         if fixed_epoch_length or config.steps is not None:
-            per_call = _largest_divisor_at_most(steps_per_epoch, per_call)
+            per_call = steps_per_execution_dividing(steps_per_epoch, per_call)
         else:
             steps_per_epoch -= steps_per_epoch % per_call
     return TrainingPlan(

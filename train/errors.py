@@ -26,11 +26,11 @@ class ConfigError(SetupError):
 
 
 class TrainingPreempted(Exception):
-    """Training stopped on SIGTERM after saving a checkpoint at `step`; the same command resumes it."""
+    """Training stopped on SIGTERM or SIGHUP after saving a checkpoint at `step`; the same command resumes it."""
 
-    def __init__(self, step: int, checkpoint_dir: str):
+    def __init__(self, step: int, checkpoint_dir: str, signal_name: str | None = None):
         super().__init__(
-            f"stopped by SIGTERM at step {step}, checkpoint saved in {checkpoint_dir}; "
+            f"stopped by {signal_name or 'SIGTERM'} at step {step}, checkpoint saved in {checkpoint_dir}; "
             "run the same command again to resume from there"
         )
         self.step = step

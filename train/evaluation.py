@@ -58,16 +58,25 @@ class Evaluator:
         self._eval_data = eval_data
         self._steps = steps
         self._writer = writer
-        self._last = None  # (step, logs): an epoch end that is also an --eval-every step evaluates once
+        self._last = (
+            None  # ((step, label), logs): an epoch end that is also an --eval-every step evaluates once
+        )
 
-    def evaluate(self, step: int) -> dict:
-        if self._last is not None and self._last[0] == step:
+    def evaluate(self, step: int, label: str | None = None) -> dict:
+        """The validation metrics at global step `step`; `label` names other weights than the trained ones.
+
+        With a label (`ema`: the moving average, swapped in after training) the
+        scalars are `step_<label>_<metric>`, and the trained weights' evaluation
+        at the same step is not reused.
+        """
+        if self._last is not None and self._last[0] == (step, label):
             return self._last[1]
         results = self._model.evaluate(self._eval_data, steps=self._steps, return_dict=True, verbose=0)
         logs = exact_logs(results)
         if self._writer is not None:
-            self._writer.write(VALIDATION, "step", logs, step)
-        self._last = (step, logs)
+            named = logs if label is None else {f"{label}_{name}": value for name, value in logs.items()}
+            self._writer.write(VALIDATION, "step", named, step)
+        self._last = ((step, label), logs)
         return logs
 
 

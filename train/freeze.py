@@ -15,10 +15,14 @@ train step, so every change of phase re-makes the train function
 compiles again, once per phase); steps_per_execution and jit_compile are the
 model's attributes and carry over.
 
-The phase is a function of the optimizer's step counter (frozen while
-step < N x steps per epoch), read at the start of training and of every
-epoch, so a run resumed from a checkpoint, even mid-epoch, is in the right
-phase. The optimizer is built over every variable before the first freeze
+The phase is a function of the global step counted on the host
+(TrainingProgress, restored from the checkpoint; frozen while step < N x
+steps per epoch), read at the start of training and of every epoch, so a run
+resumed from a checkpoint, even mid-epoch, is in the right phase, and the
+backbone unfreezes at the first step of epoch N. Not of the optimizer's
+`iterations`: under float16 loss scaling (LossScaleOptimizer) that counter
+skips the steps whose gradients overflowed, so it lags the steps trained and
+the backbone would stay frozen for another epoch. The optimizer is built over every variable before the first freeze
 (optimization.build_optimizer), so its slots, its EMA and the checkpoints
 have the same variables in both phases.
 """
@@ -27,21 +31,23 @@ import logging
 
 import keras
 
+from train.checkpoints import TrainingProgress
 from train.pretrained import BACKBONE
 
 log = logging.getLogger(__name__)
 
 
 class FreezeBackbone(keras.callbacks.Callback):
-    """Keep the model's backbone frozen until the optimizer's step counter reaches `unfreeze_at_step`."""
+    """Keep the model's backbone frozen until the global step reaches `unfreeze_at_step`."""
 
-    def __init__(self, unfreeze_at_step: int):
+    def __init__(self, unfreeze_at_step: int, progress: TrainingProgress):
         super().__init__()
         self.unfreeze_at_step = unfreeze_at_step
+        self._progress = progress
 
     def _apply(self) -> None:
         backbone = self.model.get_layer(BACKBONE)
-        step = int(self.model.optimizer.iterations.numpy())
+        step = self._progress.step
         trainable = step >= self.unfreeze_at_step
         if backbone.trainable == trainable:
             return

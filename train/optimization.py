@@ -10,9 +10,10 @@ weight decay         on weights only: biases and normalization parameters (Batch
                      gamma and beta, LayerNormalization's, ...) are excluded, the practice since
                      Goyal et al.
 EMA                  an exponential moving average of the trainable weights, kept by the optimizer
-                     (Keras' use_ema, ema_momentum) and checkpointed with it. model.fit swaps it
-                     into the model at the end of training (finalize_variable_values), so the
-                     final evaluation, the export and backbone.weights.h5 use the averaged
+                     (Keras' use_ema, ema_momentum) and checkpointed with it. The trainer swaps
+                     it into the model once training is done (trainer.use_final_weights, also in
+                     a run resumed after its last step), so the final evaluation that
+                     metrics.json reports, the export and backbone.weights.h5 use the averaged
                      weights; per-epoch validation during training sees the raw ones.
 """
 

@@ -65,6 +65,12 @@ def plot_learning_curves(scalars: dict, path: str) -> None:
             if values:
                 epochs = sorted(values)
                 axis.plot(epochs, [values[epoch] for epoch in epochs], style, markersize=3, label=run)
+        # With --ema: the moving average's evaluation at the end, the weights metrics.json reports and
+        # the export holds (the curves are the trained weights').
+        averaged = scalars.get("validation", {}).get(f"ema_{metric}", {})
+        if averaged:
+            epoch = max(averaged)
+            axis.plot([epoch], [averaged[epoch]], "*", markersize=10, label="validation, moving average")
         axis.set_title(title)
         axis.set_xlabel("epoch")
         axis.grid(alpha=0.3)

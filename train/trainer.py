@@ -31,7 +31,8 @@ Model dir layout:
 
     checkpoints/     step checkpoints (tf.train.CheckpointManager, ckpt-<global step>), the resume point
     logs/            TensorBoard: train and validation curves (epoch_* and step_*), profiles
-    metrics.json     final evaluation metrics (with the validation confusion matrix), the plan, throughput
+    metrics.json     final evaluation metrics of the exported weights (with --ema the average; the
+                     validation confusion matrix too), the plan, throughput
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
@@ -75,13 +76,14 @@ from train.config import (
     TrainingPlan,
     check_paths_for_tpu,
     parse_checkpoint_interval,
+    parse_preemption_check,
     plan_training,
     requests_tpu,
 )
 from train.errors import TrainingPreempted
 from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
 from train.freeze import FreezeBackbone
-from train.summaries import EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
+from train.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"
 LOG_DIR = "logs"
@@ -121,14 +123,27 @@ def setup_run(
     )
     for note in choice.notes:
         log.info("%s", note)
-    if choice.multi_step_supported and (config.steps_per_execution or 1) > plan.steps_per_execution:
-        log.warning(
-            "%d step(s) per execution instead of the %d asked for: it must divide the %d steps of an epoch",
-            plan.steps_per_execution,
-            config.steps_per_execution,
-            plan.steps_per_epoch,
-        )
+    warn_about_steps_per_execution(config, choice, plan)
     return RunSetup(strategy=strategy, kind=kind, device=device, choice=choice, plan=plan)
+
+
+def warn_about_steps_per_execution(
+    config: TrainConfig, choice: accelerator.AcceleratorChoice, plan: TrainingPlan
+) -> str | None:
+    """Log (and return) a warning when the plan runs far fewer steps per execution than wanted.
+
+    Wanted: the flag if given, else the device default (32 on a TPU), the
+    number the plan was asked for either way. Where the strategy cannot run
+    several, choose_defaults' notes already say so.
+    """
+    if not choice.multi_step_supported:
+        return None
+    asked_by_flag = config.steps_per_execution is not None
+    wanted = config.steps_per_execution if asked_by_flag else choice.steps_per_execution
+    message = accelerator.steps_per_execution_warning(wanted, asked_by_flag, plan)
+    if message:
+        log.warning("%s", message)
+    return message
 
 
 def compile_model(
@@ -287,13 +302,14 @@ def _steps_per_execution(model: keras.Model, steps: int):
 
 @contextlib.contextmanager
 def _final_weights_held_back(model: keras.Model):
-    """Keep a fit that more training follows from finalizing the weights.
+    """Keep a fit from finalizing the weights: use_final_weights does that, once, when training is done.
 
     At the end of every fit, Keras swaps the optimizer's moving average into
-    the model (`finalize_variable_values`, with --ema: optimization.py). That
-    is right once, at the end of training; after a resumed epoch's own fit it
-    would restart the remaining epochs from the average instead of from the
-    trained weights.
+    the model (`finalize_variable_values`, with --ema: optimization.py). After
+    a resumed epoch's own fit that would restart the remaining epochs from the
+    average instead of from the trained weights; after the last fit it would
+    come before the run could evaluate the trained weights; and a run resumed
+    after its last step runs no fit at all, yet must ship the average too.
     """
     optimizer = model.optimizer
     optimizer.finalize_variable_values = lambda var_list: None
@@ -301,6 +317,17 @@ def _final_weights_held_back(model: keras.Model):
         yield
     finally:
         del optimizer.finalize_variable_values
+
+
+def use_final_weights(model: keras.Model) -> None:
+    """Swap the weights training ends on into the model: with --ema, the optimizer's moving average.
+
+    Once, after training, whether this process trained the last step or was
+    resumed after it (the checkpoint holds the trained weights and the
+    average, optimization.py). The evaluation that metrics.json reports, the
+    confusion matrix, the export and backbone.weights.h5 all come after it.
+    """
+    model.optimizer.finalize_variable_values(model.trainable_weights)
 
 
 def fit_from_step(
@@ -311,6 +338,8 @@ def fit_from_step(
     A resumed epoch runs its remaining steps as a fit of its own, so Keras's
     epoch bookkeeping (and every epoch-end callback) lines up with the
     plan's epochs. `stopped()` says whether a callback stopped training.
+    The model ends on the trained weights, never their average: call
+    use_final_weights after it.
     """
     epoch, step_in_epoch = plan.position(start_step)
     if epoch >= plan.epochs:
@@ -333,10 +362,9 @@ def fit_from_step(
                 verbose=0,
             )
         if stopped() or epoch + 1 >= plan.epochs:
-            model.optimizer.finalize_variable_values(model.trainable_weights)
             return
         epoch += 1
-    if epoch < plan.epochs:
+    with _final_weights_held_back(model):
         model.fit(
             train_data,
             epochs=plan.epochs,
@@ -359,6 +387,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     TrainingPreempted when SIGTERM stopped training (after its checkpoint).
     """
     interval = parse_checkpoint_interval(config.checkpoint_every)
+    preemption_check = parse_preemption_check(config.preemption_check_every)
     if requests_tpu(config):  # before anything is read: the flags alone say a TPU will be used
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     manifest = checks.read_manifest(config.data_dir)
@@ -429,12 +458,13 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     evaluator = Evaluator(evaluation_model, eval_data, eval_steps, writer)
     clock = TrainingClock()
     notice = PreemptionNotice()
-    saver = SaveCheckpoints(checkpoints, progress, plan, interval, notice, make_worker_agreement(strategy))
+    agreement = make_worker_agreement(strategy, preemption_check, resumed_from_step)
+    saver = SaveCheckpoints(checkpoints, progress, plan, interval, notice, agreement)
     # Order matters: the step count first; at epoch ends the clock stops, then the evaluation
     # fills val_* before the checkpoint, the summaries and the progress line read it.
     callbacks = [StepCounter(progress), clock, EvaluateEachEpoch(evaluator, progress, plan)]
     if recipe.freeze_backbone_steps:
-        callbacks.insert(0, FreezeBackbone(recipe.freeze_backbone_steps))
+        callbacks.insert(0, FreezeBackbone(recipe.freeze_backbone_steps, progress))
     if config.eval_every:
         callbacks.append(EvaluateEverySteps(evaluator, progress, config.eval_every))
     callbacks.append(saver)
@@ -445,22 +475,44 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         if config.profile_steps:
             callbacks.append(ProfileSteps(log_dir, progress, *config.profile_steps))
 
-    with notice, accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
-        fit_from_step(
-            model, train_data, plan, resumed_from_step, callbacks, lambda: saver.preempted_at_step is not None
-        )
-    if saver.preempted_at_step is not None:
-        if writer:
-            writer.close()
-        raise TrainingPreempted(saver.preempted_at_step, checkpoints.directory)
-    checkpoints.save(progress.step)  # a run that had nothing left to train still leaves its final state
+    try:
+        with notice, accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
+            fit_from_step(
+                model,
+                train_data,
+                plan,
+                resumed_from_step,
+                callbacks,
+                lambda: saver.preempted_at_step is not None,
+            )
+        if saver.preempted_at_step is not None:
+            if writer:
+                writer.close()
+            # Under several workers the signal may have reached another one only.
+            cause = notice.signal_name or ("a signal to another worker" if agreement.multi_worker else None)
+            raise TrainingPreempted(saver.preempted_at_step, checkpoints.directory, cause)
+        # Before the moving average is swapped in: the checkpoint holds the trained weights and the average.
+        checkpoints.save(progress.step)  # a run that had nothing left to train still leaves its final state
+    finally:
+        checkpoints.close()
 
-    evaluation = evaluator.evaluate(progress.step)
+    # The trained weights' evaluation (the last epoch's, unless this run trained nothing), then the
+    # weights that ship: with --ema the average, evaluated on its own, and reported as the run's result.
+    trained_evaluation = evaluator.evaluate(progress.step)
+    use_final_weights(model)
+    evaluation = trained_evaluation
+    if recipe.ema_momentum is not None:
+        evaluation = evaluator.evaluate(progress.step, label="ema")
+        if writer:  # the exported weights' point on the learning curves (plots.py)
+            writer.write(
+                VALIDATION, "epoch", {f"ema_{name}": value for name, value in evaluation.items()}, plan.epochs
+            )
     result = {
         "validation": {
             "accuracy": float(evaluation["accuracy"]),
             "cross_entropy": float(evaluation["cross_entropy"]),
             "num_examples": int(round(float(evaluation["num_examples"]))),
+            "weights": "moving average" if recipe.ema_momentum is not None else "trained",
         },
         "epochs": plan.epochs,
         "global_step": progress.step,
@@ -485,6 +537,13 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "data_dir": config.data_dir,
         "recipe": recipe.as_dict(),
     }
+    if recipe.ema_momentum is not None:
+        result["validation_trained_weights"] = {
+            "accuracy": float(trained_evaluation["accuracy"]),
+            "cross_entropy": float(trained_evaluation["cross_entropy"]),
+        }
+    if agreement.multi_worker:
+        result["preemption_check"] = agreement.describe()
     counts = metrics.validation_confusion_matrix(
         strategy, model, eval_data, eval_steps, len(manifest["labels"])
     )

@@ -64,3 +64,45 @@ def test_every_default_is_overridable():
 def test_a_gpu_of_unknown_generation_is_not_assumed_to_have_bfloat16():
     choice = choose_defaults(DeviceDescription(GPU, gpu_compute_capability=None))
     assert choice.policy == "mixed_float16"
+
+
+def _tpu_plan(steps_per_epoch: int, steps_per_execution: int | None = None):
+    from train.config import TrainConfig, plan_training
+
+    config = TrainConfig(
+        data_dir="d",
+        model_dir="m",
+        steps_per_epoch=steps_per_epoch,
+        global_batch_size=8,
+        steps_per_execution=steps_per_execution,
+    )
+    choice = choose_defaults(TPU_V4)
+    plan = plan_training(config, 8000, 8, on_tpu=True, default_steps_per_execution=choice.steps_per_execution)
+    return config, choice, plan
+
+
+def test_a_prime_epoch_length_on_a_tpu_warns_against_the_device_default(caplog):
+    from train.trainer import warn_about_steps_per_execution
+
+    config, choice, plan = _tpu_plan(101)  # no --steps-per-execution: the loss is against the default
+    with caplog.at_level("WARNING"):
+        message = warn_about_steps_per_execution(config, choice, plan)
+    assert message in caplog.text
+    assert message.startswith("1 step(s) per execution instead of 32 (the device default)")
+    assert "the 101 steps of an epoch" in message and "a multiple of 32, e.g. 128" in message
+
+
+def test_the_warning_names_the_flag_when_the_flag_asked_for_more(caplog):
+    from train.trainer import warn_about_steps_per_execution
+
+    config, choice, plan = _tpu_plan(101, steps_per_execution=16)
+    message = warn_about_steps_per_execution(config, choice, plan)
+    assert message.startswith("1 step(s) per execution instead of 16 (asked for by --steps-per-execution)")
+
+
+@pytest.mark.parametrize("steps_per_epoch", [96, 100, 74, 20])
+def test_no_warning_where_a_divisor_near_the_default_or_the_whole_epoch_runs(steps_per_epoch):
+    from train.trainer import warn_about_steps_per_execution
+
+    config, choice, plan = _tpu_plan(steps_per_epoch)
+    assert warn_about_steps_per_execution(config, choice, plan) is None

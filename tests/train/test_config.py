@@ -7,6 +7,7 @@ from train.config import (
     CheckpointInterval,
     TrainConfig,
     parse_checkpoint_interval,
+    parse_preemption_check,
     parse_profile_steps,
     plan_training,
 )
@@ -125,3 +126,39 @@ def test_a_global_step_maps_to_its_epoch_and_the_step_within_it():
     assert plan.position(53) == (1, 13)  # resumed mid-epoch: epoch 2 goes on at its step 13
     assert plan.position(80) == (2, 0)
     assert plan.position(500) == (3, 0)  # past the plan: nothing left
+
+
+@pytest.mark.parametrize(
+    "steps_per_epoch, expected",
+    [(96, 32), (100, 25), (74, 37), (30, 30), (120, 30), (202, 2)],
+)
+def test_a_fixed_epoch_length_runs_the_divisor_nearest_the_tpu_default(steps_per_epoch, expected):
+    # 74 = 2 x 37: the largest divisor below 32 is 2, but 37 keeps the TPU's steps per execution.
+    # 202 = 2 x 101: no divisor between 16 and 64, the largest below 32 it is.
+    plan = plan_training(
+        config(steps_per_epoch=steps_per_epoch, global_batch_size=8),
+        num_train_examples=8000,
+        num_replicas=8,
+        on_tpu=True,
+        default_steps_per_execution=TPU_STEPS_PER_EXECUTION,
+    )
+    assert (plan.steps_per_epoch, plan.steps_per_execution) == (steps_per_epoch, expected)
+
+
+def test_a_prime_epoch_length_can_only_run_one_step_per_execution():
+    plan = plan_training(
+        config(steps=101 * 3, steps_per_epoch=101, global_batch_size=8),
+        num_train_examples=8000,
+        num_replicas=8,
+        on_tpu=True,
+    )
+    assert (plan.epochs, plan.steps_per_epoch, plan.steps_per_execution) == (3, 101, 1)
+
+
+def test_preemption_check_every_takes_steps_or_a_time_but_not_epoch_ends():
+    assert parse_preemption_check("20") == CheckpointInterval(steps=20)
+    assert parse_preemption_check("1s") == CheckpointInterval(seconds=1.0)
+    with pytest.raises(ConfigError, match="--preemption-check-every"):
+        parse_preemption_check("epoch")
+    with pytest.raises(ConfigError, match="--preemption-check-every"):
+        parse_preemption_check("often")

@@ -24,6 +24,7 @@ EPOCHS = 3
 STEPS_PER_EPOCH = 40
 TOTAL = EPOCHS * STEPS_PER_EPOCH
 STEP_LINE = re.compile(r"^step (\d+)/(\d+)")
+WORKER_STEP_LINE = re.compile(r"^(?:\[[\w-]+\] )?step (\d+)/(\d+)")  # a non-chief's lines start [worker-N]
 
 
 def checkpoint_steps(model_dir) -> list[int]:
@@ -51,9 +52,9 @@ ENV = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
 class RunningTraining:
     """A training subprocess whose completed steps are read as they are printed."""
 
-    def __init__(self, command, cwd):
+    def __init__(self, command, cwd, env=None):
         self.process = subprocess.Popen(
-            command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, cwd=cwd, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.steps = []
         self.lines = []
@@ -68,7 +69,7 @@ class RunningTraining:
     def _read(self):
         for line in self.process.stdout:
             self.lines.append(line)
-            match = STEP_LINE.match(line)
+            match = WORKER_STEP_LINE.match(line)
             if match:
                 self.steps.append(int(match.group(1)))
 
@@ -151,3 +152,19 @@ def test_sigkill_loses_at_most_one_checkpoint_interval(stage1_dataset, tmp_path)
     _, metrics = resume(command, tmp_path)
     assert metrics["resumed_from_step"] == saved
     assert metrics["global_step"] == TOTAL
+
+
+@pytest.mark.slow
+def test_sighup_saves_at_the_next_step_boundary_and_exits_143_like_sigterm(stage1_dataset, tmp_path):
+    # SIGHUP: the ssh session that started training closed.
+    model_dir = tmp_path / "model"
+    command = train_command(stage1_dataset("uint8"), model_dir, "--checkpoint-every", "epoch")
+    run = RunningTraining(command, tmp_path)
+    completed = run.wait_for_step(5)
+    run.process.send_signal(signal.SIGHUP)
+    code, stderr = run.finish()
+
+    assert code == PREEMPTED_EXIT_CODE, stderr[-3000:]
+    assert "Traceback" not in stderr and "stopped by SIGHUP at step" in stderr
+    saved = max(checkpoint_steps(model_dir))
+    assert completed <= saved <= completed + 2 and saved >= run.steps[-1]

@@ -1,12 +1,24 @@
-"""A run resumed mid-epoch with --ema: the rest of the plan trains on from the trained weights, and only
-the end of training swaps in the moving average (trainer.fit_from_step)."""
+"""Resuming with --ema: mid-epoch, the rest of the plan trains on from the trained weights, and only the end
+of training swaps in the moving average (trainer.fit_from_step, trainer.use_final_weights); after the last
+step (a preemption during the final evaluation or the export), the restart ships the average too."""
+
+import os
+import signal
+import sys
+import time
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from train.config import TrainingPlan
-from train.trainer import fit_from_step
+from dataset_contract import manifest as manifest_lib
+from tests.stage1 import read_split
+from tests.train.test_preemption import RunningTraining, resume
+from tests.train.test_training_recipe import restore_last_checkpoint
+from train import export
+from train.config import TrainConfig, TrainingPlan
+from train.trainer import fit_from_step, use_final_weights
 
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 4
 
@@ -60,8 +72,75 @@ def test_a_mid_epoch_resume_with_ema_continues_from_the_trained_weights_and_ends
     assert len(recorder.fit_begins) == 2 and len(recorder.epoch_ends) == 2
     # The second fit starts where the first one's training left the weights, not from their average.
     assert _same(recorder.fit_begins[1], recorder.epoch_ends[0])
-    # The end of training swaps the average in: the final weights are not the last trained ones.
+    # Training ends on the trained weights; use_final_weights then swaps the average in.
+    assert _same(model.get_weights(), recorder.epoch_ends[1])
+    use_final_weights(model)
     final = [np.array(weight) for weight in model.get_weights()]
     assert not _same(final, recorder.epoch_ends[1])
     averages = [np.array(variable) for variable in model.optimizer._model_variables_moving_average]
     assert _same(final, averages)
+
+
+@pytest.mark.slow
+def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_trained_weights(
+    stage1_dataset, tmp_path
+):
+    config = TrainConfig(
+        data_dir=stage1_dataset("uint8"),
+        model_dir=str(tmp_path / "model"),
+        epochs=2,
+        steps_per_epoch=5,
+        global_batch_size=8,
+        learning_rate=1e-2,  # large steps: the average is far from the last weights
+        ema=True,
+        ema_momentum=0.9,
+    )
+    command = [
+        sys.executable, "-m", "train",
+        "--data", config.data_dir,
+        "--model-dir", config.model_dir,
+        "--epochs", "2",
+        "--steps-per-epoch", "5",
+        "--global-batch-size", "8",
+        "--learning-rate", "1e-2",
+        "--ema", "--ema-momentum", "0.9",
+        "--checkpoint-every", "epoch",
+    ]  # fmt: skip
+    # Preempted once training is done: the last epoch's line comes after its checkpoint, before the
+    # final evaluation and the export.
+    run = RunningTraining(command, tmp_path)
+    deadline = time.monotonic() + 300
+    while not any(line.startswith("epoch 2/2:") for line in run.lines):
+        assert run.process.poll() is None, "the run ended early: " + run.finish()[1][-3000:]
+        assert time.monotonic() < deadline, "no end of training after 300 s"
+        time.sleep(0.01)
+    # A SIGTERM in the last moments of fit only sets the flag training no longer reads; once fit is over,
+    # SIGTERM ends the process. Signal until it does (the final evaluation and the export take seconds).
+    while run.process.poll() is None:
+        run.process.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+    code, stderr = run.finish()
+    assert code != 0, "the signal came too late: the run had finished"
+    assert not os.path.exists(os.path.join(config.model_dir, "metrics.json"))
+    assert tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints")).endswith("ckpt-10")
+
+    second, metrics = resume(command, tmp_path)
+    assert "resuming from step 10 of 10" in second.stdout
+    assert metrics["steps_this_run"] == 0 and metrics["validation"]["weights"] == "moving average"
+
+    # What an uninterrupted run exports: the average the last checkpoint's optimizer holds.
+    model, manifest, image_format = restore_last_checkpoint(config)
+    contents = []
+    for row in read_split(config.data_dir, manifest_lib.VALIDATION, manifest):
+        with open(row["uri"], "rb") as handle:
+            contents.append(handle.read())
+    images = export.serving_model_input(
+        tf.constant(contents), image_format, manifest["image"]["resize_method"]
+    )
+    trained = model.predict_on_batch(images)
+    model.optimizer.finalize_variable_values(model.trainable_variables)
+    averaged = model.predict_on_batch(images)
+    assert np.abs(trained - averaged).max() > 0.05, "the test needs an average that differs from the weights"
+    serve = tf.saved_model.load(metrics["export_dir"]).signatures["serving_default"]
+    served = serve(image_bytes=tf.constant(contents))["probabilities"].numpy()
+    np.testing.assert_allclose(served, averaged, atol=1e-5)
