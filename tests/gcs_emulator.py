@@ -510,7 +510,8 @@ def _uploaded_object(path: str, body: bytes) -> tuple[str, str]:
     return bucket, json.loads(metadata.group(1))["name"]
 
 
-_DELETE_IN_BATCH = re.compile(rb"DELETE /storage/v1/b/[^/?\s]+/o/([^?\s]+)")
+# A batch's parts name their objects by absolute URL: DELETE http://HOST/storage/v1/b/BUCKET/o/NAME?...
+_DELETE_IN_BATCH = re.compile(rb"DELETE \S*?/storage/v1/b/[^/?\s]+/o/([^?\s]+)")
 
 
 def _deleted_objects(command: str, path: str, body: bytes) -> list[str]:
