@@ -271,9 +271,10 @@ def test_p1_p2_then_a_newer_run_never_leave_dataset_json_naming_a_removed_run(st
     assert published_dataset(output) == run_a
     publish_run(output, b_id, staged.new)  # B, and its cleanup
     assert published_dataset(output) == staged.new
-    assert p2.resume() != 0
-    assert f"run {a_id} is superseded: run {b_id}, which started later" in p2.output()
+    status = p2.resume()
     assert published_dataset(output) == staged.new
+    assert status != 0
+    assert f"run {a_id} is superseded: run {b_id}, which started later" in p2.output()
     # P2's marker kept A from removal while it could still switch; now it is gone, and so is A.
     publish_run(output, b_id, staged.new)
     assert_only_the_published_run_is_left(output)
@@ -518,9 +519,10 @@ def test_on_gcs_p1_p2_then_a_newer_run_never_leave_dataset_json_naming_a_removed
     assert published_dataset(output) == run_a
     publish_run(output, b_id, staged_gcs.new)  # B, and its cleanup
     assert published_dataset(output) == staged_gcs.new
-    assert p2.resume() != 0
-    assert f"run {a_id} is superseded: run {b_id}, which started later" in p2.output()
+    status = p2.resume()
     assert published_dataset(output) == staged_gcs.new
+    assert status != 0
+    assert f"run {a_id} is superseded: run {b_id}, which started later" in p2.output()
     publish_run(output, b_id, staged_gcs.new)
     assert_only_the_published_run_is_left_on_gcs(gcs_emulator, output)
 
