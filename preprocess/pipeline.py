@@ -29,9 +29,12 @@ published by one atomic replacement of dataset.json). Every input that is
 not written is an error record or a counted duplicate.
 
 Each run writes its files once, under `runs/<run id>/` of the output
-directory (its temporary files under `staging/<run id>/`); the run id is
-made when the job runs, so every run of a Dataflow template has its own.
-Publishing is crash-safe and retry-safe: preprocess/publish.py. Our flags:
+directory (its temporary files under `staging/<run id>/`); the launcher
+makes the run id, so that it reports its own run (or the newer run that
+superseded it), and a Dataflow template's runs each make theirs when they
+run. Publishing is crash-safe and retry-safe, a compare-and-swap of
+dataset.json that keeps superseded runs for --retention-days:
+preprocess/publish.py. Our flags:
 `python -m preprocess --help`; all other flags go to Beam's PipelineOptions
 untouched.
 """

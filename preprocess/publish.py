@@ -101,7 +101,7 @@ SUPERSEDED_CHECK_SECONDS = 60.0
 # reaches <point> create <flag file> and wait until the test removes it (at
 # most an hour), so that a test can kill the process there
 # (tests/preprocess/test_publish_kill.py) or let it go on at a moment of its
-# choosing (tests/preprocess/test_publish_interleaving.py).
+# choosing (the P1/P2 tests of tests/preprocess/test_publish.py).
 PAUSE_ENV = "PREPROCESS_PAUSE_AT"
 _PAUSE_LIMIT_SECONDS = 3600
 

@@ -22,10 +22,12 @@ import pytest
 from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
+from preprocess import pipeline as preprocess_pipeline
 from preprocess import publish
 from preprocess.options import DEFAULT_RETENTION_DAYS
 from preprocess.publish import SupersededRunError, missing_run_files
 from preprocess.runs import RunPaths, new_run_id
+from preprocess.summary import format_summary
 from tests.gcs_emulator import ReadFaults
 from tests.publishing import (
     InjectedCrash,
@@ -347,6 +349,8 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
     third = publish.publish_run(output, later["run"]["id"], later)
     assert [entry["id"] for entry in third[publish.RETAINED_RUNS]] == [new_id, old_id]
     assert missing_run_files(output, old_id, staged.old) == []
+    report = format_summary(third, output)
+    assert f"kept for its readers: run {new_id}" in report and f"kept for its readers: run {old_id}" in report
 
     # Once the period has passed for the first run, the next cleanup (here a retried publish) removes it,
     # and keeps the run superseded since.
@@ -355,6 +359,25 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
     assert not os.path.exists(RunPaths(output, old_id).run_dir)
     assert missing_run_files(output, new_id, staged.new) == []
     assert published_dataset(output) == later
+
+
+def test_the_launcher_reports_its_own_runs_manifest_or_names_the_newer_run_that_superseded_it(staged, output):
+    """python -m preprocess reads dataset.json after its job: it must not report another run's dataset."""
+    old_id, new_id = staged.old["run"]["id"], staged.new_run_id
+    assert preprocess_pipeline.own_manifest(output, old_id) == staged.old
+    publish.publish_run(output, new_id, staged.new)
+    assert preprocess_pipeline.own_manifest(output, new_id)["run"]["id"] == new_id
+    with pytest.raises(SupersededRunError) as raised:
+        preprocess_pipeline.own_manifest(output, old_id)
+    message = str(raised.value)
+    assert (
+        f"run {old_id} published into {output}, but run {new_id}, which started later, has published"
+        in message
+    )
+    assert f"runs/{old_id}/ for the retention period" in message
+    never_published = run_id_between(old_id, new_id)
+    with pytest.raises(SupersededRunError, match=f"run {never_published} is superseded: run {new_id}"):
+        preprocess_pipeline.own_manifest(output, never_published)
 
 
 def test_a_newer_run_than_the_publisher_is_never_touched_by_its_cleanup(staged, output):
