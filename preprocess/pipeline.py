@@ -366,6 +366,8 @@ def run(argv=None) -> dict | None:
                 own_manifest(output_dir, run_id)
             except SupersededRunError as superseded:
                 raise superseded from exc
+            except Exception:  # noqa: BLE001 - could not tell: the job's own error says more
+                pass
         raise
     finally:
         if not template:
