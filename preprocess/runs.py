@@ -163,7 +163,7 @@ class MakeRunId(beam.PTransform):
         return (
             pbegin
             | "Start" >> beam.Create([None])
-            | "NewRunId" >> beam.Map(lambda _: fixed or new_run_id())
+            | "NewRunId" >> beam.Map(lambda _: fixed or new_run_id()).with_output_types(str)
             | "Commit" >> beam.Reshuffle()
             | "RecordBuild"
             >> beam.Map(
