@@ -12,15 +12,15 @@ write: no other writer can slip in between.
   it in between, GCS refuses the upload (412 Precondition Failed) and the
   swap starts over from a fresh read.
 - On local disk: POSIX has no conditional rename, so the read, the check
-  and the `os.replace` happen under an exclusive `fcntl.flock` of
+  and the rename of the new file over `dataset.json` happen under an exclusive `fcntl.flock` of
   `dataset.json.lock` next to `dataset.json`. The kernel releases the lock
   when its holder dies (kill -9 included), so a crash never leaves the
   directory locked; a stale lock *file* is harmless and is removed by the
   next switch. The lock file is unlinked after use, so a locker checks,
   once it holds the lock, that the name still refers to the file it locked
   (else another switch unlinked it meanwhile, and it locks the new one).
-  Readers never take the lock: `os.replace` alone is what makes the switch
-  atomic for them.
+  Readers never take the lock: the rename alone (atomic on POSIX) is what
+  makes the switch atomic for them.
 """
 
 import contextlib
