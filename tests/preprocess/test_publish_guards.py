@@ -4,16 +4,20 @@
   publishes nothing and fails with the failure counts by reason above the fraction; at it, it publishes.
 - A superseded run stops early: a real stage 1 run into a directory whose dataset.json names a run
   that started later stops before decoding anything, with one clear message naming both runs.
+- The launcher reports its own run: a workflow whose stage 1 a newer run superseded after its switch
+  says so instead of training on the newer run's dataset.
 """
 
 import csv
 import glob
 import json
 import re
+import shutil
 
 import pytest
 
 from dataset_contract import manifest as manifest_lib
+from pipelines import workflow
 from preprocess import errors, pipeline, publish
 from preprocess.options import DEFAULT_MAX_FAILED_FRACTION
 from preprocess.runs import is_run_id, new_run_id
@@ -105,3 +109,38 @@ def test_the_superseded_check_reads_dataset_json_at_most_once_per_interval_and_r
         messages.append(str(raised.value))
     assert len(reads) == 2  # once superseded, it says so without reading again
     assert messages == [publish.superseded_message(str(tmp_path), own, newer)] * 3
+
+
+def test_the_workflow_does_not_train_on_the_dataset_of_a_newer_run_that_published_after_its_stage1(
+    tmp_path, monkeypatch
+):
+    """Stage 1 publishes run A; before the workflow reads dataset.json, a newer run B publishes. The
+    workflow says so, naming both runs, and does not train on B's dataset as if it were A's."""
+    corpus = write_corpus(tmp_path / "corpus", images_per_class=2, include_broken=False)
+    output = tmp_path / "dataset"
+    newer = {}
+    real_pause_point = publish.pause_point
+
+    def newer_run_publishes_once_a_has_switched(point, run_id):
+        if point == "switched" and not newer:
+            own = json.loads((output / manifest_lib.MANIFEST_FILE).read_text())
+            newer_id = new_run_id().replace(new_run_id()[:4], "2999", 1)
+            newer["id"], newer["own"] = newer_id, run_id
+            shutil.copytree(output / own["run"]["dir"], output / manifest_lib.run_dir(newer_id))
+            publish.publish_run(str(output), newer_id, json.loads(json.dumps(own).replace(run_id, newer_id)))
+        real_pause_point(point, run_id)
+
+    monkeypatch.setattr(publish, "pause_point", newer_run_publishes_once_a_has_switched)
+    argv = ["--input", corpus.root, "--output", str(output), *STAGE1_ARGS]
+    with pytest.raises(workflow.WorkflowError) as raised:
+        workflow.run_workflow(
+            dataset_dir=str(output),
+            preprocess_argv=argv,
+            launch_training=lambda manifest: pytest.fail(f"trained on run {manifest['run']['id']}"),
+        )
+    message = str(raised.value)
+    assert (
+        f"run {newer['own']} published into {output}, but run {newer['id']}, which started later" in message
+    )
+    # A's files stay for the readers that opened its manifest (the retention period).
+    assert (output / manifest_lib.run_dir(newer["own"])).is_dir()
