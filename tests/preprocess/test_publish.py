@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import time
 import uuid
 
@@ -378,6 +379,39 @@ def test_the_launcher_reports_its_own_runs_manifest_or_names_the_newer_run_that_
     never_published = run_id_between(old_id, new_id)
     with pytest.raises(SupersededRunError, match=f"run {never_published} is superseded: run {new_id}"):
         preprocess_pipeline.own_manifest(output, never_published)
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """Make files immutable (`chattr +i`: not even root may delete them) for the test; undone after it."""
+    made = []
+
+    def make(path):
+        result = subprocess.run(["chattr", "+i", path], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            pytest.skip(f"chattr +i is not available here: {result.stderr.strip()}")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", path], check=False)
+
+
+def test_a_cleanup_that_fails_on_local_disk_warns_and_the_next_publish_removes_the_leftovers(
+    staged, output, immutable, caplog
+):
+    old_id = staged.old["run"]["id"]
+    stuck = os.path.join(output, staged.old["errors"])
+    immutable(stuck)
+    with caplog.at_level(logging.WARNING, logger=publish.__name__):
+        published = publish_run(output, staged.new_run_id, staged.new)
+    assert published["run"]["id"] == staged.new_run_id
+    assert published_dataset(output) == staged.new
+    assert f"could not remove the files of run {old_id}" in caplog.text
+    assert os.path.exists(stuck)
+    subprocess.run(["chattr", "-i", stuck], check=True)
+    publish_run(output, staged.new_run_id, staged.new)
+    assert_only_the_published_run_is_left(output)
 
 
 def test_a_newer_run_than_the_publisher_is_never_touched_by_its_cleanup(staged, output):
