@@ -155,7 +155,10 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert run_dir == f"runs/{manifest['run']['id']}"
     listed = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
     assert all(path.startswith(run_dir + "/") for path in listed)
-    assert manifest["errors"] == f"{run_dir}/errors.jsonl"
+    errors = manifest_lib.error_file_paths(manifest)
+    assert errors and all(
+        path.startswith(f"{run_dir}/errors-") and path.endswith(".jsonl") for path in errors
+    )
     # Only the manifest at the top; the run's directory holds exactly what the manifest names.
     assert set(os.listdir(output)) == {"dataset.json", "runs"}
     assert os.listdir(os.path.join(output, "runs")) == [manifest["run"]["id"]]
@@ -166,7 +169,7 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     }
     assert f"{run_dir}/transform_fn/saved_model.pb" in transform
     assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
-    assert _files_below(output) == {"dataset.json", manifest["errors"]} | listed | transform
+    assert _files_below(output) == {"dataset.json", *errors} | listed | transform
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
