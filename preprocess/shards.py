@@ -1,4 +1,4 @@
-"""Writing TFRecord shards sized by bytes, each record written once (and the error log).
+"""Writing TFRecord shards sized by bytes, each record written once (and the error log's files, alike).
 
 Records go to disk once, at their final place, and only when a bundle ends
 with a small remainder is a little copied:
