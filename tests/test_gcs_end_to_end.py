@@ -71,7 +71,7 @@ RUN_ENTRIES = {
 }
 # Files of a dataset or a model dir: none of them may appear on local disk when the paths are gs://.
 OUTPUT_FILE_PATTERN = re.compile(
-    r"(\.tfrecord|\.part|\.arrow|dataset\.json|errors\.jsonl|saved_model\.pb|schema\.pbtxt|metrics\.json"
+    r"(\.tfrecord|\.part|\.arrow|dataset\.json|errors\.jsonl|errors-.*\.jsonl|saved_model\.pb|schema\.pbtxt|metrics\.json"
     r"|^checkpoint$|^ckpt-.*|events\.out\.tfevents.*)$"
 )
 
@@ -310,7 +310,7 @@ def test_stage1_command_reads_a_csv_manifest_of_gcs_uris_from_gcs(
     assert_inputs_accounted_for(gcs_emulator, output, manifest, gcs_corpus)
     assert not local_outputs(cwd, tmp), "stage 1 wrote to local disk instead of GCS"
     assert not list(cwd.iterdir()), "stage 1 wrote into its working directory"
-    # The summary it prints read errors.jsonl back from the bucket.
+    # The summary it prints read the error files back from the bucket.
     truncated = gcs_corpus.uri(gcs_corpus.files_of_kind(TRUNCATED)[0])
     assert f"{errors.TRUNCATED} 1: {truncated}" in result.stdout
     # Every example is in the split the manifest's split column gave its file.

@@ -196,3 +196,25 @@ def test_a_run_without_errors_lists_no_error_file(tmp_path):
     manifest = _manifest(str(tmp_path), [], num_failed=0)
     manifest_lib.check_manifest(manifest)
     assert manifest["error_files"] == [] and manifest_lib.error_file_paths(manifest) == []
+
+
+def test_the_error_log_transform_lists_files_holding_every_line_once(tmp_path):
+    """WriteErrorLog in a real pipeline (2 worker threads): its singleton is the manifest's error_files."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from preprocess.shards import WriteErrorLog
+
+    lines = [_error_line(index) for index in range(500)]
+    options = PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
+    with beam.Pipeline(options=options) as pipeline:
+        run_id = pipeline | "RunId" >> beam.Create([RUN_ID])
+        entries = pipeline | beam.Create(lines) | WriteErrorLog(str(tmp_path), run_id)
+        _ = entries | beam.Map(lambda listed: (tmp_path / "entries.json").write_text(json.dumps(listed)))
+    listed = json.loads((tmp_path / "entries.json").read_text())
+    assert listed and [entry["path"] for entry in listed] == sorted(entry["path"] for entry in listed)
+    assert sum(entry["num_errors"] for entry in listed) == 500
+    written = [
+        line for entry in listed for line in (tmp_path / entry["path"]).read_bytes().splitlines() if line
+    ]
+    assert sorted(written) == sorted(lines)
