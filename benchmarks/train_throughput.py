@@ -2,7 +2,7 @@
 
     python -m benchmarks.train_throughput --small                       # CPU, a few minutes on 2 cores
     python -m benchmarks.train_throughput                               # a GPU machine, unchanged
-    python -m benchmarks.train_throughput --tpu local --data gs://BUCKET/dataset   # a TPU VM
+    python -m benchmarks.train_throughput --tpu local --data gs://BUCKET/dataset   # a TPU VM (any uint8 dataset)
 
 For each model (`resnet50`, `mobilenetv3small` by default) at 224x224 it
 trains with the device's defaults, resolved exactly as `python -m train`
@@ -259,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-steps", type=int, default=4, help="Untimed steps before each window.")
     parser.add_argument("--repeats", type=int, default=3, help="Windows per input, in turns (default 3).")
     parser.add_argument(
-        "--tpu", default=None, help="As train's --tpu ('local' on a TPU VM); needs --data gs://."
+        "--tpu",
+        default=None,
+        help="As train's --tpu: 'local' on a TPU VM, a slice's name on its worker 0 (then --data gs://...).",
     )
     parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
     parser.add_argument(

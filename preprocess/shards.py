@@ -40,6 +40,7 @@ not parse them: they read the shards the manifest lists.
 import dataclasses
 import hashlib
 import heapq
+import logging
 import math
 import posixpath
 import uuid
@@ -143,7 +144,7 @@ class WriteShardFilesFn(beam.DoFn):
         # The files of a bundle that failed on this instance (an exception elsewhere in the fused stage
         # skips finish_bundle) are discarded, not committed.
         self._abort_open()
-        # Fresh per attempt, all 128 bits of a uuid4: a file is never overwritten, so an attempt the
+        # Fresh per attempt, a whole uuid4 (122 random bits): a file is never overwritten, so an attempt the
         # runner discarded (or one still running) cannot spoil the committed one, among millions of attempts.
         self._attempt = new_attempt_id()
         self._open: dict[str, _HashingFile] = {}
@@ -151,7 +152,10 @@ class WriteShardFilesFn(beam.DoFn):
 
     def _abort_open(self):
         for handle in getattr(self, "_open", {}).values():
-            handle.abort()
+            try:
+                handle.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: publishing removes files no manifest names
+                logging.warning("could not discard %s of a failed bundle: %s", handle.path, exc)
         self._open = {}
 
     def teardown(self):
