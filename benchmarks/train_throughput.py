@@ -21,7 +21,12 @@ and prints (b)/(a): 1.0 means the input pipeline keeps the device fed; below
 INPUT_BOUND_BELOW, training is input-bound. On a CPU-only machine the input
 pipeline and the train step share the same cores, so (b) is below (a) there
 by construction; on a GPU or TPU host they overlap, which is what the ratio
-is for.
+is for. Each window also records this process's CPU time per image (every
+thread): on a CPU that is the cost of the step (plus, in (b), of reading and
+decoding), and unlike images/s it does not depend on the share of a busy
+machine the window got (on a machine shared with other jobs, a process with
+more runnable threads, such as one running an input pipeline, gets a larger
+share, which can put (b) above (a)).
 
 The dataset is `--data` (any stage 1 dataset, local or gs://; on a TPU it
 must be on GCS), or else stage 1 (`python -m preprocess`, the real job)
@@ -67,6 +72,7 @@ class ModelResult:
     global_batch_size: int
     steps_per_window: int
     images_per_second: dict  # {ON_DEVICE: median, REAL_INPUT: median}
+    cpu_ms_per_image: dict  # {ON_DEVICE: median, REAL_INPUT: median}: this process's CPU time, every thread
     windows: dict  # {ON_DEVICE: [...], REAL_INPUT: [...]}
     real_over_on_device: float
     input_bound: bool
@@ -87,23 +93,31 @@ class _WindowClock:
                     # The loss of the last warm-up step, read back: every step before it has finished.
                     float(keras.ops.convert_to_numpy(logs["loss"]))
                     clock.start, clock.start_step = time.perf_counter(), batch + 1
+                    clock.cpu_start = time.process_time()
 
         self.callback = Callback()
         self.executions = 0
         self.start = None
         self.start_step = 0
+        self.cpu_start = 0.0
 
 
-def time_window(model, data, warmup_steps: int, steps: int, global_batch_size: int) -> float:
-    """Images per second of `steps` training steps on `data`, after `warmup_steps` untimed ones."""
+def time_window(model, data, warmup_steps: int, steps: int, global_batch_size: int) -> tuple[float, float]:
+    """(images per second, CPU ms per image) of `steps` training steps on `data`, after `warmup_steps` untimed ones.
+
+    The CPU time is this process's, every thread's (the train step's on a CPU, the input pipeline's, the
+    host's share of an accelerator's step): unlike images/s, it does not depend on the share of a busy
+    machine the window got.
+    """
     per_call = model.steps_per_execution
     warmup_executions = max(1, math.ceil(warmup_steps / per_call))
     clock = _WindowClock(warmup_executions)
     total = warmup_executions * per_call + steps
     model.fit(data, epochs=1, steps_per_epoch=total, shuffle=False, verbose=0, callbacks=[clock.callback])
     # fit returns its logs as numbers: the last step has finished.
-    elapsed = time.perf_counter() - clock.start
-    return (total - clock.start_step) * global_batch_size / elapsed
+    elapsed, cpu = time.perf_counter() - clock.start, time.process_time() - clock.cpu_start
+    images = (total - clock.start_step) * global_batch_size
+    return images / elapsed, 1000 * cpu / images
 
 
 def _build_model(config, setup, manifest, image_format):
@@ -170,16 +184,24 @@ def measure_model(args, model_name: str, data_dir: str, manifest: dict, strategy
         print(f"  compiled in {time.perf_counter() - start:.0f} s", flush=True)
         steps = args.steps
         if steps is None:
-            probe = time_window(model, inputs[ON_DEVICE], 0, 2 * per_call, plan.global_batch_size)
+            probe, _ = time_window(model, inputs[ON_DEVICE], 0, 2 * per_call, plan.global_batch_size)
             steps = max(2, round(args.seconds * probe / plan.global_batch_size / per_call)) * per_call
         steps = math.ceil(steps / per_call) * per_call
         windows = {name: [] for name in inputs}
+        cpu = {name: [] for name in inputs}
         for repeat in range(args.repeats):
             order = list(inputs) if repeat % 2 == 0 else list(reversed(inputs))
             for name in order:
-                rate = time_window(model, inputs[name], args.warmup_steps, steps, plan.global_batch_size)
+                rate, cpu_ms = time_window(
+                    model, inputs[name], args.warmup_steps, steps, plan.global_batch_size
+                )
                 windows[name].append(rate)
-                print(f"  repeat {repeat} {name:11s} {rate:10.1f} images/s ({steps} steps)", flush=True)
+                cpu[name].append(cpu_ms)
+                print(
+                    f"  repeat {repeat} {name:11s} {rate:10.1f} images/s, {cpu_ms:8.1f} CPU ms per image "
+                    f"({steps} steps)",
+                    flush=True,
+                )
     del model, inputs
     ratio = median(b / a for a, b in zip(windows[ON_DEVICE], windows[REAL_INPUT], strict=True))
     return ModelResult(
@@ -193,6 +215,7 @@ def measure_model(args, model_name: str, data_dir: str, manifest: dict, strategy
         global_batch_size=plan.global_batch_size,
         steps_per_window=steps,
         images_per_second={name: median(values) for name, values in windows.items()},
+        cpu_ms_per_image={name: median(values) for name, values in cpu.items()},
         windows=windows,
         real_over_on_device=ratio,
         input_bound=ratio < INPUT_BOUND_BELOW,
@@ -213,7 +236,11 @@ def verdict(result: ModelResult) -> str:
             f"({result.real_over_on_device:.2f}x of the on-device rate, {real:,.1f} vs {on_device:,.1f} images/s)"
         )
     if result.device == "cpu":
-        text += " (CPU only: the input pipeline and the train step share the cores)"
+        text += (
+            f" (CPU only: the input pipeline and the train step share the cores; CPU per image "
+            f"{result.cpu_ms_per_image[REAL_INPUT]:,.1f} ms with the real input vs "
+            f"{result.cpu_ms_per_image[ON_DEVICE]:,.1f} ms on device)"
+        )
     return text
 
 
@@ -327,6 +354,8 @@ def main(argv=None) -> dict:
                 "(b) real input images/s",
                 "(b)/(a)",
                 "input-bound",
+                "(a) CPU ms/image",
+                "(b) CPU ms/image",
             ],
             [
                 [
@@ -340,6 +369,8 @@ def main(argv=None) -> dict:
                     f"{r.images_per_second[REAL_INPUT]:,.1f}",
                     f"{r.real_over_on_device:.2f}",
                     "yes" if r.input_bound else "no",
+                    f"{r.cpu_ms_per_image[ON_DEVICE]:,.1f}",
+                    f"{r.cpu_ms_per_image[REAL_INPUT]:,.1f}",
                 ]
                 for r in results
             ],

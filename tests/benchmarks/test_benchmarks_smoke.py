@@ -136,6 +136,7 @@ def test_train_throughput_prints_both_rates_their_ratio_and_the_verdict(cache, c
         rates = result["images_per_second"]
         assert set(rates) == {train_throughput.ON_DEVICE, train_throughput.REAL_INPUT}
         assert all(rate > 0 for rate in rates.values())
+        assert all(ms > 0 for ms in result["cpu_ms_per_image"].values())
         # The device's defaults, as training resolves them (a CPU here: float32, no XLA, 1 step per call).
         assert (result["device"], result["policy"], result["xla"], result["steps_per_execution"]) == (
             "cpu",
