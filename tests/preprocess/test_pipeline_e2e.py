@@ -60,9 +60,12 @@ def test_accounting_holds_and_matches_the_corpus(corpus, dataset):
     assert inputs["num_found"] == inputs["num_written"] + inputs["num_failed"] + inputs["num_duplicates"]
 
 
-def test_every_bad_file_is_in_errors_jsonl_with_its_reason(corpus, dataset):
+def test_every_bad_file_is_in_the_error_files_once_with_its_reason(corpus, dataset):
     output, manifest = dataset
-    logged = {os.path.relpath(error["uri"], corpus.root): error for error in read_errors(output)}
+    read = read_errors(output)
+    logged = {os.path.relpath(error["uri"], corpus.root): error for error in read}
+    assert len(read) == len(logged) == sum(entry["num_errors"] for entry in manifest["error_files"])
+    assert len(read) == manifest["inputs"]["num_failed"]
     assert {path: error["reason"] for path, error in logged.items()} == corpus.expected_errors
     assert all(error["detail"] for error in logged.values())
     assert manifest["inputs"]["failures_by_reason"] == dict(
