@@ -105,9 +105,28 @@ def transform_output_dir(manifest: dict) -> str:
     return posixpath.dirname(transform.get(TRANSFORM_FN_DIR, TRANSFORM_FN_DIR))
 
 
-def errors_path(manifest: dict) -> str:
-    """The error log's path relative to the dataset directory."""
-    return manifest.get("errors", ERRORS_FILE)
+def error_file_paths(manifest: dict) -> list[str]:
+    """The error log's files, relative to the dataset directory: every line of all of them is one failed input.
+
+    `error_files` (a list of {path, num_errors, num_bytes, sha256}; empty when
+    nothing failed) since stage 1 writes the log as several files; before that,
+    one file, `errors` (format 2) or `errors.jsonl` at the top (format 1).
+    """
+    if "error_files" in manifest:
+        return [entry["path"] for entry in manifest["error_files"]]
+    return [manifest.get("errors", ERRORS_FILE)]
+
+
+def describe_error_files(manifest: dict, data_dir: str = "") -> str:
+    """Where the error log is, for a person: its one file, or how many files where."""
+    paths = [join(data_dir, path) for path in error_file_paths(manifest)]
+    if len(paths) == 1:
+        return paths[0]
+    if not paths:
+        return "no error file (nothing failed)"
+    directories = sorted({posixpath.dirname(path) for path in paths})
+    where = f"{directories[0]}/errors-*.jsonl" if len(directories) == 1 else "error_files"
+    return f"{len(paths)} files, {where} (listed in {MANIFEST_FILE}'s error_files)"
 
 
 def other_required_files(manifest: dict) -> list[str]:
@@ -115,7 +134,7 @@ def other_required_files(manifest: dict) -> list[str]:
 
     The error log, and the files `tft.TFTransformOutput` cannot load without.
     """
-    required = [errors_path(manifest)] if "errors" in manifest else []
+    required = error_file_paths(manifest) if "error_files" in manifest or "errors" in manifest else []
     transform = manifest.get("transform") or {}
     if TRANSFORM_FN_DIR in transform:
         required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
@@ -160,6 +179,11 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             _check_path(shard["path"], "shard path", where)
     if "errors" in manifest:
         _check_path(manifest["errors"], "errors", where)
+    for entry in manifest.get("error_files", []):
+        for key in ("path", "num_errors", "num_bytes", "sha256"):
+            if key not in entry:
+                raise ManifestError(f"{where}: an entry of error_files has no {key!r}")
+        _check_path(entry["path"], "error file path", where)
     for name, path in (manifest.get("transform") or {}).items():
         _check_path(path, f"transform.{name}", where)
     if version >= 2:

@@ -160,7 +160,7 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
         "",
         "Done.",
         f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, "
-        f"failures: {manifest_lib.errors_path(manifest)})",
+        f"failures: {manifest_lib.describe_error_files(manifest)})",
         f"  model:        {paths.model_dir}  (metrics.json, checkpoints, TensorBoard logs)",
         f"  export:       {metrics.get('export_dir', '(not exported)')}",
         f"  images:       {inputs['num_found']} found, {inputs['num_written']} written, "

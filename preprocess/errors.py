@@ -1,7 +1,8 @@
 """Why an input was not written: stable reason codes and the error record.
 
 Every input that is found but not written ends up as exactly one line of
-`errors.jsonl` ({"uri", "reason", "detail"}) or as a counted duplicate, so the
+the error log ({"uri", "reason", "detail"}; the `errors-*.jsonl` files the
+manifest's `error_files` lists) or as a counted duplicate, so the
 manifest's accounting (found = written + failed + duplicates) always holds.
 The codes are part of the dataset format: users grep for them, so they never
 change meaning.

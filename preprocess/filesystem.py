@@ -13,9 +13,15 @@ again gives the same result:
   listing and one request per file as `FileSystems.delete` does.
 - `copy_file`: a server-side copy on GCS (the destination appears whole),
   an atomic write on local disk.
+- `UncommittedFile`: a file written in place (a bundle attempt's shard
+  file) that is kept only by `commit()`. One dropped after a failure is
+  discarded: on GCS its upload is cancelled and no object appears, even
+  when the garbage collector closes it later (see `_AbortWhenDropped`).
 """
 
 import contextlib
+import functools
+import logging
 import os
 import posixpath
 import uuid
@@ -86,6 +92,81 @@ def write_atomically(path: str, tmp_dir: str | None = None):
         handle.close()
         delete_files([temporary])
         raise
+
+
+class _AbortWhenDropped:
+    """Mixed into google-cloud-storage's BlobWriter (Beam's GCS writer): close() aborts, commit() finalizes.
+
+    io.IOBase's finalizer calls close() on a file that is garbage-collected
+    unclosed, and BlobWriter.close() uploads what is buffered and finalizes the
+    object. So a writer dropped with its bundle after an exception would
+    publish its partial bytes whenever the collector gets to it (reproduced on
+    the emulator: an abandoned writer committed its 1,000 bytes), possibly
+    after the run's cleanup. Here every close() that is not commit()'s
+    cancels the upload instead (BlobWriter.terminate: the resumable session,
+    if one was started, is deleted; nothing buffered is sent).
+    """
+
+    _aborted = False
+
+    def commit(self):
+        super().close()
+
+    def close(self):
+        if self.closed or self._aborted:
+            return
+        self._aborted = True
+        try:
+            self.terminate()
+        except Exception as exc:  # noqa: BLE001 - an unfinished upload never becomes an object anyway
+            logging.warning(
+                "could not cancel the upload of %s (it stays unfinished): %s", self._blob.name, exc
+            )
+
+
+@functools.cache
+def _aborting_class(writer_class: type) -> type:
+    return type(f"Aborting{writer_class.__name__}", (_AbortWhenDropped, writer_class), {})
+
+
+def _is_gcs_writer(handle) -> bool:
+    try:
+        from google.cloud.storage.fileio import BlobWriter
+    except ImportError:  # no GCS support installed: no GCS writer either
+        return False
+    return isinstance(handle, BlobWriter)
+
+
+class UncommittedFile:
+    """A binary file written at `path`, kept by `commit()`; `abort()` or dropping it uncommitted discards it.
+
+    On GCS the object appears at commit() only; an aborted or dropped one
+    never appears. On local disk the bytes are in place as they are written
+    (a reader of the run's directory must not rely on them before the
+    manifest names them); abort() deletes the file, and one dropped by a
+    crashed attempt is removed with the run's other unnamed files when it
+    publishes (preprocess/publish.py).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._handle = FileSystems.create(path)
+        if _is_gcs_writer(self._handle):
+            self._handle.__class__ = _aborting_class(type(self._handle))
+
+    def write(self, data: bytes) -> int:
+        return self._handle.write(data)
+
+    def commit(self):
+        if isinstance(self._handle, _AbortWhenDropped):
+            self._handle.commit()
+        else:
+            self._handle.close()
+
+    def abort(self):
+        self._handle.close()  # on GCS: cancels the upload
+        if is_local(self.path):
+            delete_files([self.path])
 
 
 def write_bytes(path: str, data: bytes, tmp_dir: str | None = None):

@@ -22,12 +22,23 @@ _TRANSFORM_DIRS = (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METAD
 
 
 def build_manifest(
-    *, config: dict, run_id: str, labels, stats, shards, class_counts, num_found, failures, num_duplicates
+    *,
+    config: dict,
+    run_id: str,
+    labels,
+    stats,
+    shards,
+    class_counts,
+    num_found,
+    failures,
+    num_duplicates,
+    error_files=(),
 ):
     """The manifest dict, from the job's config and the facts the pipeline gathered.
 
-    `shards` are the entries shards.WriteShards yields: paths relative to the
-    output directory, inside the run's directory.
+    `shards` are the entries shards.WriteShards yields, `error_files` the
+    list shards.WriteErrorLog yields: paths relative to the output directory,
+    inside the run's directory.
     """
     run = RunPaths(config["output"], run_id)
     splits = {}
@@ -84,7 +95,8 @@ def build_manifest(
         },
         "split_fractions": config["split_fractions"],
         "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
-        "errors": run.relative(manifest_lib.ERRORS_FILE),
+        # Every input that failed, one JSON line each, in these files (none when nothing failed).
+        "error_files": sorted(error_files, key=lambda entry: entry["path"]),
     }
 
 
@@ -105,7 +117,7 @@ def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPath
     raise TooManyFailuresError(
         f"run {run.run_id}: {failed} of the {found} inputs found failed ({failed / found:.1%}), more than "
         f"--max-failed-fraction {max_failed_fraction:g} allows: {reasons}. Nothing was published "
-        f"(dataset.json is unchanged). See which files and why in {run.final(manifest_lib.ERRORS_FILE)}; "
+        f"(dataset.json is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
         "fix the inputs (read access, the manifest's URIs), or re-run with a higher --max-failed-fraction "
         "if that many failures are expected."
     )
@@ -127,17 +139,17 @@ def finalize_dataset(
     `labels` is the label vocabulary the records were written with, `stats`
     the (mean, std) the transform graph holds (read back from the run's copy
     of it, so the graph is written when this runs). `outcome_counts` are the
-    (outcome, count) pairs of outcomes.py. `errors_log` is a side input only
-    to order this step after its write.
+    (outcome, count) pairs of outcomes.py. `errors_log` is the list of the
+    error log's files (shards.WriteErrorLog), already written: the manifest
+    names them, nothing is copied here.
     """
-    del errors_log
     run = RunPaths(config["output"], run_id)
     counts = outcomes.tally(outcome_counts)
     check_failed_fraction(counts, config.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION), run)
     if not labels or not any(shard["split"] == manifest_lib.TRAIN for shard in shards):
         raise ValueError(
             "no training example was written: every input failed or the split gave train nothing; "
-            f"see {run.final(manifest_lib.ERRORS_FILE)}"
+            f"see the error log, {run.final('errors-*.jsonl')}"
         )
     analyzed = read_label_vocabulary(run.final(manifest_lib.TRANSFORM_FN_DIR))
     if analyzed != list(labels):
@@ -155,6 +167,7 @@ def finalize_dataset(
         labels=labels,
         stats=stats,
         shards=shards,
+        error_files=errors_log,
         **counts,
     )
     manifest_lib.check_manifest(manifest)

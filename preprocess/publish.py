@@ -172,7 +172,7 @@ def published_run_id(manifest: dict | None) -> str:
 def named_files(manifest: dict) -> set[str]:
     """The files and directories (relative paths) a manifest names."""
     names = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
-    names.add(manifest_lib.errors_path(manifest))
+    names.update(manifest_lib.error_file_paths(manifest))
     names.update((manifest.get("transform") or {}).values())
     return names
 

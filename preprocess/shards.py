@@ -1,4 +1,4 @@
-"""Writing TFRecord shards sized by bytes, each record written once (and the error log).
+"""Writing TFRecord shards sized by bytes, each record written once (and the error log's files, alike).
 
 Records go to disk once, at their final place, and only when a bundle ends
 with a small remainder is a little copied:
@@ -32,7 +32,7 @@ preprocess/publish.py removes every file of the run's directory its manifest
 does not name.
 
 File names say the split first, then the bundle attempt and the file's
-number within it (`train-3f9c0a1b2c4d-0002.tfrecord`), or for a packed shard
+number within it (`train-3f9c0a1b2c4d4e5f8a9b0c1d2e3f4a5b-0002.tfrecord`, a full uuid4), or for a packed shard
 a digest of its sources (`train-packed-9e107d9d372b.tfrecord`). Readers do
 not parse them: they read the shards the manifest lists.
 """
@@ -40,6 +40,7 @@ not parse them: they read the shards the manifest lists.
 import dataclasses
 import hashlib
 import heapq
+import logging
 import math
 import posixpath
 import uuid
@@ -60,8 +61,6 @@ TFRECORD = "tfrecord"
 LINES = "lines"
 _SUFFIX = {TFRECORD: manifest_lib.SHARD_SUFFIX, LINES: ".jsonl"}
 ERRORS = "errors"  # the `split` of the error log's files
-# The error log's files are written to the run's staging (they are small, and concatenated into one).
-_ERROR_PARTS_DIR = "parts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +99,19 @@ def file_targets(estimated_bytes: dict, shard_size_bytes: int, min_shards: int) 
     }
 
 
+def new_attempt_id() -> str:
+    """A bundle attempt's id in its files' names: a full uuid4, 32 hex digits (122 random bits)."""
+    return uuid.uuid4().hex
+
+
 class _HashingFile:
     """A file being written, with the sha256, size and record count of what went into it."""
 
     def __init__(self, split: str, path: str):
         self.split = split
         self.path = path
-        self._handle = FileSystems.create(path)
+        # Kept only by close(): a file of a failed bundle, aborted or just dropped, never becomes a GCS object.
+        self._handle = filesystem.UncommittedFile(path)
         self._digest = hashlib.sha256()
         self.num_bytes = 0
         self.num_examples = 0
@@ -117,38 +122,60 @@ class _HashingFile:
         self.num_bytes += len(data)
 
     def close(self) -> WrittenFile:
-        self._handle.close()
+        self._handle.commit()
         return WrittenFile(self.split, self.path, self.num_examples, self.num_bytes, self._digest.hexdigest())
+
+    def abort(self):
+        self._handle.abort()
 
 
 class WriteShardFilesFn(beam.DoFn):
     """(split, record bytes) -> WrittenFile entries of files holding them, one open file per split.
 
-    Shard files go into the run's directory; with `staging_subdir`, into that
-    directory of the run's staging instead (the error log's parts).
+    The files go into the run's directory (TFRecord shards, or with framing
+    LINES the error log's JSON lines).
     """
 
-    def __init__(self, output_dir: str, framing: str = TFRECORD, staging_subdir: str | None = None):
+    def __init__(self, output_dir: str, framing: str = TFRECORD):
         self._output_dir = output_dir
         self._framing = framing
-        self._staging_subdir = staging_subdir
 
     def start_bundle(self):
-        # Fresh per attempt: a file is never overwritten, so an attempt the
-        # runner discarded (or one still running) cannot spoil the committed one.
-        self._attempt = uuid.uuid4().hex[:12]
+        # The files of a bundle that failed on this instance (an exception elsewhere in the fused stage
+        # skips finish_bundle) are discarded, not committed.
+        self._abort_open()
+        # Fresh per attempt, a whole uuid4 (122 random bits): a file is never overwritten, so an attempt the
+        # runner discarded (or one still running) cannot spoil the committed one, among millions of attempts.
+        self._attempt = new_attempt_id()
         self._open: dict[str, _HashingFile] = {}
         self._count: dict[str, int] = {}
+
+    def _abort_open(self):
+        for handle in getattr(self, "_open", {}).values():
+            try:
+                handle.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: publishing removes files no manifest names
+                logging.warning("could not discard %s of a failed bundle: %s", handle.path, exc)
+        self._open = {}
+
+    def teardown(self):
+        self._abort_open()
 
     def _new_file(self, split: str, run_id: str) -> _HashingFile:
         index = self._count.get(split, 0)
         self._count[split] = index + 1
         name = f"{split}-{self._attempt}-{index:04d}{_SUFFIX[self._framing]}"
-        paths = RunPaths(self._output_dir, run_id)
-        path = paths.staging(self._staging_subdir, name) if self._staging_subdir else paths.final(name)
-        return _HashingFile(split, path)
+        return _HashingFile(split, RunPaths(self._output_dir, run_id).final(name))
 
     def process(self, element, target_bytes: dict, run_id: str):
+        try:
+            yield from self._process(element, target_bytes, run_id)
+        except BaseException:
+            # This bundle fails: its open files must not be committed (a retry writes its own).
+            self._abort_open()
+            raise
+
+    def _process(self, element, target_bytes: dict, run_id: str):
         split, record = element
         if split not in target_bytes:
             raise ValueError(
@@ -177,19 +204,28 @@ class WriteShardFilesFn(beam.DoFn):
             yield GlobalWindows.windowed_value(self._open.pop(split).close())
 
 
-def _packed_name(split: str, sources: list[WrittenFile]) -> str:
+def _packed_name(split: str, sources: list[WrittenFile], suffix: str) -> str:
     digest = hashlib.sha256("\n".join(posixpath.basename(source.path) for source in sources).encode())
-    return f"{split}-packed-{digest.hexdigest()[:12]}{manifest_lib.SHARD_SUFFIX}"
+    return f"{split}-packed-{digest.hexdigest()[:12]}{suffix}"
 
 
-def plan_split(split: str, files: list[WrittenFile], target_bytes: int, min_shards: int) -> list[ShardPlan]:
+def plan_split(
+    split: str,
+    files: list[WrittenFile],
+    target_bytes: int,
+    min_shards: int,
+    max_sources: int | None = None,
+    suffix: str = manifest_lib.SHARD_SUFFIX,
+) -> list[ShardPlan]:
     """The shards of one split: full files kept as they are, the small ones packed.
 
     A file of at least half `target_bytes` is a shard. The others are packed
     (largest first onto the lightest shard) into shards of about
     `target_bytes`, as many as it takes to make `min_shards` in all if there
-    are files enough; a packed shard of one file is that file, kept. Never an
-    empty shard. Deterministic: the same files in any order give the same plans.
+    are files enough, and with `max_sources`, enough that none packs more
+    files than that (each packed shard is one element's copy: this bounds its
+    work); a packed shard of one file is that file, kept. Never an empty
+    shard. Deterministic: the same files in any order give the same plans.
     """
     files = sorted((file for file in files if file.num_examples > 0), key=lambda file: file.path)
     full = [file for file in files if 2 * file.num_bytes >= target_bytes]
@@ -197,18 +233,25 @@ def plan_split(split: str, files: list[WrittenFile], target_bytes: int, min_shar
     groups = [[file] for file in full]
     if small:
         small_bytes = sum(file.num_bytes for file in small)
-        num_packed = min(len(small), max(math.ceil(small_bytes / target_bytes), min_shards - len(full), 1))
+        num_packed = max(math.ceil(small_bytes / target_bytes), min_shards - len(full), 1)
+        if max_sources:
+            num_packed = max(num_packed, math.ceil(len(small) / max_sources))
+        num_packed = min(len(small), num_packed)
         loads = [(0, index, []) for index in range(num_packed)]
         heapq.heapify(loads)
         for file in sorted(small, key=lambda file: (-file.num_bytes, file.path)):
             load, index, assigned = heapq.heappop(loads)
+            while max_sources and len(assigned) >= max_sources:  # full: out of the heap for good
+                groups.append(assigned)
+                load, index, assigned = heapq.heappop(loads)
             assigned.append(file)
             heapq.heappush(loads, (load + file.num_bytes, index, assigned))
-        groups += [sorted(assigned, key=lambda file: file.path) for _, _, assigned in loads]
+        groups += [assigned for _, _, assigned in loads]
+    groups = [sorted(group, key=lambda file: file.path) for group in groups]
     plans = [
         ShardPlan(
             split,
-            posixpath.basename(group[0].path) if len(group) == 1 else _packed_name(split, group),
+            posixpath.basename(group[0].path) if len(group) == 1 else _packed_name(split, group, suffix),
             tuple(group),
         )
         for group in groups
@@ -228,9 +271,36 @@ def plan_shards(files: list[WrittenFile], target_bytes: dict, min_shards: int) -
     ]
 
 
-def plan_error_log(parts: list[WrittenFile]) -> ShardPlan:
-    """All error parts into the one error log (an empty file when nothing failed)."""
-    return ShardPlan(ERRORS, manifest_lib.ERRORS_FILE, tuple(sorted(parts, key=lambda part: part.path)))
+# The error log's files: each at most this size (error lines are small, so files are few) ...
+ERROR_FILE_BYTES = 16 << 20
+# ... and a packed one made of at most this many bundle attempts' files: one element copies them, so its work
+# is bounded whatever the number of errors (and 32 is what one GCS compose request takes, were it used).
+MAX_SOURCES_PER_ERROR_FILE = 32
+
+
+def plan_error_files(files: list[WrittenFile]) -> list[ShardPlan]:
+    """The error log's files (plan_split): the bundle attempts' error files, the small ones packed by up to 32.
+
+    No file when nothing failed.
+    """
+    return plan_split(
+        ERRORS,
+        files,
+        ERROR_FILE_BYTES,
+        min_shards=1,
+        max_sources=MAX_SOURCES_PER_ERROR_FILE,
+        suffix=_SUFFIX[LINES],
+    )
+
+
+def error_file_entry(entry: dict) -> dict:
+    """WriteShardFn's entry of an error file -> its manifest entry (`error_files` in dataset.json)."""
+    return {
+        "path": entry["path"],
+        "num_errors": entry["num_examples"],
+        "num_bytes": entry["num_bytes"],
+        "sha256": entry["sha256"],
+    }
 
 
 class WriteShardFn(beam.DoFn):
@@ -304,15 +374,16 @@ class WriteShards(beam.PTransform):
         )
 
 
-# Error lines are small; parts of this size keep the part count low.
-_ERROR_PART_BYTES = 16 << 20
-
-
 class WriteErrorLog(beam.PTransform):
-    """JSON lines (bytes) -> runs/<run id>/errors.jsonl, written once; outputs its manifest entry.
+    """JSON lines (bytes) -> the error log's files in runs/<run id>/; outputs the list of their manifest entries.
 
-    The lines go to parts in the run's staging first (one per bundle attempt,
-    as shard files do), then into the one file: a second write, of a few bytes per failed input.
+    Written as shards are (WriteShardFilesFn, then plan_error_files): each
+    bundle attempt writes its errors to files of its own in the run's
+    directory, and the small ones are packed, up to 32 a file, in parallel
+    (one element per packed file). The manifest lists the files
+    (`error_files`); nothing is concatenated into one file, so no step does
+    work proportional to the number of errors. The output is a singleton:
+    the list of manifest entries (sorted by path; empty when nothing failed).
     """
 
     def __init__(self, output_dir, run_id):
@@ -322,12 +393,16 @@ class WriteErrorLog(beam.PTransform):
 
     def expand(self, lines):
         run_id = beam.pvalue.AsSingleton(self._run_id)
-        writer = WriteShardFilesFn(self._output_dir, framing=LINES, staging_subdir=_ERROR_PARTS_DIR)
+        writer = WriteShardFilesFn(self._output_dir, framing=LINES)
         return (
             lines
             | "KeyErrors" >> beam.Map(lambda line: (ERRORS, line))
-            | "WriteParts" >> beam.ParDo(writer, {ERRORS: _ERROR_PART_BYTES}, run_id)
-            | "AllParts" >> beam.combiners.ToList()
-            | "Plan" >> beam.Map(plan_error_log)
-            | "Concatenate" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
+            | "WriteFiles" >> beam.ParDo(writer, {ERRORS: ERROR_FILE_BYTES}, run_id)
+            | "AllFiles" >> beam.combiners.ToList()
+            | "Plan" >> beam.FlatMap(plan_error_files)
+            | "Spread" >> beam.Reshuffle()
+            | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
+            | "ManifestEntry" >> beam.Map(error_file_entry)
+            | "AllEntries" >> beam.combiners.ToList()
+            | "Sorted" >> beam.Map(lambda entries: sorted(entries, key=lambda entry: entry["path"]))
         )

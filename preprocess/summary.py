@@ -2,7 +2,7 @@
 
 Printed by the job when it ends and by `python -m preprocess.inspect`; built
 from the manifest alone, plus, when given, a few example URIs per failure
-reason from errors.jsonl (`read_error_examples`).
+reason from the error log's files (`read_error_examples`).
 """
 
 import json
@@ -38,31 +38,35 @@ def read_manifest_or_explain(data_dir: str) -> dict | None:
 
 
 def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> dict[str, list[str]]:
-    """Up to `per_reason` URIs for each failure reason, from errors.jsonl (local or gs://).
+    """Up to `per_reason` URIs for each failure reason, from the error log's files (local or gs://).
 
     Stops reading once every reason the manifest counts has its examples, so a
     huge error log costs a few lines, not a full read.
     """
-    path = manifest_lib.join(data_dir, manifest_lib.errors_path(manifest))
     wanted = manifest["inputs"].get("failures_by_reason", {})
     examples: dict[str, list[str]] = {}
-    if not wanted or not tf.io.gfile.exists(path):
+    if not wanted:
         return examples
-    with tf.io.gfile.GFile(path, "r") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                error = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            uris = examples.setdefault(error.get("reason", "?"), [])
-            if len(uris) < per_reason:
-                uris.append(error.get("uri", "?"))
-            if all(
-                len(examples.get(reason, [])) >= min(per_reason, count) for reason, count in wanted.items()
-            ):
-                break
+    for relative in manifest_lib.error_file_paths(manifest):
+        path = manifest_lib.join(data_dir, relative)
+        if not tf.io.gfile.exists(path):
+            continue
+        with tf.io.gfile.GFile(path, "r") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    error = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                uris = examples.setdefault(error.get("reason", "?"), [])
+                if len(uris) < per_reason:
+                    uris.append(error.get("uri", "?"))
+                if all(
+                    len(examples.get(reason, [])) >= min(per_reason, count)
+                    for reason, count in wanted.items()
+                ):
+                    return examples
     return examples
 
 
@@ -151,8 +155,9 @@ def format_summary(
             lines.append(f"    {split}: none")
     lines.append(f"  total size: {format_bytes(total_bytes)} in {total_shards} shards")
     if inputs.get("failures_by_reason"):
-        errors_path = manifest_lib.join(output_dir, manifest_lib.errors_path(manifest))
-        lines.append(f"  failures by reason (details: {errors_path}):")
+        lines.append(
+            f"  failures by reason (details: {manifest_lib.describe_error_files(manifest, output_dir)}):"
+        )
         for reason, count in inputs["failures_by_reason"].items():
             examples = (error_examples or {}).get(reason, [])
             more = ", ..." if examples and count > len(examples) else ""

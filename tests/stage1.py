@@ -57,9 +57,12 @@ def read_manifest(dataset_dir):
 
 
 def read_errors(dataset_dir):
-    path = os.path.join(dataset_dir, manifest_lib.errors_path(read_manifest(dataset_dir)))
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """Every line of the error log's files the manifest lists, in the order listed."""
+    errors = []
+    for relative in manifest_lib.error_file_paths(read_manifest(dataset_dir)):
+        with open(os.path.join(dataset_dir, relative)) as handle:
+            errors += [json.loads(line) for line in handle if line.strip()]
+    return errors
 
 
 _PARSE_SPEC = {

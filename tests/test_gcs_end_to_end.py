@@ -10,7 +10,7 @@ against a real GCS emulator and then look at the bucket itself, never through th
   corpus from the bucket, as a class-per-folder tree and as a CSV manifest of ``gs://`` URIs, and writes
   the dataset into the bucket: ``dataset.json`` and the run's directory ``runs/<run id>/``, where every
   shard the manifest lists is, with its listed size and sha256, next to ``transform_fn/``,
-  ``transformed_metadata/`` and ``errors.jsonl``; nothing else is (no staging leftovers, no stale shard
+  ``transformed_metadata/`` and the error files (``errors-*.jsonl``); nothing else is (no staging leftovers, no stale shard
   or manifest of an earlier run); the manifest appeared after everything it describes; objects next to
   the dataset directory are untouched; nothing reached local disk;
 * stage 2 (``python -m train``, TensorFlow's own ``gs://`` filesystem) trains on that dataset, reading
@@ -66,13 +66,12 @@ STEPS_PER_EPOCH = 40  # a few seconds an epoch: long enough to kill the run betw
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 # What a run's directory holds besides its shards (docs/dataset_format.md).
 RUN_ENTRIES = {
-    manifest_lib.ERRORS_FILE,
     manifest_lib.TRANSFORM_FN_DIR,
     manifest_lib.TRANSFORMED_METADATA_DIR,
 }
 # Files of a dataset or a model dir: none of them may appear on local disk when the paths are gs://.
 OUTPUT_FILE_PATTERN = re.compile(
-    r"(\.tfrecord|\.part|\.arrow|dataset\.json|errors\.jsonl|saved_model\.pb|schema\.pbtxt|metrics\.json"
+    r"(\.tfrecord|\.part|\.arrow|dataset\.json|errors\.jsonl|errors-.*\.jsonl|saved_model\.pb|schema\.pbtxt|metrics\.json"
     r"|^checkpoint$|^ckpt-.*|events\.out\.tfevents.*)$"
 )
 
@@ -160,10 +159,11 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
     assert {name.split("/", 1)[0] for name in objects} == {manifest_lib.MANIFEST_FILE, manifest_lib.RUNS_DIR}
     assert {name.rsplit("/", 1)[0] for name in listed} == {run_dir}
     in_run = {name[len(run_dir) + 1 :].split("/", 1)[0] for name in objects if name.startswith(run_dir + "/")}
-    expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in listed}
+    error_files = manifest_lib.error_file_paths(manifest)
+    expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in [*listed, *error_files]}
     assert in_run == expected, sorted(in_run ^ expected)
     assert len(objects) == 1 + sum(1 for name in objects if name.startswith(run_dir + "/"))
-    assert manifest["errors"] == f"{run_dir}/{manifest_lib.ERRORS_FILE}"
+    assert error_files and all(path.startswith(f"{run_dir}/errors-") for path in error_files)
     for name in (
         "transform_fn/saved_model.pb",
         "transform_fn/variables/variables.index",
@@ -178,14 +178,19 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
 
 
 def assert_inputs_accounted_for(gcs_emulator, dataset_url: str, manifest: dict, corpus) -> None:
-    """Counts as the corpus generator says, and every broken gs:// input in errors.jsonl with its reason."""
+    """Counts as the corpus generator says, and every broken gs:// input in the error files with its reason."""
     inputs = manifest["inputs"]
     assert inputs["num_found"] == corpus.num_found
     assert inputs["num_written"] == corpus.num_usable
     assert inputs["num_failed"] == corpus.num_failed
     assert inputs["num_duplicates"] == corpus.num_duplicates
-    errors_object = object_name(gcs_emulator, dataset_url) + "/" + manifest["errors"]
-    lines = gcs_emulator.read_object(errors_object).decode().splitlines()
+    lines = []
+    for path in manifest_lib.error_file_paths(manifest):
+        lines += (
+            gcs_emulator.read_object(object_name(gcs_emulator, dataset_url) + "/" + path)
+            .decode()
+            .splitlines()
+        )
     reasons = {error["uri"]: error["reason"] for error in map(json.loads, filter(None, lines))}
     expected = {corpus.uri(f): f.expected_error for f in corpus.files if f.expected_error}
     assert reasons == expected
@@ -306,7 +311,7 @@ def test_stage1_command_reads_a_csv_manifest_of_gcs_uris_from_gcs(
     assert_inputs_accounted_for(gcs_emulator, output, manifest, gcs_corpus)
     assert not local_outputs(cwd, tmp), "stage 1 wrote to local disk instead of GCS"
     assert not list(cwd.iterdir()), "stage 1 wrote into its working directory"
-    # The summary it prints read errors.jsonl back from the bucket.
+    # The summary it prints read the error files back from the bucket.
     truncated = gcs_corpus.uri(gcs_corpus.files_of_kind(TRUNCATED)[0])
     assert f"{errors.TRUNCATED} 1: {truncated}" in result.stdout
     # Every example is in the split the manifest's split column gave its file.

@@ -14,6 +14,7 @@ from benchmarks import (
     serving_memory,
     stage1_memory,
     stage1_vs_handwritten,
+    train_throughput,
     training_recipe,
 )
 
@@ -126,3 +127,35 @@ def test_training_recipe_runs_at_tiny_size(cache, tmp_path, capsys):
     assert all(0.0 <= accuracy <= 1.0 for accuracy in report["median"].values())
     assert report["stored_size_with_margin"] == 36  # 32 px crops of round(32 x 1.14) px squares
     assert "vs scratch, points" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_train_throughput_prints_both_rates_their_ratio_and_the_verdict(cache, capsys):
+    report = train_throughput.main(["--tiny", "--cache", cache])
+    out = capsys.readouterr().out
+    assert set(report["results"]) == set(train_throughput.MODELS)
+    for model, result in report["results"].items():
+        rates = result["images_per_second"]
+        assert set(rates) == {train_throughput.ON_DEVICE, train_throughput.REAL_INPUT}
+        assert all(rate > 0 for rate in rates.values())
+        assert all(ms > 0 for ms in result["cpu_ms_per_image"].values())
+        # The device's defaults, as training resolves them (a CPU here: float32, no XLA, 1 step per call).
+        assert (result["device"], result["policy"], result["xla"], result["steps_per_execution"]) == (
+            "cpu",
+            "float32",
+            "off",
+            1,
+        )
+        assert result["input_bound"] == (result["real_over_on_device"] < train_throughput.INPUT_BOUND_BELOW)
+        assert f"{result['real_over_on_device']:.2f}" in out
+        assert f"{model}: INPUT-BOUND" in out or f"{model}: not input-bound" in out
+    for field in (
+        "command:",
+        "date:",
+        "machine:",
+        "(a) on device images/s",
+        "(b) real input images/s",
+        "(b)/(a)",
+    ):
+        assert field in out
+    assert "32x32 uint8" in out  # the dataset stage 1 wrote, in the encoding the benchmark is about

@@ -60,9 +60,12 @@ def test_accounting_holds_and_matches_the_corpus(corpus, dataset):
     assert inputs["num_found"] == inputs["num_written"] + inputs["num_failed"] + inputs["num_duplicates"]
 
 
-def test_every_bad_file_is_in_errors_jsonl_with_its_reason(corpus, dataset):
+def test_every_bad_file_is_in_the_error_files_once_with_its_reason(corpus, dataset):
     output, manifest = dataset
-    logged = {os.path.relpath(error["uri"], corpus.root): error for error in read_errors(output)}
+    read = read_errors(output)
+    logged = {os.path.relpath(error["uri"], corpus.root): error for error in read}
+    assert len(read) == len(logged) == sum(entry["num_errors"] for entry in manifest["error_files"])
+    assert len(read) == manifest["inputs"]["num_failed"]
     assert {path: error["reason"] for path, error in logged.items()} == corpus.expected_errors
     assert all(error["detail"] for error in logged.values())
     assert manifest["inputs"]["failures_by_reason"] == dict(
@@ -155,7 +158,10 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert run_dir == f"runs/{manifest['run']['id']}"
     listed = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
     assert all(path.startswith(run_dir + "/") for path in listed)
-    assert manifest["errors"] == f"{run_dir}/errors.jsonl"
+    errors = manifest_lib.error_file_paths(manifest)
+    assert errors and all(
+        path.startswith(f"{run_dir}/errors-") and path.endswith(".jsonl") for path in errors
+    )
     # Only the manifest at the top; the run's directory holds exactly what the manifest names.
     assert set(os.listdir(output)) == {"dataset.json", "runs"}
     assert os.listdir(os.path.join(output, "runs")) == [manifest["run"]["id"]]
@@ -166,7 +172,7 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     }
     assert f"{run_dir}/transform_fn/saved_model.pb" in transform
     assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
-    assert _files_below(output) == {"dataset.json", manifest["errors"]} | listed | transform
+    assert _files_below(output) == {"dataset.json", *errors} | listed | transform
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;

@@ -18,7 +18,7 @@ from preprocess.shards import (
     WriteShardFn,
     WrittenFile,
     file_target_bytes,
-    plan_error_log,
+    plan_error_files,
     plan_shards,
     plan_split,
 )
@@ -107,9 +107,9 @@ def _records(count, size=100):
     return [bytes([index % 256]) * size for index in range(count)]
 
 
-def _write_bundle(output_dir, elements, target_bytes, framing=shards_lib.TFRECORD, staging_subdir=None):
+def _write_bundle(output_dir, elements, target_bytes, framing=shards_lib.TFRECORD):
     """One bundle of WriteShardFilesFn, called as the runner calls it."""
-    fn = WriteShardFilesFn(str(output_dir), framing, staging_subdir)
+    fn = WriteShardFilesFn(str(output_dir), framing)
     fn.start_bundle()
     files = [file for element in elements for file in fn.process(element, target_bytes, RUN_ID)]
     files += [windowed.value for windowed in fn.finish_bundle()]
@@ -230,20 +230,22 @@ def test_a_packing_that_crashes_midway_leaves_no_partial_shard_and_its_retry_com
     assert set(os.listdir(run_dir)) == sources | {plan.name}
 
 
-def test_the_error_log_is_one_file_of_every_line_even_when_empty(tmp_path):
+def test_the_error_log_is_files_of_every_line_in_the_run_directory_and_none_when_nothing_failed(tmp_path):
     lines = [json.dumps({"uri": f"/in/{index}.jpg", "reason": "truncated"}).encode() for index in range(30)]
     targets = {ERRORS: 200}
-    parts = []
+    files = []
     for bundle in (lines[:10], lines[10:]):
-        parts += _write_bundle(tmp_path, [(ERRORS, line) for line in bundle], targets, LINES, "parts")
-    assert all(part.path.startswith(str(tmp_path / "staging" / RUN_ID / "parts")) for part in parts)
-    entry = _write_shard(tmp_path, plan_error_log(parts))
-    assert entry["path"] == f"runs/{RUN_ID}/errors.jsonl"
-    written = (tmp_path / entry["path"]).read_bytes().splitlines()
+        files += _write_bundle(tmp_path, [(ERRORS, line) for line in bundle], targets, LINES)
+    assert all(os.path.dirname(file.path) == str(tmp_path / "runs" / RUN_ID) for file in files)
+    entries = [_write_shard(tmp_path, plan) for plan in plan_error_files(files)]
+    assert all(
+        entry["path"].startswith(f"runs/{RUN_ID}/errors-") and entry["path"].endswith(".jsonl")
+        for entry in entries
+    )
+    written = [line for entry in entries for line in (tmp_path / entry["path"]).read_bytes().splitlines()]
     assert sorted(written) == sorted(lines)
-    assert entry["num_examples"] == 30
-    empty = _write_shard(tmp_path / "none", plan_error_log([]))
-    assert (tmp_path / "none" / empty["path"]).read_bytes() == b""
+    assert sum(entry["num_examples"] for entry in entries) == 30
+    assert plan_error_files([]) == []
 
 
 def test_a_decoded_spill_bundle_written_twice_gives_two_readable_copies(tmp_path):
@@ -290,7 +292,7 @@ def test_after_a_run_with_discarded_attempts_its_directory_holds_exactly_what_th
 
     def start_bundle(self):
         real_start(self)
-        self._twin = WriteShardFilesFn(self._output_dir, self._framing, self._staging_subdir)
+        self._twin = WriteShardFilesFn(self._output_dir, self._framing)
         real_start(self._twin)
 
     def process(self, element, target_bytes, run_id):

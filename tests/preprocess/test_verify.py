@@ -233,11 +233,12 @@ def test_verify_reads_gs(written_dataset, gcs_dir, capsys):
 
 def test_a_missing_error_log_or_transform_graph_is_named(dataset, capsys):
     manifest = load_manifest(dataset)
-    os.remove(dataset / manifest["errors"])
+    error_file = manifest["error_files"][0]["path"]
+    os.remove(dataset / error_file)
     shutil.rmtree(dataset / manifest["transform"]["transform_fn"])
     status, out = run_cli(dataset, capsys)
     assert status == 1
-    assert f"{dataset / manifest['errors']}: named in dataset.json but absent" in out
+    assert f"{dataset / error_file}: named in dataset.json but absent" in out
     assert f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in dataset.json" in out
 
 
