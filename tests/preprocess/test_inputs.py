@@ -42,9 +42,9 @@ def test_directory_tree_takes_the_class_from_the_folder(tmp_path):
     (tmp_path / "dog" / "nested" / "deep.jpg").write_bytes(b"x")
     records = sorted(list_directory_tree(str(tmp_path)), key=lambda record: record.uri)
     assert records == [
-        InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
-        InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),
-        InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog"),
+        InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
+        InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
+        InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
     ]
 
 
@@ -123,9 +123,9 @@ def test_a_local_tree_is_listed_class_by_class_in_parallel(tmp_path):
     _assert_listed(
         tmp_path,
         [
-            InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
-            InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),
-            InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog"),
+            InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
+            InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
+            InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
         ],
         [(str(tmp_path / "bird" / "only.jpg"), errors.UNKNOWN_LABEL)],
         labels=["cat", "dog"],
@@ -149,9 +149,9 @@ def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs
     _assert_listed(
         f"{gcs_dir}/raw/",
         [
-            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat"),
-            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat"),
-            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog"),
+            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat", size=1),
+            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat", size=1),
+            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog", size=1),
         ],
         [],
     )
