@@ -42,9 +42,10 @@ from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors
+from preprocess import errors, filesystem
 
 DIRECTORY = "directory"
 CSV = "csv"
@@ -83,9 +84,9 @@ def _is_input_name(name: str) -> bool:
 
 
 def _gcs_client(uri: str):
-    # Beam's own GCS client, built from the job's options as Beam's GCS filesystem builds it for every
-    # file it opens (credentials, impersonation, the emulator in tests).
-    return FileSystems.get_filesystem(uri)._gcsIO().client
+    # Beam's own GCS client, built from the job's options (credentials, impersonation, the emulator in
+    # tests), one per thread and reused: a large folder's planning sends hundreds of small listings.
+    return filesystem.gcs_io(uri).client
 
 
 def _split_gcs(uri: str) -> tuple[str, str]:
@@ -158,6 +159,8 @@ class ListingRange:
         return (self.start is None or name >= self.start) and (self.end is None or name < self.end)
 
 
+# How many ranges were listed (a Beam counter, in the job's metrics).
+_RANGES_LISTED = Metrics.counter("preprocess", "listing_ranges")
 # A folder with more files than this is listed in several ranges; below it, the planning would cost
 # more requests than the split saves (a page holds 1,000 names).
 SPLIT_LISTING_ABOVE = 5000
@@ -275,6 +278,7 @@ def list_range(listing_range: ListingRange):
     locally).
     """
     label, folder = listing_range.label, listing_range.folder
+    _RANGES_LISTED.inc()
     if folder.startswith(_GCS_PREFIX):
         listing, prefix, bucket = _list_gcs_level(folder, listing_range.start, listing_range.end)
         for blob in listing:
