@@ -33,6 +33,7 @@ and mixes the classes (see there).
 import collections
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -194,7 +195,7 @@ def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_
             yield ListingRange(label, folder)
             return
         boundaries = _probe_boundaries(
-            lambda start: _first_gcs_name(folder, start), ranges or GCS_LISTING_RANGES, _MAX_PLANNING_PROBES
+            functools.partial(_first_gcs_name, folder), ranges or GCS_LISTING_RANGES, _MAX_PLANNING_PROBES
         )
     else:
         boundaries = _sampled_boundaries(folder, split_above, ranges or LOCAL_LISTING_RANGES)
@@ -203,13 +204,16 @@ def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_
         yield ListingRange(label, folder, start, end)
 
 
-def _first_gcs_name(folder: str, start: str) -> str | None:
-    """The first name (below `folder`) at or after `start`, or None: one request of one name."""
+def _first_gcs_name(folder: str, start: str, other_than: str) -> str | None:
+    """The first name (below `folder`) at or after `start` other than `other_than`, or None.
+
+    A request of one name (two when the first is `other_than`).
+    """
     listing, prefix, _ = _list_gcs_level(folder, start=start, page_size=1)
     for blob in listing:
         name = blob.name[len(prefix) :]
         # GCS starts at `start` already; the check keeps servers that ignore startOffset (the tests' emulator) right.
-        if name >= start:
+        if name >= start and name != other_than:
             return name
     return None
 
@@ -223,7 +227,13 @@ def _next_character(character: str) -> str | None:
 
 
 def _probe_boundaries(first_at_or_after, target: int, max_probes: int) -> set[str]:
-    """Range starts that split the names `first_at_or_after` walks, by their next character, breadth first."""
+    """Range starts that split the names `first_at_or_after(start, other_than)` walks, by their next
+    character after a prefix, breadth first.
+
+    A name equal to the prefix itself (the folder's placeholder object, for
+    the prefix "") sorts before every name that goes on from it; it is
+    passed over here, and listed by the range that holds it like any other.
+    """
     boundaries: set[str] = set()
     frontier = collections.deque([""])
     probes = 0
@@ -232,13 +242,10 @@ def _probe_boundaries(first_at_or_after, target: int, max_probes: int) -> set[st
         children = []
         start = prefix
         while probes < max_probes:
-            name = first_at_or_after(start)
+            name = first_at_or_after(start, prefix)
             probes += 1
             if name is None or not name.startswith(prefix):
                 break
-            if name == prefix:  # a name that is the prefix itself sorts before all that go on from it
-                start = prefix + "\x00"
-                continue
             children.append(name[len(prefix)])
             following = _next_character(children[-1])
             if following is None:

@@ -287,7 +287,9 @@ def test_a_large_gcs_folder_is_listed_in_ranges_by_separate_elements_each_file_o
     names = _varied_names(300)  # the emulator slows with every upload: a few thousand would take minutes
     _upload_many(
         gcs_emulator,
-        [f"{root}/cat/{name}" for name in names] + [f"{root}/dog/1.jpg", f"{root}/cat/sub/deep.jpg"],
+        # With the folder's placeholder object ("create folder" in the console) and a subfolder, not listed.
+        [f"{root}/cat/{name}" for name in names]
+        + [f"{root}/dog/1.jpg", f"{root}/cat/sub/deep.jpg", f"{root}/cat/"],
     )
     folder = f"{root}/cat"
     ranges = list(plan_listing_ranges(("cat", folder), split_above=50))
