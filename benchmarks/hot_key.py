@@ -93,9 +93,13 @@ def _one_element_dedup(records, fractions):
     return {"unique": (separated.unique, resolved.unique) | "AllUnique" >> beam.Flatten()}
 
 
-def run_once(folder: str, variant: str, workers: int) -> float:
-    """Runs the content step over `folder` in this process; returns its wall time in seconds."""
+def run_once(folder: str, variant: str, workers: int) -> tuple[float, int, int]:
+    """Runs the content step over `folder` in this process.
+
+    Returns (wall time in seconds, bundles that hashed files in full, the most files one bundle hashed).
+    """
     import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from preprocess.content import DeduplicateByContent
@@ -105,32 +109,39 @@ def run_once(folder: str, variant: str, workers: int) -> float:
     names = sorted(name for name in os.listdir(folder) if name.endswith(".jpg"))
     options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_processing")
     start = time.perf_counter()
-    with beam.Pipeline(options=options) as pipeline:
-        # The records are made in the pipeline (a Create of N records would be pickled into the job).
-        records = (
-            pipeline
-            | "Folder" >> beam.Create([folder])
-            | "Records"
-            >> beam.FlatMap(
-                lambda folder: (
-                    InputRecord(
-                        os.path.join(folder, name), "a", size=os.path.getsize(os.path.join(folder, name))
-                    )
-                    for name in names
-                )
+    pipeline = beam.Pipeline(options=options)
+    # The records are made in the pipeline (a Create of N records would be pickled into the job).
+    records = (
+        pipeline
+        | "Folder" >> beam.Create([folder])
+        | "Records"
+        >> beam.FlatMap(
+            lambda folder: (
+                InputRecord(os.path.join(folder, name), "a", size=os.path.getsize(os.path.join(folder, name)))
+                for name in names
             )
-            | "Spread" >> beam.Reshuffle()
         )
-        if variant == SERIAL:
-            result = _one_element_dedup(records, fractions)
-        else:
-            result = records | "Deduplicate" >> DeduplicateByContent(fractions)
-        _ = result["unique"] | "Count" >> beam.combiners.Count.Globally()
-    return time.perf_counter() - start
+        | "Spread" >> beam.Reshuffle()
+    )
+    if variant == SERIAL:
+        result = _one_element_dedup(records, fractions)
+    else:
+        result = records | "Deduplicate" >> DeduplicateByContent(fractions)
+    _ = result["unique"] | "Count" >> beam.combiners.Count.Globally()
+    run = pipeline.run()
+    run.wait_until_finish()
+    seconds = time.perf_counter() - start
+    query = run.metrics().query(MetricsFilter().with_name("hashed_in_full_per_bundle"))
+    per_bundle = [distribution.committed for distribution in query["distributions"]]
+    bundles = sum(distribution.count for distribution in per_bundle)
+    largest = max((distribution.max for distribution in per_bundle), default=0)
+    return seconds, bundles, largest
 
 
-def measure(folders: dict[str, str], repeats: int, workers: int) -> dict[str, list[float]]:
+def measure(folders: dict[str, str], repeats: int, workers: int) -> tuple[dict, dict]:
+    """({variant: [seconds per run]}, {variant: (bundles that hashed, most hashed by one bundle)})."""
     seconds = {variant: [] for variant in VARIANTS}
+    spread = {}
     for repeat in range(repeats):
         order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
         for variant in order:
@@ -139,9 +150,11 @@ def measure(folders: dict[str, str], repeats: int, workers: int) -> dict[str, li
                 "--folder", folders[variant], "--workers", str(workers),
             ]  # fmt: skip
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            seconds[variant].append(float(output.strip().splitlines()[-1]))
+            run_seconds, bundles, largest = output.strip().splitlines()[-1].split()
+            seconds[variant].append(float(run_seconds))
+            spread[variant] = (int(bundles), int(largest))
             print(f"  {variant}: {seconds[variant][-1]:.1f} s", file=sys.stderr)
-    return seconds
+    return seconds, spread
 
 
 def main(argv=None):
@@ -157,26 +170,43 @@ def main(argv=None):
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_one:
-        print(run_once(args.folder, args.run_one, args.workers))
+        print(*run_once(args.folder, args.run_one, args.workers))
         return None
     if args.tiny:
         args.copies, args.file_kb, args.repeats = 20, 4, 1
     folders = make_inputs(args.workdir, args.copies, args.file_kb * 1024)
     print(f"machine: {machine_description()}; load before: {machine_load()}", file=sys.stderr)
-    seconds = measure(folders, args.repeats, args.workers)
+    seconds, spread = measure(folders, args.repeats, args.workers)
     medians = {variant: median(values) for variant, values in seconds.items()}
     rows = [
-        [variant, f"{medians[variant]:.1f}", f"{medians[variant] / medians[DISTINCT]:.2f}x"]
+        [
+            variant,
+            f"{medians[variant]:.1f}",
+            f"{medians[variant] / medians[DISTINCT]:.2f}x",
+            spread[variant][0],
+            spread[variant][1],
+        ]
         for variant in VARIANTS
     ]
     print(
         f"{args.copies} files of {args.file_kb} KiB, local runner with {args.workers} worker processes, "
         f"median of {args.repeats}"
     )
-    print(format_table(["input", "content step (s)", "vs. distinct"], rows))
+    print(
+        format_table(
+            ["input", "content step (s)", "vs. distinct", "bundles hashing", "most hashed in one bundle"],
+            rows,
+        )
+    )
     print(f"copies, one element / copies spread: {medians[SERIAL] / medians[COPIES]:.2f}x")
     return finish_report(
-        {"copies": args.copies, "file_kb": args.file_kb, "workers": args.workers, "seconds": seconds},
+        {
+            "copies": args.copies,
+            "file_kb": args.file_kb,
+            "workers": args.workers,
+            "seconds": seconds,
+            "bundles_hashing_and_most_in_one": spread,
+        },
         args.json,
     )
 

@@ -103,19 +103,11 @@ def _open(uri: str):
 
 def _gcs_blob(uri: str):
     """(the Blob of gs:// `uri` on this thread's client, the job's retry policy for GCS requests)."""
-    from apache_beam.io.gcp import gcsio_retry
-
     gcs = filesystem.gcs_io(uri)
     bucket, _, name = uri[len(_GCS_PREFIX) :].partition("/")
-    options = FileSystems.get_filesystem(uri)._pipeline_options  # noqa: SLF001 - as Beam's GcsIO reads it
-    retry = gcsio_retry.get_retry(options if options is not None else _default_options())
-    return gcs.client.bucket(bucket).blob(name), retry
-
-
-def _default_options():
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    return PipelineOptions()
+    # The policy Beam's GcsIO uses for its own requests (google-cloud-storage's, with Beam's throttling
+    # counter), made from the job's options when the GcsIO was.
+    return gcs.client.bucket(bucket).blob(name), gcs._storage_client_retry  # noqa: SLF001
 
 
 def _gcs_range(uri: str, start: int, length: int) -> bytes:
