@@ -14,6 +14,8 @@ manifests name them the same way (relative paths), so readers take both.
 
 import posixpath
 
+from dataset_contract import image_errors
+
 FORMAT_VERSION = 2
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
@@ -68,6 +70,16 @@ def crop_size(image: dict) -> int:
     before the margin existed have no `crop_size`: the model sees the stored image.
     """
     return int(image.get("crop_size") or image["height"])
+
+
+def max_file_bytes(image: dict) -> int:
+    """The file size limit (bytes) stage 1 held the inputs to: `image.max_file_bytes`.
+
+    Over it an input is `too_large` (never read), and the exported model
+    refuses a request's image the same way. Manifests written before the
+    limit existed have none: the default limit.
+    """
+    return int(image.get("max_file_bytes") or image_errors.DEFAULT_MAX_FILE_BYTES)
 
 
 class ManifestError(ValueError):

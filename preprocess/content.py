@@ -12,7 +12,14 @@ duplicates must not read every file in full beforehand:
    the key, so it is known before decoding, and so is the label vocabulary.
 2. Only the files that share a key with another are hashed in full (sha256),
    and copies are told from look-alikes (same size, same first 16 KiB) on
-   the full hash. In a corpus of photos that is the duplicates alone.
+   the full hash. In a corpus of photos that is the duplicates alone. The
+   copies of one key are spread over the workers (a reshuffle) before they
+   are hashed, each copy an element of its own: 100K copies of a "photo
+   unavailable" placeholder are hashed by every worker at once, not one
+   after another inside the one call that received their group.
+
+A file larger than --max-file-mb is a `too_large` error at step 1, before any
+of it is read: its size comes from the listing (or a stat).
 
 Only (key or hash, uri, label) travels through the shuffles here, never the
 image bytes, so they stay small whatever the corpus size; and the copies of
@@ -30,7 +37,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
 from preprocess.progress import ProgressCounter
-from preprocess.reading import content_key, hash_file
+from preprocess.reading import content_key, file_size, hash_file, too_large_detail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,65 +53,94 @@ class UniqueInput:
 
 
 def _digest_or_error(read, record: InputRecord):
-    """(digest, None) from `read(uri)` -> (digest, size); (None, ErrorRecord) for an unreadable or empty file.
+    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for an
+    unreadable, too large or empty file.
 
     Only a deterministic read failure (reading.py) becomes an ErrorRecord;
     anything else is raised, so that the runner retries the bundle.
     """
     try:
-        digest, size = read(record.uri)
+        digest, size = read(record)
     except errors.ImageError as exc:
         return None, errors.ErrorRecord(record.uri, exc.reason, exc.detail)
     if size == 0:
         return None, errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
-    return digest, None
+    return (digest, size), None
 
 
 class KeyContentFn(beam.DoFn):
-    """InputRecord -> (content key, InputRecord with its split); empty or unreadable files -> 'errors'.
+    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or
+    too large files -> 'errors'.
 
-    Reads the first 16 KiB of each file (reading.content_key). A record
-    whose split the manifest does not name gets the split of its key.
+    Reads the first 16 KiB of each file (reading.content_key), after its size:
+    from the listing, or asked for (a manifest's rows). A file over
+    `max_file_bytes` is never read. A record whose split the manifest does
+    not name gets the split of its key.
     """
 
-    def __init__(self, fractions: dict[str, float]):
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
         self._fractions = fractions
+        self._max_file_bytes = max_file_bytes
         self._keyed = Metrics.counter("preprocess", "keyed")
         self._progress = ProgressCounter("hashed")
         self._progress_failed = ProgressCounter("failed")
 
+    def _key(self, record: InputRecord):
+        size = record.size if record.size is not None else file_size(record.uri)
+        if self._max_file_bytes is not None and size > self._max_file_bytes:
+            raise errors.ImageError(errors.TOO_LARGE, too_large_detail(size, self._max_file_bytes))
+        if size == 0:
+            return None, 0
+        return content_key(record.uri, size)
+
     def process(self, record: InputRecord):
-        key, error = _digest_or_error(content_key, record)
+        keyed, error = _digest_or_error(self._key, record)
         if error is not None:
             self._progress_failed.inc()
             yield beam.pvalue.TaggedOutput("errors", error)
             return
+        key, size = keyed
         self._keyed.inc()
         self._progress.inc()
-        if record.split is None:
-            record = dataclasses.replace(record, split=assign_split(key, self._fractions))
+        record = dataclasses.replace(
+            record, size=size, split=record.split or assign_split(key, self._fractions)
+        )
         yield key, record
 
 
 class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord) of the whole file; empty or unreadable files -> 'errors'.
+    """InputRecord -> (sha256, InputRecord) of the whole file; empty, unreadable or too large files -> 'errors'.
 
     For the files whose content key is shared (a file can change or vanish
-    between the two reads, hence the same checks).
+    between the two reads, hence the same checks). Each bundle's count of
+    files hashed goes into the `hashed_in_full_per_bundle` distribution: how
+    evenly the copies of hot keys were spread.
     """
 
-    def __init__(self):
+    def __init__(self, max_file_bytes: int | None = None):
+        self._max_file_bytes = max_file_bytes
         self._hashed = Metrics.counter("preprocess", "hashed_in_full")
+        self._per_bundle = Metrics.distribution("preprocess", "hashed_in_full_per_bundle")
         self._progress_failed = ProgressCounter("failed")
+        self._in_bundle = 0
+
+    def start_bundle(self):
+        self._in_bundle = 0
 
     def process(self, record: InputRecord):
-        sha256, error = _digest_or_error(hash_file, record)
+        self._in_bundle += 1
+        hashed, error = _digest_or_error(lambda record: hash_file(record.uri, self._max_file_bytes), record)
         if error is not None:
             self._progress_failed.inc()
             yield beam.pvalue.TaggedOutput("errors", error)
             return
+        sha256, _ = hashed
         self._hashed.inc()
         yield sha256, record
+
+    def finish_bundle(self):
+        if self._in_bundle:
+            self._per_bundle.update(self._in_bundle)
 
 
 def assign_split(key: str, fractions: dict[str, float]) -> str:
@@ -313,22 +349,33 @@ class SeparateSharedKeysFn(beam.DoFn):
 
 
 class DeduplicateByContent(beam.PTransform):
-    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring)."""
+    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring).
 
-    def __init__(self, fractions: dict[str, float]):
+    `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
+    """
+
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
         super().__init__()
         self._fractions = fractions
+        self._max_file_bytes = max_file_bytes
 
     def expand(self, records):
-        keyed = records | "KeyContent" >> beam.ParDo(KeyContentFn(self._fractions)).with_outputs(
-            "errors", main="keyed"
-        )
+        keyed = records | "KeyContent" >> beam.ParDo(
+            KeyContentFn(self._fractions, self._max_file_bytes)
+        ).with_outputs("errors", main="keyed")
         counts = keyed.keyed | "CountPerKey" >> beam.combiners.Count.PerKey()
         separated = _with_decisions(keyed.keyed, counts) | "SeparateSharedKeys" >> beam.ParDo(
             SeparateSharedKeysFn()
         ).with_outputs("shared", main="unique")
-        hashed = separated.shared | "HashInFull" >> beam.ParDo(HashContentFn()).with_outputs(
-            "errors", main="hashed"
+        # All copies of a key come out of one call of SeparateSharedKeysFn; hashed in the same fused
+        # stage, they would be read one after another by one worker (hours for 100K copies of a
+        # placeholder, with decoding waiting for them). The reshuffle makes each copy an element that
+        # any worker may hash; what crosses it is (uri, label, split, size), never bytes.
+        hashed = (
+            separated.shared
+            | "SpreadSharedCopies" >> beam.Reshuffle()
+            | "HashInFull"
+            >> beam.ParDo(HashContentFn(self._max_file_bytes)).with_outputs("errors", main="hashed")
         )
         resolved = hashed.hashed | "ResolveDuplicates" >> ResolveDuplicates()
         unique = (separated.unique, resolved.unique) | "AllUnique" >> beam.Flatten()

@@ -23,10 +23,15 @@ from preprocess.reading import read_file_bytes
 class DecodeImagesFn(beam.DoFn):
     """UniqueInput -> raw example dict, or an ErrorRecord on the 'errors' output."""
 
-    def __init__(self, image_size: int, resize_method: str, max_pixels: int):
+    def __init__(
+        self, image_size: int, resize_method: str, max_pixels: int, max_file_bytes: int | None = None
+    ):
         self._image_size = image_size
         self._resize_method = resize_method
         self._max_pixels = max_pixels
+        # Files over it were refused before (content.py) by their size; a file that grew since is cut
+        # off at the limit, not read whole.
+        self._max_file_bytes = max_file_bytes
         self._decoded = Metrics.counter("preprocess", "decoded")
         self._failed = {}
         self._progress = ProgressCounter("decoded")
@@ -52,7 +57,7 @@ class DecodeImagesFn(beam.DoFn):
         # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
-            data = read_file_bytes(item.uri)
+            data = read_file_bytes(item.uri, self._max_file_bytes)
             pixels = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)

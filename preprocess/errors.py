@@ -16,6 +16,7 @@ from dataset_contract.image_errors import (  # noqa: F401 - re-exported: every s
     DECODE_ERROR,
     EMPTY_FILE,
     NOT_AN_IMAGE,
+    TOO_LARGE,
     TOO_MANY_PIXELS,
     TRUNCATED,
 )
@@ -35,6 +36,7 @@ REASONS = (
     TRUNCATED,
     DECODE_ERROR,
     TOO_MANY_PIXELS,
+    TOO_LARGE,
     MISSING_LABEL,
     UNKNOWN_LABEL,
     BAD_MANIFEST_ROW,

@@ -10,6 +10,7 @@ runs left (see publish.py for the protocol and why it is crash-safe).
 import datetime
 import logging
 
+from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
 from preprocess import outcomes
@@ -72,6 +73,8 @@ def build_manifest(
             "resize_method": config["resize_method"],
             # The decompression-bomb limit images were held to; serving refuses above it too.
             "max_pixels": config["max_pixels"],
+            # The file size limit inputs were held to (too_large above it); serving refuses above it too.
+            "max_file_bytes": config.get("max_file_bytes", image_errors.DEFAULT_MAX_FILE_BYTES),
             # The model's square: random crops of it in training, the center one in evaluation and
             # serving. Equal to height/width without a margin.
             "crop_size": config.get("crop_size", config["image_size"]),

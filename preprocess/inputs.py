@@ -7,12 +7,19 @@ accounted for from the first step.
 Nothing here holds the whole listing, in one element or one worker, because a
 corpus can hold 100M files:
 
-- a tree is listed in two steps: the class folders (one listing of the root,
-  with a delimiter on GCS), spread over the workers, then each folder's files,
-  streamed as they are listed (`os.scandir` locally; on GCS the storage
-  client's paged listing, 1,000 names a request). Beam's `FileSystems.match`
+- a tree is listed in three steps: the class folders (one listing of the
+  root, with a delimiter on GCS), spread over the workers; each folder's
+  name ranges (`plan_listing_ranges`: one range for a folder of up to a few
+  thousand files, else split), spread over the workers; then each range's
+  files, streamed as they are listed (`os.scandir` locally; on GCS the
+  storage client's paged listing, 1,000 names a request, from the range's
+  `start_offset` to its `end_offset`). Paging is serial, so a folder of 5M
+  files listed as one range is one thread paging for 15-25 minutes; its
+  ranges are listed by every worker at once. Beam's `FileSystems.match`
   returns one list of every match, and GcsIO's `list_files` keeps a set of
-  every name it has seen, so neither is used for the files.
+  every name it has seen, so neither is used for the files. The listing
+  gives each file's size (a GCS listing has it; locally a stat), which the
+  records carry: the size limit and the reads need no other request.
 - a manifest is read with Beam's `ReadFromText`, which splits the file into
   byte ranges read in parallel. A row is parsed alone, so a bad row names the
   manifest and quotes the row (a line number is not known to a worker that
@@ -23,19 +30,23 @@ The records then go through `MixClasses`, which spreads them over the workers
 and mixes the classes (see there).
 """
 
+import collections
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import posixpath
+import random
 from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors
+from preprocess import errors, filesystem
 
 DIRECTORY = "directory"
 CSV = "csv"
@@ -53,6 +64,7 @@ class InputRecord:
     uri: str
     label: str
     split: str | None = None  # None: assigned from the content hash
+    size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
 
 
 def input_kind(spec: str) -> str:
@@ -73,9 +85,9 @@ def _is_input_name(name: str) -> bool:
 
 
 def _gcs_client(uri: str):
-    # Beam's own GCS client, built from the job's options as Beam's GCS filesystem builds it for every
-    # file it opens (credentials, impersonation, the emulator in tests).
-    return FileSystems.get_filesystem(uri)._gcsIO().client
+    # Beam's own GCS client, built from the job's options (credentials, impersonation, the emulator in
+    # tests), one per thread and reused: a large folder's planning sends hundreds of small listings.
+    return filesystem.gcs_io(uri).client
 
 
 def _split_gcs(uri: str) -> tuple[str, str]:
@@ -83,17 +95,28 @@ def _split_gcs(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-def _list_gcs_level(folder: str):
+_LEVEL_FIELDS = "items(name,size),prefixes,nextPageToken"
+
+
+def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
     """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/.
 
     One listing with delimiter "/": objects directly below come as its items,
     deeper ones only as the prefix of their subfolder (`.prefixes`, complete
     once every item has been consumed). Pages of 1,000 are fetched as the
-    items are consumed, with the client's retries for each request.
+    items are consumed, with the client's retries for each request. `start`
+    and `end` (names below the folder) bound it to [start, end): GCS's
+    `startOffset`/`endOffset`.
     """
     bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
     listing = _gcs_client(folder).list_blobs(
-        bucket, prefix=prefix, delimiter="/", fields="items(name),prefixes,nextPageToken"
+        bucket,
+        prefix=prefix,
+        delimiter="/",
+        start_offset=prefix + start if start else None,
+        end_offset=prefix + end if end else None,
+        page_size=page_size,
+        fields=_LEVEL_FIELDS,
     )
     return listing, prefix, bucket
 
@@ -119,27 +142,174 @@ def list_class_folders(root: str):
                 yield entry.name, os.path.join(root, entry.name)
 
 
-def list_class_files(class_folder: tuple[str, str]):
-    """InputRecord for every file directly in one class folder, streamed as it is listed.
+@dataclasses.dataclass(frozen=True)
+class ListingRange:
+    """The files of one class folder whose names (below the folder) sort in [start, end); None: unbounded.
 
-    Memory stays flat however many files the folder holds: one page of names on GCS, one
-    directory-entry buffer locally.
+    A folder's ranges run from None to None, each starting where the one
+    before ends, so together they hold every file once, whatever the
+    boundaries are (plan_listing_ranges).
+    """
+
+    label: str
+    folder: str
+    start: str | None = None
+    end: str | None = None
+
+    def holds(self, name: str) -> bool:
+        return (self.start is None or name >= self.start) and (self.end is None or name < self.end)
+
+
+# How many ranges were listed (a Beam counter, in the job's metrics).
+_RANGES_LISTED = Metrics.counter("preprocess", "listing_ranges")
+# A folder with more files than this is listed in several ranges; below it, the planning would cost
+# more requests than the split saves (a page holds 1,000 names).
+SPLIT_LISTING_ABOVE = 5000
+# How many ranges a large folder is split into: on GCS, enough for every worker of a large job to
+# page at once; on local disk each range scans the whole directory, so a few.
+GCS_LISTING_RANGES = 64
+LOCAL_LISTING_RANGES = 8
+# Requests the GCS planning may send (each a listing of one name): a few seconds, once per large folder.
+_MAX_PLANNING_PROBES = 256
+# Names sampled from a large local folder to place its range boundaries.
+_LOCAL_SAMPLE_NAMES = 1024
+
+
+def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_LISTING_ABOVE, ranges=None):
+    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several.
+
+    GCS lists names in sorted order, a page at a time, so a range of names
+    is listed by its own pager (`startOffset`/`endOffset`). The boundaries
+    are found without listing the folder: by the characters that names go
+    on with after their common start, one probe (a listing of one name) per
+    character, breadth first (names img_000001.jpg ... img_999999.jpg split
+    at img_1, img_2, ..., then img_01, img_02, ...), until there are
+    `ranges` of them. Locally the directory is read once, names sampled, and
+    the boundaries placed at the sample's quantiles. Any boundaries give the
+    same files in all (ListingRange); good ones give ranges of similar size.
     """
     label, folder = class_folder
     if folder.startswith(_GCS_PREFIX):
-        listing, prefix, bucket = _list_gcs_level(folder)
+        listing, _, _ = _list_gcs_level(folder, page_size=min(split_above + 1, 1000))
+        if sum(1 for _ in zip(range(split_above + 1), listing, strict=False)) <= split_above:
+            yield ListingRange(label, folder)
+            return
+        boundaries = _probe_boundaries(
+            functools.partial(_first_gcs_name, folder), ranges or GCS_LISTING_RANGES, _MAX_PLANNING_PROBES
+        )
+    else:
+        boundaries = _sampled_boundaries(folder, split_above, ranges or LOCAL_LISTING_RANGES)
+    starts = [None, *sorted(boundaries)]
+    for start, end in zip(starts, [*starts[1:], None], strict=True):
+        yield ListingRange(label, folder, start, end)
+
+
+def _first_gcs_name(folder: str, start: str, other_than: str) -> str | None:
+    """The first name (below `folder`) at or after `start` other than `other_than`, or None.
+
+    A request of one name (two when the first is `other_than`).
+    """
+    listing, prefix, _ = _list_gcs_level(folder, start=start, page_size=1)
+    for blob in listing:
+        name = blob.name[len(prefix) :]
+        # GCS starts at `start` already; the check keeps servers that ignore startOffset (the tests' emulator) right.
+        if name >= start and name != other_than:
+            return name
+    return None
+
+
+def _next_character(character: str) -> str | None:
+    """The character after `character` in code point (so UTF-8 byte) order, skipping surrogates."""
+    point = ord(character) + 1
+    if 0xD800 <= point <= 0xDFFF:
+        point = 0xE000
+    return chr(point) if point <= 0x10FFFF else None
+
+
+def _probe_boundaries(first_at_or_after, target: int, max_probes: int) -> set[str]:
+    """Range starts that split the names `first_at_or_after(start, other_than)` walks, by their next
+    character after a prefix, breadth first.
+
+    A name equal to the prefix itself (the folder's placeholder object, for
+    the prefix "") sorts before every name that goes on from it; it is
+    passed over here, and listed by the range that holds it like any other.
+    """
+    boundaries: set[str] = set()
+    frontier = collections.deque([""])
+    probes = 0
+    while frontier and len(boundaries) + 1 < target and probes < max_probes:
+        prefix = frontier.popleft()
+        children = []
+        start = prefix
+        while probes < max_probes:
+            name = first_at_or_after(start, prefix)
+            probes += 1
+            if name is None or not name.startswith(prefix):
+                break
+            children.append(name[len(prefix)])
+            following = _next_character(children[-1])
+            if following is None:
+                break
+            start = prefix + following
+        # Each child character starts a range, but the first: names before it belong to the range before.
+        boundaries.update(prefix + character for character in children[1:])
+        frontier.extend(prefix + character for character in children)
+    return boundaries
+
+
+def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
+    """Range starts at the quantiles of a sample of a local folder's names (none for a small folder)."""
+    sample: list[str] = []
+    seen = 0
+    chooser = random.Random(folder)  # the same ranges on every run over the same folder
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            seen += 1
+            if len(sample) < _LOCAL_SAMPLE_NAMES:
+                sample.append(entry.name)
+            else:  # reservoir sampling: every name equally likely to be kept, in bounded memory
+                slot = chooser.randrange(seen)
+                if slot < _LOCAL_SAMPLE_NAMES:
+                    sample[slot] = entry.name
+    if seen <= split_above:
+        return set()
+    sample.sort()
+    return {sample[index * len(sample) // target] for index in range(1, target)}
+
+
+def list_range(listing_range: ListingRange):
+    """InputRecord (with its size) for every file directly in a class folder within one name range.
+
+    Streamed as it is listed: memory stays flat however many files the
+    range holds (one page of names on GCS, one directory-entry buffer
+    locally).
+    """
+    label, folder = listing_range.label, listing_range.folder
+    _RANGES_LISTED.inc()
+    if folder.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(folder, listing_range.start, listing_range.end)
         for blob in listing:
             name = blob.name[len(prefix) :]
-            if _is_input_name(name):  # "" is the folder's own placeholder object
-                yield InputRecord(uri=f"{_GCS_PREFIX}{bucket}/{blob.name}", label=label)
+            # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
+            # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
+            if _is_input_name(name) and listing_range.holds(name):
+                yield InputRecord(uri=f"{_GCS_PREFIX}{bucket}/{blob.name}", label=label, size=blob.size)
         return
     with os.scandir(folder) as entries:
         for entry in entries:
-            if not _is_input_name(entry.name) or entry.is_dir():
+            if not _is_input_name(entry.name) or not listing_range.holds(entry.name) or entry.is_dir():
                 continue
-            if entry.is_symlink() and not os.path.exists(entry.path):
-                continue  # a dangling link, as Beam's local match skipped it
-            yield InputRecord(uri=os.path.join(folder, entry.name), label=label)
+            try:
+                size = entry.stat().st_size  # through a link to a file: the file's
+            except FileNotFoundError:
+                continue  # a dangling link, as Beam's local match skipped it; or a file gone since
+            yield InputRecord(uri=os.path.join(folder, entry.name), label=label, size=size)
+
+
+def list_class_files(class_folder: tuple[str, str]):
+    """InputRecord for every file directly in one class folder (as one range), streamed as it is listed."""
+    label, folder = class_folder
+    yield from list_range(ListingRange(label, folder))
 
 
 def list_directory_tree(root: str):
@@ -303,10 +473,13 @@ class ListInputs(beam.PTransform):
     changes.
     """
 
-    def __init__(self, spec: str, labels: list[str] | None = None):
+    def __init__(
+        self, spec: str, labels: list[str] | None = None, split_listing_above: int = SPLIT_LISTING_ABOVE
+    ):
         super().__init__()
         self._spec = spec
         self._labels = labels
+        self._split_listing_above = split_listing_above
 
     def expand(self, pbegin):
         spec, kind = self._spec, input_kind(self._spec)
@@ -317,7 +490,10 @@ class ListInputs(beam.PTransform):
                 | "ListClassFolders" >> beam.FlatMap(list_class_folders)
                 # One element per class: without this, one worker would list every class.
                 | "SpreadClassFolders" >> beam.Reshuffle()
-                | "ListClassFiles" >> beam.FlatMap(list_class_files)
+                | "PlanListingRanges" >> beam.FlatMap(plan_listing_ranges, self._split_listing_above)
+                # One element per range: a large folder is listed by several workers at once.
+                | "SpreadListingRanges" >> beam.Reshuffle()
+                | "ListClassFiles" >> beam.FlatMap(list_range)
             )
         else:
             # Checked when the job runs, not in the launcher (a template may be made before its

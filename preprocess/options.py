@@ -38,6 +38,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MB like 256, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of MB, got {text}")
+    return value
+
+
 def _crop_margin(text: str) -> float:
     try:
         value = float(text)
@@ -138,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Refuse images with more pixels than this, without decoding them (default 100M).",
     )
     parser.add_argument(
+        "--max-file-mb",
+        type=_positive_megabytes,
+        default=image_errors.DEFAULT_MAX_FILE_MB,
+        help="Refuse files larger than this many MB (10^6 bytes) as too_large, without reading them: one "
+        f"stray multi-GB file must not take a worker's memory (default {image_errors.DEFAULT_MAX_FILE_MB}; "
+        "the exported model refuses larger requests too).",
+    )
+    parser.add_argument(
         "--transform-batch-size",
         type=_positive_int,
         default=64,
@@ -197,4 +215,10 @@ def parse_args(argv):
     # and `crop_size` the model's.
     args.crop_size = args.image_size
     args.image_size = geometry.stored_size(args.crop_size, args.crop_margin)
+    args.max_file_bytes = max_file_bytes(args.max_file_mb)
     return args, beam_args
+
+
+def max_file_bytes(max_file_mb: float) -> int:
+    """--max-file-mb in bytes (MB = 10^6 bytes, as --shard-size-mb)."""
+    return max(1, int(max_file_mb * 10**6))

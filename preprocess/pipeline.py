@@ -107,6 +107,7 @@ def job_config(args, build_id: str) -> dict:
         "crop_margin": args.crop_margin,
         "resize_method": args.resize_method,
         "max_pixels": args.max_pixels,
+        "max_file_bytes": args.max_file_bytes,
         "encoding": args.encoding,
         "jpeg_quality": args.jpeg_quality,
         "split_fractions": args.split,
@@ -208,7 +209,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
-    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
+    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
     unique = deduplicated["unique"]
     summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
     vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
@@ -223,9 +224,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         # A run that a newer one superseded stops here rather than decode for hours (publish.py).
         | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
         | "Decode"
-        >> beam.ParDo(DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)).with_outputs(
-            "errors", main="examples"
-        )
+        >> beam.ParDo(
+            DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels, args.max_file_bytes)
+        ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
 

@@ -13,12 +13,13 @@ Recorded (deterministic, a property of the path or the object):
 - a URI whose scheme no Beam filesystem serves;
 - local files: `FileNotFoundError`, `PermissionError`, and the other path
   problems `IsADirectoryError`, `NotADirectoryError`;
-- GCS (Beam's GcsIO on google-cloud-storage): `google.api_core.exceptions.
-  NotFound` (404: no such object or bucket) and `Forbidden` (403: access
-  denied). GcsIO raises them as they are, from `FileSystems.open` (its reader
-  asks for the object's metadata first) or from a read (the object went away
-  in between); and `NotImplementedError`, which its reader raises at open for
-  an object stored gzip-encoded with a gzip content type, which it cannot read.
+- GCS (google-cloud-storage, through this thread's Beam GcsIO client):
+  `google.api_core.exceptions.NotFound` (404: no such object or bucket) and
+  `Forbidden` (403: access denied), from the metadata request for an
+  object's size or from a download (the object went away in between);
+- a file larger than --max-file-mb (`too_large`): its size is known before
+  it is read (from the listing, or one metadata request), so it never is;
+  a file that grew past the limit after it was sized is cut off there.
 
 Raised (anything else), notably:
 
@@ -32,7 +33,15 @@ Raised (anything else), notably:
 An empty file is recorded by the callers (`empty_file`), and whether the bytes
 are an image is decided after they are read (decode_stage.py): a decoder can
 raise `OSError` for a truncated image, which has nothing to do with reading.
-Bytes are read raw: an image whose name ends in `.gz` is not decompressed.
+Bytes are read raw: an image whose name ends in `.gz`, or a GCS object stored
+gzip-encoded, is not decompressed.
+
+On GCS each read is a plain ranged download (`Blob.download_as_bytes`) by the
+thread's one client (filesystem.gcs_io), not Beam's reader: that one builds a
+client and asks for the object's metadata at every open. The size comes from
+the listing where there is one (inputs.py), so a listed object costs no
+metadata request at all: one download of its first 16 KiB for its content
+key, one of the whole object when it is decoded.
 """
 
 import contextlib
@@ -42,9 +51,9 @@ import os
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess import errors
+from preprocess import errors, filesystem
 
-_READ_CHUNK_BYTES = 1 << 20
+_READ_CHUNK_BYTES = 8 << 20
 # How much of a file its content key reads (content_key): small next to a photo, so that a file is
 # read about once in all (its prefix here, then whole when it is decoded); large enough to take in
 # a JPEG's or PNG's headers and the start of its compressed data, where two different images differ.
@@ -80,55 +89,151 @@ def _unreadable_if_deterministic():
         raise
 
 
-def _open(uri: str, read_ahead_bytes: int | None = None):
-    """The file, opened for reading raw bytes.
-
-    `read_ahead_bytes` caps what one read fetches from GCS: Beam's GCS reader
-    fetches 16 MiB (or the whole object) per read, which for a prefix would be
-    the whole file. Local files are read as asked.
-    """
+def _filesystem(uri: str):
     try:
-        filesystem = FileSystems.get_filesystem(uri)
+        return FileSystems.get_filesystem(uri)
     except ValueError as exc:  # a scheme no filesystem serves (a manifest row naming http://...)
         raise errors.ImageError(errors.UNREADABLE, str(exc)) from exc
-    if read_ahead_bytes is not None and uri.startswith(_GCS_PREFIX):
-        # Beam's GcsIO, as its GCS filesystem builds it for every open (credentials, the emulator).
-        return filesystem._gcsIO().open(uri, "rb", read_buffer_size=read_ahead_bytes)
-    return filesystem.open(uri, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def read_file_bytes(uri: str) -> bytes:
-    """The whole file; raises ImageError(UNREADABLE) for a deterministic failure, else the failure itself."""
-    with _unreadable_if_deterministic(), _open(uri) as handle:
-        return handle.read()
+def _open(uri: str):
+    """A local (or other non-GCS) file, opened for reading raw bytes."""
+    return _filesystem(uri).open(uri, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-def hash_file(uri: str) -> tuple[str, int]:
+def _gcs_blob(uri: str):
+    """(the Blob of gs:// `uri` on this thread's client, the job's retry policy for GCS requests)."""
+    gcs = filesystem.gcs_io(uri)
+    bucket, _, name = uri[len(_GCS_PREFIX) :].partition("/")
+    # The policy Beam's GcsIO uses for its own requests (google-cloud-storage's, with Beam's throttling
+    # counter), made from the job's options when the GcsIO was.
+    return gcs.client.bucket(bucket).blob(name), gcs._storage_client_retry  # noqa: SLF001
+
+
+def _gcs_range(uri: str, start: int, length: int) -> bytes:
+    """Up to `length` bytes of a GCS object from `start`: one ranged download (b"" past its end)."""
+    from google.api_core import exceptions as api_exceptions
+
+    blob, retry = _gcs_blob(uri)
+    try:
+        # raw_download: the stored bytes, never decompressed (as Beam's reader reads them).
+        return blob.download_as_bytes(
+            start=start, end=start + length - 1, raw_download=True, checksum=None, retry=retry
+        )
+    except api_exceptions.RequestRangeNotSatisfiable:
+        return b""  # 416: the range starts at or past the end of the object
+
+
+def _is_gcs(uri: str) -> bool:
+    return uri.startswith(_GCS_PREFIX)
+
+
+def _check_size(uri: str, size: int, max_bytes: int | None):
+    if max_bytes is not None and size > max_bytes:
+        raise errors.ImageError(errors.TOO_LARGE, too_large_detail(size, max_bytes))
+
+
+def too_large_detail(size: int, max_bytes: int) -> str:
+    return f"{size} bytes, over the limit of {max_bytes} bytes (--max-file-mb {max_bytes / 1e6:g})"
+
+
+def file_size(uri: str) -> int:
+    """A file's size in bytes without reading it: a stat, or on GCS one metadata request.
+
+    For inputs whose size the listing did not give (a manifest's rows).
+    Failures as for `read_file_bytes`.
+    """
+    with _unreadable_if_deterministic():
+        if _is_gcs(uri):
+            blob, retry = _gcs_blob(uri)
+            blob.reload(retry=retry)
+            return blob.size
+        fs = _filesystem(uri)
+        if filesystem.is_local(uri):
+            return os.stat(uri).st_size
+        return fs.metadata(uri).size_in_bytes
+
+
+def read_file_bytes(uri: str, max_bytes: int | None = None) -> bytes:
+    """The whole file; ImageError(TOO_LARGE) past `max_bytes` (read no further), ImageError(UNREADABLE)
+    for a deterministic failure, else the failure itself."""
+    limit = None if max_bytes is None else max_bytes + 1
+    with _unreadable_if_deterministic():
+        if _is_gcs(uri):
+            data = b"".join(_gcs_chunks(uri, limit))
+        else:
+            with _open(uri) as handle:
+                data = handle.read() if limit is None else handle.read(limit)
+    _check_size(uri, len(data), max_bytes)
+    return data
+
+
+def _gcs_chunks(uri: str, limit: int | None):
+    """A GCS object's bytes in ranged downloads of _READ_CHUNK_BYTES, up to `limit` bytes in all."""
+    offset = 0
+    while limit is None or offset < limit:
+        length = _READ_CHUNK_BYTES if limit is None else min(_READ_CHUNK_BYTES, limit - offset)
+        chunk = _gcs_range(uri, offset, length)
+        if chunk:
+            yield chunk
+        offset += len(chunk)
+        if len(chunk) < length:
+            return
+
+
+def hash_file(uri: str, max_bytes: int | None = None) -> tuple[str, int]:
     """(sha256 hex digest, size in bytes) of a file, read in chunks; failures as for `read_file_bytes`."""
     digest = hashlib.sha256()
     size = 0
-    with _unreadable_if_deterministic(), _open(uri) as handle:
-        while chunk := handle.read(_READ_CHUNK_BYTES):
+    limit = None if max_bytes is None else max_bytes + 1
+    with _unreadable_if_deterministic():
+        if _is_gcs(uri):
+            chunks = _gcs_chunks(uri, limit)
+        else:
+            chunks = _local_chunks(uri, limit)
+        for chunk in chunks:
             digest.update(chunk)
             size += len(chunk)
+    _check_size(uri, size, max_bytes)
     return digest.hexdigest(), size
 
 
-def content_key(uri: str) -> tuple[str, int]:
+def _local_chunks(uri: str, limit: int | None):
+    with _open(uri) as handle:
+        read = 0
+        while limit is None or read < limit:
+            chunk = handle.read(_READ_CHUNK_BYTES if limit is None else min(_READ_CHUNK_BYTES, limit - read))
+            if not chunk:
+                return
+            read += len(chunk)
+            yield chunk
+
+
+def content_key(uri: str, size: int | None = None) -> tuple[str, int]:
     """(content key, size in bytes) of a file, from its size and first CONTENT_KEY_PREFIX_BYTES bytes.
 
     Two files with the same bytes have the same key, so a key seen once is
     an image with no copy, known without reading the whole file; files that
     share a key are hashed in full to tell copies from look-alikes
-    (content.py). Failures as for `read_file_bytes`.
+    (content.py). `size`: the size the listing gave, if any (else it is
+    asked for). Failures as for `read_file_bytes`.
     """
-    with _unreadable_if_deterministic(), _open(uri, read_ahead_bytes=CONTENT_KEY_PREFIX_BYTES) as handle:
-        prefix = handle.read(CONTENT_KEY_PREFIX_BYTES)
-        if len(prefix) < CONTENT_KEY_PREFIX_BYTES:
-            size = len(prefix)
+    if size is None:
+        size = file_size(uri)
+    with _unreadable_if_deterministic():
+        if _is_gcs(uri):
+            # Only the prefix is downloaded (Beam's reader would fetch 16 MiB, or the whole object).
+            prefix = _gcs_range(uri, 0, CONTENT_KEY_PREFIX_BYTES) if size else b""
         else:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
+            with _open(uri) as handle:
+                prefix = handle.read(CONTENT_KEY_PREFIX_BYTES)
+    if len(prefix) < CONTENT_KEY_PREFIX_BYTES:
+        size = len(prefix)  # all of it: the size read wins over a listing's, should they differ
+    return content_key_of(prefix, size), size
+
+
+def content_key_of(prefix: bytes, size: int) -> str:
+    """The content key of a file of `size` bytes that begins with `prefix` (its first 16 KiB, or all of it)."""
     digest = hashlib.sha256(b"%d:" % size)
     digest.update(prefix)
-    return digest.hexdigest(), size
+    return digest.hexdigest()

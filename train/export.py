@@ -7,9 +7,9 @@
            valid          tf.bool [None]         whether the image could be used
            error          tf.string [None]       "" or "<reason>: <detail>", reason one of stage 1's
                                                  codes: empty_file, not_an_image, truncated,
-                                                 decode_error, too_many_pixels
+                                                 decode_error, too_many_pixels, too_large
       signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
-                                  resize_method, max_pixels, max_decode_bytes, labels
+                                  resize_method, max_pixels, max_decode_bytes, max_file_bytes, labels
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
       assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
 
@@ -48,9 +48,13 @@ CONFIG_FILE = "serving_config.json"
 
 
 def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
-    """The limits an export of this dataset enforces: the dataset's own --max-pixels unless overridden."""
+    """The limits an export of this dataset enforces: the dataset's own --max-pixels and --max-file-mb
+    unless overridden."""
     max_pixels = manifest["image"].get("max_pixels", image_errors.DEFAULT_MAX_PIXELS)
-    return serving_image.ServingLimits(**{"max_pixels": max_pixels, **overrides})
+    max_file_bytes = manifest_lib.max_file_bytes(manifest["image"])
+    return serving_image.ServingLimits(
+        **{"max_pixels": max_pixels, "max_file_bytes": max_file_bytes, **overrides}
+    )
 
 
 def export_serving_model(
@@ -96,6 +100,7 @@ def export_serving_model(
             "resize_method": tf.constant(resize_method),
             "max_pixels": tf.constant(limits.max_pixels, tf.int64),
             "max_decode_bytes": tf.constant(limits.max_decode_bytes, tf.int64),
+            "max_file_bytes": tf.constant(limits.max_file_bytes, tf.int64),
             "labels": tf.constant(labels, tf.string),
         }
 
@@ -171,6 +176,7 @@ def serving_config(size: int, resize_method: str, limits: serving_image.ServingL
         "resize_method": resize_method,
         "max_pixels": limits.max_pixels,
         "max_decode_bytes": limits.max_decode_bytes,
+        "max_file_bytes": limits.max_file_bytes,
         "labels": list(labels),
         "warmup_requests": f"{EXTRA_ASSETS_DIR}/{serving_warmup.WARMUP_FILE}",
     }

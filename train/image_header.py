@@ -47,8 +47,11 @@ PROBLEMS = (
     image_errors.TRUNCATED,
     image_errors.DECODE_ERROR,
     image_errors.TOO_MANY_PIXELS,
+    image_errors.TOO_LARGE,
 )
-NO_PROBLEM, EMPTY_FILE, NOT_AN_IMAGE, TRUNCATED, DECODE_ERROR, TOO_MANY_PIXELS = range(len(PROBLEMS))
+NO_PROBLEM, EMPTY_FILE, NOT_AN_IMAGE, TRUNCATED, DECODE_ERROR, TOO_MANY_PIXELS, TOO_LARGE = range(
+    len(PROBLEMS)
+)
 
 # Bounds on the header walks: far above what real files use, so they only cut short garbage.
 _MAX_JPEG_SEGMENTS = 1024

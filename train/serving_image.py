@@ -7,7 +7,8 @@ with no Python: pure graph ops, no `py_function`, no PIL. Per image:
 1. **Inspect** (`image_header.inspect`): format by content, stored size from
    the header, the decoder's memory need, and any problem the header shows,
    with stage 1's reason codes. Nothing is decoded yet.
-2. **Plan** (`plan`): refuse above the pixel limit (stage 1's
+2. **Plan** (`plan`): refuse above the file size limit (stage 1's
+   `--max-file-mb`, recorded in the manifest) as `too_large`; above the pixel limit (stage 1's
    `--max-pixels`, recorded in the manifest) and the decode budget
    (`ServingLimits.max_decode_bytes`); read the EXIF orientation; compute,
    with the shared integer geometry (`dataset_contract.geometry`), the size
@@ -87,10 +88,11 @@ _CHANNELS_AS_DECODED, _PALETTE_INDICES, _DROP_FOURTH_CHANNEL = range(3)
 
 @dataclasses.dataclass(frozen=True)
 class ServingLimits:
-    """What the serving signature refuses (as too_many_pixels) before decoding an image."""
+    """What the serving signature refuses (as too_large or too_many_pixels) before decoding an image."""
 
     max_pixels: int = image_errors.DEFAULT_MAX_PIXELS  # width x height from the header, as stage 1
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES  # the decoder's memory for the header's size
+    max_file_bytes: int = image_errors.DEFAULT_MAX_FILE_BYTES  # the encoded image's length, as stage 1
 
 
 class DecodePlan(typing.NamedTuple):
@@ -321,6 +323,16 @@ def plan(data, header: image_header.ImageHeader, size: int, method: str, limits:
             ),
             detail,
         ),
+    )
+    # Over the file size limit, whatever its header says: stage 1 refuses such a file before reading it.
+    num_bytes = tf.cast(graph_bytes.length(data), tf.int64)
+    max_file_bytes = tf.cast(limits.max_file_bytes, tf.int64)
+    too_large = num_bytes > max_file_bytes
+    problem = tf.where(too_large, image_header.TOO_LARGE, problem)
+    detail = tf.where(
+        too_large,
+        tf.strings.join([_int(num_bytes), " bytes, over the limit of ", _int(max_file_bytes), " bytes"]),
+        detail,
     )
     return DecodePlan(
         image_format=header.image_format,

@@ -9,6 +9,7 @@ from benchmarks import (
     accuracy_parity,
     corpus,
     handwritten_stage1,
+    hot_key,
     input_pipeline,
     listing_memory,
     serving_memory,
@@ -94,6 +95,13 @@ def test_accuracy_parity_runs_at_tiny_size(cache, tmp_path, capsys):
     report = accuracy_parity.main(["--tiny", "--cache", cache, "--workdir", str(tmp_path)])
     assert 0.0 <= report["median"]["ours"] <= 1.0 and 0.0 <= report["median"]["keras"] <= 1.0
     assert "difference of medians" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_hot_key_runs_at_tiny_size(tmp_path, capsys):
+    report = hot_key.main(["--tiny", "--workdir", str(tmp_path)])
+    assert set(report["seconds"]) == set(hot_key.VARIANTS)
+    assert "vs. distinct" in capsys.readouterr().out
 
 
 @pytest.mark.slow

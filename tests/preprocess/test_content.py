@@ -7,6 +7,7 @@ import pickle
 
 import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -353,3 +354,48 @@ def test_a_uri_listed_twice_is_kept_once_and_counted_once_as_a_duplicate():
             equal_to([{"uri": record.uri, "duplicate_of": record.uri}]),
             label="duplicates",
         )
+
+
+# Copies of one file on disk: thousands, small, so that the test stays fast.
+HOT_FILE_COPIES = 3000
+
+
+def _hashed_per_bundle(result) -> object:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    query = result.metrics().query(MetricsFilter().with_name("hashed_in_full_per_bundle"))
+    (distribution,) = query["distributions"]
+    return distribution.committed
+
+
+def test_copies_of_a_hot_content_key_are_hashed_across_bundles_and_all_accounted_for(tmp_path):
+    """The copies of one key are not hashed one after another in the call that received their group."""
+    data = b"\x89PNG placeholder: photo unavailable " * 40
+    records = [
+        InputRecord(_write(tmp_path, f"cat/copy-{index:05d}.png", data), "cat")
+        for index in range(HOT_FILE_COPIES)
+    ]
+    records.append(InputRecord(_write(tmp_path, "cat/other.png", b"another image"), "cat"))
+    kept = min(record.uri for record in records[:HOT_FILE_COPIES])
+    # Four workers on the local runner: each bundle of a stage goes to one of them.
+    options = PipelineOptions(direct_num_workers=4, direct_running_mode="multi_threading")
+    pipeline = TestPipeline(options=options)
+    result = pipeline | beam.Create(records, reshuffle=False) | DeduplicateByContent(FRACTIONS)
+    assert_that(
+        result["unique"] | "UniqueUris" >> beam.Map(lambda item: item.uri),
+        equal_to([kept, str(tmp_path / "cat" / "other.png")]),
+        label="unique",
+    )
+    assert_that(
+        result["duplicates"] | "DuplicateOf" >> beam.Map(lambda item: item["duplicate_of"]),
+        equal_to([kept] * (HOT_FILE_COPIES - 1)),
+        label="duplicates",
+    )
+    assert_that(result["errors"], equal_to([]), label="errors")
+    run = pipeline.run()
+    run.wait_until_finish()
+    hashed = _hashed_per_bundle(run)
+    # Every copy hashed once, in several bundles, none holding most of them.
+    assert hashed.sum == HOT_FILE_COPIES
+    assert hashed.count >= 2
+    assert hashed.max <= 0.75 * HOT_FILE_COPIES

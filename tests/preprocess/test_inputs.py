@@ -1,11 +1,14 @@
 """Listing a class-per-folder tree and parsing CSV/JSONL manifests."""
 
 import collections
+import concurrent.futures
 import dataclasses
+import hashlib
 import json
 
 import apache_beam as beam
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from google.cloud import storage
@@ -17,13 +20,17 @@ from preprocess.inputs import (
     JSONL,
     MIX_GROUP_SIZE,
     InputRecord,
+    ListingRange,
     ListInputs,
     _in_mixed_order,
     _mix_group,
     filter_labels,
     input_kind,
+    list_class_files,
     list_directory_tree,
+    list_range,
     parse_manifest_rows,
+    plan_listing_ranges,
 )
 
 
@@ -42,9 +49,9 @@ def test_directory_tree_takes_the_class_from_the_folder(tmp_path):
     (tmp_path / "dog" / "nested" / "deep.jpg").write_bytes(b"x")
     records = sorted(list_directory_tree(str(tmp_path)), key=lambda record: record.uri)
     assert records == [
-        InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
-        InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),
-        InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog"),
+        InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
+        InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
+        InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
     ]
 
 
@@ -123,9 +130,9 @@ def test_a_local_tree_is_listed_class_by_class_in_parallel(tmp_path):
     _assert_listed(
         tmp_path,
         [
-            InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat"),
-            InputRecord(str(tmp_path / "cat" / "2.png"), "cat"),
-            InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog"),
+            InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
+            InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
+            InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
         ],
         [(str(tmp_path / "bird" / "only.jpg"), errors.UNKNOWN_LABEL)],
         labels=["cat", "dog"],
@@ -149,9 +156,9 @@ def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs
     _assert_listed(
         f"{gcs_dir}/raw/",
         [
-            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat"),
-            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat"),
-            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog"),
+            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat", size=1),
+            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat", size=1),
+            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog", size=1),
         ],
         [],
     )
@@ -224,3 +231,80 @@ def test_a_missing_manifest_fails_the_job_with_a_message(tmp_path):
     with pytest.raises(Exception, match="no such manifest file"):
         with TestPipeline() as pipeline:
             pipeline | ListInputs(str(tmp_path / "labels.csv"))
+
+
+# ------------------------------------------------------------------------------ large folders, in ranges
+
+
+def _varied_names(count: int) -> list[str]:
+    """File names as corpora have them: numbered, hashed, and a few that are a prefix of another."""
+    numbered = [f"img_{index:05d}.jpg" for index in range(count * 2 // 3)]
+    hashed = [
+        hashlib.sha256(str(index).encode()).hexdigest()[:20] + ".png"
+        for index in range(count - len(numbered) - 8)
+    ]
+    odd = ["x", "x1", "x10", "x1~", "Z.jpg", "~tilde.jpg", "\u00e9t\u00e9.jpg", "\u65e5\u672c.jpg"]
+    return numbered + hashed + odd
+
+
+def _listed_in_ranges(ranges) -> list[InputRecord]:
+    return sorted(
+        (record for listing_range in ranges for record in list_range(listing_range)), key=lambda r: r.uri
+    )
+
+
+def test_a_large_local_folder_is_listed_in_ranges_that_together_list_each_file_once(tmp_path):
+    folder = tmp_path / "cat"
+    folder.mkdir()
+    for name in _varied_names(3000):
+        (folder / name).write_bytes(b"x")
+    ranges = list(plan_listing_ranges(("cat", str(folder)), split_above=1000))
+    assert len(ranges) >= 4
+    whole = sorted(list_class_files(("cat", str(folder))), key=lambda record: record.uri)
+    assert len(whole) == 3000
+    assert _listed_in_ranges(ranges) == whole
+    # A folder under the threshold is one range.
+    assert list(plan_listing_ranges(("cat", str(folder)), split_above=3000)) == [
+        ListingRange("cat", str(folder))
+    ]
+
+
+def _upload_many(gcs_emulator, urls):
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda url: bucket.blob(url.removeprefix(f"gs://{gcs_emulator.bucket}/")).upload_from_string(
+                    b"x"
+                ),
+                urls,
+            )
+        )
+
+
+def test_a_large_gcs_folder_is_listed_in_ranges_by_separate_elements_each_file_once(gcs_emulator, gcs_dir):
+    root = f"{gcs_dir}/raw"
+    names = _varied_names(300)  # the emulator slows with every upload: a few thousand would take minutes
+    _upload_many(
+        gcs_emulator,
+        # With the folder's placeholder object ("create folder" in the console) and a subfolder, not listed.
+        [f"{root}/cat/{name}" for name in names]
+        + [f"{root}/dog/1.jpg", f"{root}/cat/sub/deep.jpg", f"{root}/cat/"],
+    )
+    folder = f"{root}/cat"
+    ranges = list(plan_listing_ranges(("cat", folder), split_above=50))
+    assert len(ranges) >= 8
+    whole = sorted(list_class_files(("cat", folder)), key=lambda record: record.uri)
+    assert [record.uri for record in whole] == sorted(f"{folder}/{name}" for name in names)
+    assert _listed_in_ranges(ranges) == whole
+    # The job lists each range as an element of its own.
+    pipeline = TestPipeline()
+    listed = pipeline | ListInputs(root, split_listing_above=50)
+    assert_that(
+        listed.records | beam.Map(lambda record: record.uri),
+        equal_to([r.uri for r in whole] + [f"{root}/dog/1.jpg"]),
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_name("listing_ranges"))["counters"]
+    assert sum(counter.committed for counter in counters) == len(ranges) + 1  # and dog's one range

@@ -243,3 +243,98 @@ def test_the_content_key_of_a_gcs_object_downloads_only_its_prefix(
     gcs_read_faults.media_bytes.clear()
     assert read_file_bytes(url) == data
     assert gcs_read_faults.media_bytes[name] == len(data)
+
+
+# ------------------------------------------------------------------------------------ the file size limit
+
+
+def test_a_file_over_the_size_limit_is_too_large_and_never_opened():
+    # /proc/self/mem fails every read from offset 0 with EIO: recorded as too_large, it was never read.
+    record = InputRecord("/proc/self/mem", "cat", size=2_000_000)  # a size as the listing gives it
+    failed, main = _outputs(KeyContentFn({"train": 1.0}, max_file_bytes=1_000_000), record)
+    assert main == []
+    assert failed == [
+        (record.uri, errors.TOO_LARGE, "2000000 bytes, over the limit of 1000000 bytes (--max-file-mb 1)")
+    ]
+
+
+def test_a_gcs_object_over_the_size_limit_is_too_large_without_a_download(
+    gcs_emulator, gcs_dir, gcs_read_faults
+):
+    url = f"{gcs_dir}/cat/huge.jpg"
+    name = _upload(gcs_emulator, url, _jpeg() + bytes(5000))
+    gcs_read_faults.faults = ReadFaults(media={name: 403})  # a download would make it `unreadable`
+    key_fn = KeyContentFn({"train": 1.0}, max_file_bytes=1000)
+    # A manifest's row: the size is asked for (one metadata request), the bytes never.
+    failed, main = _outputs(key_fn, InputRecord(url, "cat"))
+    assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(url, errors.TOO_LARGE)]
+    assert [read.media for read in gcs_read_faults.forwarded_reads if read.name == name] == [False]
+    assert not gcs_read_faults.injected
+
+
+def test_a_file_that_grew_past_the_limit_is_read_no_further_than_the_limit(
+    gcs_emulator, gcs_dir, gcs_read_faults
+):
+    url = f"{gcs_dir}/cat/grown.bin"
+    data = os.urandom(1 << 20)
+    name = _upload(gcs_emulator, url, data)
+    gcs_read_faults.media_bytes.clear()
+    for read in (read_file_bytes, hash_file):
+        with pytest.raises(errors.ImageError) as raised:
+            read(url, 1000)
+        assert raised.value.reason == errors.TOO_LARGE
+    assert gcs_read_faults.media_bytes[name] <= 2 * 1001
+    assert read_file_bytes(url, len(data)) == data  # at the limit: read whole
+
+
+# ----------------------------------------------------------------------------- GCS clients and requests
+
+
+class _ClientConstructions:
+    """Counts the google-cloud-storage clients made in this process (the real class, counted)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        real_init = storage.Client.__init__
+
+        def counting_init(client, *args, **kwargs):
+            self.count += 1
+            real_init(client, *args, **kwargs)
+
+        monkeypatch.setattr(storage.Client, "__init__", counting_init)
+
+
+def test_listed_gcs_objects_are_read_by_one_reused_client_without_metadata_requests(
+    gcs_emulator, gcs_dir, gcs_read_faults, monkeypatch
+):
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from preprocess.content import DeduplicateByContent
+    from preprocess.inputs import ListInputs
+
+    files = {
+        f"{gcs_dir}/raw/{label}/{index}.jpg": _jpeg((10 + index, height))
+        for label, height in (("cat", 12), ("dog", 13))
+        for index in range(15)
+    }
+    files[f"{gcs_dir}/raw/cat/copy.jpg"] = files[f"{gcs_dir}/raw/cat/3.jpg"]  # a shared key: hashed in full
+    for url, data in files.items():
+        _upload(gcs_emulator, url, data)
+    prefix = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    clients = _ClientConstructions(monkeypatch)
+    with TestPipeline() as pipeline:
+        listed = pipeline | ListInputs(f"{gcs_dir}/raw")
+        deduplicated = listed.records | DeduplicateByContent({"train": 1.0})
+        decoded = deduplicated["unique"] | beam.ParDo(_decode_fn()).with_outputs("errors", main="examples")
+        assert_that(
+            decoded.examples | beam.Map(lambda example: example["uri"]),
+            equal_to(sorted(set(files) - {f"{gcs_dir}/raw/cat/copy.jpg"})),
+        )
+    reads = [read for read in gcs_read_faults.forwarded_reads if read.name.startswith(prefix)]
+    # Each object: its first 16 KiB, then whole when decoded (the copy and its original: hashed too).
+    assert reads and all(read.media for read in reads)
+    assert len(reads) == 2 * len(files) - 1 + 2
+    # Beam's reader made a client (so a TLS connection) and asked for the metadata at every open.
+    assert clients.count <= 4

@@ -229,5 +229,6 @@ def test_the_reason_codes_are_stage_ones():
         errors.TRUNCATED,
         errors.DECODE_ERROR,
         errors.TOO_MANY_PIXELS,
+        errors.TOO_LARGE,
     ]
     assert set(PROBLEMS[1:]) <= set(errors.REASONS)

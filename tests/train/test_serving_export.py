@@ -30,6 +30,7 @@ MANIFEST = {
         "encoding": "uint8",
         "resize_method": "crop",
         "max_pixels": 100_000_000,
+        "max_file_bytes": 64_000_000,  # stage 1's --max-file-mb 64, not the default
     },
     "labels": LABELS,
     "normalization": {"mean": [120.0] * 3, "std": [60.0] * 3},
@@ -130,13 +131,22 @@ def test_the_export_records_its_limits_and_image_size_for_clients(export_dir):
         "truncated",
         "decode_error",
         "too_many_pixels",
+        "too_large",
     ]
+    # The dataset's file size limit, not the default: serving refuses what stage 1 refused.
+    assert config["max_file_bytes"] == MANIFEST["image"]["max_file_bytes"] == described["max_file_bytes"]
 
 
 def test_the_limit_defaults_to_the_datasets_max_pixels():
     assert export.serving_limits({"image": {"max_pixels": 1234}}).max_pixels == 1234
     # A manifest written before image.max_pixels existed: stage 1's default.
     assert export.serving_limits({"image": {}}).max_pixels == 100_000_000
+
+
+def test_the_file_size_limit_defaults_to_the_datasets_max_file_bytes():
+    assert export.serving_limits({"image": {"max_file_bytes": 1234}}).max_file_bytes == 1234
+    # A manifest written before image.max_file_bytes existed: stage 1's default --max-file-mb.
+    assert export.serving_limits({"image": {}}).max_file_bytes == 256 * 10**6
 
 
 def test_warmup_requests_are_real_requests_the_signature_answers(export_dir, serve):

@@ -259,11 +259,12 @@ def test_saved_model_signature_decodes_in_a_fresh_process_without_project_code(t
 def decode_many():
     """decode_batch at SIZE, crop, traced once (the limits are inputs); returns (pixels, valid, error) as numpy."""
     traced = tf.function(
-        lambda batch, max_pixels, max_decode_bytes: decode_batch(
-            batch, SIZE, geometry.CROP, ServingLimits(max_pixels, max_decode_bytes)
+        lambda batch, max_pixels, max_decode_bytes, max_file_bytes: decode_batch(
+            batch, SIZE, geometry.CROP, ServingLimits(max_pixels, max_decode_bytes, max_file_bytes)
         ),
         input_signature=[
             tf.TensorSpec([None], tf.string),
+            tf.TensorSpec([], tf.int64),
             tf.TensorSpec([], tf.int64),
             tf.TensorSpec([], tf.int64),
         ],
@@ -272,7 +273,7 @@ def decode_many():
 
     def run(datas, limits=None):
         limits = limits or ServingLimits()
-        result = traced(tf.constant(datas), limits.max_pixels, limits.max_decode_bytes)
+        result = traced(tf.constant(datas), limits.max_pixels, limits.max_decode_bytes, limits.max_file_bytes)
         errors = [error.decode() for error in result.error.numpy()]
         return result.pixels.numpy(), result.valid.numpy(), errors
 
@@ -349,6 +350,14 @@ def test_over_the_pixel_limit_is_too_many_pixels_as_in_stage_one(decode_many):
     _, valid, errors = decode_many([data], ServingLimits(max_pixels=5399))
     assert not valid[0] and errors[0] == "too_many_pixels: 90x60 = 5400 pixels > 5399"
     assert decode_many([data], ServingLimits(max_pixels=5400))[1][0]
+
+
+def test_over_the_file_size_limit_is_too_large_as_in_stage_one(decode_many):
+    data = case_bytes("png_rgb")
+    assert decode_many([data], ServingLimits(max_file_bytes=len(data)))[1][0]
+    pixels, valid, errors = decode_many([data, data], ServingLimits(max_file_bytes=len(data) - 1))
+    assert valid.tolist() == [False, False] and not pixels.any()
+    assert errors[0] == f"too_large: {len(data)} bytes, over the limit of {len(data) - 1} bytes"
 
 
 def test_the_decode_budget_refuses_by_the_memory_the_header_implies(decode_many):
