@@ -98,7 +98,7 @@ def setup_run(
 ) -> RunSetup:
     """Resolve the strategy (unless given), the device's defaults and the plan; shared with bench_input."""
     if strategy is None:
-        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu)
+        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu, config.allow_cpu)
     kind = strategy_lib.strategy_kind(strategy)
     device = accelerator.describe_devices(strategy)
     choice = accelerator.choose_defaults(
