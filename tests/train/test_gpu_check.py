@@ -69,4 +69,4 @@ def test_allow_cpu_trains_on_the_cpu_on_purpose(tmp_path, fake_driver, stage1_da
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
-    assert metrics["plan"]["total_steps"] == 2
+    assert metrics["global_step"] == 2
