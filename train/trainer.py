@@ -104,6 +104,7 @@ def setup_run(
     choice = accelerator.choose_defaults(
         device, config.mixed_precision, config.jit_compile, config.steps_per_execution
     )
+    accelerator.check_cpu_xla_available(device, choice)
     plan = plan_training(
         config,
         manifest["splits"][manifest_lib.TRAIN]["num_examples"],

@@ -133,6 +133,39 @@ def test_the_tpu_install_trains_on_the_cpu_to_a_finished_export(tpu_venv, stage1
     assert where.stdout.startswith(os.path.dirname(os.path.dirname(python))), where.stdout
 
 
+@pytest.mark.slow  # imports TensorFlow in the TPU venv: ~30 s
+def test_the_tpu_install_refuses_xla_on_the_cpu_with_a_clear_error(tpu_venv, stage1_dataset, tmp_path):
+    # Found by running train on tensorflow-tpu 2.20: its build has no XLA:CPU backend, and a step
+    # compiled for the CPU failed deep in Keras ("no registered transfer manager for platform Host").
+    python, _ = tpu_venv
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "TPU_NAME")}
+    env.update(TPU_LOAD_LIBRARY="0", NO_GCE_CHECK="true")  # as above: no libtpu off a TPU
+    command = [
+        python,
+        "-m",
+        "train",
+        "--data",
+        stage1_dataset("uint8"),
+        "--model-dir",
+        str(tmp_path / "model"),
+    ]
+    command += ["--steps", "2", "--global-batch-size", "8", "--jit-compile", "on"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 2, result.stderr[-5000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: --jit-compile on: this TensorFlow (2.20.0) cannot compile for the CPU"), (
+        error
+    )
+    assert "--jit-compile off" in error
+
+
+def test_generic_tensorflow_compiles_for_the_cpu_so_xla_is_let_through():
+    from train import accelerator
+
+    cpu = accelerator.DeviceDescription(kind=accelerator.CPU)
+    accelerator.check_cpu_xla_available(cpu, accelerator.choose_defaults(cpu, jit_compile="on"))
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     return source_tree(tmp_path_factory.mktemp("resolve") / "src")
