@@ -16,9 +16,9 @@ base requirements would replace the TPU build of a `[tpu]` install.
 
 Dataflow workers get stage 1 one of two ways: the worker container built from
 `Dockerfile` (`--sdk_container_image`, the recommended way: nothing is
-installed at worker boot), or this file (`--setup_file ./setup.py`, with the
-`[all]` requirements given to the workers too, since Dataflow installs the
-package without extras). The exact, tested versions of everything are pinned
+installed at worker boot), or this file (`--setup_file ./setup.py`, with
+train/install_lines.py's STAGE1_REQUIREMENTS handed to the workers too, since
+Dataflow installs the package without extras). The exact, tested versions of everything are pinned
 in requirements.txt / constraints.txt.
 
 Beam is required as a range, never pinned here: a worker runs the Beam SDK of
@@ -69,11 +69,7 @@ setuptools.setup(
         "pillow>=10,<14",
     ],
     extras_require={
-        lines.ALL: [
-            "apache-beam[gcp]>=2.77.0,<3",
-            lines.TENSORFLOW_REQUIREMENT,
-            "tensorflow-transform==1.21.0",
-        ],
+        lines.ALL: ["apache-beam[gcp]>=2.77.0,<3", *lines.STAGE1_REQUIREMENTS],
         lines.TRAIN: [lines.TENSORFLOW_REQUIREMENT],
         lines.GPU: [lines.TENSORFLOW_GPU_REQUIREMENT],
         lines.TPU: list(lines.TPU_REQUIREMENTS),

@@ -38,6 +38,10 @@ LIBTPU_VERSION = "0.0.14"
 TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"
 TENSORFLOW_GPU_REQUIREMENT = f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"
 TPU_REQUIREMENTS = (f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}", f"libtpu=={LIBTPU_VERSION}")
+# What stage 1 needs besides Beam (which a Dataflow worker's container already has). Dataflow
+# installs a `--setup_file` package without extras, so a launch without the worker image must hand
+# these to the workers itself (e.g. `--requirements_file` with `--requirements_cache skip`).
+STAGE1_REQUIREMENTS = (TENSORFLOW_REQUIREMENT, "tensorflow-transform==1.21.0")
 
 # The extras of setup.py, by machine kind.
 ALL, TRAIN, GPU, TPU = "all", "train", "gpu", "tpu"
