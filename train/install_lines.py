@@ -1,6 +1,6 @@
 """How to install this package on each kind of machine: the pins and the command lines.
 
-One place for what the README shows, what `tests/test_install.py` runs in a
+One place for what the README shows, what `tests/train/test_install.py` runs in a
 fresh virtual environment, and what `pipelines/dataflow.py` runs on a TPU
 VM. Nothing here imports TensorFlow.
 
@@ -19,20 +19,23 @@ machine kind names its own through an extra:
 TENSORFLOW_VERSION = "2.21.0"
 
 # The newest tensorflow-tpu on PyPI (2.20.0, 2025-08; there is no 2.21). The
-# train package is tested on both this and TENSORFLOW_VERSION (tests/test_install.py).
+# train package is tested on both this and TENSORFLOW_VERSION (tests/train/test_install.py).
 TENSORFLOW_TPU_VERSION = "2.20.0"
 
 # tensorflow-tpu 2.20.0's wheel requires `libtpu~=0.0.14`, which pip resolves to
 # the newest libtpu (0.0.52 when tried): a JAX-era library without TensorFlow's
 # TPU ops, with which `import tensorflow` aborts ("ConfigureDistributedTpuOp_DoWork
 # not available in this library"). 0.0.14 is the libtpu the release was cut
-# against: TensorFlow's tensorflow/tools/pip_package/setup.py pins the TPU
-# wheel's libtpu from `LATEST_RELEASE_LIBTPU_VERSION` ("update this version when
-# a new libtpu stable version is released"), which read 0.0.13 with
-# NEXT_LIBTPU_VERSION = '0.0.14' before the 2.20 branch; 2.20.0's floor `~=0.0.14`
-# is that next release (2.19.1 pinned `libtpu==0.0.10` exactly the same way).
-# It is on PyPI, so no `-f https://storage.googleapis.com/libtpu-tf-releases/index.html`
-# is needed (that index stops at the 2.18 line's libtpu).
+# against. Where that comes from: TensorFlow's tensorflow/tools/pip_package/setup.py
+# pins the TPU wheel's libtpu from `LATEST_RELEASE_LIBTPU_VERSION` ("update this
+# version when a new libtpu stable version is released"); a stored copy of its master
+# branch (after 2.19.1's libtpu 0.0.10) reads LATEST_RELEASE_LIBTPU_VERSION = '0.0.13', NEXT_LIBTPU_VERSION =
+# '0.0.14', and the 2.20.0 wheel's own requirement is `libtpu~=0.0.14`, the same
+# scheme that gave 2.19.1 `libtpu==0.0.10`. Checked here without loading either
+# library: 0.0.14's libtpu.so has the ConfigureDistributedTpuOp_DoWork entry point,
+# 0.0.52's has not (tests/train/test_install.py holds the installed one to it).
+# Both are on PyPI, so no `-f https://storage.googleapis.com/libtpu-tf-releases/index.html`
+# is needed (that index served the 2.18 line's `libtpu==2.18.0`).
 LIBTPU_VERSION = "0.0.14"
 
 TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"

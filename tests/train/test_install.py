@@ -12,6 +12,7 @@ only resolved (`pip install --dry-run --report`) and the report is checked.
 """
 
 import json
+import mmap
 import os
 import shlex
 import shutil
@@ -103,6 +104,21 @@ def test_the_tpu_line_installs_tensorflow_tpu_and_its_libtpu_and_no_generic_tens
     for absent in ("tensorflow-serving-api", "tensorflow-transform", "tfx-bsl", "apache-beam"):
         assert found[absent] is None, f"{absent} {found[absent]} was installed"
     assert found["tf-image-pipeline"] is not None
+
+
+@pytest.mark.slow  # reads the installed libtpu.so (~340 MB) once
+def test_the_installed_libtpu_carries_tensorflows_tpu_ops(tpu_venv):
+    # TensorFlow looks TPU ops up by name in libtpu.so; a libtpu without them (0.0.52, which
+    # `libtpu~=0.0.14` resolves to unpinned) makes `import tensorflow` abort on a TPU VM with
+    # "ConfigureDistributedTpuOp_DoWork not available in this library". Read, never loaded.
+    python, _ = tpu_venv
+    where = subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('libtpu').submodule_search_locations[0])"],
+        capture_output=True, text=True, check=True, env={**os.environ, "TPU_LOAD_LIBRARY": "0"},
+    )  # fmt: skip
+    with open(os.path.join(where.stdout.strip(), "libtpu.so"), "rb") as library:
+        with mmap.mmap(library.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            assert data.find(b"ConfigureDistributedTpuOp_DoWork\0") >= 0
 
 
 @pytest.mark.slow  # imports TensorFlow and trains a few steps in the TPU venv: ~1 min
