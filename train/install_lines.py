@@ -28,11 +28,11 @@ TENSORFLOW_TPU_VERSION = "2.20.0"
 # not available in this library"). 0.0.14 is the libtpu the release was cut
 # against. Where that comes from: TensorFlow's tensorflow/tools/pip_package/setup.py
 # pins the TPU wheel's libtpu from `LATEST_RELEASE_LIBTPU_VERSION` ("update this
-# version when a new libtpu stable version is released"); a stored copy of its master
-# branch (after 2.19.1's libtpu 0.0.10) reads LATEST_RELEASE_LIBTPU_VERSION = '0.0.13', NEXT_LIBTPU_VERSION =
-# '0.0.14', and the 2.20.0 wheel's own requirement is `libtpu~=0.0.14`, the same
-# scheme that gave 2.19.1 `libtpu==0.0.10`. Checked here without loading either
-# library: 0.0.14's libtpu.so has the ConfigureDistributedTpuOp_DoWork entry point,
+# version when a new libtpu stable version is released"); a stored copy of its
+# master branch (after 2.19.1's libtpu 0.0.10) reads LATEST_RELEASE_LIBTPU_VERSION =
+# '0.0.13', NEXT_LIBTPU_VERSION = '0.0.14', and the 2.20.0 wheel's own requirement
+# is `libtpu~=0.0.14` (the same scheme gave 2.19.1 `libtpu==0.0.10`). Checked here
+# without loading either library: 0.0.14's libtpu.so has the ConfigureDistributedTpuOp_DoWork entry point,
 # 0.0.52's has not (tests/train/test_install.py holds the installed one to it).
 # Both are on PyPI, so no `-f https://storage.googleapis.com/libtpu-tf-releases/index.html`
 # is needed (that index served the 2.18 line's `libtpu==2.18.0`).
