@@ -1,18 +1,47 @@
 """Installs the image pipeline: stage 1 (`preprocess`), stage 2 (`train`), the
 workflows (`pipelines`) and their shared contract (`dataset_contract`).
 
-Dataflow workers get the job one of two ways: the worker container built
-from `Dockerfile` (`--sdk_container_image`, the recommended way: nothing is
-installed at worker boot), or this file (`--setup_file ./setup.py`: each
-worker pip-installs `install_requires` when it starts). The exact, tested
-versions of everything are pinned in requirements.txt / constraints.txt.
+One install per machine kind, chosen by an extra (train/install_lines.py holds
+the pins and the exact lines; the README's install section shows them):
+
+    pip install '.[all]'    stage 1 + the workflows + training on the CPU (Beam, tf.Transform, TensorFlow 2.21)
+    pip install '.[train]'  training only, on the CPU (TensorFlow 2.21; no Beam, no tf.Transform)
+    pip install '.[gpu]'    training only, with CUDA (tensorflow[and-cuda] 2.21)
+    pip install '.[tpu]'    training only, on a Cloud TPU VM (tensorflow-tpu 2.20 + its libtpu)
+
+install_requires hold no TensorFlow: generic `tensorflow` and `tensorflow-tpu`
+install the same `tensorflow/` package over each other, and tf.Transform (with
+tfx-bsl) requires the generic one, so anything TensorFlow-flavoured in the
+base requirements would replace the TPU build of a `[tpu]` install.
+
+Dataflow workers get stage 1 one of two ways: the worker container built from
+`Dockerfile` (`--sdk_container_image`, the recommended way: nothing is
+installed at worker boot), or this file (`--setup_file ./setup.py`, with
+train/install_lines.py's STAGE1_REQUIREMENTS handed to the workers too, since
+Dataflow installs the package without extras). The exact, tested versions of everything are pinned
+in requirements.txt / constraints.txt.
 
 Beam is required as a range, never pinned here: a worker runs the Beam SDK of
 its container, and a pin that differs from it would make pip reinstall Beam
 over the SDK the harness was built for.
 """
 
+import importlib.util
+import os
+
 import setuptools
+
+
+def _install_lines():
+    # Loaded by path: importing the `train` package would need its dependencies installed already.
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train", "install_lines.py")
+    spec = importlib.util.spec_from_file_location("_install_lines", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lines = _install_lines()
 
 setuptools.setup(
     name="tf-image-pipeline",
@@ -31,11 +60,18 @@ setuptools.setup(
             "pipelines.*",
         ]
     ),
+    # What every machine kind needs besides TensorFlow (which comes from the extra):
+    # dataset_contract's record checks (crc32c), train's plots (matplotlib).
     install_requires=[
-        "apache-beam[gcp]>=2.77.0,<3",
-        "tensorflow==2.21.0",
-        "tensorflow-transform==1.21.0",
-        "pillow>=10,<14",
         "numpy>=1.26",
+        "google-crc32c>=1.5",
+        "matplotlib>=3.8",
+        "pillow>=10,<14",
     ],
+    extras_require={
+        lines.ALL: ["apache-beam[gcp]>=2.77.0,<3", *lines.STAGE1_REQUIREMENTS],
+        lines.TRAIN: [lines.TENSORFLOW_REQUIREMENT],
+        lines.GPU: [lines.TENSORFLOW_GPU_REQUIREMENT],
+        lines.TPU: list(lines.TPU_REQUIREMENTS),
+    },
 )

@@ -31,6 +31,8 @@ Modules, one job each:
   trainer.py       train_and_evaluate: checks -> strategy -> data -> model -> fit -> evaluate -> export
   export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
   serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
+  serving_warmup.py TF Serving's warmup requests, written without tensorflow-serving-api
+  install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
   __main__.py      the command line
   supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
 """

@@ -179,6 +179,29 @@ def steps_per_execution_warning(wanted: int, asked_by_flag: bool, plan: Training
     )
 
 
+def check_cpu_xla_available(device: DeviceDescription, choice: AcceleratorChoice) -> None:
+    """Stop with a ConfigError when XLA is asked of a CPU whose TensorFlow has no XLA:CPU backend.
+
+    The tensorflow-tpu wheel (2.20) compiles for TPUs only: off a TPU, a step
+    compiled for the CPU fails at the first step with "could not find registered
+    transfer manager for platform Host". A one-op compile here says so before
+    anything is built.
+    """
+    if device.kind != CPU or choice.xla == XLA_OFF:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.function(lambda x: x + 1, jit_compile=True)(tf.constant(1))
+    except (tf.errors.NotFoundError, tf.errors.UnimplementedError, tf.errors.InvalidArgumentError) as exc:
+        reason = str(exc).strip().splitlines()[0][:200]
+        raise ConfigError(
+            f"--jit-compile on: this TensorFlow ({tf.__version__}) cannot compile for the CPU with XLA ({reason}); "
+            "the tensorflow-tpu build compiles for TPUs only. Train on the CPU with --jit-compile off (the CPU "
+            "default), or install the CPU build (pip install '.[train]')"
+        ) from exc
+
+
 def describe_devices(strategy) -> DeviceDescription:
     """The DeviceDescription of the running TensorFlow under `strategy`."""
     import tensorflow as tf

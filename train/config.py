@@ -66,6 +66,7 @@ class TrainConfig:
     eval_every: int | None = None  # steps between evaluations, besides the one at each epoch end
     profile_steps: tuple[int, int] | None = None  # (first, last) global step of a TensorBoard profile
     shared_filesystem: bool = False  # local paths are the same on every host (NFS, gcsfuse)
+    allow_cpu: bool = False  # train on the CPU although the machine has an NVIDIA GPU TensorFlow cannot see
     # --- The training recipe (recipe.py, optimization.py, losses.py, pretrained.py, freeze.py) ---
     # Where the backbone starts: None (random), "imagenet", or a .weights.h5 file / a finished run's model dir.
     weights: str | None = None

@@ -23,7 +23,8 @@ def positive_int(text: str) -> int:
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     """--model, --global-batch-size, --strategy, --tpu, --mixed-precision, --steps-per-execution,
-    --jit-compile, --augment, --shuffle-buffer, --shared-filesystem, --verbose, with TrainConfig's defaults."""
+    --jit-compile, --augment, --shuffle-buffer, --shared-filesystem, --allow-cpu, --verbose, with TrainConfig's
+    defaults."""
     defaults = TrainConfig(data_dir="", model_dir="")
     parser.add_argument("--model", choices=MODELS, default=defaults.model, help="default %(default)s")
     parser.add_argument("--global-batch-size", type=positive_int, default=defaults.global_batch_size)
@@ -73,6 +74,12 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "same place (NFS, Filestore, gcsfuse). Without it, multi-host training needs gs:// paths.",
     )
     parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="Train on the CPU although this machine has an NVIDIA GPU that TensorFlow cannot see (without "
+        "it, that stops with the GPU install line: TensorFlow's CUDA libraries are missing).",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="Log at INFO (default: warnings only), TensorFlow's start-up too.",
@@ -92,6 +99,7 @@ def setup_config_fields(args: argparse.Namespace) -> dict:
         "augment": args.augment,
         "shuffle_buffer": args.shuffle_buffer,
         "shared_filesystem": args.shared_filesystem,
+        "allow_cpu": args.allow_cpu,
     }
 
 

@@ -10,6 +10,12 @@
 `--strategy tpu|mirrored|multiworker|default` forces a choice; asking for
 something this machine does not have stops with a StrategyError.
 
+A GPU that TensorFlow cannot see is refused rather than trained around: when
+the machine has an NVIDIA driver (/proc/driver/nvidia/version) but TensorFlow
+lists no GPU (typically `tensorflow` installed without its CUDA libraries),
+every strategy but TPUStrategy stops with a StrategyError naming the GPU
+install line. `--allow-cpu` trains on the CPU on purpose.
+
 TPUs, single host and multi-host. TensorFlow drives a TPU slice from one
 Python process (TPUStrategy is single-client):
 
@@ -32,6 +38,7 @@ import os
 
 import tensorflow as tf
 
+from train import install_lines
 from train.config import STRATEGIES
 from train.errors import StrategyError
 
@@ -41,6 +48,11 @@ AUTO, TPU, MIRRORED, MULTIWORKER, DEFAULT = STRATEGIES
 _TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 LOCAL_TPU = "local"
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+# The NVIDIA kernel driver's version file: present exactly when the driver is loaded.
+# $TRAIN_NVIDIA_DRIVER_FILE replaces the path (tests point it at a file of their own).
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+NVIDIA_DRIVER_FILE_ENV = "TRAIN_NVIDIA_DRIVER_FILE"
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +116,31 @@ def _connect_tpu(tpu: str) -> tf.distribute.TPUStrategy:
     return tf.distribute.TPUStrategy(resolver)
 
 
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version line when this machine has the driver loaded, else None."""
+    path = os.environ.get(NVIDIA_DRIVER_FILE_ENV) or NVIDIA_DRIVER_FILE
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return file.readline().strip() or path
+    except OSError:
+        return None
+
+
+def refuse_hidden_gpu(allow_cpu: bool) -> None:
+    """Stop when the machine has an NVIDIA GPU that TensorFlow cannot see, unless `allow_cpu`."""
+    if allow_cpu or tf.config.list_physical_devices("GPU"):
+        return
+    driver = nvidia_driver()
+    if driver is None:
+        return
+    raise StrategyError(
+        f"this machine has an NVIDIA GPU (driver: {driver}) but TensorFlow {tf.__version__} sees none, so "
+        "training would run on the CPU. TensorFlow's CUDA libraries are missing: install the GPU build with "
+        f"`{install_lines.GPU_INSTALL_LINE}` (tensorflow[and-cuda]) and check `nvidia-smi`; or pass "
+        "--allow-cpu to train on the CPU on purpose"
+    )
+
+
 def _tf_config_cluster() -> dict:
     try:
         return json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
@@ -120,8 +157,13 @@ def _mirrored() -> tf.distribute.MirroredStrategy:
     return tf.distribute.MirroredStrategy(devices=cpus)
 
 
-def resolve_strategy(name: str = AUTO, tpu: str | None = None) -> tf.distribute.Strategy:
-    """The strategy to build the model, optimizer and metrics in; see the module docstring."""
+def resolve_strategy(
+    name: str = AUTO, tpu: str | None = None, allow_cpu: bool = False
+) -> tf.distribute.Strategy:
+    """The strategy to build the model, optimizer and metrics in; see the module docstring.
+
+    `allow_cpu` lets a machine with an NVIDIA driver but no GPU visible to TensorFlow train on its CPU.
+    """
     if name not in STRATEGIES:
         raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
     if name == TPU or (name == AUTO and tpu):
@@ -140,11 +182,13 @@ def resolve_strategy(name: str = AUTO, tpu: str | None = None) -> tf.distribute.
                 return _connect_tpu(found)
             except StrategyError as exc:
                 log.warning("TPU devices seem present but could not be used, continuing without: %s", exc)
+        refuse_hidden_gpu(allow_cpu)
         if _tf_config_cluster():
             return tf.distribute.MultiWorkerMirroredStrategy()
         if len(tf.config.list_logical_devices("GPU")) > 1:
             return tf.distribute.MirroredStrategy()
         return tf.distribute.get_strategy()
+    refuse_hidden_gpu(allow_cpu)
     if name == MIRRORED:
         return _mirrored()
     if name == MULTIWORKER:

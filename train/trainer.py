@@ -107,12 +107,13 @@ def setup_run(
 ) -> RunSetup:
     """Resolve the strategy (unless given), the device's defaults and the plan; shared with bench_input."""
     if strategy is None:
-        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu)
+        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu, config.allow_cpu)
     kind = strategy_lib.strategy_kind(strategy)
     device = accelerator.describe_devices(strategy)
     choice = accelerator.choose_defaults(
         device, config.mixed_precision, config.jit_compile, config.steps_per_execution
     )
+    accelerator.check_cpu_xla_available(device, choice)
     plan = plan_training(
         config,
         manifest["splits"][manifest_lib.TRAIN]["num_examples"],

@@ -1,0 +1,75 @@
+"""How to install this package on each kind of machine: the pins and the command lines.
+
+One place for what the README shows, what `tests/train/test_install.py` runs in a
+fresh virtual environment, and what `pipelines/dataflow.py` runs on a TPU
+VM. Nothing here imports TensorFlow.
+
+Why extras rather than one requirement set: generic `tensorflow` and
+`tensorflow-tpu` install the same `tensorflow/` package and overwrite each
+other, and tf.Transform, tfx-bsl and tensorflow-serving-api all require the
+generic one. So `setup.py`'s install_requires hold no TensorFlow at all; each
+machine kind names its own through an extra:
+
+  all    stage 1 (Beam, tf.Transform), the workflows, training on the CPU: TensorFlow 2.21
+  train  training only (no Beam, no tf.Transform), on the CPU: TensorFlow 2.21
+  gpu    training only, with the CUDA libraries: tensorflow[and-cuda] 2.21
+  tpu    training only, on a Cloud TPU VM: tensorflow-tpu 2.20 and the libtpu built for it
+"""
+
+TENSORFLOW_VERSION = "2.21.0"
+
+# The newest tensorflow-tpu on PyPI (2.20.0, 2025-08; there is no 2.21). The
+# train package is tested on both this and TENSORFLOW_VERSION (tests/train/test_install.py).
+TENSORFLOW_TPU_VERSION = "2.20.0"
+
+# tensorflow-tpu 2.20.0's wheel requires `libtpu~=0.0.14`, which pip resolves to
+# the newest libtpu (0.0.52 when tried): a JAX-era library without TensorFlow's
+# TPU ops, with which `import tensorflow` aborts ("ConfigureDistributedTpuOp_DoWork
+# not available in this library"). 0.0.14 is the libtpu the release was cut
+# against. Where that comes from: TensorFlow's tensorflow/tools/pip_package/setup.py
+# pins the TPU wheel's libtpu from `LATEST_RELEASE_LIBTPU_VERSION` ("update this
+# version when a new libtpu stable version is released"); a stored copy of its
+# master branch (after 2.19.1's libtpu 0.0.10) reads LATEST_RELEASE_LIBTPU_VERSION =
+# '0.0.13', NEXT_LIBTPU_VERSION = '0.0.14', and the 2.20.0 wheel's own requirement
+# is `libtpu~=0.0.14` (the same scheme gave 2.19.1 `libtpu==0.0.10`). Checked here
+# without loading either library: 0.0.14's libtpu.so has the ConfigureDistributedTpuOp_DoWork entry point,
+# 0.0.52's has not (tests/train/test_install.py holds the installed one to it).
+# Both are on PyPI, so no `-f https://storage.googleapis.com/libtpu-tf-releases/index.html`
+# is needed (that index served the 2.18 line's `libtpu==2.18.0`).
+LIBTPU_VERSION = "0.0.14"
+
+TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"
+TENSORFLOW_GPU_REQUIREMENT = f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"
+TPU_REQUIREMENTS = (f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}", f"libtpu=={LIBTPU_VERSION}")
+# What stage 1 needs besides Beam (which a Dataflow worker's container already has). Dataflow
+# installs a `--setup_file` package without extras, so a launch without the worker image must hand
+# these to the workers itself (e.g. `--requirements_file` with `--requirements_cache skip`).
+STAGE1_REQUIREMENTS = (TENSORFLOW_REQUIREMENT, "tensorflow-transform==1.21.0")
+
+# The extras of setup.py, by machine kind.
+ALL, TRAIN, GPU, TPU = "all", "train", "gpu", "tpu"
+
+# Extra pip options the TPU install needs (none: tensorflow-tpu and its libtpu are both on PyPI).
+TPU_PIP_OPTIONS: tuple[str, ...] = ()
+
+
+def pip_install(package: str, extra: str, options: tuple[str, ...] = ()) -> str:
+    """`pip install '<package>[extra]'`: `package` is a source tree (`.`) or a built sdist/wheel."""
+    return " ".join(["pip install", *options, f"'{package}[{extra}]'"])
+
+
+def tpu_install_command(package: str) -> str:
+    """The install on a TPU VM (every worker of a slice), `package` being `.` or the staged sdist."""
+    return pip_install(package, TPU, TPU_PIP_OPTIONS)
+
+
+# What the README's install section shows, one line per machine kind, run from a clone.
+INSTALL_LINES = {
+    "laptop / CPU (both stages and the workflows)": pip_install(".", ALL),
+    "GPU machine (training)": pip_install(".", GPU),
+    "Cloud TPU VM (training)": tpu_install_command("."),
+    "Dataflow workers (stage 1)": "gcloud builds submit --tag REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG .",
+}
+
+# What a GPU machine without TensorFlow's CUDA libraries is told to run.
+GPU_INSTALL_LINE = INSTALL_LINES["GPU machine (training)"]
