@@ -24,7 +24,9 @@ COPY dataset_contract ./dataset_contract
 COPY preprocess ./preprocess
 COPY train ./train
 COPY pipelines ./pipelines
-# setup.py's install_requires, resolved with constraints.txt: apache-beam is
+# The package with its [all] extra (stage 1's TensorFlow and tf.Transform:
+# install_requires hold none, train/install_lines.py says why), resolved with
+# constraints.txt: apache-beam is
 # pinned there to the base image's version, so pip keeps the SDK that is
 # already in the image, and everything else gets the versions the tests ran
 # with.
@@ -34,7 +36,7 @@ COPY pipelines ./pipelines
 # site-packages) as the workers will, not ./preprocess; it imports
 # TensorFlow and tf.Transform by name, since the stage-1 modules load them
 # only where they are used.
-RUN pip install --no-cache-dir -c constraints.txt . \
+RUN pip install --no-cache-dir -c constraints.txt ".[all]" \
     && pip check \
     && cd /tmp \
     && python -c "import apache_beam, tensorflow, tensorflow_transform, dataset_contract, pipelines, train, \

@@ -151,7 +151,10 @@ def measure_worker(encoding: str = "uint8", groups=(LISTING_AND_DEDUP, OTHER_STA
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "stages.json")
         write_stages(path, encoding)
-        env = {**os.environ, "TPU_LOAD_LIBRARY": "0"}
+        # The benchmarks package is not installed: the fresh process finds it in this checkout.
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pythonpath = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "TPU_LOAD_LIBRARY": "0", "PYTHONPATH": pythonpath}
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.worker_memory", "--load", path, "--groups", ",".join(groups)],
             env=env,

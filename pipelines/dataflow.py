@@ -80,6 +80,7 @@ from pipelines import tpu_launch, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
+from train import install_lines
 from train.config import MODELS, RESNET50, SMALL_CNN, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,21 @@ def worker_setup_argv(args) -> list[str]:
         "no --sdk_container_image: every Dataflow worker will pip-install TensorFlow and tf.Transform at boot "
         "(minutes per worker; fails where workers have no internet access). See Dockerfile for the image."
     )
-    return ["--setup_file", args.setup_file]
+    # Dataflow installs the --setup_file package without extras, and setup.py's
+    # install_requires hold no TensorFlow (train/install_lines.py says why): the
+    # workers get stage 1's TensorFlow and tf.Transform from a requirements file.
+    # "skip": the launcher downloads nothing; each worker installs from the index.
+    requirements = os.path.join(tempfile.mkdtemp(prefix="stage1-workers-"), "requirements.txt")
+    with open(requirements, "w") as out:
+        out.write("".join(f"{requirement}\n" for requirement in install_lines.STAGE1_REQUIREMENTS))
+    return [
+        "--setup_file",
+        args.setup_file,
+        "--requirements_file",
+        requirements,
+        "--requirements_cache",
+        "skip",
+    ]
 
 
 def crop_margin(args) -> float:

@@ -50,6 +50,7 @@ import subprocess
 import sys
 
 from pipelines import tpu_runtime
+from train import install_lines
 
 REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
 # Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
@@ -68,10 +69,9 @@ _LIBTPU_PATH_PYTHON = (
 def pip_install_command(sdist_path: str) -> str:
     """The TPU VM install line: the staged package with its [tpu] extra (tensorflow-tpu + the matching libtpu).
 
-    The one place here that spells it; it is the string train/install_lines.py's
-    tpu_install_command gives (the packaging work of the same issue), to which it can defer once both are in.
+    train/install_lines.py spells it, for the README and its install test as for this launch.
     """
-    return f"pip install {shlex.quote(sdist_path + '[tpu]')}"
+    return install_lines.tpu_install_command(sdist_path)
 
 
 def install_command(package_uri: str) -> str:

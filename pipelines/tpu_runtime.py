@@ -44,7 +44,10 @@ v5litepod-16: a multi-host slice).
 import dataclasses
 import re
 
-TENSORFLOW_TPU_VERSION = "2.20.0"  # the newest tensorflow-tpu on the registry (no 2.21 exists)
+from train import install_lines
+
+# The newest tensorflow-tpu on the registry (no 2.21 exists): the one the [tpu] extra installs.
+TENSORFLOW_TPU_VERSION = install_lines.TENSORFLOW_TPU_VERSION
 
 RUNTIMES_DOC = "https://cloud.google.com/tpu/docs/runtimes"
 HARNESS_REPO = "GoogleCloudPlatform/ml-auto-solutions"

@@ -17,6 +17,7 @@ import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from pipelines import dataflow, tpu_launch, tpu_runtime
+from train import install_lines
 
 pytestmark = pytest.mark.slow
 
@@ -201,5 +202,10 @@ def test_with_a_worker_image_the_job_runs_in_it_and_installs_nothing_at_boot(con
 def test_without_a_worker_image_workers_install_the_package_from_setup_py(dry_run):
     template, _, _, _ = dry_run
     (pool,) = template["environment"]["workerPools"]
-    assert {package["name"] for package in pool["packages"]} >= {"workflow.tar.gz"}
-    assert _pipeline_options(template)["setup_file"] == dataflow.SETUP_FILE
+    assert {package["name"] for package in pool["packages"]} >= {"workflow.tar.gz", "requirements.txt"}
+    options = _pipeline_options(template)
+    assert options["setup_file"] == dataflow.SETUP_FILE
+    # setup.py's install_requires hold no TensorFlow: stage 1's comes from the staged requirements.
+    with open(options["requirements_file"]) as staged:
+        assert tuple(staged.read().split()) == install_lines.STAGE1_REQUIREMENTS
+    assert options["requirements_cache"] == "skip"
