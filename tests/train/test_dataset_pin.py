@@ -117,3 +117,20 @@ def test_a_resume_whose_pinned_run_is_gone_stops_naming_both_runs(two_runs, tmp_
     assert "start a new --model-dir" in message and f"restore run {two_runs.run_a}'s files" in message
     assert sorted(path.name for path in (model_dir / "checkpoints").iterdir()) == checkpoints
     assert json.loads((model_dir / PIN_FILE).read_text())["run_id"] == two_runs.run_a
+
+
+def test_a_gcs_model_dir_holds_the_pin_and_a_resume_reads_the_pinned_manifest_from_it(two_runs, gcs_dir):
+    import tensorflow as tf
+
+    from train import dataset_pin
+
+    model_dir = f"{gcs_dir}/model"
+    dataset_pin.record_pin(model_dir, dataset_pin.resolve_dataset(str(two_runs.root), model_dir))
+    two_runs.publish_b()
+
+    resumed = dataset_pin.resolve_dataset(str(two_runs.root), model_dir)
+
+    assert resumed.recorded and resumed.run_id == two_runs.run_a
+    assert resumed.manifest_bytes == two_runs.manifest_a
+    with tf.io.gfile.GFile(f"{model_dir}/{PIN_FILE}", "rb") as handle:
+        assert json.loads(handle.read())["manifest_sha256"] == sha256(two_runs.manifest_a)
