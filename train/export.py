@@ -65,9 +65,9 @@ def export_serving_model(
 ) -> str:
     """Write `model` with a bytes-in signature to `export_dir`; returns the path.
 
-    `limits` defaults to `serving_limits(manifest)`. `lineage` (the dataset run
-    trained on, dataset_pin.PinnedDataset.lineage) goes to assets.extra/dataset_lineage.json. Called outside the
-    training strategy's scope: the model is rebuilt there from its config and
+    `limits` defaults to `serving_limits(manifest)`. `lineage`, the dataset run
+    trained on (dataset_pin.PinnedDataset.lineage), goes to
+    assets.extra/dataset_lineage.json. Called outside the training strategy's scope: the model is rebuilt there from its config and
     given the trained weights, so the SavedModel holds plain variables
     whatever strategy trained it (TPU, mirrored or multi-worker variables do
     not save into a serving graph as they are). The layers keep their dtype
