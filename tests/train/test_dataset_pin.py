@@ -9,7 +9,9 @@ encoding tells in metrics.json which run a training read.
 
 import hashlib
 import json
+import logging
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -51,8 +53,6 @@ class TwoRuns:
 
 @pytest.fixture
 def two_runs(stage1_dataset, tmp_path):
-    from pathlib import Path
-
     return TwoRuns(tmp_path / "dataset", Path(stage1_dataset("uint8")), Path(stage1_dataset("jpeg")))
 
 
@@ -88,18 +88,24 @@ def test_the_first_start_pins_the_run_and_metrics_and_the_export_name_it(two_run
     assert lineage["created_at"] == json.loads(two_runs.manifest_a)["created_at"]
 
 
-def test_a_resume_after_another_run_is_published_keeps_training_on_the_pinned_run(two_runs, tmp_path):
+def test_a_resume_after_another_run_is_published_keeps_training_on_the_pinned_run(two_runs, tmp_path, caplog):
     model_dir = tmp_path / "model"
     train(two_runs.root, model_dir, epochs=1)
     two_runs.publish_b()
 
-    metrics = train(two_runs.root, model_dir, epochs=2)
+    with caplog.at_level(logging.WARNING, logger="train"):
+        metrics = train(two_runs.root, model_dir, epochs=2)
 
     assert metrics["resumed_from_step"] == 2 and metrics["global_step"] == 4
     assert metrics["encoding"] == "uint8", "the resume read run B (jpeg)"
     assert metrics["dataset"]["run_id"] == two_runs.run_a
     assert metrics["dataset"]["manifest_sha256"] == sha256(two_runs.manifest_a)
     assert (two_runs.root / manifest_lib.MANIFEST_FILE).read_bytes() == two_runs.manifest_b
+    # Not silently: the log names both runs.
+    assert any(
+        f"run {two_runs.run_b}" in record.getMessage() and f"run {two_runs.run_a}" in record.getMessage()
+        for record in caplog.records
+    )
 
 
 def test_a_resume_whose_pinned_run_is_gone_stops_naming_both_runs(two_runs, tmp_path):
