@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from train import checks
+from train.checkpoints import CHECKPOINT_DIR
 from train.errors import DatasetError
 
 PIN_FILE = "dataset_pin.json"
@@ -172,7 +173,7 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
     if pinned is None:
         data = checks.read_manifest_bytes(data_dir)
         manifest = checks.parse_manifest(data, where=manifest_path)
-        if tf.io.gfile.exists(manifest_lib.join(model_dir, "checkpoints")):
+        if tf.io.gfile.exists(manifest_lib.join(model_dir, CHECKPOINT_DIR)):
             log.warning(
                 "%s has checkpoints but no %s (it was started before training pinned its dataset): "
                 "pinning %s, the one %s names now",
