@@ -20,6 +20,9 @@ from train.config import TrainConfig
 from train.errors import DatasetError
 from train.trainer import train_and_evaluate
 
+# Every test here runs stage 1 twice (session-cached) and most train.
+pytestmark = pytest.mark.slow
+
 # The files the model dir and the export hold (the README's model-directory paragraph).
 PIN_FILE = "dataset_pin.json"
 PINNED_MANIFEST_FILE = "dataset_pin.manifest.json"
