@@ -76,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Stage 1 stores images this much larger for random-crop augmentation (see python -m preprocess --help).",
     )
     parser.add_argument(
+        "--max-failed-fraction",
+        default=None,
+        help="Passed to stage 1: above this fraction of failed inputs it publishes nothing "
+        "(see python -m preprocess --help).",
+    )
+    parser.add_argument(
+        "--retention-days",
+        default=None,
+        help="Passed to stage 1: how long the dataset a re-run supersedes stays for the jobs reading it "
+        "(see python -m preprocess --help).",
+    )
+    parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes."
     )
     parser.add_argument(
@@ -99,6 +111,10 @@ def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
         "--runner",
         "DirectRunner",
     ]
+    if args.max_failed_fraction is not None:
+        argv += ["--max-failed-fraction", args.max_failed_fraction]
+    if args.retention_days is not None:
+        argv += ["--retention-days", args.retention_days]
     if args.workers > 1:
         argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]
     return argv

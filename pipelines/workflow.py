@@ -60,13 +60,19 @@ def check_stage1_output(dataset_dir: str) -> dict:
     return manifest
 
 
-def run_stage1(preprocess_argv: list[str]) -> None:
-    """Runs stage 1 and waits for it; WorkflowError if it fails."""
+def run_stage1(preprocess_argv: list[str]) -> dict | None:
+    """Runs stage 1 and waits for it; returns its run's manifest. WorkflowError if it fails, or if a
+    newer run of stage 1 into the same directory superseded it (training would not read this run)."""
     from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - see the imports
+    from preprocess.publish import SupersededRunError  # noqa: PLC0415 - see the imports
 
     log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
     try:
-        preprocess_pipeline.run(preprocess_argv)
+        return preprocess_pipeline.run(preprocess_argv)
+    except SupersededRunError as exc:
+        raise WorkflowError(
+            f"stage 1 (preprocess) was superseded, so training will not start: {exc}"
+        ) from exc
     except Exception as exc:
         raise WorkflowError(f"stage 1 (preprocess) failed, so training will not start: {exc}") from exc
 
@@ -81,8 +87,12 @@ def run_workflow(
 
     Returns (manifest, whatever `launch_training(manifest)` returned).
     """
-    if preprocess_argv is not None:
-        run_stage1(preprocess_argv)
+    own = run_stage1(preprocess_argv) if preprocess_argv is not None else None
     manifest = check_stage1_output(dataset_dir)
+    if own is not None and manifest["run"]["id"] != own["run"]["id"]:
+        raise WorkflowError(
+            f"stage 1 published run {own['run']['id']}, but run {manifest['run']['id']}, which started later, "
+            f"has published into {dataset_dir} since; training will not start on another run's dataset"
+        )
     log.info("stage 1 output checked: %s", manifest_lib.join(dataset_dir, manifest_lib.MANIFEST_FILE))
     return manifest, launch_training(manifest)

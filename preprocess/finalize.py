@@ -13,6 +13,7 @@ import logging
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
 from preprocess import outcomes
+from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS
 from preprocess.publish import publish_run
 from preprocess.runs import RunPaths, run_started_at
 from preprocess.transform_output import read_label_vocabulary
@@ -87,6 +88,29 @@ def build_manifest(
     }
 
 
+class TooManyFailuresError(ValueError):
+    """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
+
+
+def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):
+    """Raise TooManyFailuresError if the run's failed inputs exceed `max_failed_fraction` of those found.
+
+    `counts` as outcomes.tally gives them. The message is the same at every
+    retry of the step (the counts are the committed ones).
+    """
+    found, failed = counts["num_found"], sum(counts["failures"].values())
+    if not found or failed / found <= max_failed_fraction:
+        return
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(counts["failures"].items()))
+    raise TooManyFailuresError(
+        f"run {run.run_id}: {failed} of the {found} inputs found failed ({failed / found:.1%}), more than "
+        f"--max-failed-fraction {max_failed_fraction:g} allows: {reasons}. Nothing was published "
+        f"(dataset.json is unchanged). See which files and why in {run.final(manifest_lib.ERRORS_FILE)}; "
+        "fix the inputs (read access, the manifest's URIs), or re-run with a higher --max-failed-fraction "
+        "if that many failures are expected."
+    )
+
+
 def finalize_dataset(
     _,
     *,
@@ -108,6 +132,8 @@ def finalize_dataset(
     """
     del errors_log
     run = RunPaths(config["output"], run_id)
+    counts = outcomes.tally(outcome_counts)
+    check_failed_fraction(counts, config.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION), run)
     if not labels or not any(shard["split"] == manifest_lib.TRAIN for shard in shards):
         raise ValueError(
             "no training example was written: every input failed or the split gave train nothing; "
@@ -129,7 +155,13 @@ def finalize_dataset(
         labels=labels,
         stats=stats,
         shards=shards,
-        **outcomes.tally(outcome_counts),
+        **counts,
     )
     manifest_lib.check_manifest(manifest)
-    return publish_run(config["output"], run_id, manifest, tft_build_id=config.get("build_id"))
+    return publish_run(
+        config["output"],
+        run_id,
+        manifest,
+        tft_build_id=config.get("build_id"),
+        retention_days=config.get("retention_days", DEFAULT_RETENTION_DAYS),
+    )

@@ -6,6 +6,12 @@ from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
+# A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
+# without read access, a wrong manifest), which must not be published as a dataset.
+DEFAULT_MAX_FAILED_FRACTION = 0.05
+# How long a superseded run's files stay for the readers that opened its manifest (preprocess/publish.py):
+# a training job reads its dataset for days.
+DEFAULT_RETENTION_DAYS = 7.0
 
 
 def parse_split_fractions(text: str) -> dict[str, float]:
@@ -38,6 +44,23 @@ def _crop_margin(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number like 0.14, got {text!r}") from None
     if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 1:
         raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
     return value
 
@@ -119,6 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=64,
         help="Images per Arrow record batch fed to tf.Transform; bounds its memory (default 64).",
+    )
+    parser.add_argument(
+        "--max-failed-fraction",
+        type=_fraction,
+        default=DEFAULT_MAX_FAILED_FRACTION,
+        help="If more than this fraction of the inputs found fail (unreadable, not an image, ...), the run "
+        "publishes nothing and fails with the failure counts by reason, as a run whose inputs mostly "
+        f"failed is a broken input, not a dataset (default {DEFAULT_MAX_FAILED_FRACTION:g}; 1: never).",
+    )
+    parser.add_argument(
+        "--retention-days",
+        type=_non_negative_float,
+        default=DEFAULT_RETENTION_DAYS,
+        help="How long the files of a run this one supersedes stay after the switch, for the training "
+        "jobs still reading it (they read a dataset for days); later publishes remove them once older "
+        f"(default {DEFAULT_RETENTION_DAYS:g}; 0: at once).",
     )
     parser.add_argument(
         "--in-process-below",

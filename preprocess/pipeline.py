@@ -29,14 +29,16 @@ published by one atomic replacement of dataset.json). Every input that is
 not written is an error record or a counted duplicate.
 
 Each run writes its files once, under `runs/<run id>/` of the output
-directory (its temporary files under `staging/<run id>/`); the run id is
-made when the job runs, so every run of a Dataflow template has its own.
-Publishing is crash-safe and retry-safe: preprocess/publish.py. Our flags:
+directory (its temporary files under `staging/<run id>/`); the launcher
+makes the run id, so that it reports its own run (or the newer run that
+superseded it), and a Dataflow template's runs each make theirs when they
+run. Publishing is crash-safe and retry-safe, a compare-and-swap of
+dataset.json that keeps superseded runs for --retention-days:
+preprocess/publish.py. Our flags:
 `python -m preprocess --help`; all other flags go to Beam's PipelineOptions
 untouched.
 """
 
-import json
 import logging
 import os
 import sys
@@ -44,7 +46,6 @@ import uuid
 
 import apache_beam as beam
 import tensorflow_transform.beam as tft_beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from dataset_contract import features
@@ -54,11 +55,18 @@ from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
-from preprocess.finalize import finalize_dataset
+from preprocess.finalize import TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
-from preprocess.publish import SupersededRunError
-from preprocess.runs import STAGING_DIR, MakeRunId, tft_temp_dir
+from preprocess.publish import (
+    RETAINED_RUNS,
+    StopIfSupersededFn,
+    SupersededRunError,
+    published_run_id,
+    read_published_manifest,
+    superseded_message,
+)
+from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
 from preprocess.summary import format_summary, read_error_examples
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
@@ -104,6 +112,8 @@ def job_config(args, build_id: str) -> dict:
         "encoding": args.encoding,
         "jpeg_quality": args.jpeg_quality,
         "split_fractions": args.split,
+        "max_failed_fraction": args.max_failed_fraction,
+        "retention_days": args.retention_days,
     }
 
 
@@ -180,15 +190,18 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     )
 
 
-def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
-    """Adds the whole job to `pipeline`; returns the PCollection holding the manifest."""
+def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | None = None):
+    """Adds the whole job to `pipeline`; returns the PCollection holding the manifest.
+
+    `run_id`: the run's id, made by the launcher; None (a template) makes it when the job runs.
+    """
     config = job_config(args, build_id)
     output_dir = config["output"]
     one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
     # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
     template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
-    run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template)
+    run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split)
@@ -203,6 +216,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     decoded = (
         unique
         | "SpreadDecoding" >> beam.Reshuffle()
+        # A run that a newer one superseded stops here rather than decode for hours (publish.py).
+        | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
         | "Decode"
         >> beam.ParDo(DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels)).with_outputs(
             "errors", main="examples"
@@ -286,36 +301,87 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str):
     )
 
 
-def read_manifest(output_dir: str) -> dict:
-    with FileSystems.open(manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)) as handle:
-        return json.loads(handle.read().decode("utf-8"))
+def own_manifest(output_dir: str, run_id: str) -> dict | None:
+    """The manifest `dataset.json` holds if it is run `run_id`'s; SupersededRunError if a newer run's.
+
+    None if it names an older run or none (the job did not publish: a dry run).
+    """
+    manifest = read_published_manifest(output_dir)
+    current = published_run_id(manifest)
+    if current == run_id:
+        return manifest
+    if current > run_id:
+        retained = {entry["id"]: entry for entry in manifest.get(RETAINED_RUNS, [])}
+        if run_id in retained:
+            raise SupersededRunError(
+                f"run {run_id} published into {output_dir}, but run {current}, which started later, has "
+                f"published since (at {retained[run_id]['superseded_at']}): dataset.json names run {current}. "
+                f"Run {run_id}'s files stay in {output_dir}/runs/{run_id}/ for the retention period "
+                "(--retention-days)."
+            )
+        raise SupersededRunError(superseded_message(output_dir, run_id, current))
+    return None
+
+
+def _remove_tft_temp(output_dir: str, build_id: str):
+    """This build's tf.Transform directory, best effort (publish.py's cleanup retries what is left)."""
+    try:
+        filesystem.delete_tree(tft_temp_dir(output_dir, build_id))
+        filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))
+    except Exception as exc:  # noqa: BLE001 - a leftover temporary directory never fails a run
+        logging.warning(
+            "could not remove tf.Transform's temporary directory %s (%s); the next publish removes it "
+            "once idle",
+            tft_temp_dir(output_dir, build_id),
+            exc,
+        )
 
 
 def run(argv=None) -> dict | None:
-    """Runs the job and waits for it; returns the manifest (None if the runner did not run it)."""
+    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
+
+    Raises SupersededRunError, naming both runs, if a run that started later
+    has published: whether this run then failed (it publishes nothing) or
+    had published first.
+    """
     args, beam_args = parse_args(argv)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
     options = PipelineOptions(beam_args)
+    template = bool(options.view_as(GoogleCloudOptions).template_location)
+    # A template's runs make their ids when they run; a job launched here is this run.
+    run_id = None if template else new_run_id()
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)
-    build_pipeline(pipeline, args, build_id)
-    # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
-    with progress.ProgressReporter(enabled=progress.runs_locally(options)):
-        result = pipeline.run()
-        state = result.wait_until_finish()
-    if not options.view_as(GoogleCloudOptions).template_location:
-        # This build's tf.Transform directory served this one run, which has
-        # ended (tf.Transform may write into it until the very end). A
-        # template's is shared by its runs: publish.py removes it once idle.
-        filesystem.delete_tree(tft_temp_dir(output_dir, build_id))
-        filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))
-    if not FileSystems.exists(manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)):
-        logging.info(
-            "pipeline finished in state %s without writing a manifest (a template or dry run?)", state
-        )
+    build_pipeline(pipeline, args, build_id, run_id)
+    try:
+        # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
+        with progress.ProgressReporter(enabled=progress.runs_locally(options)):
+            result = pipeline.run()
+            state = result.wait_until_finish()
+    except Exception as exc:
+        if run_id is not None:
+            # The runner's error may wrap the step's; say plainly if the reason is a newer run.
+            try:
+                own_manifest(output_dir, run_id)
+            except SupersededRunError as superseded:
+                raise superseded from exc
+            except Exception:  # noqa: BLE001 - could not tell: the job's own error says more
+                pass
+        raise
+    finally:
+        if not template:
+            # This build's tf.Transform directory served this one run, which has
+            # ended (tf.Transform may write into it until the very end). A
+            # template's is shared by its runs: publish.py removes it once idle.
+            _remove_tft_temp(output_dir, build_id)
+    if run_id is None:
+        logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
         return None
-    return read_manifest(output_dir)
+    manifest = own_manifest(output_dir, run_id)
+    if manifest is None:
+        logging.info("pipeline finished in state %s without publishing run %s (a dry run?)", state, run_id)
+    return manifest
 
 
 def main(argv=None):
@@ -324,6 +390,11 @@ def main(argv=None):
         manifest = run(sys.argv[1:] if argv is None else argv)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
+        sys.exit(f"preprocess: {exc}")
+    except Exception as exc:
+        # The runner may wrap the step's error; this one is the input's fault, not the code's: no traceback.
+        if TooManyFailuresError.__name__ not in f"{type(exc).__name__} {exc}":
+            raise
         sys.exit(f"preprocess: {exc}")
     if manifest is not None:
         args, _ = parse_args(sys.argv[1:] if argv is None else argv)

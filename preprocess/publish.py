@@ -1,28 +1,37 @@
-"""Publishing a run: one atomic replacement of `dataset.json`, then removing what older runs left.
+"""Publishing a run: one compare-and-swap of `dataset.json`, then removing what older runs left.
 
 Every run writes its final files once, under `runs/<run id>/` of the output
 directory, where they stay (preprocess/runs.py). The manifest names them by
-relative path. Publishing copies and moves no data: it writes the new
-manifest and replaces `dataset.json` with it in one atomic step (a rename on
-local disk; one object write on GCS). A reader that opens `dataset.json`
-before that instant gets the old dataset, whose files are all still there;
-after it, the new one, whose files were all complete before it. Files of
-older runs are removed only after the switch. So at every instant the
-directory holds a complete dataset, whatever line a crash or a kill stops at.
+relative path. Publishing copies and moves no data: it replaces
+`dataset.json` with the run's manifest in one atomic step, a compare-and-swap
+(preprocess/manifest_switch.py: a generation precondition on GCS, an flock'ed
+read-check-rename on local disk). A reader that opens `dataset.json` before
+that instant gets the old dataset, whose files are all still there; after
+it, the new one, whose files were all complete before it.
+
+**Readers keep their dataset.** A training job reads a dataset for days. So
+the run a switch replaces is not removed at once: the new manifest lists it
+in `retained_runs` with the instant it was superseded (the switch itself),
+and its files stay for `retention_days` (`--retention-days`, default 7) after
+that. The list is carried from manifest to manifest by every switch, as part
+of the same atomic write, so no crash can lose it; entries past the
+retention period are dropped, and their runs removed, by the next publish.
 
 Runs that overlap (a template launched twice, a retry while the first
 attempt is still alive) follow one rule: **the run that started later wins**.
 Run ids sort by start time (runs.py), and:
 
 1. A run publishes only if the published manifest names an older run (or
-   none). A run that finds a newer one published is superseded: it publishes
-   nothing and fails with SupersededRunError. (If two runs pass this check at
-   the same moment, the one that switches last wins; either way every file
-   the manifest names exists.)
+   none). The check is made inside the compare-and-swap, so it still holds
+   at the instant of the write: an older run can never switch after a newer
+   one, whatever the interleaving. A run that finds a newer one published is
+   superseded: it publishes nothing and fails with SupersededRunError (and a
+   running one stops early: `StopIfSupersededFn`).
 2. After its switch, a run removes the files of every run that started
-   before it, except the one the manifest names: those runs can no longer
-   publish (rule 1), whether they are dead or still running. It never touches
-   a run that started after it: that run may still publish.
+   before it, except the one the manifest names and those it retains: those
+   runs can no longer publish (rule 1), whether they are dead or still
+   running. It never touches a run that started after it: that run may still
+   publish.
 3. A run being removed must not publish, and a run about to publish must not
    be removed. Markers make this race-free, in the manner of Dekker's mutual
    exclusion, on any store that is strongly consistent (local disk, GCS):
@@ -33,28 +42,36 @@ Run ids sort by start time (runs.py), and:
    they never both go ahead. A publisher that backs off fails; a remover
    that backs off leaves the run for a later cleanup. A publisher also
    checks that every file it names exists, so a run removed earlier (its
-   markers gone) cannot publish either. A publishing marker older than
-   `PUBLISH_MARKER_TTL_SECONDS` counts as dead (its publisher crashed): a
-   publisher gives up (PublishTooSlowError, and the runner retries) if half
-   that time has passed since it wrote its marker and it has not switched.
-   The marker goes right after the switch: from then on the manifest naming
-   the run is what protects its files.
+   markers gone) cannot publish either. An attempt removes only its own
+   marker: a sibling attempt of the same run (a retry while the first is
+   alive) that has passed its checks stays protected until it switches or
+   fails. A publishing marker older than `PUBLISH_MARKER_TTL_SECONDS` counts
+   as dead (its publisher crashed): a publisher gives up (PublishTooSlowError,
+   and the runner retries) if half that time has passed since it wrote its
+   marker and it has not switched.
 
-A retried publish step finds its own run published and goes straight to the
-cleanup, which is idempotent too. Leftovers of failed runs (their final
-files, their staging, markers) are removed by the next run that publishes.
+**Cleanup is best effort.** Everything after the switch (the attempt's
+marker, older runs, this run's staging, tf.Transform's temporary files,
+format 1 leftovers) logs a warning when it fails (a retention policy's 403,
+a 503 past its retries) and never fails the published run; the next publish
+retries it. A retried publish step finds its own run published and goes
+straight to the cleanup, which is idempotent too.
 """
 
+import datetime
 import json
 import logging
 import os
 import time
 import uuid
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
+from preprocess.manifest_switch import swap_manifest
+from preprocess.options import DEFAULT_RETENTION_DAYS
 from preprocess.runs import (
     DELETING_MARKER,
     PUBLISHING_MARKER,
@@ -75,16 +92,40 @@ PUBLISH_MARKER_TTL_SECONDS = 6 * 3600
 # they are removed when nothing in them has changed for this long.
 TFT_TEMP_GRACE_SECONDS = 2 * 24 * 3600
 
+# The manifest's list of the runs it superseded whose files are kept (see the module docstring).
+RETAINED_RUNS = "retained_runs"
+# A running run asks at most this often whether a newer run has published (StopIfSupersededFn).
+SUPERSEDED_CHECK_SECONDS = 60.0
+
 # Test hook: PREPROCESS_PAUSE_AT=<point>:<flag file> makes the step that
-# reaches <point> create <flag file> and sleep, so that a test can kill the
-# process there (tests/preprocess/test_publish_kill.py).
+# reaches <point> create <flag file> and wait until the test removes it (at
+# most an hour), so that a test can kill the process there
+# (tests/preprocess/test_publish_kill.py) or let it go on at a moment of its
+# choosing (the P1/P2 tests of tests/preprocess/test_publish.py).
 PAUSE_ENV = "PREPROCESS_PAUSE_AT"
+_PAUSE_LIMIT_SECONDS = 3600
 
 log = logging.getLogger(__name__)
 
 
 class SupersededRunError(RuntimeError):
     """A newer run published (or is removing this run's files): this run must not publish."""
+
+
+def superseded_message(output_dir: str, run_id: str, newer_run_id: str) -> str:
+    """The one message of a run that a newer one superseded (the same at every retry of a step)."""
+    return (
+        f"run {run_id} is superseded: run {newer_run_id}, which started later, has published into "
+        f"{output_dir}; run {run_id} stops and publishes nothing (dataset.json names run {newer_run_id}, "
+        "complete)"
+    )
+
+
+def check_not_superseded(output_dir: str, run_id: str):
+    """Raise SupersededRunError if `dataset.json` names a run that started after `run_id` (one read)."""
+    current = published_run_id(read_published_manifest(output_dir))
+    if current > run_id:
+        raise SupersededRunError(superseded_message(output_dir, run_id, current))
 
 
 class PublishTooSlowError(RuntimeError):
@@ -99,7 +140,9 @@ def pause_point(name: str, run_id: str):
         return
     with open(flag, "w") as handle:
         handle.write(f"{os.getpid()}\n")
-    time.sleep(3600)
+    deadline = time.monotonic() + _PAUSE_LIMIT_SECONDS
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ the switch
@@ -162,13 +205,21 @@ def _marker_is_live(metadata) -> bool:
     return time.time() - metadata.last_updated_in_seconds < PUBLISH_MARKER_TTL_SECONDS
 
 
-def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str | None = None) -> dict:
+def publish_run(
+    output_dir: str,
+    run_id: str,
+    manifest: dict,
+    tft_build_id: str | None = None,
+    retention_days: float = DEFAULT_RETENTION_DAYS,
+) -> dict:
     """Make `manifest` (run `run_id`, its files complete in runs/<run id>/) the published dataset.
 
-    Then removes the files of older runs and this run's staging. Returns the
-    manifest. Raises SupersededRunError if a run that started later has
-    published, or is removing this run's files. Safe to call again after a
-    crash at any point, and concurrently with itself or with other runs.
+    Then, best effort, removes what older runs left (those superseded within
+    `retention_days` stay) and this run's staging. Returns the manifest
+    `dataset.json` holds for the run (`manifest` with its `retained_runs`).
+    Raises SupersededRunError if a run that started later has published, or
+    is removing this run's files. Safe to call again after a crash at any
+    point, and concurrently with itself or with other runs.
     """
     paths = RunPaths(output_dir, run_id)
     # One marker per attempt: two attempts of this step (a retry while the
@@ -178,9 +229,10 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
     marked_at = time.monotonic()
     try:
         pause_point("publish-marked", run_id)
-        current = published_run_id(read_published_manifest(output_dir))
-        if current == run_id:
+        current = read_published_manifest(output_dir)
+        if published_run_id(current) == run_id:
             log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
+            published = current
         else:
             # Read after this attempt's marker is written: see rule 3 above.
             if filesystem.match(paths.marker_glob(DELETING_MARKER)):
@@ -188,11 +240,7 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
                     f"run {run_id}: a newer run is removing this run's files from {output_dir}; "
                     "nothing published"
                 )
-            if current > run_id:
-                raise SupersededRunError(
-                    f"run {run_id}: run {current}, which started later, has already published into "
-                    f"{output_dir}; this run publishes nothing (the directory holds run {current}'s dataset)"
-                )
+            check_not_superseded(output_dir, run_id)
             missing = missing_run_files(output_dir, run_id, manifest)
             if missing:
                 raise SupersededRunError(
@@ -202,19 +250,26 @@ def publish_run(output_dir: str, run_id: str, manifest: dict, tft_build_id: str 
             if time.monotonic() - marked_at > PUBLISH_MARKER_TTL_SECONDS / 2:
                 raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
             pause_point("before-switch", run_id)
-            switch_manifest(output_dir, run_id, manifest)
-            log.info("published run %s in %s", run_id, output_dir)
+            published = switch_manifest(output_dir, run_id, manifest, retention_days)
     except BaseException:
         filesystem.delete_files([marker])
         raise
     # Published: from here on the manifest naming the run protects its files,
-    # so this run's markers (this attempt's, and any left by a crashed one) go.
-    filesystem.delete_files(
-        [metadata.path for metadata in filesystem.match(paths.marker_glob(PUBLISHING_MARKER))]
-    )
+    # so this attempt's marker goes (only its own: a sibling attempt that is
+    # still checking keeps its run protected until it fails or finds it
+    # published). Markers of crashed attempts expire, and go with the run.
+    _best_effort(f"remove the publishing marker {marker}", filesystem.delete_files, [marker])
     pause_point("switched", run_id)
-    remove_leftovers(output_dir, run_id, manifest, tft_build_id)
-    return manifest
+    _best_effort(
+        f"remove what runs older than {run_id} left in {output_dir}",
+        remove_leftovers,
+        output_dir,
+        run_id,
+        published,
+        tft_build_id,
+        retention_days,
+    )
+    return published
 
 
 def write_marker(path: str, run_id: str):
@@ -223,13 +278,66 @@ def write_marker(path: str, run_id: str):
         handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
-def switch_manifest(output_dir: str, run_id: str, manifest: dict):
-    """Replace `dataset.json` with `manifest` in one atomic step: the publish itself."""
-    paths = RunPaths(output_dir, run_id)
-    data = json.dumps(manifest, indent=2).encode("utf-8")
-    # On local disk the file is written in the run's staging and renamed over
-    # dataset.json; on GCS the upload of dataset.json is itself the switch.
-    filesystem.write_bytes(manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE), data, paths.tmp_dir)
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _timestamp(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_timestamp(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+
+
+def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
+    """Whether a `retained_runs` entry was superseded at least `retention_days` before `now`."""
+    return now - _parse_timestamp(entry["superseded_at"]) >= datetime.timedelta(days=retention_days)
+
+
+def retained_runs(current: dict | None, run_id: str, now: datetime.datetime, retention_days: float) -> list:
+    """The `retained_runs` of the manifest that replaces `current` at `now`: the run `current` names
+    (superseded now), then those `current` retains and whose retention has not expired, newest first."""
+    entries = []
+    if published_run_id(current):
+        entries.append(
+            {"id": current["run"]["id"], "dir": current["run"]["dir"], "superseded_at": _timestamp(now)}
+        )
+    for entry in (current or {}).get(RETAINED_RUNS, []):
+        if entry["id"] != run_id and not retention_expired(entry, now, retention_days):
+            entries.append(entry)
+    return entries
+
+
+def switch_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float) -> dict:
+    """Replace `dataset.json` with `manifest` if it names an older run (or none): the publish itself.
+
+    A compare-and-swap (manifest_switch.py): the check that no newer run has
+    published is made on the manifest that is replaced, at the instant it is
+    replaced. Returns the manifest `dataset.json` then holds for this run (an
+    attempt of this run that switched first: its manifest). Raises
+    SupersededRunError if a run that started later has published.
+    """
+    outcome = {}
+
+    def decide(current: dict | None) -> bytes | None:
+        current_id = published_run_id(current)
+        if current_id == run_id:
+            # A sibling attempt of this run switched first: nothing to write.
+            outcome["published"] = current
+            return None
+        if current_id > run_id:
+            raise SupersededRunError(superseded_message(output_dir, run_id, current_id))
+        retained = retained_runs(current, run_id, _utc_now(), retention_days)
+        published = {**manifest, RETAINED_RUNS: retained} if retained else dict(manifest)
+        outcome["published"] = published
+        return json.dumps(published, indent=2).encode("utf-8")
+
+    if swap_manifest(output_dir, decide, RunPaths(output_dir, run_id).tmp_dir):
+        log.info("published run %s in %s", run_id, output_dir)
+    else:
+        log.info("run %s was published in %s by another attempt of its publish step", run_id, output_dir)
+    return outcome["published"]
 
 
 # ------------------------------------------------------------------ cleanup
@@ -292,9 +400,17 @@ def remove_run(output_dir: str, run_id: str) -> bool:
 
 
 def _remove_unnamed_files_of_run(output_dir: str, run_id: str, manifest: dict):
-    """This run's staging, and anything in its directory its manifest does not name."""
+    """This run's staging, anything in its directory its manifest does not name, and the markers of
+    its publish attempts that died (expired: a live one is a sibling attempt's, which removes its own)."""
     paths = RunPaths(output_dir, run_id)
     filesystem.delete_tree(paths.staging_dir)
+    dead = [
+        metadata.path
+        for metadata in filesystem.match(paths.marker_glob(PUBLISHING_MARKER))
+        if not _marker_is_live(metadata)
+    ]
+    if dead:
+        filesystem.delete_files(dead)
     names = named_files(manifest)
     stray = [
         metadata.path
@@ -336,22 +452,110 @@ def _remove_idle_tft_temp(output_dir: str, staging: dict[str, float], own_build_
             filesystem.delete_tree(manifest_lib.join(output_dir, STAGING_DIR, name))
 
 
-def remove_leftovers(output_dir: str, run_id: str, manifest: dict, tft_build_id: str | None = None):
+def _best_effort(what: str, action, *args):
+    """Run one cleanup action; a failure is logged, never raised (the next publish retries it)."""
+    try:
+        return action(*args)
+    except Exception as exc:  # noqa: BLE001 - cleanup after the switch must never fail a published run
+        log.warning(
+            "could not %s (%s: %s); the dataset is published, and the next publish into this directory "
+            "retries the cleanup",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+def remove_leftovers(
+    output_dir: str,
+    run_id: str,
+    manifest: dict,
+    tft_build_id: str | None = None,
+    retention_days: float = DEFAULT_RETENTION_DAYS,
+):
     """After run `run_id` switched: remove the files of older runs, its own staging, format 1 leftovers.
 
-    Never a file of the published run, nor of a run that started after
-    `run_id` (it may still publish), nor tf.Transform's directory of this
-    pipeline build (`tft_build_id`: the launcher removes it when the job ends).
+    Never a file of the published run, nor of a run it retains for less than
+    `retention_days` since it was superseded, nor of a run that started
+    after `run_id` (it may still publish), nor tf.Transform's directory of
+    this pipeline build (`tft_build_id`: the launcher removes it when the job
+    ends). Each removal is best effort: a failure is logged and the next
+    publish retries it.
     """
     pause_point("cleanup-started", run_id)
-    published = published_run_id(read_published_manifest(output_dir))
+    current = read_published_manifest(output_dir)
+    published = published_run_id(current)
+    retained = {entry["id"]: entry for entry in (current or {}).get(RETAINED_RUNS, [])}
+    now = _utc_now()
     runs = _entries(output_dir, manifest_lib.RUNS_DIR)
     staging = _entries(output_dir, STAGING_DIR)
     run_ids = {name.split(".")[0] for name in [*runs, *staging]}
     for older in sorted(other for other in run_ids if is_run_id(other)):
-        if older < run_id and older != published:
-            remove_run(output_dir, older)
-    _remove_unnamed_files_of_run(output_dir, run_id, manifest)
-    _remove_format1_files(output_dir)
-    _remove_idle_tft_temp(output_dir, staging, tft_build_id)
-    filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))
+        if older >= run_id or older == published:
+            continue
+        entry = retained.get(older)
+        if entry is not None and not retention_expired(entry, now, retention_days):
+            log.info(
+                "run %s, superseded at %s, stays for readers until %g days have passed",
+                older,
+                entry["superseded_at"],
+                retention_days,
+            )
+            continue
+        _best_effort(f"remove the files of run {older}", remove_run, output_dir, older)
+    _best_effort(
+        f"remove the staging and unnamed files of run {run_id}",
+        _remove_unnamed_files_of_run,
+        output_dir,
+        run_id,
+        manifest,
+    )
+    _best_effort("remove the files of a format 1 dataset", _remove_format1_files, output_dir)
+    _best_effort(
+        "remove idle tf.Transform temporary directories",
+        _remove_idle_tft_temp,
+        output_dir,
+        staging,
+        tft_build_id,
+    )
+    _best_effort(
+        "remove the empty staging directory",
+        filesystem.remove_empty_directory,
+        manifest_lib.join(output_dir, STAGING_DIR),
+    )
+
+
+# ------------------------------------------------------------------ a superseded run stops early
+
+
+class StopIfSupersededFn(beam.DoFn):
+    """Passes elements through; raises SupersededRunError once a newer run has published.
+
+    A run that a newer one superseded can never publish (rule 1), so there is
+    no point in its decoding millions of images for hours. Each instance
+    reads `dataset.json` at its first element and then at most every
+    `check_seconds`: a small read, rare next to the work of the elements
+    that pass. Once superseded it raises on every element with the same
+    message, so the runner's retries of the bundle (4 on Dataflow) fail at
+    once, the same way, and the job stops.
+    """
+
+    def __init__(self, output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECONDS):
+        self._output_dir = output_dir
+        self._check_seconds = check_seconds
+        self._checked_at = None
+        self._superseded = None
+
+    def process(self, element, run_id):
+        if self._superseded is None and (
+            self._checked_at is None or time.monotonic() - self._checked_at >= self._check_seconds
+        ):
+            self._checked_at = time.monotonic()
+            try:
+                check_not_superseded(self._output_dir, run_id)
+            except SupersededRunError as exc:
+                self._superseded = str(exc)
+        if self._superseded is not None:
+            raise SupersededRunError(self._superseded)
+        yield element

@@ -1,15 +1,18 @@
 """Run ids, and where one run of the job keeps its files in the output directory.
 
-A run is one execution of the job. Its id is made when the job runs, inside
-the pipeline (`MakeRunId`), not when the graph is built: a Dataflow template
-(`--template_location`) is built once and run many times, and every run
-needs its own files. The id starts with the UTC time it was made, so run
+A run is one execution of the job. A template's run id is made when the job
+runs, inside the pipeline (`MakeRunId`), not when the graph is built: a
+Dataflow template (`--template_location`) is built once and run many times,
+and every run needs its own files. A job launched directly gets its id from
+the launcher (`python -m preprocess`), which so knows which run is its own
+and can report it, or say that a newer run superseded it. The id starts with the UTC time it was made, so run
 ids sort by start time; that order decides which run may publish and which
 runs a publisher may remove (preprocess/publish.py).
 
 In the output directory (docs/dataset_format.md):
 
     dataset.json                     the published manifest: names the files of one run
+    dataset.json.lock                (local disk) held while a switch is under way (manifest_switch.py)
     runs/<run id>/                   a run's final files, written once, never moved
     runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
     runs/<run id>.deleting.<uuid>    a newer run is removing this run's files
@@ -144,19 +147,23 @@ class MakeRunId(beam.PTransform):
     is made commits the one value every consumer sees, even if the step that
     made it is retried. `shared_build`: whether other runs execute this same
     pipeline build (a template), and so share its tf.Transform directory.
+    `run_id`: the id the launcher made (a job that is not a template), used
+    as it is.
     """
 
-    def __init__(self, output_dir: str, build_id: str, shared_build: bool):
+    def __init__(self, output_dir: str, build_id: str, shared_build: bool, run_id: str | None = None):
         super().__init__()
         self._output_dir = output_dir
         self._build_id = build_id
         self._shared_build = shared_build
+        self._run_id = run_id
 
     def expand(self, pbegin):
+        fixed = self._run_id
         return (
             pbegin
             | "Start" >> beam.Create([None])
-            | "NewRunId" >> beam.Map(lambda _: new_run_id())
+            | "NewRunId" >> beam.Map(lambda _: fixed or new_run_id()).with_output_types(str)
             | "Commit" >> beam.Reshuffle()
             | "RecordBuild"
             >> beam.Map(

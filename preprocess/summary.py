@@ -157,5 +157,10 @@ def format_summary(
             examples = (error_examples or {}).get(reason, [])
             more = ", ..." if examples and count > len(examples) else ""
             lines.append(f"    {reason} {count}" + (f": {', '.join(examples)}{more}" if examples else ""))
+    # The runs this one superseded whose files stay for their readers (preprocess/publish.py).
+    for entry in manifest.get("retained_runs", []):
+        lines.append(
+            f"  kept for its readers: run {entry['id']} ({entry['dir']}), superseded {entry['superseded_at']}"
+        )
     lines.append(f"  manifest: {manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)}")
     return "\n".join(lines)

@@ -42,7 +42,10 @@ directory; see the proxy's notes below).
 Faults: :class:`FaultInjectingForwarder` (the ``gcs_read_faults`` fixture) stands between
 google-cloud-storage/Beam and the emulator, in ``STORAGE_EMULATOR_HOST``, and answers chosen object reads
 with an error status (:class:`ReadFaults`): a deterministic share of them, which the client's retries absorb,
-or every read of one object, which outlasts them. The TLS proxy is not in their path, so it is not the place.
+or every read of one object, which outlasts them; and deletes below a prefix. The TLS proxy is not in their
+path, so it is not the place. The emulator ignores ``ifGenerationMatch``: the forwarder enforces it on the
+uploads that carry it (the switch of ``dataset.json``, preprocess/manifest_switch.py), answering 412 as GCS
+does when the object's generation differs.
 
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
@@ -463,12 +466,16 @@ class ReadFaults:
       reads in a row, so a client that retries gets through;
     * ``media``: object name -> status answered to every download of its bytes: a failure that outlasts
       any retry policy (or, with 403/404, an object the client may see but not read).
+    * ``deletes``: object-name prefix -> status answered to every delete of an object below it, alone or
+      in a batch (a batch that holds one is answered with that status as a whole): a bucket retention
+      policy's 403, or a 503 that outlasts the retries.
     """
 
     fraction: float = 0.0
     status: int = 503
     prefix: str = ""
     media: Mapping[str, int] = field(default_factory=dict)
+    deletes: Mapping[str, int] = field(default_factory=dict)
 
 
 _OBJECT_READ_PATH = re.compile(
@@ -484,6 +491,39 @@ class ObjectRead:
     media: bool  # the bytes (alt=media), not the metadata
 
 
+def _generation_precondition(command: str, path: str) -> int | None:
+    """The ``ifGenerationMatch`` of an upload (``POST /upload/storage/v1/b/B/o?...``), if it has one."""
+    if command != "POST" or not path.startswith("/upload/storage/v1/b/"):
+        return None
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("ifGenerationMatch")
+    return int(values[0]) if values else None
+
+
+def _uploaded_object(path: str, body: bytes) -> tuple[str, str]:
+    """(bucket, object name) of a media or multipart upload: the ``name`` parameter or the metadata part."""
+    split = urllib.parse.urlsplit(path)
+    bucket = split.path.split("/")[5]
+    names = urllib.parse.parse_qs(split.query).get("name")
+    if names:
+        return bucket, names[0]
+    metadata = re.search(rb"\r\n\r\n(\{.*?\})\r\n--", body, re.DOTALL)
+    return bucket, json.loads(metadata.group(1))["name"]
+
+
+# A batch's parts name their objects by absolute URL: DELETE http://HOST/storage/v1/b/BUCKET/o/NAME?...
+_DELETE_IN_BATCH = re.compile(rb"DELETE \S*?/storage/v1/b/[^/?\s]+/o/([^?\s]+)")
+
+
+def _deleted_objects(command: str, path: str, body: bytes) -> list[str]:
+    """The objects a request deletes: one DELETE of an object, or the DELETEs of a batch."""
+    if command == "DELETE":
+        match = _OBJECT_READ_PATH.fullmatch(path)
+        return [urllib.parse.unquote(match.group("name"))] if match else []
+    if command == "POST" and path.startswith("/batch/"):
+        return [urllib.parse.unquote(name.decode()) for name in _DELETE_IN_BATCH.findall(body)]
+    return []
+
+
 def _object_read(command: str, path: str) -> ObjectRead | None:
     match = _OBJECT_READ_PATH.fullmatch(path) if command == "GET" else None
     if match is None:
@@ -497,7 +537,7 @@ class FaultInjectingForwarder:
     """A plain-HTTP forwarder to the emulator, in a thread of this process, that fails object reads.
 
     ``faults`` (a :class:`ReadFaults`) may be replaced at any time; ``injected`` lists the reads it failed,
-    ``forwarded_reads`` the object reads it passed on, ``media_bytes`` how many bytes of each object's
+    ``forwarded_reads`` the object reads it passed on, ``injected_deletes`` the deletes it failed, ``media_bytes`` how many bytes of each object's
     content it passed back. The emulator writes its own address into the URLs it
     answers with (an object's ``mediaLink``, which google-cloud-storage downloads from; upload sessions):
     the forwarder rewrites them to its own, so that every later request of the client comes back through
@@ -508,6 +548,9 @@ class FaultInjectingForwarder:
     def __init__(self, emulator: StorageEmulatorProcess, base_env: Mapping[str, str]) -> None:
         self.faults = ReadFaults()
         self.injected: list[tuple[ObjectRead, int]] = []
+        self.injected_deletes: list[tuple[str, int]] = []
+        self.failed_preconditions: list[str] = []
+        self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
         self.media_bytes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
@@ -544,6 +587,36 @@ class FaultInjectingForwarder:
             else:
                 self.injected.append((read, status))
             return status
+
+    def failed_precondition(self, path: str, body: bytes) -> dict | None:
+        """The 412 error for an upload whose ``ifGenerationMatch`` the object's generation does not match."""
+        expected = _generation_precondition("POST", path)
+        bucket, name = _uploaded_object(path, body)
+        quoted = urllib.parse.quote(name, safe="")
+        try:
+            with urllib.request.urlopen(
+                f"{self.emulator_url}/storage/v1/b/{bucket}/o/{quoted}", timeout=30
+            ) as r:
+                generation = int(json.load(r)["generation"])
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            generation = 0
+        if generation == expected:
+            return None
+        self.failed_preconditions.append(name)
+        message = f"ifGenerationMatch {expected}: {name} is at generation {generation} (the test forwarder)"
+        return {"error": {"code": 412, "message": message, "errors": [{"reason": "conditionNotMet"}]}}
+
+    def delete_fault_for(self, names: Sequence[str]) -> int | None:
+        """The status to answer a request deleting `names` with, or None to pass it on."""
+        with self._lock:
+            for name in names:
+                for prefix, status in self.faults.deletes.items():
+                    if name.startswith(prefix):
+                        self.injected_deletes.append((name, status))
+                        return status
+            return None
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -586,10 +659,27 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
         body = _read_request_body(self)
         read = _object_read(self.command, self.path)
         status = forwarder.fault_for(read) if read is not None else None
+        if _generation_precondition(self.command, self.path) is not None:
+            # Checked and forwarded under one lock: no other conditional write slips in between.
+            with forwarder._precondition_lock:
+                failed = forwarder.failed_precondition(self.path, body)
+                if failed is not None:
+                    self._answer(412, json.dumps(failed).encode(), [("Content-Type", "application/json")])
+                    return
+                self._forward_unconditionally(body, read)
+            return
+        deleted = _deleted_objects(self.command, self.path, body)
+        if status is None and deleted:
+            status = forwarder.delete_fault_for(deleted)
+            read = ObjectRead(deleted[0], media=False) if status is not None else read
         if status is not None:
             error = {"error": {"code": status, "message": f"injected by the test forwarder for {read.name}"}}
             self._answer(status, json.dumps(error).encode(), [("Content-Type", "application/json")])
             return
+        self._forward_unconditionally(body, read)
+
+    def _forward_unconditionally(self, body: bytes, read: ObjectRead | None) -> None:
+        forwarder = self.server.forwarder
         upstream = http.client.HTTPConnection(LOOPBACK, forwarder._emulator.port, timeout=300)
         try:
             upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)

@@ -5,8 +5,10 @@
   `dataset.json`: the new run's files are complete in runs/<run id>/ (and its
   staging is there), the old dataset is still the published one.
 - `FaultInjector`: every file-changing call of Beam's FileSystems (and GCS batch
-  deletes) counted; from call K on, each raises `InjectedCrash`, as if the worker
+  deletes, and the upload that switches dataset.json on GCS) counted; from call K on, each raises `InjectedCrash`, as if the worker
   had died just before call K.
+- `start_paused_publish`: the real `publish_run` of one run in a subprocess, paused at
+  one of its pause points (publish.PAUSE_ENV) until the test lets it go on.
 - `assert_complete_dataset`: `preprocess.verify`'s checks, through its library
   functions (every shard's size, sha256 and records; the other files the
   manifest names); returns the manifest.
@@ -15,10 +17,16 @@
 import contextlib
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
+from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
@@ -40,7 +48,7 @@ def run_stopped_before_switch(input_spec, output_dir, **stage1_args) -> StoppedR
     """Run stage 1 (in process) into `output_dir`, stopping it where it would switch the manifest."""
     captured = {}
 
-    def stop(output, run_id, manifest):
+    def stop(output, run_id, manifest, retention_days):
         captured.update(run_id=run_id, manifest=manifest)
         raise StopBeforeSwitch(f"stopped before publishing run {run_id}")
 
@@ -54,6 +62,64 @@ def run_stopped_before_switch(input_spec, output_dir, **stage1_args) -> StoppedR
         else:
             raise AssertionError("the run published although its switch was stopped")
     return StoppedRun(captured["run_id"], captured["manifest"])
+
+
+REPO = Path(__file__).resolve().parent.parent
+PAUSE_TIMEOUT_S = 120
+# The real publish step of one run: python -c SCRIPT OUTPUT MANIFEST_FILE RETENTION_DAYS.
+_PUBLISH_SCRIPT = """
+import json, sys
+from preprocess.publish import publish_run
+manifest = json.load(open(sys.argv[2]))
+publish_run(sys.argv[1], manifest["run"]["id"], manifest, retention_days=float(sys.argv[3]))
+"""
+
+
+@dataclasses.dataclass
+class PausedPublish:
+    """A publish step in a subprocess, waiting at a pause point until `resume`."""
+
+    process: subprocess.Popen
+    flag: Path
+    log: Path
+
+    def resume(self) -> int:
+        """Let it go on; its exit status once it ends."""
+        self.flag.unlink()
+        return self.process.wait(timeout=PAUSE_TIMEOUT_S)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def start_paused_publish(output_dir, manifest, point, scratch: Path, env=None, retention_days=0.0):
+    """Start `publish_run(output_dir, <its run>, manifest)` in a subprocess and wait until it reaches `point`."""
+    name = f"{manifest['run']['id']}-{point}-{time.monotonic_ns()}"
+    manifest_file, flag, log = (scratch / f"{name}.{ext}" for ext in ("json", "flag", "log"))
+    manifest_file.write_text(json.dumps(manifest))
+    env = {
+        **(os.environ if env is None else env),
+        publish.PAUSE_ENV: f"{point}:{flag}",
+        "PYTHONPATH": str(REPO),
+    }
+    command = [
+        sys.executable,
+        "-c",
+        _PUBLISH_SCRIPT,
+        str(output_dir),
+        str(manifest_file),
+        str(retention_days),
+    ]
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + PAUSE_TIMEOUT_S
+    while not flag.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            pytest.fail(f"the publish step did not reach {point!r}:\n{log.read_text()}")
+        time.sleep(0.05)
+    return PausedPublish(process, flag, log)
 
 
 class InjectedCrash(BaseException):
@@ -73,6 +139,12 @@ class FaultInjector:
             monkeypatch.setattr(FileSystems, name, self._wrap(name, getattr(FileSystems, name)))
         monkeypatch.setattr(
             gcsio.GcsIO, "delete_batch", self._wrap_method("delete_batch", gcsio.GcsIO.delete_batch)
+        )
+        # The switch on GCS: an upload with a generation precondition (preprocess/manifest_switch.py).
+        monkeypatch.setattr(
+            storage.Blob,
+            "upload_from_string",
+            self._wrap_method("upload_from_string", storage.Blob.upload_from_string),
         )
 
     def _count(self, name, args):
@@ -119,6 +191,14 @@ def assert_complete_dataset(data_dir: str) -> dict:
     problems = verification.verify_named_files(data_dir, manifest)
     problems += verification.verify_shards(data_dir, manifest, check_sha256=True, check_records=True)
     assert not problems, "\n".join(str(problem) for problem in problems)
+    return manifest
+
+
+def published_dataset(data_dir: str) -> dict:
+    """`assert_complete_dataset`'s manifest without `retained_runs`, which the switch adds to the run's
+    manifest (the runs it superseded): what the run asked to publish."""
+    manifest = assert_complete_dataset(data_dir)
+    manifest.pop(publish.RETAINED_RUNS, None)
     return manifest
 
 

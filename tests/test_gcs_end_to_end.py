@@ -291,6 +291,7 @@ def test_stage1_command_reads_a_csv_manifest_of_gcs_uris_from_gcs(
             "--image-size", str(IMAGE_SIZE),
             "--encoding", "jpeg",
             "--min-shards", "1",
+            "--max-failed-fraction", "1",  # the sample corpus's broken files are a sixth of it
         ],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(tmp)},
@@ -431,6 +432,7 @@ def test_local_workflow_runs_with_gcs_input_and_workdir(gcs_emulator, gcs_root, 
             "--epochs", "1",
             "--global-batch-size", "4",
             "--workers", "2",  # Beam's multi-process DirectRunner: its workers reach GCS too
+            "--max-failed-fraction", "1",  # the sample corpus's broken files are a sixth of it
         ],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(tmp)},
