@@ -12,6 +12,7 @@ Format version 1 had the same files at the top level of the directory; its
 manifests name them the same way (relative paths), so readers take both.
 """
 
+import hashlib
 import posixpath
 
 from dataset_contract import image_errors
@@ -60,6 +61,27 @@ def run_dir(run_id: str) -> str:
 def join(directory: str, *names: str) -> str:
     """Join path parts for local paths and `gs://` URIs alike."""
     return posixpath.join(directory, *names) if directory else posixpath.join(*names)
+
+
+def manifest_sha256(data: bytes) -> str:
+    """The hex sha256 of a manifest's exact bytes: what identifies one published manifest.
+
+    Taken over the bytes as read, never over a re-serialization: a reader that
+    recorded it can tell the very file it trained on from any other.
+    """
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_run_id(manifest: dict) -> str | None:
+    """The id of the run whose files a manifest names; None for a format 1 manifest (before runs)."""
+    return (manifest.get("run") or {}).get("id") or None
+
+
+def shard_paths(manifest: dict, splits=SPLITS) -> list[str]:
+    """The shards (relative paths) a manifest lists for `splits`, in manifest order."""
+    return [
+        shard["path"] for split in splits for shard in (manifest["splits"].get(split) or {}).get("shards", [])
+    ]
 
 
 def crop_size(image: dict) -> int:

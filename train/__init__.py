@@ -14,6 +14,7 @@ Modules, one job each:
   console.py       quiet start-up: log levels, TensorFlow's native start-up lines, pre-import environment
   errors.py        SetupError and its kinds: problems found before the first step
   checks.py        reading dataset.json and checking the dataset before training
+  dataset_pin.py   the dataset run a model dir trains on: pinned at the first start, kept by resumes
   dataset.py       the tf.data input pipeline (train and evaluation)
   augment.py       crops of a crop-margin dataset: random (training), center (evaluation, serving)
   strategy.py      resolving the tf.distribute strategy (TPU local or a multi-host slice), hosts, chief

@@ -24,7 +24,9 @@ On several GPU machines: the same command on each, with TF_CONFIG naming the
 cluster (MultiWorkerMirroredStrategy).
 
 Running the same command again after an interruption resumes from the last
-checkpoint in --model-dir, at its step. SIGTERM (spot VM preemption, TPU
+checkpoint in --model-dir, at its step, on the dataset run it started on
+(MODEL_DIR/dataset_pin.json: a re-run of stage 1 in the meantime does not
+change what it reads; train/dataset_pin.py). SIGTERM (spot VM preemption, TPU
 maintenance) or SIGHUP (the ssh session closed) saves a checkpoint at the
 next step boundary and exits with status 143. Problems with the dataset, the flags or the machine are printed
 as one message (no traceback) and exit with status 2.
@@ -59,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-dir",
         required=True,
         help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. "
-        "An existing run there is resumed, mid-epoch included.",
+        "An existing run there is resumed, mid-epoch included, on the dataset run it started on "
+        "(MODEL_DIR/dataset_pin.json), whatever dataset.json names now.",
     )
     flags.add_setup_flags(parser)
     flags.add_recipe_flags(parser)

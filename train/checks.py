@@ -19,20 +19,31 @@ from train.errors import ConfigError, DatasetError
 def read_manifest(data_dir: str) -> dict:
     """The parsed and structurally checked `dataset.json` of `data_dir`."""
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
+    return parse_manifest(read_manifest_bytes(data_dir), where=path)
+
+
+def read_manifest_bytes(data_dir: str) -> bytes:
+    """The bytes of `dataset.json` of `data_dir`, as they are now (DatasetError if there is none)."""
+    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
         raise DatasetError(
             f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
             "without it is not a dataset (wrong --data path, or preprocess has not finished)"
         )
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        return handle.read()
+
+
+def parse_manifest(data: bytes, where: str) -> dict:
+    """A manifest's bytes, parsed and structurally checked; DatasetError naming `where` if they are not one."""
     try:
-        with tf.io.gfile.GFile(path, "r") as handle:
-            manifest = json.loads(handle.read())
+        manifest = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: not valid JSON ({exc})") from exc
+        raise DatasetError(f"{where}: not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict):
-        raise DatasetError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+        raise DatasetError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
     try:
-        manifest_lib.check_manifest(manifest, where=path)
+        manifest_lib.check_manifest(manifest, where=where)
     except manifest_lib.ManifestError as exc:
         raise DatasetError(str(exc)) from exc
     return manifest

@@ -12,6 +12,8 @@
                                   resize_method, max_pixels, max_decode_bytes, max_file_bytes, labels
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
       assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
+      assets.extra/dataset_lineage.json       the dataset run trained on: run id, manifest sha256,
+                                              dataset dir, created_at (train/dataset_pin.py)
 
 The input is named `image_bytes` so that TF Serving's REST API takes
 base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
@@ -45,6 +47,7 @@ CONFIG_INPUT_KEY = "request"
 OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
 EXTRA_ASSETS_DIR = "assets.extra"
 CONFIG_FILE = "serving_config.json"
+LINEAGE_FILE = "dataset_lineage.json"
 
 
 def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
@@ -58,12 +61,17 @@ def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
 
 
 def export_serving_model(
-    model: keras.Model, manifest: dict, export_dir: str, limits: serving_image.ServingLimits | None = None
+    model: keras.Model,
+    manifest: dict,
+    export_dir: str,
+    limits: serving_image.ServingLimits | None = None,
+    lineage: dict | None = None,
 ) -> str:
     """Write `model` with a bytes-in signature to `export_dir`; returns the path.
 
-    `limits` defaults to `serving_limits(manifest)`. Called outside the
-    training strategy's scope: the model is rebuilt there from its config and
+    `limits` defaults to `serving_limits(manifest)`. `lineage`, the dataset run
+    trained on (dataset_pin.PinnedDataset.lineage), goes to
+    assets.extra/dataset_lineage.json. Called outside the training strategy's scope: the model is rebuilt there from its config and
     given the trained weights, so the SavedModel holds plain variables
     whatever strategy trained it (TPU, mirrored or multi-worker variables do
     not save into a serving graph as they are). The layers keep their dtype
@@ -126,6 +134,9 @@ def export_serving_model(
     serving_warmup.write_warmup_requests(
         manifest_lib.join(extra_dir, serving_warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY
     )
+    if lineage is not None:
+        with tf.io.gfile.GFile(manifest_lib.join(extra_dir, LINEAGE_FILE), "w") as handle:
+            json.dump(lineage, handle, indent=2, sort_keys=True)
     return export_dir
 
 

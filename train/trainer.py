@@ -32,7 +32,8 @@ Model dir layout:
     checkpoints/     step checkpoints (tf.train.CheckpointManager, ckpt-<global step>), the resume point
     logs/            TensorBoard: train and validation curves (epoch_* and step_*), profiles
     metrics.json     final evaluation metrics of the exported weights (with --ema the average; the
-                     validation confusion matrix too), the plan, throughput
+                     validation confusion matrix too), the plan, throughput, the dataset run trained on
+    dataset_pin.json, dataset_pin.manifest.json   the dataset run this model dir trains on (dataset_pin.py)
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
@@ -53,6 +54,7 @@ from train import (
     accelerator,
     checks,
     dataset,
+    dataset_pin,
     export,
     losses,
     metrics,
@@ -391,7 +393,9 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     preemption_check = parse_preemption_check(config.preemption_check_every)
     if requests_tpu(config):  # before anything is read: the flags alone say a TPU will be used
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
-    manifest = checks.read_manifest(config.data_dir)
+    # The model dir's pinned dataset run on a resume, else the one dataset.json names (dataset_pin.py).
+    pinned = dataset_pin.resolve_dataset(config.data_dir, config.model_dir)
+    manifest = pinned.manifest
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, verify_sha256=config.verify_data)
     run = setup_run(config, manifest, strategy)
@@ -408,6 +412,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
+        dataset_pin.record_pin(config.model_dir, pinned)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     log.info(
         "strategy %s (%d replicas), %s, %s: %d epochs x %d steps of %d images (%d per replica)",
@@ -477,7 +482,11 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
             callbacks.append(ProfileSteps(log_dir, progress, *config.profile_steps))
 
     try:
-        with notice, accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
+        with (
+            notice,
+            accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING),
+            dataset_pin.explain_vanished_shards(pinned),
+        ):
             fit_from_step(
                 model,
                 train_data,
@@ -536,6 +545,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "image_size": [image_format.height, image_format.width],
         "crop_size": image_format.input_shape[0],
         "data_dir": config.data_dir,
+        "dataset": pinned.lineage,
         "recipe": recipe.as_dict(),
     }
     if recipe.ema_momentum is not None:
@@ -561,7 +571,7 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
         if config.export:
             result["export_dir"] = export.export_serving_model(
-                model, manifest, export.export_path(config.model_dir)
+                model, manifest, export.export_path(config.model_dir), lineage=pinned.lineage
             )
         _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)
         printer(
