@@ -446,7 +446,10 @@ def main(argv=None) -> int:
 
     try:
         run_workflow(
-            dataset_dir=paths.dataset_dir, preprocess_argv=stage1_argv, launch_training=launch_training
+            dataset_dir=paths.dataset_dir,
+            preprocess_argv=stage1_argv,
+            launch_training=launch_training,
+            model_dir=paths.model_dir,
         )
     except WorkflowError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -221,6 +221,7 @@ def main(argv=None) -> int:
             dataset_dir=paths.dataset_dir,
             preprocess_argv=stage1_argv,
             launch_training=lambda manifest: _train_and_evaluate(config),
+            model_dir=paths.model_dir,
         )
     except (WorkflowError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -77,16 +77,48 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
         raise WorkflowError(f"stage 1 (preprocess) failed, so training will not start: {exc}") from exc
 
 
+def check_model_dir_is_new(model_dir: str) -> None:
+    """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
+
+    Training pins the dataset run a model dir started on (train/dataset_pin.py),
+    and every run of stage 1 publishes a new run: a model dir from an earlier
+    workflow would resume on that earlier run, never on the one this workflow
+    is about to write. Asked before stage 1, so that nothing is spent first.
+    """
+    import tensorflow as tf  # noqa: PLC0415 - see the imports (a gs:// model dir needs its filesystem)
+
+    from train import dataset_pin  # noqa: PLC0415 - see the imports
+    from train.checkpoints import CHECKPOINT_DIR  # noqa: PLC0415 - see the imports
+
+    held = [
+        name
+        for name in (dataset_pin.PIN_FILE, CHECKPOINT_DIR)
+        if tf.io.gfile.exists(manifest_lib.join(model_dir, name))
+    ]
+    if held:
+        raise WorkflowError(
+            f"{model_dir} already holds a model ({', '.join(held)}), trained on the dataset run it started on; "
+            "this workflow would publish a new run of stage 1, which that model would not train on. "
+            "To train a new model on a new dataset, remove that directory or use another --workdir; "
+            "to resume or finish that model on its own dataset, add --skip-preprocess"
+        )
+
+
 def run_workflow(
     *,
     dataset_dir: str,
     preprocess_argv: list[str] | None,
     launch_training: Callable[[dict], object],
+    model_dir: str | None = None,
 ):
     """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
 
-    Returns (manifest, whatever `launch_training(manifest)` returned).
+    With stage 1 to run, `model_dir` (where stage 2 will train) must not hold
+    a model yet (check_model_dir_is_new). Returns (manifest, whatever
+    `launch_training(manifest)` returned).
     """
+    if preprocess_argv is not None and model_dir is not None:
+        check_model_dir_is_new(model_dir)
     own = run_stage1(preprocess_argv) if preprocess_argv is not None else None
     manifest = check_stage1_output(dataset_dir)
     if own is not None and manifest["run"]["id"] != own["run"]["id"]:

@@ -6,4 +6,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# Each demo trains a new model: one left by an earlier demo is pinned to that
+# demo's dataset run, and the workflow refuses to resume it on a new one.
+rm -rf demo-output/model
 python -m pipelines.local --workdir demo-output "$@"

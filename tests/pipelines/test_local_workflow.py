@@ -70,6 +70,23 @@ def test_workflow_does_not_train_when_stage1_fails(tmp_path, capsys):
     assert not (workdir / "model").exists()
 
 
+@pytest.mark.parametrize("held", ["dataset_pin.json", "checkpoints"])
+def test_workflow_refuses_before_stage1_a_model_dir_left_by_an_earlier_workflow(tmp_path, capsys, held):
+    # A model dir resumes on the dataset run it started on (train/dataset_pin.py); a new stage 1 run would
+    # publish another, which that model would never train on.
+    workdir = tmp_path / "work"
+    (workdir / "model").mkdir(parents=True)
+    if held == "checkpoints":
+        (workdir / "model" / held).mkdir()
+    else:
+        (workdir / "model" / held).write_text("{}")
+    code = _run_local("--workdir", str(workdir), "--image-size", "16", "--sample-images-per-class", "2")
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "already holds a model" in error and held in error and "--skip-preprocess" in error
+    assert not (workdir / "dataset").exists()  # refused before stage 1 spent anything
+
+
 @pytest.fixture(scope="module")
 def finished_dataset(tmp_path_factory):
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=6, include_broken=False)
