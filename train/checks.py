@@ -13,6 +13,7 @@ import tensorflow as tf
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from train import models
+from train.config import paths_off_gcs
 from train.errors import ConfigError, DatasetError
 
 
@@ -132,18 +133,11 @@ def check_paths_for_hosts(data_dir: str, model_dir: str, num_machines: int, shar
     """
     if num_machines <= 1 or shared_filesystem:
         return
-    local = [
-        (flag, path) for flag, path in (("--data", data_dir), ("--model-dir", model_dir)) if not _on_gcs(path)
-    ]
-    if local:
-        named = ", ".join(f"{flag} {path}" for flag, path in local)
+    named = paths_off_gcs(data_dir, model_dir)
+    if named:
         raise ConfigError(
             f"{named}: not on gs://, but this training spans {num_machines} machines. Every host reads its own "
             "shards and the checkpoints must survive any one machine (a preempted VM loses its disk): put the "
             "dataset and the model dir on gs://BUCKET/..., or pass --shared-filesystem if every host mounts the "
             "same filesystem at these paths (NFS, Filestore, gcsfuse)"
         )
-
-
-def _on_gcs(path: str) -> bool:
-    return path.startswith("gs://")

@@ -98,11 +98,8 @@ def check_paths_for_tpu(data_dir: str, model_dir: str, shared_filesystem: bool) 
     """
     if shared_filesystem:
         return
-    local = [
-        (flag, path) for flag, path in (("--data", data_dir), ("--model-dir", model_dir)) if not _on_gcs(path)
-    ]
-    if local:
-        named = ", ".join(f"{flag} {path}" for flag, path in local)
+    named = paths_off_gcs(data_dir, model_dir)
+    if named:
         raise ConfigError(
             f"{named}: not on gs://, but this training uses a TPU. A spot or preemptible TPU VM is deleted with its "
             "disk, taking the checkpoints with it, and the hosts of a slice read the dataset themselves: put the "
@@ -111,8 +108,13 @@ def check_paths_for_tpu(data_dir: str, model_dir: str, shared_filesystem: bool) 
         )
 
 
-def _on_gcs(path: str) -> bool:
-    return path.startswith("gs://")
+def paths_off_gcs(data_dir: str, model_dir: str) -> str:
+    """`--data PATH, --model-dir PATH` for those of the two not on gs://; empty when both are."""
+    return ", ".join(
+        f"{flag} {path}"
+        for flag, path in (("--data", data_dir), ("--model-dir", model_dir))
+        if not path.startswith("gs://")
+    )
 
 
 @dataclasses.dataclass(frozen=True)
