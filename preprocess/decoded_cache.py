@@ -27,6 +27,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from preprocess.filesystem import UncommittedFile
 from preprocess.runs import RunPaths
 
 DEFAULT_PART_BYTES = 64 << 20
@@ -47,7 +48,7 @@ class WriteBatchPartsFn(beam.DoFn):
         if self._handle is None:
             return None
         self._writer.close()
-        self._handle.close()
+        self._handle.commit()
         self._handle = None
         return self._path
 
@@ -55,7 +56,8 @@ class WriteBatchPartsFn(beam.DoFn):
         if self._handle is None:
             name = f"{self._split}-{uuid.uuid4().hex}.arrow"
             self._path = RunPaths(self._output_dir, run_id).staging("decoded", name)
-            self._handle = FileSystems.create(self._path)
+            # Kept only by commit(): a failed attempt's part, dropped, never appears on GCS.
+            self._handle = UncommittedFile(self._path)
             self._writer = pa.ipc.new_stream(pa.PythonFile(self._handle, mode="w"), batch.schema)
             self._written = 0
         self._writer.write_batch(batch)

@@ -185,6 +185,14 @@ class UncommittedFile:
     def write(self, data: bytes) -> int:
         return self._handle.write(data)
 
+    # What a file-like sink must also answer (pyarrow's PythonFile asks both).
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    def flush(self):
+        self._handle.flush()
+
     def commit(self):
         if isinstance(self._handle, _AbortWhenDropped):
             self._handle.commit()
