@@ -261,10 +261,12 @@ local_runner.fn_api_runner(options).run_via_runner_api(proto, options).wait_unti
 
 def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_run(corpus, tmp_path):
     """As two launches of one Dataflow template: the graph is built (and serialized) once, the run id is
-    made by each run; the second run publishes its own files and removes the first's."""
+    made by each run; the second run publishes its own files and removes the first's (no retention)."""
     output = tmp_path / "dataset"
     args, beam_args = parse_args(
         ["--input", corpus.root, "--output", str(output), "--image-size", "16", "--min-shards", "1"]
+        # The corpus holds every kind of broken file, more than the default failure limit allows.
+        + ["--retention-days", "0", "--max-failed-fraction", "1"]
     )
     options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options), options=options)

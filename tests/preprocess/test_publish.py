@@ -136,8 +136,9 @@ def test_the_staged_directory_holds_the_old_dataset_and_the_new_runs_complete_fi
     assert staged.new_run_id > staged.old["run"]["id"]
     assert missing_run_files(staged.output, staged.new_run_id, staged.new) == []
     staging = RunPaths(staged.output, staged.new_run_id).staging_dir
-    # The error log's parts (a uint8 run, the default, spills no decoded pixels and writes shards in place).
-    assert "parts" in os.listdir(staging)
+    # The run's build record (a uint8 run, the default, spills no decoded pixels and writes its shards and
+    # its error log in place): staging the publish step must remove.
+    assert "build.json" in os.listdir(staging)
 
 
 def test_publishing_switches_to_the_new_run_and_removes_everything_else(staged, output):
@@ -401,7 +402,7 @@ def test_a_cleanup_that_fails_on_local_disk_warns_and_the_next_publish_removes_t
     staged, output, immutable, caplog
 ):
     old_id = staged.old["run"]["id"]
-    stuck = os.path.join(output, staged.old["errors"])
+    stuck = os.path.join(output, staged.old["splits"]["train"]["shards"][0]["path"])
     immutable(stuck)
     with caplog.at_level(logging.WARNING, logger=publish.__name__):
         published = publish_run(output, staged.new_run_id, staged.new)
@@ -448,12 +449,18 @@ def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_th
             format1_name = manifest_lib.shard_file_name(split, index, len(info["shards"]))
             os.rename(os.path.join(output, shard["path"]), os.path.join(old_dir, format1_name))
             text = text.replace(shard["path"], format1_name)
+    # Format 1's error log: one errors.jsonl at the top, which its manifest does not name.
+    with open(os.path.join(output, manifest_lib.ERRORS_FILE), "wb") as log:
+        for path in manifest_lib.error_file_paths(staged.old):
+            with open(os.path.join(output, path), "rb") as part:
+                log.write(part.read())
+            os.remove(os.path.join(output, path))
     for entry in os.listdir(old_dir):
         shutil.move(os.path.join(old_dir, entry), os.path.join(output, entry))
     shutil.rmtree(old_dir)
     flat = json.loads(text.replace(staged.old["run"]["dir"] + "/", ""))
     flat["format_version"] = 1
-    del flat["run"]
+    del flat["run"], flat["error_files"]
     with open(os.path.join(output, "dataset.json"), "w") as handle:
         json.dump(flat, handle)
     os.makedirs(os.path.join(output, ".staging-0123abcd", "parts"))
