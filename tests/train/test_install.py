@@ -31,6 +31,22 @@ NOT_SOURCE += ("demo-output", "workdir", "dry-run")
 TPU_LINE = install_lines.INSTALL_LINES["Cloud TPU VM (training)"]
 
 
+def registry_env() -> dict:
+    """This process's environment for pip, without a proxy on this machine.
+
+    The `gcs_emulator` fixture lives for the whole session and sets HTTPS_PROXY to its TLS proxy, which
+    tunnels only to *.googleapis.com; pip must reach the registry directly, as a user's would.
+    """
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not (
+            key.lower() in ("https_proxy", "http_proxy") and ("127.0.0.1" in value or "localhost" in value)
+        )
+    }
+    return env
+
+
 def source_tree(destination) -> str:
     """A copy of the repository as a clone has it, so that the build leaves nothing in the real one."""
     shutil.copytree(REPO, destination, ignore=shutil.ignore_patterns(*NOT_SOURCE))
@@ -58,7 +74,9 @@ def resolve(line: str, source: str, report) -> dict:
     assert words[:2] == ["pip", "install"], line
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
     command += ["--report", str(report), *words[2:]]
-    result = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(
+        command, cwd=source, env=registry_env(), capture_output=True, text=True, timeout=1200
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     resolved = json.loads(report.read_text())["install"]
     return {
@@ -80,7 +98,7 @@ def tpu_venv(tmp_path_factory):
     venv = root / "venv"
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {key: value for key, value in registry_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # `pip` in the line is the venv's
     result = subprocess.run(
         ["bash", "-c", TPU_LINE], cwd=source, env=env, capture_output=True, text=True, timeout=3600
