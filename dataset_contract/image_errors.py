@@ -1,6 +1,6 @@
 """Why an input image is unusable: the reason codes both stages report, and the size limits.
 
-Stage 1 writes these codes to errors.jsonl (preprocess/errors.py imports
+Stage 1 writes these codes to its error log (preprocess/errors.py imports
 them and adds the reasons that are not about an image's bytes); the serving signature returns them
 per image in its `error` output. Users and clients match on them, so they
 never change meaning.

@@ -2,7 +2,7 @@
 
 `load_image` is the one call the Beam job makes per input: recognise the
 format by content, refuse bad input with an `ImageError` whose `reason` goes
-to errors.jsonl, decode (JPEG at reduced DCT scale when the target is much
+to the error log, decode (JPEG at reduced DCT scale when the target is much
 smaller), turn the image upright by its EXIF orientation, convert any mode to
 RGB (transparency composited onto white), and resize with the geometry in
 `dataset_contract.geometry`.

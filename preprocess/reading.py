@@ -3,7 +3,7 @@
 On Dataflow a bundle that raises is retried (four times in batch), on a
 corpus of millions some GCS requests fail whatever the client does, and a
 worker can run out of memory. So a read failure is recorded as this input's
-error (`unreadable` in errors.jsonl) only when reading it again would fail the
+error (`unreadable` in the error log) only when reading it again would fail the
 same way; everything else is raised, so that the runner retries the bundle or
 the job fails loudly, rather than writing a dataset that silently lacks a
 different set of images on every run.
