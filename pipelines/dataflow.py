@@ -76,7 +76,7 @@ import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from pipelines import tpu_launch, tpu_runtime
+from pipelines import tpu_launch, tpu_lifecycle, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a preemption loses: only worker 0's process sees SIGTERM.",
     )
     train_flags.add_recipe_flags(parser)  # --weights, --optimizer, --warmup-*, --label-smoothing, --ema, ...
+    tpu_lifecycle.add_lifecycle_flags(parser)  # --spot, --autocheckpoint
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
     parser.add_argument("--dry-run-dir", default="dry-run", help="Local directory for --dry-run output.")
@@ -325,6 +326,7 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         )
     location = ["--zone", zone, "--project", args.project]
     arguments = train_argv(args, paths, choice, name if multi_host else "local")
+    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint)
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
@@ -350,8 +352,23 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         "data_dir": paths.dataset_dir,
         "model_dir": paths.model_dir,
         "train_args": arguments,
-        "commands": tpu_launch.training_commands(name, location, choice, package_uri(args), arguments),
+        "lifecycle": lifecycle.describe(restart_command(args)),
+        "commands": tpu_launch.training_commands(
+            name, location, choice, package_uri(args), arguments, lifecycle
+        ),
     }
+
+
+def spec_location(args) -> str:
+    """Where the training spec is written: the dry run's directory, else WORKDIR/jobs."""
+    if args.dry_run:
+        return os.path.join(args.dry_run_dir, TRAINING_SPEC_FILE)
+    return manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
+
+
+def restart_command(args) -> str:
+    """The off-VM loop that recreates a preempted spot TPU from the spec (pipelines/tpu_restart.py)."""
+    return f"python -m pipelines.tpu_restart --spec {spec_location(args)}"
 
 
 def build_package(destination_uri: str) -> None:
@@ -416,11 +433,13 @@ def main(argv=None) -> int:
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")
+    for line in tpu_lifecycle.summary_lines(spec["lifecycle"]):
+        print(line)
     if args.dry_run:
         os.makedirs(args.dry_run_dir, exist_ok=True)
         if stage1_argv is not None:
             run_stage1(stage1_argv)  # with --template_location: builds the job description, starts nothing
-        spec_path = os.path.join(args.dry_run_dir, TRAINING_SPEC_FILE)
+        spec_path = spec_location(args)
         with open(spec_path, "w") as handle:
             json.dump(spec, handle, indent=2)
         print(
@@ -432,7 +451,7 @@ def main(argv=None) -> int:
         if args.tpu == "local":
             return train_on_this_tpu_vm(args, paths, spec)
         build_package(package_uri(args))
-        spec_uri = manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
+        spec_uri = spec_location(args)
         write_json(spec_uri, spec)
         where = (
             "the TPU slice (software on every worker, training from worker 0)"
