@@ -2,7 +2,9 @@
 
 Run it on a single-host TPU VM itself and it does everything: stage 1 on
 Dataflow, the check, then training on this VM, started detached under the
-supervisor (below):
+supervisor (below), in a venv of its own with this package's [tpu] extra
+(~/tf-image-pipeline/tpu-venv, made at the first run: pipelines/tpu_interpreter.py),
+since the launcher's install has Beam and generic TensorFlow:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
@@ -76,7 +78,7 @@ import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from pipelines import tpu_launch, tpu_lifecycle, tpu_runtime
+from pipelines import tpu_interpreter, tpu_launch, tpu_lifecycle, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
@@ -371,19 +373,19 @@ def restart_command(args) -> str:
     return f"python -m pipelines.tpu_restart --spec {spec_location(args)}"
 
 
+def build_sdist(dist_dir: str) -> str:
+    """Build this project's sdist from setup.py into the empty directory `dist_dir`; return its path."""
+    subprocess.run(
+        [sys.executable, SETUP_FILE, "-q", "sdist", "--dist-dir", dist_dir], cwd=REPO_ROOT, check=True
+    )
+    (built,) = os.listdir(dist_dir)
+    return os.path.join(dist_dir, built)
+
+
 def build_package(destination_uri: str) -> None:
     """Build this project's sdist from setup.py and copy it to `destination_uri`."""
     with tempfile.TemporaryDirectory() as build_dir:
-        subprocess.run(
-            [sys.executable, SETUP_FILE, "-q", "sdist", "--dist-dir", build_dir],
-            cwd=REPO_ROOT,
-            check=True,
-        )
-        (built,) = os.listdir(build_dir)
-        with (
-            open(os.path.join(build_dir, built), "rb") as source,
-            _filesystems().create(destination_uri) as target,
-        ):
+        with open(build_sdist(build_dir), "rb") as source, _filesystems().create(destination_uri) as target:
             target.write(source.read())
 
 
@@ -399,10 +401,17 @@ def write_json(path: str, content: dict) -> None:
         handle.write(json.dumps(content, indent=2).encode("utf-8"))
 
 
-def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict):
-    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached)."""
+def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
+    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
+
+    In the [tpu] venv the launcher makes (pipelines/tpu_interpreter.py): this process has Beam and generic
+    TensorFlow, which training on the TPU cannot use.
+    """
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
-    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir)
+    with tempfile.TemporaryDirectory() as build_dir:
+        python = tpu_interpreter.ensure_tpu_interpreter(run_dir, build_sdist(build_dir), run=run)
+    print(f"Training interpreter: {python} (this package with its [tpu] extra)")
+    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python)
     print(
         f"Dataset ready. Training started under train.supervisor (pid {pid}); follow it with: tail -f {log_path}"
     )
