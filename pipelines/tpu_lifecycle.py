@@ -71,6 +71,7 @@ class Lifecycle:
     spot: bool
     autocheckpoint: bool
     autocheckpoint_why: str
+    multi_host: bool = False  # then only worker 0's process can save, and Autocheckpoint's SIGTERM misses it
 
     def describe(self, restart_command: str) -> dict:
         return {
@@ -88,7 +89,7 @@ class Lifecycle:
             # The interval checkpoint (--checkpoint-every, python -m train's default 10m) bounds every other case.
             "at_most_lost": {
                 "maintenance": "nothing: Autocheckpoint waits for the SIGTERM checkpoint"
-                if self.autocheckpoint
+                if self.autocheckpoint and not self.multi_host
                 else INTERVAL,
                 "spot_preemption": INTERVAL if self.spot else "not spot",
                 "crash_or_sigkill": INTERVAL,
@@ -137,21 +138,24 @@ def choose_lifecycle(tpu: tpu_runtime.TpuType, spot: bool = False, autocheckpoin
             "lose is then bounded by --checkpoint-every)"
         )
     if autocheckpoint == OFF:
-        return Lifecycle(spot, False, "--autocheckpoint off")
+        return Lifecycle(spot, False, "--autocheckpoint off", tpu.multi_host)
     if not supported:
-        return Lifecycle(
-            spot, False, f"Cloud TPU offers no Autocheckpoint on {generation} ({AUTOCHECKPOINT_DOC})"
-        )
+        why = f"Cloud TPU offers no Autocheckpoint on {generation} ({AUTOCHECKPOINT_DOC})"
+        return Lifecycle(spot, False, why, tpu.multi_host)
     if tpu.multi_host and autocheckpoint == AUTO:
         return Lifecycle(
             spot,
             False,
             "a multi-host slice: Autocheckpoint's SIGTERM goes to the process using the TPU device, each "
             "worker's TPU server, not to worker 0's client (--autocheckpoint on to enable it anyway)",
+            True,
         )
-    return Lifecycle(
-        spot, True, f"{generation} {'slice' if tpu.multi_host else 'single host'} ({AUTOCHECKPOINT_DOC})"
+    where = (
+        "slice: the SIGTERM reaches the TPU servers, not worker 0's client"
+        if tpu.multi_host
+        else "single host"
     )
+    return Lifecycle(spot, True, f"{generation} {where} ({AUTOCHECKPOINT_DOC})", tpu.multi_host)
 
 
 def create_command(

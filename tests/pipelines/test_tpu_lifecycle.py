@@ -47,6 +47,23 @@ def test_spot_is_asked_for_and_autocheckpoint_can_be_forced_on_a_slice_or_turned
         create_for("v6e-8", autocheckpoint="on")
 
 
+def test_only_a_single_host_vm_with_autocheckpoint_loses_nothing_to_maintenance():
+    lost = {
+        accelerator_type: create_for(accelerator_type, autocheckpoint=mode)[1].describe("")["at_most_lost"]
+        for accelerator_type, mode in (
+            ("v4-8", "auto"),
+            ("v4-32", "on"),
+            ("v6e-8", "auto"),
+            ("v5litepod-8", "off"),
+        )
+    }
+    assert lost["v4-8"]["maintenance"].startswith("nothing")
+    # A slice forced on: the SIGTERM reaches the TPU servers, not the client that saves.
+    assert lost["v4-32"]["maintenance"] == lost["v6e-8"]["maintenance"] == tpu_lifecycle.INTERVAL
+    assert lost["v5litepod-8"]["maintenance"] == tpu_lifecycle.INTERVAL
+    assert all(kind["crash_or_sigkill"] == tpu_lifecycle.INTERVAL for kind in lost.values())
+
+
 def test_the_vm_is_created_with_the_boot_script_that_reruns_start_sh_as_its_owner():
     create, _ = create_for("v5litepod-8")
     metadata = create[create.index("--metadata") + 1]
