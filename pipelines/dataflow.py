@@ -42,10 +42,18 @@ The commands (pipelines/tpu_launch.py):
 
 The supervisor restarts training after an interruption (exit 143 after
 SIGTERM; on a slice a peer's preemption reaches worker 0 as a runtime error)
-and stops after success or a setup error (exit 2). Each restart resumes from
-the last checkpoint in --model-dir. On a slice only worker 0's process sees
-signals, so what a preemption can lose is bounded by the interval checkpoint
-(--checkpoint-every, python -m train's default 10m), not by a SIGTERM save.
+and stops after success, a setup error (exit 2), or failures that advance no
+checkpoint. Each restart resumes from the last checkpoint in --model-dir.
+
+What Cloud TPU does to the VM (pipelines/tpu_lifecycle.py): `--spot` creates
+a TPU Spot VM, which `python -m pipelines.tpu_restart --spec SPEC` (run on
+your machine) deletes and recreates after a preemption; `--autocheckpoint`
+(default: on for single-host v2-v4 and v5e) makes maintenance wait for the
+SIGTERM checkpoint; every VM gets a boot script that resumes training after a
+reboot. Otherwise, and on every slice (only worker 0's process sees
+signals), what an event can lose is bounded by the interval checkpoint
+(--checkpoint-every, python -m train's default 10m). --dry-run prints these
+choices.
 
 Training runs the recipe: stage 1 stores --crop-margin squares (default 0.143
 for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
@@ -118,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
         "ssh under `python3 -m train.supervisor`, which restarts it after an interruption (exit 143, a slice "
         "peer's preemption) and stops after success or a setup error (exit 2); log: ~/tf-image-pipeline/train.log. "
         "Single host: one command installs and launches on the VM; a multi-host slice: install and TPU servers on "
-        "every worker, training on worker 0 with --tpu NAME. On a slice, what a preemption can lose is bounded by "
-        "--checkpoint-every (only worker 0's process sees SIGTERM).",
+        "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers. --spot: a TPU "
+        "Spot VM, recreated after a preemption by `python -m pipelines.tpu_restart --spec SPEC`; a boot script "
+        "resumes training after a reboot. What an event can lose is bounded by --checkpoint-every, except "
+        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu_lifecycle.py).",
     )
     parser.add_argument("--input", required=True, help="gs:// image tree or CSV/JSONL manifest.")
     parser.add_argument("--workdir", required=True, help="gs:// directory for the dataset, model, staging.")
