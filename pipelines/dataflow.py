@@ -2,7 +2,9 @@
 
 Run it on a single-host TPU VM itself and it does everything: stage 1 on
 Dataflow, the check, then training on this VM, started detached under the
-supervisor (below):
+supervisor (below), in a venv of its own with this package's [tpu] extra
+(~/tf-image-pipeline/tpu-venv, made at the first run: pipelines/tpu_interpreter.py),
+since the launcher's install has Beam and generic TensorFlow:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
@@ -40,10 +42,18 @@ The commands (pipelines/tpu_launch.py):
 
 The supervisor restarts training after an interruption (exit 143 after
 SIGTERM; on a slice a peer's preemption reaches worker 0 as a runtime error)
-and stops after success or a setup error (exit 2). Each restart resumes from
-the last checkpoint in --model-dir. On a slice only worker 0's process sees
-signals, so what a preemption can lose is bounded by the interval checkpoint
-(--checkpoint-every, python -m train's default 10m), not by a SIGTERM save.
+and stops after success, a setup error (exit 2), or failures that advance no
+checkpoint. Each restart resumes from the last checkpoint in --model-dir.
+
+What Cloud TPU does to the VM (pipelines/tpu_lifecycle.py): `--spot` creates
+a TPU Spot VM, which `python -m pipelines.tpu_restart --spec SPEC` (run on
+your machine) deletes and recreates after a preemption; `--autocheckpoint`
+(default: on for single-host v2-v4 and v5e) makes maintenance wait for the
+SIGTERM checkpoint; every VM gets a boot script that resumes training after a
+reboot. Otherwise, and on every slice (only worker 0's process sees
+signals), what an event can lose is bounded by the interval checkpoint
+(--checkpoint-every, python -m train's default 10m). --dry-run prints these
+choices.
 
 Training runs the recipe: stage 1 stores --crop-margin squares (default 0.143
 for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
@@ -76,7 +86,7 @@ import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from pipelines import tpu_launch, tpu_runtime
+from pipelines import tpu_interpreter, tpu_launch, tpu_lifecycle, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
@@ -116,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
         "ssh under `python3 -m train.supervisor`, which restarts it after an interruption (exit 143, a slice "
         "peer's preemption) and stops after success or a setup error (exit 2); log: ~/tf-image-pipeline/train.log. "
         "Single host: one command installs and launches on the VM; a multi-host slice: install and TPU servers on "
-        "every worker, training on worker 0 with --tpu NAME. On a slice, what a preemption can lose is bounded by "
-        "--checkpoint-every (only worker 0's process sees SIGTERM).",
+        "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers. --spot: a TPU "
+        "Spot VM, recreated after a preemption by `python -m pipelines.tpu_restart --spec SPEC`; a boot script "
+        "resumes training after a reboot. What an event can lose is bounded by --checkpoint-every, except "
+        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu_lifecycle.py).",
     )
     parser.add_argument("--input", required=True, help="gs:// image tree or CSV/JSONL manifest.")
     parser.add_argument("--workdir", required=True, help="gs:// directory for the dataset, model, staging.")
@@ -178,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a preemption loses: only worker 0's process sees SIGTERM.",
     )
     train_flags.add_recipe_flags(parser)  # --weights, --optimizer, --warmup-*, --label-smoothing, --ema, ...
+    tpu_lifecycle.add_lifecycle_flags(parser)  # --spot, --autocheckpoint
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
     parser.add_argument("--dry-run-dir", default="dry-run", help="Local directory for --dry-run output.")
@@ -325,6 +338,7 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         )
     location = ["--zone", zone, "--project", args.project]
     arguments = train_argv(args, paths, choice, name if multi_host else "local")
+    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint)
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
@@ -350,23 +364,38 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         "data_dir": paths.dataset_dir,
         "model_dir": paths.model_dir,
         "train_args": arguments,
-        "commands": tpu_launch.training_commands(name, location, choice, package_uri(args), arguments),
+        "lifecycle": lifecycle.describe(restart_command(args)),
+        "commands": tpu_launch.training_commands(
+            name, location, choice, package_uri(args), arguments, lifecycle
+        ),
     }
+
+
+def spec_location(args) -> str:
+    """Where the training spec is written: the dry run's directory, else WORKDIR/jobs."""
+    if args.dry_run:
+        return os.path.join(args.dry_run_dir, TRAINING_SPEC_FILE)
+    return manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
+
+
+def restart_command(args) -> str:
+    """The off-VM loop that recreates a preempted spot TPU from the spec (pipelines/tpu_restart.py)."""
+    return f"python -m pipelines.tpu_restart --spec {spec_location(args)}"
+
+
+def build_sdist(dist_dir: str) -> str:
+    """Build this project's sdist from setup.py into the empty directory `dist_dir`; return its path."""
+    subprocess.run(
+        [sys.executable, SETUP_FILE, "-q", "sdist", "--dist-dir", dist_dir], cwd=REPO_ROOT, check=True
+    )
+    (built,) = os.listdir(dist_dir)
+    return os.path.join(dist_dir, built)
 
 
 def build_package(destination_uri: str) -> None:
     """Build this project's sdist from setup.py and copy it to `destination_uri`."""
     with tempfile.TemporaryDirectory() as build_dir:
-        subprocess.run(
-            [sys.executable, SETUP_FILE, "-q", "sdist", "--dist-dir", build_dir],
-            cwd=REPO_ROOT,
-            check=True,
-        )
-        (built,) = os.listdir(build_dir)
-        with (
-            open(os.path.join(build_dir, built), "rb") as source,
-            _filesystems().create(destination_uri) as target,
-        ):
+        with open(build_sdist(build_dir), "rb") as source, _filesystems().create(destination_uri) as target:
             target.write(source.read())
 
 
@@ -382,10 +411,17 @@ def write_json(path: str, content: dict) -> None:
         handle.write(json.dumps(content, indent=2).encode("utf-8"))
 
 
-def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict):
-    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached)."""
+def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
+    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
+
+    In the [tpu] venv the launcher makes (pipelines/tpu_interpreter.py): this process has Beam and generic
+    TensorFlow, which training on the TPU cannot use.
+    """
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
-    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir)
+    with tempfile.TemporaryDirectory() as build_dir:
+        python = tpu_interpreter.ensure_tpu_interpreter(run_dir, build_sdist(build_dir), run=run)
+    print(f"Training interpreter: {python} (this package with its [tpu] extra)")
+    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python)
     print(
         f"Dataset ready. Training started under train.supervisor (pid {pid}); follow it with: tail -f {log_path}"
     )
@@ -416,11 +452,13 @@ def main(argv=None) -> int:
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")
+    for line in tpu_lifecycle.summary_lines(spec["lifecycle"]):
+        print(line)
     if args.dry_run:
         os.makedirs(args.dry_run_dir, exist_ok=True)
         if stage1_argv is not None:
             run_stage1(stage1_argv)  # with --template_location: builds the job description, starts nothing
-        spec_path = os.path.join(args.dry_run_dir, TRAINING_SPEC_FILE)
+        spec_path = spec_location(args)
         with open(spec_path, "w") as handle:
             json.dump(spec, handle, indent=2)
         print(
@@ -432,7 +470,7 @@ def main(argv=None) -> int:
         if args.tpu == "local":
             return train_on_this_tpu_vm(args, paths, spec)
         build_package(package_uri(args))
-        spec_uri = manifest_lib.join(args.workdir.rstrip("/"), "jobs", TRAINING_SPEC_FILE)
+        spec_uri = spec_location(args)
         write_json(spec_uri, spec)
         where = (
             "the TPU slice (software on every worker, training from worker 0)"

@@ -4,14 +4,26 @@ For a single-host TPU VM (one command, on the VM):
 
     gcloud storage cp gs://BUCKET/run/packages/tf-image-pipeline.tar.gz /tmp/tf-image-pipeline.tar.gz \\
       && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' \\
-      && mkdir -p tf-image-pipeline \\
-      && export NEXT_PLUGGABLE_DEVICE_USE_C_API=true TF_PLUGGABLE_DEVICE_LIBRARY_PATH="$(... libtpu.so ...)" \\
-      && { setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid -- \\
-           python3 -m train ... --tpu local > tf-image-pipeline/train.log 2>&1 < /dev/null & }
+      && mkdir -p tf-image-pipeline && printf '%s' '<start.sh>' > tf-image-pipeline/start.sh \\
+      && rm -f tf-image-pipeline/stopped && bash tf-image-pipeline/start.sh
+
+where start.sh (`start_script`) exports the PJRT environment and runs
+
+    { setsid nohup python3 -m train.supervisor --pid-file tf-image-pipeline/supervisor.pid ... -- \\
+        python3 -m train ... --tpu local >> tf-image-pipeline/train.log 2>&1 < /dev/null & }
+
+unless training still runs or ended for good (the supervisor's `stopped`
+file). The VM is created with a boot script that runs start.sh again at
+every boot, so training resumes after a reboot (pipelines/tpu_lifecycle.py:
+the create command, spot, Autocheckpoint, and the off-VM loop that recreates
+a preempted spot TPU).
 
 For a multi-host slice: the install and `tpu_server_setup_command` on every
 worker (`--worker=all`), then the supervised launch on worker 0 only, with
-`--tpu NAME` (TPUStrategy is single-client: one process drives every host).
+`--tpu NAME` (TPUStrategy is single-client: one process drives every host),
+once every worker's TPU server answers (`python3 -m train.tpu_servers`:
+restarted servers take a while, and a client started before them fails to
+initialize the TPU and exits 2, which the supervisor does not retry).
 
 The environment is the one Google's TPU test harness gives TensorFlow
 (GoogleCloudPlatform/ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py,
@@ -49,7 +61,7 @@ import shlex
 import subprocess
 import sys
 
-from pipelines import tpu_runtime
+from pipelines import tpu_lifecycle, tpu_runtime
 from train import install_lines
 
 REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
@@ -57,6 +69,9 @@ REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
 RUN_DIR = "tf-image-pipeline"
 LOG_FILE = f"{RUN_DIR}/train.log"
 PID_FILE = f"{RUN_DIR}/supervisor.pid"
+START_SCRIPT = f"{RUN_DIR}/start.sh"  # the launch runs it; the VM's boot script runs it again after a reboot
+STOPPED_FILE = f"{RUN_DIR}/stopped"  # the supervisor's reason when training ended for good
+PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the supervisor's no-progress stop
 TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
 TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
 # Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
@@ -110,13 +125,19 @@ def training_environment(multi_host: bool) -> list[tuple[str, str]]:
     ]
 
 
-def supervisor_argv(python: str, train_argv: list[str], pid_file: str = PID_FILE) -> list[str]:
+def supervisor_argv(
+    python: str, train_argv: list[str], pid_file: str = PID_FILE, run_dir: str = RUN_DIR
+) -> list[str]:
     return [
         python,
         "-m",
         "train.supervisor",
         "--pid-file",
         pid_file,
+        "--stopped-file",
+        os.path.join(run_dir, os.path.basename(STOPPED_FILE)),
+        "--progress-file",
+        os.path.join(run_dir, os.path.basename(PROGRESS_FILE)),
         "--",
         python,
         "-m",
@@ -125,16 +146,46 @@ def supervisor_argv(python: str, train_argv: list[str], pid_file: str = PID_FILE
     ]
 
 
-def supervised_launch_command(train_argv: list[str], multi_host: bool) -> str:
-    """The shell command that starts `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh."""
+def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
+    """On a slice's worker 0: wait until every worker's TPU server answers (train/tpu_servers.py)."""
+    return ["python3", "-m", "train.tpu_servers", "--tpu", name, *location]
+
+
+def start_script(train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None) -> str:
+    """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh.
+
+    The launch runs it, and the VM's boot script (tpu_lifecycle.BOOT_SCRIPT) runs it again at every boot,
+    so it starts nothing when training ended for good (the supervisor's stopped file) or still runs.
+    """
     exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
     supervised = shlex.join(supervisor_argv("python3", train_argv))
-    # The braces put only the supervisor in the background: `a && b & c` would background the whole list,
-    # install included, and report success before it ran.
+    wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""
+    # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
     return (
-        f"mkdir -p {RUN_DIR} && export {exports} && "
-        f"{{ setsid nohup {supervised} > {LOG_FILE} 2>&1 < /dev/null & }} && "
-        f'echo "training started under train.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"'
+        "#!/bin/bash\n"
+        "# Written by the tf-image-pipeline launch (pipelines/tpu_launch.py); run again at every boot.\n"
+        'cd "$HOME" || exit 1\n'
+        f"if test -e {STOPPED_FILE}; then\n"
+        f'  echo "training ended for good ($(cat {STOPPED_FILE})); not starting it again"; exit 0\n'
+        "fi\n"
+        f"if test -f {PID_FILE} && grep -q train.supervisor /proc/$(cat {PID_FILE})/cmdline 2>/dev/null; then\n"
+        f'  echo "training is already running under train.supervisor (pid $(cat {PID_FILE}))"; exit 0\n'
+        "fi\n"
+        f"{wait}"
+        f"export {exports}\n"
+        f"{{ setsid nohup {supervised} >> {LOG_FILE} 2>&1 < /dev/null & }}\n"
+        f'echo "training started under train.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"\n'
+    )
+
+
+def supervised_launch_command(
+    train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None
+) -> str:
+    """The ssh command: write start.sh (kept for the boot script), clear an earlier end, and run it."""
+    script = start_script(train_argv, multi_host, wait_argv)
+    return (
+        f"mkdir -p {RUN_DIR} && printf '%s' {shlex.quote(script)} > {START_SCRIPT} && "
+        f"rm -f {STOPPED_FILE} && bash {START_SCRIPT}"
     )
 
 
@@ -157,7 +208,7 @@ def start_detached(
                 spec.submodule_search_locations[0], "libtpu.so"
             )
     log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
-    argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)))
+    argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)), run_dir)
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
             argv,
@@ -176,18 +227,19 @@ def training_commands(
     choice: tpu_runtime.RuntimeChoice,
     package_uri: str,
     train_argv: list[str],
+    lifecycle: tpu_lifecycle.Lifecycle | None = None,
 ) -> list[str]:
     """create, then install (+ TPU servers on a slice) and the supervised launch, as gcloud commands."""
-    create = shlex.join(
-        ["gcloud", "compute", "tpus", "tpu-vm", "create", name, *location,
-         "--accelerator-type", choice.tpu.name, "--version", choice.runtime_version]
-    )  # fmt: skip
+    lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
+    create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
     install = install_command(package_uri)
-    launch = supervised_launch_command(train_argv, choice.tpu.multi_host)
     if choice.tpu.multi_host:
-        # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0.
+        # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0,
+        # started once every worker's TPU server answers.
+        launch = supervised_launch_command(train_argv, True, tpu_servers_wait_argv(name, location))
         setup = f"{install} && {tpu_server_setup_command(choice.tensorflow_version)}"
         return [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", launch)]
+    launch = supervised_launch_command(train_argv, False)
     return [create, _ssh(name, location, "all", f"{install} && {launch}")]
 
 

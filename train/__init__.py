@@ -36,4 +36,6 @@ Modules, one job each:
   install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
   __main__.py      the command line
   supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
+  progress_file.py the last saved checkpoint step, for the supervisor's no-progress stop; no TensorFlow
+  tpu_servers.py   python -m train.tpu_servers: a slice's start waits for every worker's TPU server; no TensorFlow
 """

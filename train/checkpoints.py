@@ -61,6 +61,7 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
+from train import progress_file
 from train import strategy as strategy_lib
 from train.config import CheckpointInterval, TrainingPlan
 from train.errors import ConfigError
@@ -168,6 +169,7 @@ class Checkpoints:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)  # the next save makes it again
         self.last_saved_step = step
+        progress_file.record_saved_step(step)  # for train.supervisor's no-progress stop
         return path
 
     def close(self) -> None:

@@ -5,8 +5,10 @@ TensorFlow's C++ logging without INFO (TF_CPP_MIN_LOG_LEVEL=1 unless set),
 and the lines TensorFlow's native libraries print while they load, before
 that setting takes effect ("All log messages before absl::InitializeLog()
 ...", "Could not find cuda drivers ...", "failed call to cuInit" on a
-machine without a GPU), filtered out: warnings and errors from the native
-side are kept. `--verbose` keeps everything and logs at INFO.
+machine without a GPU), filtered out as they are written: warnings and
+errors from the native side are kept, and a fatal error that aborts the
+import (a libtpu or driver abort) reaches the log before the process dies.
+`--verbose` keeps everything and logs at INFO.
 
 Environment that must be set before TensorFlow is imported is set here too:
 a multi-host TPU coordinator (--tpu NAME on a TPU VM) must not claim the
@@ -17,8 +19,8 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
-import tempfile
 
 # glog-style INFO lines ("I0000 00:00:...") and absl's banner about them; and the
 # CUDA probe's complaint on a machine that has no GPU driver at all.
@@ -44,35 +46,61 @@ def is_native_noise(line: str) -> bool:
     return bool(_NATIVE_NOISE.match(line))
 
 
+# The filter between native code and the real stderr, in its own process: a native abort (a libtpu or
+# driver fatal error during `import tensorflow`) kills this process at once, threads included, but the
+# filter reads on to the end of the pipe, so the fatal lines reach the log as they were written.
+_FILTER_PROGRAM = """
+import re, signal, sys
+for name in ("SIGINT", "SIGHUP", "SIGTERM"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)  # it ends when the pipe does, after the last line
+noise = re.compile(sys.argv[1].encode())
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if not noise.match(line):
+        out.write(line)
+        out.flush()
+"""
+# How long the end of the block waits for the filter to pass on the last lines.
+_FILTER_DRAIN_SECONDS = 10.0
+
+
 @contextlib.contextmanager
 def filtered_native_stderr(enabled: bool = True):
-    """Hold what native code writes to stderr (fd 2) meanwhile, then replay it without the noise.
+    """Pass what native code writes to stderr (fd 2) meanwhile through a filter that drops the noise.
 
-    Python exceptions are not affected: only the file descriptor is redirected,
-    and everything that is not noise comes back, in order, when the block ends.
+    Each line goes on as soon as it is written, through a small filter
+    process: if the process dies meanwhile (SIGABRT from a fatal native
+    error), the lines it wrote, the fatal one included, still reach the log.
+    Python exceptions are not affected: only the file descriptor is redirected.
     """
     if not enabled:
         yield
         return
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as held:
-        os.dup2(held.fileno(), 2)
+    try:
+        filter_process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER_PROGRAM, _NATIVE_NOISE.pattern],
+            stdin=subprocess.PIPE,
+            stdout=saved,
+            stderr=saved,
+        )
+    except OSError:
+        os.close(saved)
+        yield  # no filter to be had: the noise stays, nothing is lost
+        return
+    os.dup2(filter_process.stdin.fileno(), 2)
+    filter_process.stdin.close()  # fd 2 is now the pipe's only write end here
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's write end: the filter drains it and exits
+        os.close(saved)
         try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [
-                line
-                for line in held.read().decode(errors="replace").splitlines()
-                if not is_native_noise(line)
-            ]
-            if kept:
-                sys.stderr.write("\n".join(kept) + "\n")
-                sys.stderr.flush()
+            filter_process.wait(timeout=_FILTER_DRAIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass  # a process started meanwhile still holds the pipe: the filter ends with it
 
 
 def import_tensorflow(verbose: bool) -> None:

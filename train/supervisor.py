@@ -21,12 +21,25 @@ command's exit status means (train/__main__.py):
 
 A command that keeps failing soon after it starts (--crash-loop-limit runs
 in a row, each within --crash-loop-seconds) is a bug, not an interruption:
-the supervisor then stops with the last status. The wait before a restart
+the supervisor then stops with the last status. So is one that keeps failing
+without advancing its checkpoint, however long each run lasts (a truncated
+shard mid-epoch, an OOM at the epoch-end evaluation: each run resumes from
+the same checkpoint and fails at the same place): after --no-progress-limit
+such runs in a row the supervisor stops. The command tells it its progress
+through a small local file named in its environment (TRAIN_PROGRESS_FILE,
+train/progress_file.py): `python -m train` writes each checkpoint step it
+saves there. A command that writes nothing there never shows progress. The wait before a restart
 doubles with each such failure (from --restart-delay, at most 10 minutes),
 giving a slice's workers time to come back. SIGTERM, SIGINT or SIGHUP
 to the supervisor itself (a shutdown, `kill $(cat supervisor.pid)`) reaches
 the command as SIGTERM, on which it saves a checkpoint, and the supervisor
 then exits without restarting it.
+
+When supervision ends for good (success, a setup error, giving up) and not
+on a stop request, the supervisor writes --stopped-file with the reason: the
+boot hook that resumes training after a reboot (pipelines/tpu_launch.py)
+then leaves the finished run alone, while a run stopped by the shutdown
+itself resumes.
 
 Why a supervisor process under setsid/nohup and not a systemd unit
 (`systemd-run -p Restart=on-failure -p RestartPreventExitStatus=2`): a system
@@ -44,8 +57,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+
+from train import progress_file
 
 # The statuses of `python -m train` (train/__main__.py; tests/train/test_supervisor.py holds them together).
 SUCCESS_EXIT_CODE = 0
@@ -83,6 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seconds between a failure and the restart, doubled for each quick failure in a row, at most 600 "
         "(default %(default)s).",
     )
+    parser.add_argument(
+        "--no-progress-limit",
+        type=int,
+        default=3,
+        help="Stop after this many failed runs in a row that saved no checkpoint beyond the last one, however "
+        "long each lasted (default %(default)s).",
+    )
+    parser.add_argument(
+        "--progress-file",
+        default=None,
+        help="Where the command records its last saved checkpoint step (passed to it as $TRAIN_PROGRESS_FILE; "
+        "default: a temporary file).",
+    )
+    parser.add_argument(
+        "--stopped-file",
+        default=None,
+        help="Write the reason here when supervision ends for good (success, setup error, giving up); not on "
+        "a stop request.",
+    )
     parser.add_argument("--pid-file", default=None, help="Write this process's id here while it runs.")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
@@ -95,13 +130,25 @@ def describe_status(status: int) -> str:
 
 
 class Supervisor:
-    """Runs `command` until it succeeds, hits a setup error, loops on crashes, or is told to stop."""
+    """Runs `command` until it succeeds, hits a setup error, stops progressing, or is told to stop."""
 
-    def __init__(self, command, crash_loop_limit=5, crash_loop_seconds=300.0, restart_delay=30.0):
+    def __init__(
+        self,
+        command,
+        crash_loop_limit=5,
+        crash_loop_seconds=300.0,
+        restart_delay=30.0,
+        no_progress_limit=3,
+        progress_file=None,
+        stopped_file=None,
+    ):
         self.command = list(command)
         self.crash_loop_limit = crash_loop_limit
         self.crash_loop_seconds = crash_loop_seconds
         self.restart_delay = restart_delay
+        self.no_progress_limit = no_progress_limit
+        self.progress_file = progress_file
+        self.stopped_file = stopped_file
         self.stop_requested = threading.Event()
         self.child: subprocess.Popen | None = None
         self.runs = 0
@@ -120,25 +167,49 @@ class Supervisor:
         """Seconds before the next run: --restart-delay, doubled for each quick failure in a row, at most 10 min."""
         return min(self.restart_delay * 2 ** max(0, quick_failures - 1), MAX_RESTART_DELAY)
 
+    def _finish(self, status: int, reason: str) -> int:
+        """End supervision for good: the reason goes to --stopped-file, so a reboot does not resume the run."""
+        if self.stopped_file:
+            with open(self.stopped_file, "w") as handle:
+                handle.write(f"{reason} ({describe_status(status)})\n")
+        return status
+
     def run(self) -> int:
+        if self.progress_file is None:
+            with tempfile.TemporaryDirectory(prefix="supervisor-") as scratch:
+                self.progress_file = os.path.join(scratch, "progress.json")
+                return self._run()
+        return self._run()
+
+    def _run(self) -> int:
         quick_failures = 0
+        runs_without_progress = 0
         interrupted = False  # whether an earlier run got past its setup and was interrupted
+        environment = {**os.environ, progress_file.PROGRESS_FILE_ENV: self.progress_file}
         while True:
             self.runs += 1
             started = time.monotonic()
+            step_before = progress_file.read_saved_step(self.progress_file)
             log.info("run %d: %s", self.runs, " ".join(self.command))
-            self.child = subprocess.Popen(self.command)
+            self.child = subprocess.Popen(self.command, env=environment)
             if self.stop_requested.is_set() and self.child.poll() is None:
                 self.child.send_signal(signal.SIGTERM)  # the stop came while it was starting
             status = self.child.wait()
             lasted = time.monotonic() - started
-            log.info("run %d ended after %.0f s: %s", self.runs, lasted, describe_status(status))
+            step_after = progress_file.read_saved_step(self.progress_file)
+            log.info(
+                "run %d ended after %.0f s: %s; last saved step %s",
+                self.runs,
+                lasted,
+                describe_status(status),
+                "none" if step_after is None else step_after,
+            )
             if status == SUCCESS_EXIT_CODE:
                 log.info("training finished")
-                return status
+                return self._finish(status, "training finished")
             if status == SETUP_ERROR_EXIT_CODE and not interrupted:
                 log.error("setup error (see the message above): fix the flags or the dataset; not restarting")
-                return status
+                return self._finish(status, "setup error")
             if self.stop_requested.is_set():
                 log.warning("stopped on request; the same command resumes from the last checkpoint")
                 return status
@@ -146,13 +217,24 @@ class Supervisor:
             # preempted worker is not back yet ("no TPU could be initialized"). Retried like a crash.
             interrupted = True
             quick_failures = quick_failures + 1 if lasted < self.crash_loop_seconds else 0
+            progressed = step_after is not None and (step_before is None or step_after > step_before)
+            runs_without_progress = 0 if progressed else runs_without_progress + 1
+            final = status if status > 0 else 128 - status
             if quick_failures >= self.crash_loop_limit:
                 log.error(
                     "%d runs in a row failed within %g s of starting: not an interruption; giving up",
                     quick_failures,
                     self.crash_loop_seconds,
                 )
-                return status if status > 0 else 128 - status
+                return self._finish(final, "crash loop")
+            if runs_without_progress >= self.no_progress_limit:
+                log.error(
+                    "%d runs in a row failed without advancing the checkpoint (still at step %s): each resumes "
+                    "from the same place and fails again, which is not an interruption; giving up",
+                    runs_without_progress,
+                    "none" if step_after is None else step_after,
+                )
+                return self._finish(final, "no progress")
             delay = self.delay_after(quick_failures)
             log.warning(
                 "interrupted (%s): restarting in %g s from the last checkpoint",
@@ -170,7 +252,15 @@ def main(argv=None) -> int:
     if not command:
         build_parser().error("give the command to supervise after --")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
-    supervisor = Supervisor(command, args.crash_loop_limit, args.crash_loop_seconds, args.restart_delay)
+    supervisor = Supervisor(
+        command,
+        args.crash_loop_limit,
+        args.crash_loop_seconds,
+        args.restart_delay,
+        no_progress_limit=args.no_progress_limit,
+        progress_file=args.progress_file,
+        stopped_file=args.stopped_file,
+    )
     for signum in STOP_SIGNALS:
         signal.signal(signum, supervisor.request_stop)
     if args.pid_file:

@@ -25,12 +25,21 @@ def flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
+def start_script_of(launch_command):
+    """The start.sh text the launch writes (`printf '%s' SCRIPT > tf-image-pipeline/start.sh`) and runs."""
+    words = shlex.split(launch_command)
+    script = words[words.index("printf") + 2]
+    assert words[words.index("printf") + 3 : words.index("printf") + 5] == [">", tpu_launch.START_SCRIPT]
+    assert f"bash {tpu_launch.START_SCRIPT}" in launch_command
+    return script
+
+
 def supervised_train_argv(launch_command):
     """The `python3 -m train ...` argv inside `setsid nohup python3 -m train.supervisor ... -- python3 -m train ...`."""
-    words = shlex.split(launch_command)
+    words = shlex.split(start_script_of(launch_command), comments=True)
     start = words.index("setsid")
     assert words[start : start + 5] == ["setsid", "nohup", "python3", "-m", "train.supervisor"]
-    command = words[words.index("--", start) + 1 : words.index(">", start)]
+    command = words[words.index("--", start) + 1 : words.index(">>", start)]
     assert command[:3] == ["python3", "-m", "train"]
     return command[3:]
 
@@ -63,7 +72,7 @@ def test_a_multi_host_slice_installs_and_retargets_tpu_servers_on_every_worker_a
     assert "train" not in shlex.split(setup_command)
     assert "--worker=0" in train
     launch = flag(train, "--command")
-    assert "export TPU_LOAD_LIBRARY=0" in launch
+    assert "export TPU_LOAD_LIBRARY=0" in start_script_of(launch)
     train_argv = supervised_train_argv(launch)
     # The resolver must see the whole slice: the TPU's name, not `local`.
     assert flag(train_argv, "--tpu") == "my-tpu" and flag(train_argv, "--strategy") == "tpu"
@@ -81,13 +90,12 @@ def test_a_single_host_vm_installs_and_starts_supervised_training_in_one_command
     assert "--worker=all" in run
     command = flag(run, "--command")
     assert "pip install '/tmp/tf-image-pipeline.tar.gz[tpu]'" in command
-    assert (
-        "NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in command and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=" in command
-    )
+    script = start_script_of(command)
+    assert "NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in script and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=" in script
     assert "TPU_LOAD_LIBRARY" not in command and "tpu-runtime" not in command
     # Detached from ssh: a new session, no terminal, every stream redirected, in the background.
-    assert "setsid nohup python3 -m train.supervisor" in command
-    assert command.index(f"> {tpu_launch.LOG_FILE} 2>&1 < /dev/null &") > command.index("train.supervisor")
+    assert "setsid nohup python3 -m train.supervisor" in script
+    assert script.index(f">> {tpu_launch.LOG_FILE} 2>&1 < /dev/null &") > script.index("train.supervisor")
     assert flag(supervised_train_argv(command), "--tpu") == "local"
 
 
