@@ -32,7 +32,9 @@ def test_an_eight_gpu_mirrored_host_gets_bfloat16_xla_by_autoclustering_and_seve
     # Keras' jit_compile would compile the all-reduce across GPUs into one program: auto-clustering instead.
     assert choice.xla == accelerator.XLA_AUTOCLUSTERING and not choice.keras_jit_compile
     # Keras' own multi-step loop fails under MirroredStrategy; train/multi_step.py's tf.range loop runs them.
-    assert choice.steps_per_execution == accelerator.GPU_STEPS_PER_EXECUTION > 1 and choice.multi_step_supported
+    assert (
+        choice.steps_per_execution == accelerator.GPU_STEPS_PER_EXECUTION > 1 and choice.multi_step_supported
+    )
     assert choice.multi_step_loop == accelerator.TF_RANGE_LOOP
     assert any(accelerator.MULTI_STEP_BLOCKER in note for note in choice.notes)
     assert "tf.range loop" in choice.describe()
