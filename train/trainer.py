@@ -164,7 +164,7 @@ def compile_model(
         steps_per_execution=plan.steps_per_execution,
         jit_compile=choice.keras_jit_compile,
     )
-    if choice.multi_step_loop == accelerator.TF_RANGE_LOOP:
+    if choice.multi_step_loop == accelerator.TF_RANGE_LOOP and plan.steps_per_execution > 1:
         multi_step.use_tf_range_loop(model)
     # Optimizer slots must exist before a checkpoint is restored into them, and
     # for every variable, before a frozen backbone hides some (freeze.py).
