@@ -47,9 +47,7 @@ class TrainConfig:
     epochs: int | None = 10  # passes over the train split; ignored when `steps` is set
     steps: int | None = None  # total training steps instead of epochs
     steps_per_epoch: int | None = None  # default: one pass over the train split
-    global_batch_size: int | None = (
-        None  # None: a batch per replica for the device and model (device_defaults.py)
-    )
+    global_batch_size: int | None = None  # None: per replica x replicas, per device (device_defaults.py)
     learning_rate: float | None = None  # the peak; None: base_learning_rate scaled by the batch (recipe.py)
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
     tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
