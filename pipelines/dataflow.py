@@ -275,8 +275,10 @@ def crop_margin(args) -> float:
 
 
 def global_batch_size(args, choice: tpu_runtime.RuntimeChoice) -> int:
-    """--global-batch-size, or BATCH_PER_CHIP per chip of the TPU: the learning rate then scales with it."""
-    return args.global_batch_size or BATCH_PER_CHIP * choice.tpu.chips
+    """--global-batch-size, or python -m train's default for the TPU (tpu_launch.default_global_batch_size)."""
+    return args.global_batch_size or tpu_launch.default_global_batch_size(
+        args.model, args.image_size, choice.tpu
+    )
 
 
 def recipe_argv(args) -> list[str]:

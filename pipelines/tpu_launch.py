@@ -62,7 +62,7 @@ import subprocess
 import sys
 
 from pipelines import tpu_lifecycle, tpu_runtime
-from train import install_lines
+from train import device_defaults, install_lines
 
 REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
 # Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
@@ -79,6 +79,30 @@ _LIBTPU_PATH_PYTHON = (
     "import importlib.util, os; "
     'print(os.path.join(importlib.util.find_spec("libtpu").submodule_search_locations[0], "libtpu.so"))'
 )
+
+
+# TPUStrategy's replicas per chip: one per TensorCore on v2 and v3 (two a chip); from v4 on one per chip
+# (v4 and v5p join a chip's two TensorCores into one megacore device; v5e and v6e have one TensorCore a chip).
+_REPLICAS_PER_CHIP = {"v2": 2, "v3": 2}
+
+
+def tpu_replicas(tpu: tpu_runtime.TpuType) -> int:
+    """The replicas TPUStrategy runs on `tpu` (its num_replicas_in_sync)."""
+    return tpu.chips * _REPLICAS_PER_CHIP.get(tpu.generation.name, 1)
+
+
+def default_global_batch_size(model: str, image_size: int, tpu: tpu_runtime.TpuType) -> int:
+    """The global batch `python -m train` picks on `tpu` without --global-batch-size (train/device_defaults.py).
+
+    128 per replica for the ResNet-50-class models at 224x224, less for larger
+    images: 1024 on a v5litepod-8, 2048 on a v4-32, 8192 on a v5litepod-64.
+    The launch passes it explicitly, so the printed commands show the batch
+    that will train.
+    """
+    per_replica = device_defaults.default_per_replica_batch(
+        device_defaults.TPU, model, image_size
+    ).per_replica
+    return per_replica * tpu_replicas(tpu)
 
 
 def pip_install_command(sdist_path: str) -> str:

@@ -156,7 +156,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and flag errors end here, before TensorFlow
-    from train import console
+    from train import console, cuda_cache
     from train.errors import SetupError
 
     console.configure(args.verbose, args.tpu)
@@ -165,6 +165,7 @@ def main(argv=None) -> int:
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    cuda_cache.configure_cuda_cache()  # before TensorFlow initializes CUDA (train/cuda_cache.py)
     console.import_tensorflow(args.verbose)
     from train.errors import TrainingPreempted
     from train.trainer import train_and_evaluate

@@ -19,14 +19,18 @@ What `auto` means, and why:
                    one device, which fails ("Trying to access resource ... located in device
                    GPU:1 from device GPU:0"; Keras' own jit_compile="auto" is off under any
                    tf.distribute strategy for that reason). CPU: off.
-  steps/execution  TPU: 32 (a host round trip costs about a small step). GPU, one replica: 8.
-                   Several replicas under MirroredStrategy or MultiWorkerMirroredStrategy: 1,
-                   because Keras 3 (3.15.1 as pinned) builds its multi-step loop from tf.cond
-                   inside tf.while_loop, where the cross-replica merge_call cannot run
+  steps/execution  TPU: 32 (a host round trip costs about a small step). GPU: 8, one replica or
+                   several. Keras syncs device to host after every execution (train/multi_step.py
+                   says where), so K steps per execution make that once per K steps. One replica
+                   runs Keras' own K-step loop. Several replicas under MirroredStrategy or
+                   MultiWorkerMirroredStrategy run train/multi_step.py's tf.range loop around
+                   strategy.run instead, because Keras 3 (3.15.1 as pinned) builds its loop from
+                   tf.cond inside tf.while_loop, where the cross-replica merge_call cannot run
                    ("You must feed a value for placeholder tensor", keras-team/keras#19246;
                    reproduced on two logical CPU devices). CPU: 1 (no dispatch to amortize).
 
 Every choice is overridable: --mixed-precision, --jit-compile, --steps-per-execution.
+The batch per replica and the files read at once are train/device_defaults.py's.
 
 Steps per execution must divide an epoch's steps (config.plan_training). An
 epoch of the dataset's length is rounded down to a multiple of them; a fixed
@@ -47,6 +51,8 @@ TPU, GPU, CPU = "tpu", "gpu", "cpu"
 # What `xla` can be: compiled by the TPU itself, by Keras (jit_compile=True), by TensorFlow's
 # auto-clustering (per device, around the all-reduce), or not at all.
 XLA_TPU, XLA_KERAS, XLA_AUTOCLUSTERING, XLA_OFF = "tpu", "keras", "autoclustering", "off"
+# Who runs several steps per execution: Keras' own loop, or train/multi_step.py's (multi_step.TF_RANGE_LOOP).
+KERAS_LOOP, TF_RANGE_LOOP = "keras loop", "tf.range loop"
 
 GPU_STEPS_PER_EXECUTION = 8
 BFLOAT16_MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -74,18 +80,27 @@ class AcceleratorChoice:
     steps_per_execution: int  # the default asked of plan_training (an explicit flag wins there)
     multi_step_supported: bool
     notes: tuple[str, ...] = ()
+    multi_step_loop: str = KERAS_LOOP  # KERAS_LOOP or TF_RANGE_LOOP (train/multi_step.py)
 
     @property
     def keras_jit_compile(self) -> bool:
         return self.xla == XLA_KERAS
 
     def describe(self) -> str:
-        return f"policy {self.policy}, XLA {self.xla}, {self.steps_per_execution} step(s) per execution"
+        loop = f" ({self.multi_step_loop})" if self.steps_per_execution > 1 else ""
+        return f"policy {self.policy}, XLA {self.xla}, {self.steps_per_execution} step(s) per execution{loop}"
 
 
 def multi_step_supported(device: DeviceDescription) -> bool:
-    """Whether Keras can run several steps per execution there (see the module docstring)."""
-    return not (device.strategy in ("mirrored", "multiworker") and device.num_replicas > 1)
+    """Whether several steps per execution can run there: everywhere, by Keras' loop or multi_step.py's."""
+    return True
+
+
+def multi_step_loop(device: DeviceDescription) -> str:
+    """Whose loop runs several steps per execution: multi_step.py's under a multi-replica mirrored strategy."""
+    if device.strategy in ("mirrored", "multiworker") and device.num_replicas > 1:
+        return TF_RANGE_LOOP
+    return KERAS_LOOP
 
 
 def _policy(device: DeviceDescription, choice: str, notes: list) -> str:
@@ -136,25 +151,25 @@ def choose_defaults(
     policy = _policy(device, mixed_precision, notes)
     xla = _xla(device, jit_compile, notes)
     supported = multi_step_supported(device)
+    loop = multi_step_loop(device)
     if device.kind == TPU:
         per_call = TPU_STEPS_PER_EXECUTION
-    elif device.kind == GPU and supported:
+    elif device.kind == GPU:
         per_call = GPU_STEPS_PER_EXECUTION
     else:
         per_call = 1
-    if not supported and (steps_per_execution or 1) > 1:
+    if loop == TF_RANGE_LOOP and max(per_call, steps_per_execution or 1) > 1:
         notes.append(
-            f"1 step per execution instead of {steps_per_execution}: Keras cannot run several under a "
-            f"multi-replica {device.strategy} strategy ({MULTI_STEP_BLOCKER})"
+            f"several steps per execution in a tf.range loop around strategy.run (train/multi_step.py): Keras' "
+            f"own loop cannot run under a multi-replica {device.strategy} strategy ({MULTI_STEP_BLOCKER})"
         )
-    elif not supported and device.kind == GPU:
-        notes.append(f"1 step per execution: {MULTI_STEP_BLOCKER} under a multi-replica strategy")
     return AcceleratorChoice(
         policy=policy,
         xla=xla,
         steps_per_execution=per_call,
         multi_step_supported=supported,
         notes=tuple(notes),
+        multi_step_loop=loop,
     )
 
 

@@ -47,8 +47,8 @@ class TrainConfig:
     epochs: int | None = 10  # passes over the train split; ignored when `steps` is set
     steps: int | None = None  # total training steps instead of epochs
     steps_per_epoch: int | None = None  # default: one pass over the train split
-    global_batch_size: int = 64
-    learning_rate: float | None = None  # the peak; None: base_learning_rate x batch / 256 (recipe.py)
+    global_batch_size: int | None = None  # None: per replica x replicas, per device (device_defaults.py)
+    learning_rate: float | None = None  # the peak; None: base_learning_rate scaled by the batch (recipe.py)
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
     tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
     mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.accelerator)
@@ -57,6 +57,7 @@ class TrainConfig:
     augment: bool = False
     verify_data: bool = False  # sha256 of every shard before training
     shuffle_buffer: int = 2048  # examples
+    parallel_files: int | None = None  # shards each host reads at once; None: per device (device_defaults.py)
     export: bool = True  # write the serving SavedModel at the end
     checkpoints_to_keep: int = 3
     checkpoint_every: str | None = "10m"  # steps ("500") or time ("30s", "10m", "1h"); None: epoch ends only
@@ -73,6 +74,7 @@ class TrainConfig:
     freeze_backbone_epochs: int = 0  # train the new head alone for this many epochs first
     optimizer: str = "adamw"  # adamw|sgd, both with decoupled weight decay
     base_learning_rate: float | None = None  # per 256 images; None: the optimizer's default
+    learning_rate_scaling: str = "auto"  # auto|linear|sqrt: how the peak follows the batch (lr_scaling.py)
     # Linear warmup; with neither: 1 epoch, at most 10% of the run.
     warmup_epochs: float | None = None
     warmup_steps: int | None = None
@@ -191,10 +193,18 @@ class TrainingPlan:
     global_batch_size: int
     per_replica_batch_size: int
     num_replicas: int
+    batch_rule: str = "--global-batch-size"  # where the global batch came from, for the plan line
+    parallel_files: int = 16  # shards each host reads at once (dataset.py)
 
     @property
     def total_steps(self) -> int:
         return self.epochs * self.steps_per_epoch
+
+    def describe_batch(self) -> str:
+        """The global batch and where it came from, for the plan line."""
+        if self.batch_rule == "--global-batch-size":
+            return f"global batch {self.global_batch_size} (--global-batch-size; {self.per_replica_batch_size} per replica)"
+        return f"global batch {self.global_batch_size} = {self.batch_rule}"
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, step within that epoch) of a global step: where a run resumed at `step` continues."""
@@ -222,6 +232,26 @@ def steps_per_execution_dividing(steps_per_epoch: int, wanted: int) -> int:
     return max(d for d in range(1, min(steps_per_epoch, wanted) + 1) if steps_per_epoch % d == 0)
 
 
+def resolve_global_batch(
+    config: TrainConfig, num_train_examples: int, num_replicas: int, defaults
+) -> tuple[int, str]:
+    """(global batch, the rule that gave it): --global-batch-size, else the device's batch per replica x replicas.
+
+    `defaults` is a device_defaults.DeviceDefaults. A default larger than the
+    train split is lowered to fit it (a flag is not: plan_training refuses that
+    with the numbers), so that a small dataset trains without a flag.
+    """
+    if config.global_batch_size is not None:
+        return config.global_batch_size, "--global-batch-size"
+    per_replica, reason = defaults.batch.per_replica, defaults.batch.reason
+    fits = num_train_examples // num_replicas
+    if 1 <= fits < per_replica:
+        reason = f"lowered from the default {per_replica}, {reason}, to fit the train split's {num_train_examples} examples"
+        per_replica = fits // 8 * 8 if fits >= 8 else fits
+    replicas = f"{num_replicas} replica{'s' if num_replicas != 1 else ''}"
+    return per_replica * num_replicas, f"{per_replica} per replica ({reason}) x {replicas}"
+
+
 def plan_training(
     config: TrainConfig,
     num_train_examples: int,
@@ -229,6 +259,7 @@ def plan_training(
     on_tpu: bool,
     multi_step_supported: bool = True,
     default_steps_per_execution: int | None = None,
+    defaults=None,
 ) -> TrainingPlan:
     """Resolve epochs, steps and batch sizes; raise ConfigError if they cannot work.
 
@@ -240,8 +271,19 @@ def plan_training(
     `multi_step_supported=False` forces one step per execution (see
     accelerator.multi_step_supported). `default_steps_per_execution` is what
     the device would run when the user asked for nothing (accelerator.choose_defaults).
+    `defaults` (device_defaults.DeviceDefaults) gives the batch per replica and
+    the files read at once when the flags leave them unset; without it, a
+    TPU's or a CPU's at 224x224.
     """
-    batch = config.global_batch_size
+    if defaults is None:
+        from train import device_defaults
+
+        kind = device_defaults.TPU if on_tpu else device_defaults.CPU
+        defaults = device_defaults.device_defaults(kind, config.model, device_defaults.REFERENCE_IMAGE_SIZE)
+    batch, batch_rule = resolve_global_batch(config, num_train_examples, num_replicas, defaults)
+    parallel_files = defaults.parallel_files if config.parallel_files is None else config.parallel_files
+    if parallel_files < 1:
+        raise ConfigError(f"--parallel-files must be positive, got {parallel_files}")
     if batch < 1 or batch % num_replicas:
         raise ConfigError(
             f"--global-batch-size {batch} must be a positive multiple of the number of replicas ({num_replicas})"
@@ -288,4 +330,6 @@ def plan_training(
         global_batch_size=batch,
         per_replica_batch_size=batch // num_replicas,
         num_replicas=num_replicas,
+        batch_rule=batch_rule,
+        parallel_files=parallel_files,
     )

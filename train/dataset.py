@@ -33,10 +33,11 @@ from train.errors import DatasetError
 
 AUTOTUNE = tf.data.AUTOTUNE
 
-# Read from up to this many shards at once: enough to mix examples from many
-# files (shards are written in whatever order the Beam job produced them),
-# few enough to bound the read buffers held open.
-MAX_PARALLEL_FILES = 16
+# Read from up to this many shards at once (--parallel-files; per device by default,
+# device_defaults.PARALLEL_FILES, 64 on a TPU host): on GCS each file in flight is one read
+# stream, so this bounds what a host can read per second; each holds a READ_BUFFER_BYTES
+# buffer, which bounds it the other way. Many files also mix examples from many shards.
+DEFAULT_PARALLEL_FILES = 16
 # TFRecordDataset's read-ahead per open file; large reads are what keep GCS
 # at streaming speed (the 256 KiB default is tuned for local disks).
 READ_BUFFER_BYTES = 8 << 20
@@ -296,12 +297,14 @@ def _share_files(data_dir: str, share: InputShare) -> tf.data.Dataset:
     )
 
 
-def _interleave_records(files: tf.data.Dataset, num_files: int) -> tf.data.Dataset:
+def _interleave_records(
+    files: tf.data.Dataset, num_files: int, parallel_files: int = DEFAULT_PARALLEL_FILES
+) -> tf.data.Dataset:
     # deterministic=False: take a record from whichever file has one ready,
     # instead of stalling the round robin on the slowest read (GCS latency varies).
     return files.interleave(
         _read_records,
-        cycle_length=max(1, min(num_files, MAX_PARALLEL_FILES)),
+        cycle_length=max(1, min(num_files, parallel_files)),
         num_parallel_calls=AUTOTUNE,
         deterministic=False,
     )
@@ -328,10 +331,12 @@ def make_train_dataset(
     augment: bool = False,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     split: str = manifest_lib.TRAIN,
+    parallel_files: int = DEFAULT_PARALLEL_FILES,
 ) -> tf.data.Dataset:
     """One input pipeline's endless stream of (images [B,H,W,3], labels [B]) for training.
 
     `batch_size` is the per-replica batch size (InputContext.get_per_replica_batch_size).
+    `parallel_files` shards are read at once (--parallel-files).
     A dataset with a crop margin yields random crops, mirrored half the time,
     of the stored images (train/augment.py), whatever `augment`
     says; `augment` adds flips and shifts to datasets without one.
@@ -355,7 +360,7 @@ def make_train_dataset(
     # instead of draining it.
     files = _share_files(data_dir, share)
     files = files.shuffle(len(share.shards), reshuffle_each_iteration=True).repeat()
-    records = _interleave_records(files, len(share.shards))
+    records = _interleave_records(files, len(share.shards), parallel_files)
     # The example shuffle mixes records from the open files; its buffer holds
     # serialized records, which are small for jpeg and up to H*W*12 bytes for float32.
     # A buffer larger than this pipeline's examples adds no randomness, only

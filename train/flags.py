@@ -8,10 +8,9 @@ imports TensorFlow or Keras: `--help` and flag errors come back at once.
 
 import argparse
 
+from train import device_defaults, lr_scaling
 from train import recipe as recipe_lib
 from train.config import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES, MODELS, STRATEGIES, TrainConfig
-
-MULTI_STEP_BLOCKER = "keras-team/keras#19246"  # the same as train.accelerator's, without importing it
 
 
 def positive_int(text: str) -> int:
@@ -23,11 +22,22 @@ def positive_int(text: str) -> int:
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     """--model, --global-batch-size, --strategy, --tpu, --mixed-precision, --steps-per-execution,
-    --jit-compile, --augment, --shuffle-buffer, --shared-filesystem, --allow-cpu, --verbose, with TrainConfig's
-    defaults."""
+    --jit-compile, --augment, --shuffle-buffer, --parallel-files, --shared-filesystem, --allow-cpu, --verbose,
+    with TrainConfig's defaults."""
     defaults = TrainConfig(data_dir="", model_dir="")
+    per_replica = device_defaults.PER_REPLICA_BATCH
+    parallel = device_defaults.PARALLEL_FILES
     parser.add_argument("--model", choices=MODELS, default=defaults.model, help="default %(default)s")
-    parser.add_argument("--global-batch-size", type=positive_int, default=defaults.global_batch_size)
+    parser.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        default=defaults.global_batch_size,
+        help=f"Images per step over all replicas. Default: per replica x replicas, {per_replica['tpu']} per TPU "
+        f"replica (chip on v4 and later), {per_replica['gpu']} per GPU, {per_replica['cpu']} per CPU replica, at "
+        f"{device_defaults.REFERENCE_IMAGE_SIZE}x{device_defaults.REFERENCE_IMAGE_SIZE}; less for larger images "
+        "(x 224^2 / pixels) and for EfficientNet-B0 on GPUs; lowered to fit a small train split. The learning "
+        "rate follows it (--learning-rate-scaling).",
+    )
     parser.add_argument("--strategy", choices=STRATEGIES, default=defaults.strategy)
     parser.add_argument(
         "--tpu",
@@ -47,9 +57,8 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "--steps-per-execution",
         type=positive_int,
         default=None,
-        help="Training steps per device call. Default: 32 on TPU, 8 on one GPU, 1 on CPU and under a "
-        f"multi-replica MirroredStrategy or multi-worker strategy, where Keras 3 (3.15.1) cannot run more "
-        f"({MULTI_STEP_BLOCKER}: its multi-step loop puts the cross-replica merge in a tf.cond).",
+        help="Training steps per device call (one host round trip per call). Default: 32 on TPU, 8 on GPUs "
+        "(several GPUs run them in a tf.range loop around strategy.run, train/multi_step.py), 1 on CPU.",
     )
     parser.add_argument(
         "--jit-compile",
@@ -66,6 +75,14 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         default=defaults.shuffle_buffer,
         help="Examples held for shuffling (default %(default)s); host memory is this times the record size, "
         "e.g. 2048 x 294 KiB = 600 MB for bfloat16 224x224.",
+    )
+    parser.add_argument(
+        "--parallel-files",
+        type=positive_int,
+        default=defaults.parallel_files,
+        help=f"Shards each host reads at once. Default: {parallel['tpu']} on a TPU host, {parallel['gpu']} on a GPU "
+        f"host, {parallel['cpu']} on a CPU; each open file holds an 8 MiB read buffer. On GCS every file is one read "
+        "stream, so this bounds a host's read bandwidth (train/device_defaults.py).",
     )
     parser.add_argument(
         "--shared-filesystem",
@@ -98,6 +115,7 @@ def setup_config_fields(args: argparse.Namespace) -> dict:
         "jit_compile": args.jit_compile,
         "augment": args.augment,
         "shuffle_buffer": args.shuffle_buffer,
+        "parallel_files": args.parallel_files,
         "shared_filesystem": args.shared_filesystem,
         "allow_cpu": args.allow_cpu,
     }
@@ -160,8 +178,16 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         "--base-learning-rate",
         type=float,
         default=None,
-        help=f"Peak learning rate per {recipe_lib.REFERENCE_BATCH} images: the peak is this x "
-        f"--global-batch-size / {recipe_lib.REFERENCE_BATCH} (default: the optimizer's, above).",
+        help=f"Peak learning rate per {recipe_lib.REFERENCE_BATCH} images, scaled to --global-batch-size by "
+        "--learning-rate-scaling (default: the optimizer's, above).",
+    )
+    recipe.add_argument(
+        "--learning-rate-scaling",
+        choices=lr_scaling.SCALINGS,
+        default=defaults.learning_rate_scaling,
+        help=f"How the peak learning rate follows the batch: linear (x batch / {lr_scaling.REFERENCE_BATCH}, Goyal et "
+        f"al.), sqrt (x sqrt(batch / {lr_scaling.REFERENCE_BATCH})), or auto (default): linear for sgd; for adamw "
+        f"linear up to {lr_scaling.REFERENCE_BATCH} images and sqrt above. The plan line says which was used.",
     )
     warmup = recipe.add_mutually_exclusive_group()
     warmup.add_argument(
@@ -206,6 +232,7 @@ def recipe_config_fields(args: argparse.Namespace) -> dict:
         "freeze_backbone_epochs": args.freeze_backbone_epochs,
         "optimizer": args.optimizer,
         "base_learning_rate": args.base_learning_rate,
+        "learning_rate_scaling": args.learning_rate_scaling,
         "warmup_epochs": args.warmup_epochs,
         "warmup_steps": args.warmup_steps,
         "weight_decay": args.weight_decay,

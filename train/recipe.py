@@ -1,9 +1,10 @@
 """The numbers of a run's optimization, resolved from the flags and the plan (no TensorFlow here).
 
-    peak learning rate   --learning-rate, or --base-learning-rate x global batch / 256
-                         (the linear scaling rule, Goyal et al. 2017): the peak follows the batch
-                         size, so --global-batch-size 1024 on a TPU trains like 256 on a GPU, with
-                         four times the learning rate and a quarter of the steps
+    peak learning rate   --learning-rate, or --base-learning-rate scaled to the global batch
+                         (lr_scaling.py, --learning-rate-scaling): x batch / 256 for SGD (the linear
+                         scaling rule, Goyal et al. 2017), so --global-batch-size 1024 on a TPU trains
+                         like 256 on a GPU, with four times the learning rate and a quarter of the
+                         steps; for AdamW the same up to 256 images and x sqrt(batch / 256) above
     warmup               --warmup-epochs or --warmup-steps; default one epoch, at most a tenth of the run
     --optimizer adamw    base learning rate 1e-3, decoupled weight decay 0.05
     --optimizer sgd      Nesterov momentum 0.9, base learning rate 0.1, decoupled weight decay 1e-3
@@ -17,6 +18,7 @@ optimization.py turns a Recipe into a Keras optimizer.
 
 import dataclasses
 
+from train import lr_scaling
 from train.config import TrainConfig, TrainingPlan
 from train.errors import ConfigError
 
@@ -25,7 +27,7 @@ SGD = "sgd"
 OPTIMIZERS = (ADAMW, SGD)
 
 # The batch size the base learning rates are stated for.
-REFERENCE_BATCH = 256
+REFERENCE_BATCH = lr_scaling.REFERENCE_BATCH
 SGD_MOMENTUM = 0.9
 # Without --warmup-*: one epoch, but never more than this fraction of the run.
 DEFAULT_WARMUP_EPOCHS = 1
@@ -60,6 +62,9 @@ class Recipe:
     ema_momentum: float | None  # None: no EMA
     weights: str | None  # where the backbone started: None (random), "imagenet" or a path
     freeze_backbone_steps: int  # the backbone is frozen while the step counter is below this
+    learning_rate_scaling: str | None = (
+        None  # lr_scaling.LINEAR or SQRT; None when --learning-rate fixed the peak
+    )
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -73,16 +78,25 @@ def _check_optimizer(name: str) -> OptimizerDefaults:
 
 def peak_learning_rate(config: TrainConfig, global_batch_size: int) -> tuple[float, float | None]:
     """(peak learning rate, base learning rate per 256 images or None if the peak was given)."""
+    peak, base, _ = scaled_peak_learning_rate(config, global_batch_size)
+    return peak, base
+
+
+def scaled_peak_learning_rate(
+    config: TrainConfig, global_batch_size: int
+) -> tuple[float, float | None, str | None]:
+    """(peak, base per 256 images, lr_scaling rule): base and rule are None when --learning-rate gave the peak."""
     if config.learning_rate is not None:
         if config.learning_rate <= 0:
             raise ConfigError(f"--learning-rate must be positive, got {config.learning_rate}")
-        return config.learning_rate, None
+        return config.learning_rate, None, None
     base = config.base_learning_rate
     if base is None:
         base = _check_optimizer(config.optimizer).base_learning_rate
     if base <= 0:
         raise ConfigError(f"--base-learning-rate must be positive, got {base}")
-    return base * global_batch_size / REFERENCE_BATCH, base
+    scaling = lr_scaling.effective_scaling(config.learning_rate_scaling, config.optimizer, global_batch_size)
+    return lr_scaling.scaled_learning_rate(base, global_batch_size, scaling), base, scaling
 
 
 def warmup_steps(config: TrainConfig, plan: TrainingPlan) -> int:
@@ -121,7 +135,7 @@ def ema_momentum(config: TrainConfig, plan: TrainingPlan) -> float | None:
 def resolve_recipe(config: TrainConfig, plan: TrainingPlan) -> Recipe:
     """The optimization numbers of `config` under `plan`; raises ConfigError for impossible ones."""
     defaults = _check_optimizer(config.optimizer)
-    peak, base = peak_learning_rate(config, plan.global_batch_size)
+    peak, base, scaling = scaled_peak_learning_rate(config, plan.global_batch_size)
     warmup = warmup_steps(config, plan)
     weight_decay = defaults.weight_decay if config.weight_decay is None else config.weight_decay
     if weight_decay < 0:
@@ -145,15 +159,16 @@ def resolve_recipe(config: TrainConfig, plan: TrainingPlan) -> Recipe:
         ema_momentum=ema_momentum(config, plan),
         weights=config.weights,
         freeze_backbone_steps=freeze * plan.steps_per_epoch,
+        learning_rate_scaling=scaling,
     )
 
 
 def describe(recipe: Recipe) -> str:
     """One log line: the optimizer and its numbers."""
     scaled = (
-        f" (base {recipe.base_learning_rate:g} x batch / {REFERENCE_BATCH})"
+        f" ({lr_scaling.describe(recipe.base_learning_rate, recipe.learning_rate_scaling or lr_scaling.LINEAR)})"
         if recipe.base_learning_rate is not None
-        else ""
+        else " (--learning-rate)"
     )
     ema = f", EMA {recipe.ema_momentum:g}" if recipe.ema_momentum is not None else ""
     smoothing = f", label smoothing {recipe.label_smoothing:g}" if recipe.label_smoothing else ""

@@ -55,10 +55,12 @@ from train import (
     checks,
     dataset,
     dataset_pin,
+    device_defaults,
     export,
     losses,
     metrics,
     models,
+    multi_step,
     optimization,
     plots,
     pretrained,
@@ -123,6 +125,7 @@ def setup_run(
         on_tpu=kind == strategy_lib.TPU,
         multi_step_supported=choice.multi_step_supported,
         default_steps_per_execution=choice.steps_per_execution,
+        defaults=device_defaults.for_manifest(device.kind, config.model, manifest),
     )
     for note in choice.notes:
         log.info("%s", note)
@@ -161,6 +164,8 @@ def compile_model(
         steps_per_execution=plan.steps_per_execution,
         jit_compile=choice.keras_jit_compile,
     )
+    if choice.multi_step_loop == accelerator.TF_RANGE_LOOP and plan.steps_per_execution > 1:
+        multi_step.use_tf_range_loop(model)
     # Optimizer slots must exist before a checkpoint is restored into them, and
     # for every variable, before a frozen backbone hides some (freeze.py).
     model.optimizer.build(model.trainable_variables)
@@ -229,6 +234,7 @@ def distribute_train_input(
         plan.global_batch_size,
         augment=config.augment,
         shuffle_buffer=config.shuffle_buffer,
+        parallel_files=plan.parallel_files,
     )
 
 
@@ -415,15 +421,15 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         dataset_pin.record_pin(config.model_dir, pinned)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     log.info(
-        "strategy %s (%d replicas), %s, %s: %d epochs x %d steps of %d images (%d per replica)",
+        "strategy %s (%d replicas), %s, %s: %d epochs x %d steps, %s, %d files read at once per host",
         run.kind,
         plan.num_replicas,
         choice.describe(),
         config.model,
         plan.epochs,
         plan.steps_per_epoch,
-        plan.global_batch_size,
-        plan.per_replica_batch_size,
+        plan.describe_batch(),
+        plan.parallel_files,
     )
 
     train_data = distribute_train_input(strategy, config, manifest, plan)

@@ -26,13 +26,20 @@ def test_older_gpus_get_float16_with_loss_scaling():
     assert any("loss scaling" in note for note in choice.notes)
 
 
-def test_an_eight_gpu_mirrored_host_gets_bfloat16_and_xla_by_autoclustering_one_step_per_execution():
+def test_an_eight_gpu_mirrored_host_gets_bfloat16_xla_by_autoclustering_and_several_steps_in_a_tf_range_loop():
     choice = choose_defaults(EIGHT_A100)
     assert choice.policy == "mixed_bfloat16"
     # Keras' jit_compile would compile the all-reduce across GPUs into one program: auto-clustering instead.
     assert choice.xla == accelerator.XLA_AUTOCLUSTERING and not choice.keras_jit_compile
-    assert choice.steps_per_execution == 1 and not choice.multi_step_supported
+    # Keras' own multi-step loop fails under MirroredStrategy; train/multi_step.py's tf.range loop runs them.
+    assert (
+        choice.steps_per_execution == accelerator.GPU_STEPS_PER_EXECUTION > 1 and choice.multi_step_supported
+    )
+    assert choice.multi_step_loop == accelerator.TF_RANGE_LOOP
     assert any(accelerator.MULTI_STEP_BLOCKER in note for note in choice.notes)
+    assert "tf.range loop" in choice.describe()
+    # One GPU keeps Keras' own loop.
+    assert choose_defaults(A100).multi_step_loop == accelerator.KERAS_LOOP
 
 
 def test_tpus_get_bfloat16_and_many_steps_per_execution_and_refuse_float16():
@@ -56,9 +63,9 @@ def test_every_default_is_overridable():
     assert (choice.policy, choice.xla) == ("float32", accelerator.XLA_OFF)
     choice = choose_defaults(LAPTOP, mixed_precision="bfloat16", jit_compile="on")
     assert (choice.policy, choice.xla) == ("mixed_bfloat16", accelerator.XLA_KERAS)
-    # An explicit --steps-per-execution is plan_training's to honour; the multi-replica limit still holds.
+    # An explicit --steps-per-execution is plan_training's to honour, under several replicas too.
     choice = choose_defaults(EIGHT_A100, steps_per_execution=16)
-    assert not choice.multi_step_supported and any("instead of 16" in note for note in choice.notes)
+    assert choice.multi_step_supported and choice.multi_step_loop == accelerator.TF_RANGE_LOOP
 
 
 def test_a_gpu_of_unknown_generation_is_not_assumed_to_have_bfloat16():

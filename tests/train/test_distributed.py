@@ -79,9 +79,9 @@ def test_training_under_mirrored_strategy_on_two_logical_cpus(stage1_dataset, tm
     metrics = report["metrics"]
     assert metrics["strategy"] == "mirrored" and metrics["num_replicas"] == 2
     assert metrics["per_replica_batch_size"] == 4 and metrics["global_step"] == 6
-    # Keras cannot run several steps per call under a multi-replica MirroredStrategy
-    # (keras-team/keras#19246); the plan falls back to one instead of failing.
-    assert metrics["steps_per_execution"] == 1
+    # Keras' own loop cannot run several steps per call under a multi-replica MirroredStrategy
+    # (keras-team/keras#19246); train/multi_step.py's tf.range loop runs the 3 asked for.
+    assert metrics["steps_per_execution"] == 3
     assert (metrics["mixed_precision"], metrics["xla"]) == ("float32", "off")  # auto, on CPUs
     # Evaluation across both replicas, padded to static batches, still counts every example exactly once.
     manifest = checks.read_manifest(data_dir)

@@ -18,15 +18,19 @@ def resolve(examples=6400, **overrides):
     return recipe.resolve_recipe(run, plan), plan
 
 
-def test_learning_rate_scales_linearly_with_the_global_batch():
+def test_learning_rate_follows_the_batch_linearly_for_sgd_and_by_the_square_root_above_256_for_adamw():
     small, _ = resolve(global_batch_size=64)
     large, _ = resolve(global_batch_size=1024, examples=102400)
     assert small.peak_learning_rate == pytest.approx(1e-3 * 64 / 256)  # AdamW's base rate per 256 images
-    assert large.peak_learning_rate == pytest.approx(1e-3 * 1024 / 256)
+    assert small.learning_rate_scaling == "linear"
+    assert large.peak_learning_rate == pytest.approx(1e-3 * (1024 / 256) ** 0.5)
+    assert large.learning_rate_scaling == "sqrt" and "sqrt(batch / 256)" in recipe.describe(large)
     sgd, _ = resolve(global_batch_size=512, optimizer="sgd", examples=51200)
-    assert sgd.peak_learning_rate == pytest.approx(0.1 * 512 / 256)
+    assert sgd.peak_learning_rate == pytest.approx(0.1 * 512 / 256) and sgd.learning_rate_scaling == "linear"
     base, _ = resolve(global_batch_size=128, base_learning_rate=0.4)
     assert base.peak_learning_rate == pytest.approx(0.2) and base.base_learning_rate == 0.4
+    linear, _ = resolve(global_batch_size=1024, examples=102400, learning_rate_scaling="linear")
+    assert linear.peak_learning_rate == pytest.approx(1e-3 * 1024 / 256)
 
 
 def test_an_explicit_learning_rate_is_the_peak_whatever_the_batch():
