@@ -25,7 +25,8 @@ gives the model (`model_input`): the center crop of a dataset with a crop
 margin (augment.center_crop), and for the bfloat16 / float32 encodings the
 pixels normalized with the manifest's mean and std (dataset.normalize) in the
 model's input dtype; for uint8 / jpeg the pixels themselves (the model
-normalizes them in its first layer, as in training). Then the model. One bad
+normalizes them in its first layer, as in training). Then the model, unless the batch is
+empty (`predict_unless_empty`: an empty request never runs a model op). One bad
 image never fails the batch: it comes back with valid=false and its error.
 It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
 """
@@ -87,8 +88,8 @@ def export_serving_model(
 
     def serve(image_bytes):
         decoded = serving_image.decode_batch(image_bytes, size, resize_method, limits)
-        probabilities = tf.cast(
-            serving_model(model_input(decoded.pixels, image_format), training=False), tf.float32
+        probabilities = predict_unless_empty(
+            serving_model, model_input(decoded.pixels, image_format), len(labels)
         )
         probabilities = tf.where(decoded.valid[:, None], probabilities, tf.zeros_like(probabilities))
         label = tf.gather(tf.constant(labels, tf.string), tf.argmax(probabilities, axis=-1))
@@ -138,6 +139,22 @@ def export_serving_model(
         with tf.io.gfile.GFile(manifest_lib.join(extra_dir, LINEAGE_FILE), "w") as handle:
             json.dump(lineage, handle, indent=2, sort_keys=True)
     return export_dir
+
+
+def predict_unless_empty(model: keras.Model, inputs: tf.Tensor, num_classes: int) -> tf.Tensor:
+    """float32 [batch, num_classes] probabilities of `model`; for an empty batch, [0, num_classes] without
+    running the model.
+
+    TensorFlow's oneDNN kernels (on by default on AVX-512/AMX CPUs such as Sapphire Rapids, or with
+    TF_ENABLE_ONEDNN_OPTS=1) fail a zero-size batch inside batch normalization ("Incompatible shapes:
+    [32] vs. [0,224,224,3]"), so an empty request would be an error on those machines only. A cond on
+    the batch size keeps every model op out of the empty case, whatever the CPU or the model.
+    """
+    return tf.cond(
+        tf.shape(inputs)[0] > 0,
+        lambda: tf.cast(model(inputs, training=False), tf.float32),
+        lambda: tf.zeros([0, num_classes], tf.float32),
+    )
 
 
 def serving_model_input(
