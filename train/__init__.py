@@ -7,6 +7,9 @@ once, static shapes, a parallel non-deterministic input pipeline.
 
     python -m train --data DATA_DIR --model-dir MODEL_DIR [options]
 
+As a library: `train.load_dataset(data_dir, split, batch_size)` returns the
+tf.data pipeline training reads (library.py).
+
 Modules, one job each:
 
   config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes); no TensorFlow
@@ -33,7 +36,20 @@ Modules, one job each:
   export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
   serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
   serving_warmup.py TF Serving's warmup requests, written without tensorflow-serving-api
+  library.py       load_dataset: the training input pipeline for one's own Keras code
   install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
   __main__.py      the command line
   supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
 """
+
+__all__ = ["load_dataset"]
+
+
+def __getattr__(name: str):
+    # The library surface, imported on first use: `import train` (and `python -m train --help`) must not
+    # import TensorFlow.
+    if name == "load_dataset":
+        from train.library import load_dataset
+
+        return load_dataset
+    raise AttributeError(f"module 'train' has no attribute {name!r}")
