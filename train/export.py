@@ -32,6 +32,9 @@ It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving
 """
 
 import json
+import logging
+import os
+import tempfile
 
 import keras
 import tensorflow as tf
@@ -49,6 +52,9 @@ OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
 EXTRA_ASSETS_DIR = "assets.extra"
 CONFIG_FILE = "serving_config.json"
 LINEAGE_FILE = "dataset_lineage.json"
+KERAS_FILE = "model.keras"
+
+log = logging.getLogger(__name__)
 
 
 def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
@@ -80,8 +86,7 @@ def export_serving_model(
     in; its outputs are float32.
     """
     limits = limits or serving_limits(manifest)
-    serving_model = keras.Model.from_config(model.get_config())
-    serving_model.set_weights(model.get_weights())
+    serving_model = plain_copy(model)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     size, resize_method = image_format.height, manifest["image"]["resize_method"]
     labels = list(manifest["labels"])
@@ -139,6 +144,36 @@ def export_serving_model(
         with tf.io.gfile.GFile(manifest_lib.join(extra_dir, LINEAGE_FILE), "w") as handle:
             json.dump(lineage, handle, indent=2, sort_keys=True)
     return export_dir
+
+
+def plain_copy(model: keras.Model) -> keras.Model:
+    """`model` rebuilt from its config with its weights: plain variables, whatever strategy trained it."""
+    copy = keras.Model.from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def save_keras_model(model: keras.Model, model_dir: str) -> str | None:
+    """Write `model` (a plain copy, uncompiled) to MODEL_DIR/model.keras; returns the path, or None.
+
+    The serving SavedModel stays the main export; this is the file for Keras
+    code (`keras.models.load_model`). None, with a warning, where Keras cannot
+    save the model (a layer it cannot serialize).
+    """
+    destination = manifest_lib.join(model_dir, KERAS_FILE)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = os.path.join(scratch, KERAS_FILE)
+        try:
+            plain_copy(model).save(local)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            log.warning(
+                "no %s: Keras cannot save this model (%s); the SavedModel export is complete", KERAS_FILE, exc
+            )
+            return None
+        # Written next to the destination, then renamed: a reader never sees half a file.
+        tf.io.gfile.copy(local, destination + ".tmp", overwrite=True)
+        tf.io.gfile.rename(destination + ".tmp", destination, overwrite=True)
+    return destination
 
 
 def predict_unless_empty(model: keras.Model, inputs: tf.Tensor, num_classes: int) -> tf.Tensor:

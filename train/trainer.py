@@ -43,6 +43,7 @@ Model dir layout:
     dataset_pin.json, dataset_pin.manifest.json   the dataset run this model dir trains on (dataset_pin.py)
     learning_curves.png, confusion_matrix.png   the same, as pictures
     export/          the serving SavedModel (see export.py)
+    model.keras      the same model for Keras code (keras.models.load_model), where Keras can save it
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
 """
 
@@ -738,4 +739,5 @@ def write_run_outputs(
         result["export_dir"] = export.export_serving_model(
             model, data.manifest, export.export_path(config.model_dir), lineage=data.pinned.lineage
         )
+        result["keras_model"] = export.save_keras_model(model, config.model_dir)
     _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)
