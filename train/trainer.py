@@ -42,7 +42,7 @@ Model dir layout:
                      validation confusion matrix too), the plan, throughput, the dataset run trained on
     dataset_pin.json, dataset_pin.manifest.json   the dataset run this model dir trains on (dataset_pin.py)
     learning_curves.png, confusion_matrix.png   the same, as pictures
-    export/          the serving SavedModel (see export.py)
+    export/          the serving SavedModel (see serving/export.py)
     model.keras      the same model for Keras code (keras.models.load_model), where Keras can save it
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
 """
@@ -64,7 +64,6 @@ from train import (
     checks,
     dataset,
     dataset_pin,
-    export,
     losses,
     metrics,
     models,
@@ -95,6 +94,7 @@ from train.config import (
 from train.errors import TrainingPreempted
 from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
 from train.freeze import FreezeBackbone
+from train.serving import export
 from train.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"

@@ -18,10 +18,11 @@ import pytest
 import tensorflow as tf
 
 import train
-from train import export
+import train.models  # noqa: F401 - registers the package's layers with Keras (load_model needs them)
 from train.__main__ import main as train_main
 from train.evaluate.__main__ import main as evaluate_main
 from train.predict.__main__ import main as predict_main
+from train.serving import export
 
 WORKTREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = "my_nets:tiny_net"
@@ -115,8 +116,6 @@ def test_a_users_function_trains_to_an_export_that_serves_raw_bytes(user_run, sa
 def test_the_run_is_also_a_keras_file_that_keras_loads(user_run, user_module_importable):
     data_dir, model_dir, metrics = user_run
     assert metrics["keras_model"] == os.path.join(model_dir, export.KERAS_FILE)
-    import train.models  # noqa: F401 - registers the package's layers with Keras, as the docs say to
-
     model = keras.models.load_model(metrics["keras_model"])
     images, _, weights = next(iter(train.load_dataset(data_dir, "validation", batch_size=8)))
     probabilities = model(images).numpy()

@@ -4,7 +4,7 @@
 
 EXPORT is the SavedModel `python -m train` wrote (MODEL_DIR/export), or the
 model dir itself. Each file goes through the export's own `serving_default`
-signature (the same decode, resize and normalization as stage 1: train/export.py),
+signature (the same decode, resize and normalization as stage 1: train/serving/export.py),
 in batches. Each line is the file and its top classes with their
 probabilities, or its error: a file that cannot be read or is not a usable
 image (empty_file, not_an_image, truncated, decode_error, too_many_pixels,

@@ -8,7 +8,9 @@ import tensorflow as tf
 
 from train.errors import ConfigError
 
-SIGNATURE = "serving_default"  # train.export's names, repeated: this needs only the export and TensorFlow
+SIGNATURE = (
+    "serving_default"  # train.serving.export's names, repeated: this needs only the export and TensorFlow
+)
 CONFIG_SIGNATURE = "serving_config"
 INPUT_KEY = "image_bytes"
 EXPORT_DIR = "export"

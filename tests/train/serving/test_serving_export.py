@@ -19,7 +19,8 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.adversarial_images import ADVERSARIAL_IMAGES, ordinary_jpeg
-from train import dataset, export, models, serving_warmup
+from train import dataset, models
+from train.serving import export, warmup
 
 SIZE = 224
 LABELS = ["cat", "dog", "fish"]
@@ -151,8 +152,8 @@ def test_the_file_size_limit_defaults_to_the_datasets_max_file_bytes():
 
 
 def test_warmup_requests_are_real_requests_the_signature_answers(export_dir, serve):
-    path = os.path.join(export_dir, export.EXTRA_ASSETS_DIR, serving_warmup.WARMUP_FILE)
-    requests = serving_warmup.read_warmup_requests(path)
+    path = os.path.join(export_dir, export.EXTRA_ASSETS_DIR, warmup.WARMUP_FILE)
+    requests = warmup.read_warmup_requests(path)
     assert 1 <= len(requests) <= 10
     for request in requests:
         assert request.model_spec.signature_name == export.SIGNATURE

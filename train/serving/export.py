@@ -11,7 +11,7 @@
       signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
                                   resize_method, max_pixels, max_decode_bytes, max_file_bytes, labels
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
-      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
+      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving/warmup.py)
       assets.extra/dataset_lineage.json       the dataset run trained on: run id, manifest sha256,
                                               dataset dir, created_at (train/dataset_pin.py)
 
@@ -20,7 +20,7 @@ base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
 
 The signature runs the same steps as stage 1 + the evaluation pipeline, each
 a function of its own: decode and resize to uint8 pixels in bounded memory
-(train/serving_image.py: `decode_batch`), then what the evaluation pipeline
+(train/serving/decode.py: `decode_batch`), then what the evaluation pipeline
 gives the model (`model_input`): the center crop of a dataset with a crop
 margin (augment.center_crop), and for the bfloat16 / float32 encodings the
 pixels normalized with the manifest's mean and std (dataset.normalize) in the
@@ -41,7 +41,8 @@ import tensorflow as tf
 
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train import augment, dataset, image_header, serving_image, serving_warmup
+from train import augment, dataset
+from train.serving import decode, image_header, warmup
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -57,21 +58,19 @@ KERAS_FILE = "model.keras"
 log = logging.getLogger(__name__)
 
 
-def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
+def serving_limits(manifest: dict, **overrides) -> decode.ServingLimits:
     """The limits an export of this dataset enforces: the dataset's own --max-pixels and --max-file-mb
     unless overridden."""
     max_pixels = manifest["image"].get("max_pixels", image_errors.DEFAULT_MAX_PIXELS)
     max_file_bytes = manifest_lib.max_file_bytes(manifest["image"])
-    return serving_image.ServingLimits(
-        **{"max_pixels": max_pixels, "max_file_bytes": max_file_bytes, **overrides}
-    )
+    return decode.ServingLimits(**{"max_pixels": max_pixels, "max_file_bytes": max_file_bytes, **overrides})
 
 
 def export_serving_model(
     model: keras.Model,
     manifest: dict,
     export_dir: str,
-    limits: serving_image.ServingLimits | None = None,
+    limits: decode.ServingLimits | None = None,
     lineage: dict | None = None,
 ) -> str:
     """Write `model` with a bytes-in signature to `export_dir`; returns the path.
@@ -92,7 +91,7 @@ def export_serving_model(
     labels = list(manifest["labels"])
 
     def serve(image_bytes):
-        decoded = serving_image.decode_batch(image_bytes, size, resize_method, limits)
+        decoded = decode.decode_batch(image_bytes, size, resize_method, limits)
         probabilities = predict_unless_empty(
             serving_model, model_input(decoded.pixels, image_format), len(labels)
         )
@@ -137,9 +136,7 @@ def export_serving_model(
     tf.io.gfile.makedirs(extra_dir)
     with tf.io.gfile.GFile(manifest_lib.join(extra_dir, CONFIG_FILE), "w") as handle:
         json.dump(config, handle, indent=2)
-    serving_warmup.write_warmup_requests(
-        manifest_lib.join(extra_dir, serving_warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY
-    )
+    warmup.write_warmup_requests(manifest_lib.join(extra_dir, warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY)
     if lineage is not None:
         with tf.io.gfile.GFile(manifest_lib.join(extra_dir, LINEAGE_FILE), "w") as handle:
             json.dump(lineage, handle, indent=2, sort_keys=True)
@@ -196,11 +193,11 @@ def serving_model_input(
     image_bytes: tf.Tensor,
     image_format: dataset.ImageFormat,
     resize_method: str,
-    limits: serving_image.ServingLimits | None = None,
+    limits: decode.ServingLimits | None = None,
 ):
     """A batch of encoded images -> what the evaluation pipeline feeds the model (zeros for invalid images)."""
-    limits = limits or serving_image.ServingLimits()
-    decoded = serving_image.decode_batch(image_bytes, image_format.height, resize_method, limits)
+    limits = limits or decode.ServingLimits()
+    decoded = decode.decode_batch(image_bytes, image_format.height, resize_method, limits)
     return model_input(decoded.pixels, image_format)
 
 
@@ -218,7 +215,7 @@ def model_input(pixels, image_format: dataset.ImageFormat):
     return pixels
 
 
-def serving_config(size: int, resize_method: str, limits: serving_image.ServingLimits, labels) -> dict:
+def serving_config(size: int, resize_method: str, limits: decode.ServingLimits, labels) -> dict:
     """What a client needs to know about an export (assets.extra/serving_config.json)."""
     return {
         "signature": SIGNATURE,
@@ -241,7 +238,7 @@ def serving_config(size: int, resize_method: str, limits: serving_image.ServingL
         "max_decode_bytes": limits.max_decode_bytes,
         "max_file_bytes": limits.max_file_bytes,
         "labels": list(labels),
-        "warmup_requests": f"{EXTRA_ASSETS_DIR}/{serving_warmup.WARMUP_FILE}",
+        "warmup_requests": f"{EXTRA_ASSETS_DIR}/{warmup.WARMUP_FILE}",
     }
 
 
