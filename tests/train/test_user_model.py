@@ -222,3 +222,12 @@ def test_a_bad_model_spec_is_exit_2_with_what_is_wrong(
     assert train_main([*argv, "--epochs", "1", "--global-batch-size", "8"]) == 2
     error = capsys.readouterr().err
     assert message in error and "Traceback" not in error
+
+
+def test_freezing_the_backbone_of_a_users_network_is_refused(
+    stage1_dataset, user_module_importable, tmp_path, capsys
+):
+    argv = ["--data", stage1_dataset("uint8"), "--model-dir", str(tmp_path), "--model", SPEC, "--epochs", "2"]
+    assert train_main([*argv, "--global-batch-size", "8", "--freeze-backbone-epochs", "1"]) == 2
+    error = capsys.readouterr().err
+    assert "--freeze-backbone-epochs" in error and "one network with its own head" in error
