@@ -3,7 +3,7 @@
     python -m benchmarks.serving_memory --workdir /tmp/bench-serving
 
 Exports a model (the small CNN, 224x224 crop, the default limits) with the
-current serving code (`train.export`), and the same model behind the serving
+current serving code (`train.serving.export`), and the same model behind the serving
 code as it was before issue 14 (train/serving_image.py at --baseline-commit,
 read with `git show`). Then, for each file of benchmarks/adversarial_images.py
 and each export, a fresh process loads the SavedModel, warms it up on an
@@ -68,7 +68,8 @@ def manifest_for(size: int) -> dict:
 
 
 def export_current(directory: str, size: int) -> str:
-    from train import dataset, export, models  # noqa: PLC0415 - TensorFlow only in this step
+    from train import dataset, models  # noqa: PLC0415 - TensorFlow only in this step
+    from train.serving import export  # noqa: PLC0415
 
     manifest = manifest_for(size)
     image_format = dataset.ImageFormat.from_manifest(manifest)

@@ -8,7 +8,7 @@ RGB (transparency composited onto white), and resize with the geometry in
 `dataset_contract.geometry`.
 
 The serving signature repeats every step with TF ops
-(`train/serving_image.py`); the choices here are made so that it can:
+(`train/serving/decode.py`); the choices here are made so that it can:
 
 - EXIF orientation is read only from the EXIF block (JPEG APP1, PNG eXIf
   before the image data, WebP EXIF chunk), never from XMP, because that is

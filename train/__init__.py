@@ -7,7 +7,11 @@ once, static shapes, a parallel non-deterministic input pipeline.
 
     python -m train --data DATA_DIR --model-dir MODEL_DIR [options]
 
-Modules, one job each:
+As a library: `train.load_dataset(data_dir, split, batch_size)` returns the
+tf.data pipeline training reads (library.py); `--model module:function`
+trains your own Keras network (user_model.py).
+
+Training, one job per module:
 
   config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes); no TensorFlow
   flags.py         the flags train and bench_input share (parsed before TensorFlow is imported)
@@ -21,6 +25,7 @@ Modules, one job each:
   accelerator.py   per-device defaults: mixed precision, XLA, steps per execution (a pure function)
   models.py        the model zoo (a small CNN and keras.applications backbones) with one head
   pretrained.py    the applications, their input conventions, ImageNet / file weights for the backbone
+  user_model.py    --model module:function: a user's network with the same input, head and export
   recipe.py        the optimization numbers (learning rate x batch / 256, warmup, weight decay, EMA)
   optimization.py  the Keras optimizer of a recipe: warmup + cosine, decoupled weight decay, EMA
   losses.py        the training loss, with label smoothing
@@ -29,13 +34,39 @@ Modules, one job each:
   checkpoints.py   step checkpoints (interval, epoch ends, SIGTERM), resume from the latest
   evaluation.py    exact evaluation at epoch ends and every N steps
   summaries.py     TensorBoard scalars (per epoch and per step) and profiles, progress lines
-  trainer.py       train_and_evaluate: checks -> strategy -> data -> model -> fit -> evaluate -> export
-  export.py        the serving SavedModel (encoded image bytes in, probabilities + label out)
-  serving_image.py decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
-  serving_warmup.py TF Serving's warmup requests, written without tensorflow-serving-api
+  plots.py         learning_curves.png and confusion_matrix.png
+  trainer.py       train_and_evaluate, as its phases: dataset -> run -> model -> fit -> finish
   install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
-  __main__.py      the command line
+  bench_input.py   python -m train.bench_input: the input pipeline against the train step
   supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
   progress_file.py the last saved checkpoint step, for the supervisor's no-progress stop; no TensorFlow
   tpu_servers.py   python -m train.tpu_servers: a slice's start waits for every worker's TPU server; no TensorFlow
+  __main__.py      python -m train: the command line
+
+Serving (serving/): the SavedModel that takes encoded image bytes
+
+  export.py        the serving SavedModel (bytes in, probabilities + label + per-image error out); model.keras
+  decode.py        decode/orient/resize of encoded images in TF ops (the serving twin of stage 1)
+  image_header.py  format, size and problems of an image from its header bytes, in-graph (the limits)
+  exif_orientation.py  the EXIF orientation tag, in-graph
+  graph_bytes.py   bounds-safe reads of integers from a string tensor
+  warmup.py        TF Serving's warmup requests, written without tensorflow-serving-api
+
+The library surface:
+
+  library.py       train.load_dataset: the training input pipeline for one's own Keras code
+  evaluate/        python -m train.evaluate: a trained model on a split (accuracy, loss, per class, confusion)
+  predict/         python -m train.predict: image files through an export, one line per file
 """
+
+__all__ = ["load_dataset"]
+
+
+def __getattr__(name: str):
+    # The library surface, imported on first use: `import train` (and `python -m train --help`) must not
+    # import TensorFlow.
+    if name == "load_dataset":
+        from train.library import load_dataset
+
+        return load_dataset
+    raise AttributeError(f"module 'train' has no attribute {name!r}")

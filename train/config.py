@@ -25,6 +25,14 @@ MOBILENET_V3_SMALL = "mobilenetv3small"
 MOBILENET_V3_LARGE = "mobilenetv3large"
 EFFICIENTNET_B0 = "efficientnetb0"
 MODELS = (SMALL_CNN, RESNET50, MOBILENET_V2, MOBILENET_V3_SMALL, MOBILENET_V3_LARGE, EFFICIENTNET_B0)
+# Or your own network: `--model module:function` (train.user_model).
+USER_MODEL_SEPARATOR = ":"
+
+
+def is_user_model(name: str) -> bool:
+    """Whether `--model` names a user's `module:function` rather than a built-in model."""
+    return USER_MODEL_SEPARATOR in name
+
 
 # `--strategy` (train.strategy resolves them).
 STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")

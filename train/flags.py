@@ -10,7 +10,14 @@ import argparse
 
 from train import device_defaults, lr_scaling
 from train import recipe as recipe_lib
-from train.config import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES, MODELS, STRATEGIES, TrainConfig
+from train.config import (
+    JIT_COMPILE_CHOICES,
+    MIXED_PRECISION_CHOICES,
+    MODELS,
+    STRATEGIES,
+    USER_MODEL_SEPARATOR,
+    TrainConfig,
+)
 
 
 def positive_int(text: str) -> int:
@@ -20,6 +27,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def model_name(text: str) -> str:
+    """--model: a built-in name, or module:function (checked for its form here, imported later)."""
+    if text in MODELS:
+        return text
+    module, separator, function = text.partition(USER_MODEL_SEPARATOR)
+    if separator and module and function:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a built-in model ({', '.join(MODELS)}) nor module:function (e.g. my_models:tiny_net)"
+    )
+
+
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     """--model, --global-batch-size, --strategy, --tpu, --mixed-precision, --steps-per-execution,
     --jit-compile, --augment, --shuffle-buffer, --parallel-files, --shared-filesystem, --allow-cpu, --verbose,
@@ -27,7 +46,15 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig(data_dir="", model_dir="")
     per_replica = device_defaults.PER_REPLICA_BATCH
     parallel = device_defaults.PARALLEL_FILES
-    parser.add_argument("--model", choices=MODELS, default=defaults.model, help="default %(default)s")
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default=defaults.model,
+        metavar="{" + ",".join(MODELS) + "} or module:function",
+        help="A built-in model, or your own Keras network: module:function gets (input_shape, num_classes) "
+        "and returns a keras.Model from normalized float32 images to logits (train/user_model.py). "
+        "Default %(default)s.",
+    )
     parser.add_argument(
         "--global-batch-size",
         type=positive_int,

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import keras
 
-from train import pretrained
+from train import pretrained, user_model
 from train.config import (  # noqa: F401 - the names --model takes, for callers of this module
     EFFICIENTNET_B0,
     MOBILENET_V2,
@@ -48,7 +48,10 @@ _SMALL_CNN_FILTERS = (32, 64, 128, 256)
 
 
 def min_image_size(name: str) -> int:
-    """The smallest height and width `name` accepts."""
+    """The smallest height and width `name` accepts (1 for `module:function`, once it imports)."""
+    if user_model.is_user_model(name):
+        user_model.resolve_function(name)  # an import error fails here, before anything is built
+        return 1
     if name not in _MIN_IMAGE_SIZE:
         raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     return _MIN_IMAGE_SIZE[name]
@@ -154,8 +157,12 @@ def build_model_for_dataset(
     policy: str = "float32",
     weights: str | None = None,
 ) -> keras.Model:
-    """build_model for what the input pipeline yields for this dataset (its crop shape, dtype, normalization)."""
-    return build_model(
+    """build_model for what the input pipeline yields for this dataset (its crop shape, dtype, normalization).
+
+    `name` may also be a user's `module:function` (train/user_model.py).
+    """
+    build = user_model.build_user_classifier if user_model.is_user_model(name) else build_model
+    return build(
         name,
         image_format.input_shape,
         num_classes,

@@ -19,7 +19,7 @@ optimization.py turns a Recipe into a Keras optimizer.
 import dataclasses
 
 from train import lr_scaling
-from train.config import TrainConfig, TrainingPlan
+from train.config import TrainConfig, TrainingPlan, is_user_model
 from train.errors import ConfigError
 
 ADAMW = "adamw"
@@ -147,6 +147,11 @@ def resolve_recipe(config: TrainConfig, plan: TrainingPlan) -> Recipe:
         raise ConfigError(
             f"--freeze-backbone-epochs {freeze} must be between 0 and the number of epochs ({plan.epochs}) "
             "minus one: the backbone is unfrozen for the epochs after it"
+        )
+    if freeze and is_user_model(config.model):
+        raise ConfigError(
+            f"--freeze-backbone-epochs: --model {config.model} is one network with its own head, nothing of it "
+            "would train; leave the flag out"
         )
     return Recipe(
         optimizer=config.optimizer,

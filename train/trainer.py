@@ -9,7 +9,14 @@ manifest, the shards, the model against the image size, the strategy, the
 paths every host must reach, the batch arithmetic) fails before anything is
 built; the model, optimizer and metrics are built inside the strategy's
 scope; the run resumes from the latest checkpoint in the model dir, at its
-global step; and the serving export is written last.
+global step; and the serving export is written last. train_and_evaluate reads
+as those phases, one function each:
+
+    resolve_dataset        the dataset run (pinned in the model dir), checked against the model
+    start_run              strategy, plan, the checks that need them, the model dir, the input pipelines
+    build_training_state   model, optimizer, metrics in the strategy's scope; the latest checkpoint restored
+    fit_run                the callbacks and the fit to the end of the plan (or to a signal's checkpoint)
+    finish_run             the shipped weights evaluated; metrics.json, plots, backbone weights, export
 
 Resuming mid-epoch: training goes on at the checkpoint's global step, in
 the same epoch, with the epoch's step counter restarted where it was
@@ -35,7 +42,8 @@ Model dir layout:
                      validation confusion matrix too), the plan, throughput, the dataset run trained on
     dataset_pin.json, dataset_pin.manifest.json   the dataset run this model dir trains on (dataset_pin.py)
     learning_curves.png, confusion_matrix.png   the same, as pictures
-    export/          the serving SavedModel (see export.py)
+    export/          the serving SavedModel (see serving/export.py)
+    model.keras      the same model for Keras code (keras.models.load_model), where Keras can save it
     backbone.weights.h5   the trained backbone, for `--weights MODEL_DIR` in a later run (pretrained.py)
 """
 
@@ -45,6 +53,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -56,7 +65,6 @@ from train import (
     dataset,
     dataset_pin,
     device_defaults,
-    export,
     losses,
     metrics,
     models,
@@ -76,6 +84,7 @@ from train.checkpoints import (
     make_worker_agreement,
 )
 from train.config import (
+    CheckpointInterval,
     TrainConfig,
     TrainingPlan,
     check_paths_for_tpu,
@@ -87,6 +96,7 @@ from train.config import (
 from train.errors import TrainingPreempted
 from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
 from train.freeze import FreezeBackbone
+from train.serving import export
 from train.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"
@@ -385,6 +395,71 @@ def fit_from_step(
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class RunDataset:
+    """Phase 1's result: the dataset run this training reads (pinned in the model dir) and its image format."""
+
+    pinned: dataset_pin.PinnedDataset
+    image_format: dataset.ImageFormat
+
+    @property
+    def manifest(self) -> dict:
+        return self.pinned.manifest
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.manifest["labels"])
+
+
+@dataclasses.dataclass
+class Run:
+    """Phase 2's result: where and how the run trains, who writes, and its input."""
+
+    setup: RunSetup
+    interval: CheckpointInterval
+    preemption_check: CheckpointInterval
+    chief: bool
+    printer: Callable[[str], None]
+    train_data: object
+    eval_data: object
+    eval_steps: int
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy:
+        return self.setup.strategy
+
+    @property
+    def plan(self) -> TrainingPlan:
+        return self.setup.plan
+
+    @property
+    def choice(self) -> accelerator.AcceleratorChoice:
+        return self.setup.choice
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Phase 3's result: the compiled model, its evaluation twin, the recipe, and where training resumes."""
+
+    model: keras.Model
+    evaluation_model: keras.Model
+    recipe: recipe_lib.Recipe
+    checkpoints: Checkpoints
+    resumed_from_step: int
+    progress: TrainingProgress
+
+
+@dataclasses.dataclass
+class FitOutcome:
+    """Phase 4's result: what the finish phase reads of the fit."""
+
+    evaluator: Evaluator
+    writer: ScalarWriter | None
+    clock: TrainingClock
+    agreement: object  # checkpoints.make_worker_agreement's
+    log_dir: str
+
+
 def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | None = None) -> dict:
     """Train `config.model` on `config.data_dir`, evaluate on its validation split, export.
 
@@ -397,19 +472,44 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     """
     interval = parse_checkpoint_interval(config.checkpoint_every)
     preemption_check = parse_preemption_check(config.preemption_check_every)
+    data = resolve_dataset(config)
+    run = start_run(config, data, strategy, interval, preemption_check)
+    state = build_training_state(config, data, run)
+    outcome = fit_run(config, data, run, state)
+    return finish_run(config, data, run, state, outcome)
+
+
+def resolve_dataset(config: TrainConfig) -> RunDataset:
+    """Phase 1: the dataset run to train on, checked against the model; nothing is built yet.
+
+    The model dir's pinned dataset run on a resume, else the one dataset.json
+    names (dataset_pin.py).
+    """
     if requests_tpu(config):  # before anything is read: the flags alone say a TPU will be used
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
-    # The model dir's pinned dataset run on a resume, else the one dataset.json names (dataset_pin.py).
     pinned = dataset_pin.resolve_dataset(config.data_dir, config.model_dir)
-    manifest = pinned.manifest
-    checks.check_model_fits(config.model, manifest)
-    checks.check_dataset(config.data_dir, manifest, verify_sha256=config.verify_data)
-    run = setup_run(config, manifest, strategy)
-    strategy, plan, choice = run.strategy, run.plan, run.choice
+    checks.check_model_fits(config.model, pinned.manifest)
+    checks.check_dataset(config.data_dir, pinned.manifest, verify_sha256=config.verify_data)
+    return RunDataset(pinned=pinned, image_format=dataset.ImageFormat.from_manifest(pinned.manifest))
+
+
+def start_run(
+    config: TrainConfig,
+    data: RunDataset,
+    strategy: tf.distribute.Strategy | None,
+    interval: CheckpointInterval,
+    preemption_check: CheckpointInterval,
+) -> Run:
+    """Phase 2: the strategy and plan, the checks that need them, the model dir and pin, the input pipelines."""
+    manifest = data.manifest
+    setup = setup_run(config, manifest, strategy)
+    strategy, plan, choice = setup.strategy, setup.plan, setup.choice
     checks.check_paths_for_hosts(
         config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
     )
-    if run.kind == strategy_lib.TPU:  # also a TPU found without being asked for ($TPU_NAME, this VM's chips)
+    if (
+        setup.kind == strategy_lib.TPU
+    ):  # also a TPU found without being asked for ($TPU_NAME, this VM's chips)
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     # Resolved here too so that an impossible recipe fails before anything is built.
     log.info("recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan)))
@@ -418,11 +518,10 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
-        dataset_pin.record_pin(config.model_dir, pinned)
-    image_format = dataset.ImageFormat.from_manifest(manifest)
+        dataset_pin.record_pin(config.model_dir, data.pinned)
     log.info(
         "strategy %s (%d replicas), %s, %s: %d epochs x %d steps, %s, %d files read at once per host",
-        run.kind,
+        setup.kind,
         plan.num_replicas,
         choice.describe(),
         config.model,
@@ -431,20 +530,33 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         plan.describe_batch(),
         plan.parallel_files,
     )
-
     train_data = distribute_train_input(strategy, config, manifest, plan)
     eval_data, eval_steps = dataset.distribute_eval_dataset(
         strategy, config.data_dir, manifest, manifest_lib.VALIDATION, plan.global_batch_size
     )
+    return Run(
+        setup=setup,
+        interval=interval,
+        preemption_check=preemption_check,
+        chief=chief,
+        printer=printer,
+        train_data=train_data,
+        eval_data=eval_data,
+        eval_steps=eval_steps,
+    )
 
+
+def build_training_state(config: TrainConfig, data: RunDataset, run: Run) -> TrainingState:
+    """Phase 3: model, optimizer and metrics in the strategy's scope, then the latest checkpoint restored."""
+    strategy, plan, choice = run.strategy, run.plan, run.choice
     with strategy.scope():
         model = models.build_model_for_dataset(
-            config.model, image_format, len(manifest["labels"]), choice.policy, weights=config.weights
+            config.model, data.image_format, data.num_classes, choice.policy, weights=config.weights
         )
         recipe = compile_model(model, config, plan, choice)
         evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
-        build_from_shapes(model, strategy, _replica_batch(plan, image_format, weighted=False))
-        build_from_shapes(evaluation_model, strategy, _replica_batch(plan, image_format, weighted=True))
+        build_from_shapes(model, strategy, _replica_batch(plan, data.image_format, weighted=False))
+        build_from_shapes(evaluation_model, strategy, _replica_batch(plan, data.image_format, weighted=True))
         reduce_logs_as_vectors(model, strategy)
         reduce_logs_as_vectors(evaluation_model, strategy)
         step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -457,47 +569,62 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         keep=config.checkpoints_to_keep,
     )
     resumed_from_step = min(checkpoints.restore_latest(), plan.total_steps)
-    progress = TrainingProgress(resumed_from_step)
-    if resumed_from_step and printer:
+    if resumed_from_step and run.printer:
         epoch, step_in_epoch = plan.position(resumed_from_step)
-        printer(
+        run.printer(
             f"resuming from step {resumed_from_step} of {plan.total_steps} (epoch {epoch + 1}, step "
             f"{step_in_epoch} of {plan.steps_per_epoch}), checkpoint in {checkpoints.directory}"
         )
+    return TrainingState(
+        model=model,
+        evaluation_model=evaluation_model,
+        recipe=recipe,
+        checkpoints=checkpoints,
+        resumed_from_step=resumed_from_step,
+        progress=TrainingProgress(resumed_from_step),
+    )
 
+
+def fit_run(config: TrainConfig, data: RunDataset, run: Run, state: TrainingState) -> FitOutcome:
+    """Phase 4: train to the end of the plan with the run's callbacks; checkpoint the final step.
+
+    Raises TrainingPreempted (after its checkpoint) when a signal stopped training.
+    """
+    strategy, plan, progress = run.strategy, run.plan, state.progress
     log_dir = manifest_lib.join(config.model_dir, LOG_DIR)
-    writer = ScalarWriter(log_dir) if chief else None
-    evaluator = Evaluator(evaluation_model, eval_data, eval_steps, writer)
+    writer = ScalarWriter(log_dir) if run.chief else None
+    evaluator = Evaluator(state.evaluation_model, run.eval_data, run.eval_steps, writer)
     clock = TrainingClock()
     notice = PreemptionNotice()
-    agreement = make_worker_agreement(strategy, preemption_check, resumed_from_step)
-    saver = SaveCheckpoints(checkpoints, progress, plan, interval, notice, agreement)
+    agreement = make_worker_agreement(strategy, run.preemption_check, state.resumed_from_step)
+    saver = SaveCheckpoints(state.checkpoints, progress, plan, run.interval, notice, agreement)
     # Order matters: the step count first; at epoch ends the clock stops, then the evaluation
     # fills val_* before the checkpoint, the summaries and the progress line read it.
     callbacks = [StepCounter(progress), clock, EvaluateEachEpoch(evaluator, progress, plan)]
-    if recipe.freeze_backbone_steps:
-        callbacks.insert(0, FreezeBackbone(recipe.freeze_backbone_steps, progress))
+    if state.recipe.freeze_backbone_steps:
+        callbacks.insert(0, FreezeBackbone(state.recipe.freeze_backbone_steps, progress))
     if config.eval_every:
         callbacks.append(EvaluateEverySteps(evaluator, progress, config.eval_every))
     callbacks.append(saver)
-    callbacks.append(StepTelemetry(writer, progress, plan, config.log_every, printer=printer))
+    callbacks.append(StepTelemetry(writer, progress, plan, config.log_every, printer=run.printer))
     # Chief only: TensorBoard files, epoch lines, the profile.
-    if chief:
-        callbacks += [EpochSummaries(writer), EpochProgress(progress, plan, printer)]
+    if run.chief:
+        callbacks += [EpochSummaries(writer), EpochProgress(progress, plan, run.printer)]
         if config.profile_steps:
             callbacks.append(ProfileSteps(log_dir, progress, *config.profile_steps))
 
+    checkpoints = state.checkpoints
     try:
         with (
             notice,
-            accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING),
-            dataset_pin.explain_vanished_shards(pinned),
+            accelerator.xla_autoclustering(run.choice.xla == accelerator.XLA_AUTOCLUSTERING),
+            dataset_pin.explain_vanished_shards(data.pinned),
         ):
             fit_from_step(
-                model,
-                train_data,
+                state.model,
+                run.train_data,
                 plan,
-                resumed_from_step,
+                state.resumed_from_step,
                 callbacks,
                 lambda: saver.preempted_at_step is not None,
             )
@@ -511,18 +638,54 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         checkpoints.save(progress.step)  # a run that had nothing left to train still leaves its final state
     finally:
         checkpoints.close()
+    return FitOutcome(evaluator=evaluator, writer=writer, clock=clock, agreement=agreement, log_dir=log_dir)
 
-    # The trained weights' evaluation (the last epoch's, unless this run trained nothing), then the
-    # weights that ship: with --ema the average, evaluated on its own, and reported as the run's result.
-    trained_evaluation = evaluator.evaluate(progress.step)
+
+def finish_run(
+    config: TrainConfig, data: RunDataset, run: Run, state: TrainingState, outcome: FitOutcome
+) -> dict:
+    """Phase 5: evaluate the weights that ship, then metrics.json, the plots, the backbone weights, the export.
+
+    The trained weights' evaluation (the last epoch's, unless this run
+    trained nothing), then the weights that ship: with --ema the average,
+    evaluated on its own, and reported as the run's result.
+    """
+    model, recipe, progress, plan = state.model, state.recipe, state.progress, run.plan
+    trained_evaluation = outcome.evaluator.evaluate(progress.step)
     use_final_weights(model)
     evaluation = trained_evaluation
     if recipe.ema_momentum is not None:
-        evaluation = evaluator.evaluate(progress.step, label="ema")
-        if writer:  # the exported weights' point on the learning curves (plots.py)
-            writer.write(
+        evaluation = outcome.evaluator.evaluate(progress.step, label="ema")
+        if outcome.writer:  # the exported weights' point on the learning curves (plots.py)
+            outcome.writer.write(
                 VALIDATION, "epoch", {f"ema_{name}": value for name, value in evaluation.items()}, plan.epochs
             )
+    result = run_metrics(config, data, run, state, outcome, evaluation, trained_evaluation)
+    counts = metrics.validation_confusion_matrix(
+        run.strategy, model, run.eval_data, run.eval_steps, data.num_classes
+    )
+    result["validation"]["confusion_matrix"] = counts.tolist()
+    if run.chief:
+        write_run_outputs(config, data, model, result, counts, outcome)
+        run.printer(
+            f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
+            f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
+        )
+    return result
+
+
+def run_metrics(
+    config: TrainConfig,
+    data: RunDataset,
+    run: Run,
+    state: TrainingState,
+    outcome: FitOutcome,
+    evaluation: dict,
+    trained_evaluation: dict,
+) -> dict:
+    """metrics.json's content (without the confusion matrix and the written paths)."""
+    plan, choice, recipe, progress = run.plan, run.choice, state.recipe, state.progress
+    image_format, resumed_from_step = data.image_format, state.resumed_from_step
     result = {
         "validation": {
             "accuracy": float(evaluation["accuracy"]),
@@ -540,18 +703,18 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
         "global_batch_size": plan.global_batch_size,
         "per_replica_batch_size": plan.per_replica_batch_size,
         "num_replicas": plan.num_replicas,
-        "images_per_second": clock.images_per_second(plan.global_batch_size),
-        "train_seconds": clock.seconds(),
+        "images_per_second": outcome.clock.images_per_second(plan.global_batch_size),
+        "train_seconds": outcome.clock.seconds(),
         "model": config.model,
-        "strategy": run.kind,
+        "strategy": run.setup.kind,
         "mixed_precision": choice.policy,
         "xla": choice.xla,
-        "checkpoint_interval": interval.describe(),
+        "checkpoint_interval": run.interval.describe(),
         "encoding": image_format.encoding,
         "image_size": [image_format.height, image_format.width],
         "crop_size": image_format.input_shape[0],
         "data_dir": config.data_dir,
-        "dataset": pinned.lineage,
+        "dataset": data.pinned.lineage,
         "recipe": recipe.as_dict(),
     }
     if recipe.ema_momentum is not None:
@@ -559,29 +722,28 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
             "accuracy": float(trained_evaluation["accuracy"]),
             "cross_entropy": float(trained_evaluation["cross_entropy"]),
         }
-    if agreement.multi_worker:
-        result["preemption_check"] = agreement.describe()
-    counts = metrics.validation_confusion_matrix(
-        strategy, model, eval_data, eval_steps, len(manifest["labels"])
-    )
-    result["validation"]["confusion_matrix"] = counts.tolist()
-    if chief:
-        writer.close()
-        plots.plot_learning_curves(
-            plots.read_epoch_scalars(log_dir), manifest_lib.join(config.model_dir, plots.LEARNING_CURVES_FILE)
-        )
-        plots.plot_confusion_matrix(
-            counts, manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
-        )
-        # After fit: with --ema these are the averaged weights (optimization.py).
-        result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
-        if config.export:
-            result["export_dir"] = export.export_serving_model(
-                model, manifest, export.export_path(config.model_dir), lineage=pinned.lineage
-            )
-        _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)
-        printer(
-            f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
-            f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
-        )
+    if outcome.agreement.multi_worker:
+        result["preemption_check"] = outcome.agreement.describe()
     return result
+
+
+def write_run_outputs(
+    config: TrainConfig, data: RunDataset, model: keras.Model, result: dict, counts, outcome: FitOutcome
+) -> None:
+    """The chief's files: the plots, backbone.weights.h5, the export, then metrics.json (adds their paths)."""
+    outcome.writer.close()
+    plots.plot_learning_curves(
+        plots.read_epoch_scalars(outcome.log_dir),
+        manifest_lib.join(config.model_dir, plots.LEARNING_CURVES_FILE),
+    )
+    plots.plot_confusion_matrix(
+        counts, data.manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
+    )
+    # After fit: with --ema these are the averaged weights (optimization.py).
+    result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
+    if config.export:
+        result["export_dir"] = export.export_serving_model(
+            model, data.manifest, export.export_path(config.model_dir), lineage=data.pinned.lineage
+        )
+        result["keras_model"] = export.save_keras_model(model, config.model_dir)
+    _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)

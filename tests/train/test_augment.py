@@ -13,7 +13,8 @@ import tensorflow as tf
 from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
 from tests.train.conftest import CROP_MARGIN, CROP_MARGIN_STORED_SIZE, IMAGE_SIZE
-from train import augment, checks, dataset, export
+from train import augment, checks, dataset
+from train.serving import export
 
 BATCH = 8
 STORED, CROP = CROP_MARGIN_STORED_SIZE, IMAGE_SIZE
@@ -115,7 +116,7 @@ def test_serving_takes_the_same_center_crop_as_evaluation(margin_dataset):
             for top in range(POSITIONS)
             for left in range(POSITIONS)
         }
-        # The serving tolerance of tests/train/test_export.py (PIL vs TF resize rounding), and no other
+        # The serving tolerance of tests/train/serving/test_export.py (PIL vs TF resize rounding), and no other
         # window of the stored square is as close: serving cuts exactly where evaluation does.
         assert errors[(CENTER, CENTER)] <= 1.0, row["uri"]
         assert min(errors, key=errors.get) == (CENTER, CENTER), row["uri"]

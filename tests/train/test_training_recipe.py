@@ -11,9 +11,10 @@ import tensorflow as tf
 from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
 from tests.train.conftest import CROP_MARGIN
-from train import checks, dataset, export, models, plots, pretrained, trainer
+from train import checks, dataset, models, plots, pretrained, trainer
 from train.config import TrainConfig
 from train.evaluation import build_evaluation_model, exact_logs
+from train.serving import export
 
 MODEL = models.SMALL_CNN
 

@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from benchmarks.adversarial_images import ADVERSARIAL_IMAGES, ordinary_jpeg
-from train import dataset, export, models, serving_warmup
+from train import dataset, models
+from train.serving import export, warmup
 
 SIZE = 224
 LABELS = ["cat", "dog", "fish"]
@@ -150,8 +152,8 @@ def test_the_file_size_limit_defaults_to_the_datasets_max_file_bytes():
 
 
 def test_warmup_requests_are_real_requests_the_signature_answers(export_dir, serve):
-    path = os.path.join(export_dir, export.EXTRA_ASSETS_DIR, serving_warmup.WARMUP_FILE)
-    requests = serving_warmup.read_warmup_requests(path)
+    path = os.path.join(export_dir, export.EXTRA_ASSETS_DIR, warmup.WARMUP_FILE)
+    requests = warmup.read_warmup_requests(path)
     assert 1 <= len(requests) <= 10
     for request in requests:
         assert request.model_spec.signature_name == export.SIGNATURE
@@ -221,3 +223,62 @@ def test_an_empty_batch_returns_empty_outputs(serve):
     outputs = serve(image_bytes=tf.constant([], tf.string))
     assert outputs["probabilities"].shape == (0, len(LABELS))
     assert outputs["valid"].shape == outputs["error"].shape == outputs["label"].shape == (0,)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class RefusesAnEmptyBatch(keras.layers.Layer):
+    """Fails on a zero-size batch, as oneDNN's batch normalization does on AVX-512/AMX CPUs (issue 25)."""
+
+    def call(self, inputs):
+        batch = tf.shape(inputs)[0]
+        with tf.control_dependencies(
+            [tf.debugging.assert_positive(batch, message="model ran on an empty batch")]
+        ):
+            return tf.cast(inputs, tf.float32) / 255.0
+
+
+def test_an_empty_batch_never_runs_the_model_and_batches_of_one_and_many_do(tmp_path):
+    size = 32
+    manifest = {**MANIFEST, "image": {**MANIFEST["image"], "height": size, "width": size}}
+    inputs = keras.Input((size, size, 3), dtype="uint8")
+    features = keras.layers.GlobalAveragePooling2D()(RefusesAnEmptyBatch()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(len(LABELS), activation="softmax")(features))
+    serve = tf.saved_model.load(export.export_serving_model(model, manifest, str(tmp_path))).signatures[
+        export.SIGNATURE
+    ]
+    empty = serve(image_bytes=tf.constant([], tf.string))
+    assert empty["probabilities"].shape == (0, len(LABELS)) and empty["label"].shape == (0,)
+    for count in (1, 3):
+        outputs = serve(image_bytes=tf.constant([ordinary_jpeg()] * count))
+        assert outputs["valid"].numpy().tolist() == [True] * count
+        np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, atol=1e-5)
+
+
+_SERVE_BATCHES = """
+import sys
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+image = open(sys.argv[2], "rb").read()
+for count in (0, 1, 5):
+    outputs = serve(image_bytes=tf.constant([image] * count, tf.string))
+    print("BATCH", count, outputs["probabilities"].shape.as_list(), sum(outputs["valid"].numpy().tolist()))
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_empty_one_and_many_images_are_answered_with_onednn_on_and_off(export_dir, tmp_path, onednn):
+    # oneDNN is chosen when TensorFlow is imported, so each setting needs a process of its own.
+    image = tmp_path / "photo.jpg"
+    image.write_bytes(ordinary_jpeg())
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn, "TPU_LOAD_LIBRARY": "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVE_BATCHES, export_dir, str(image)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    batches = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("BATCH ")]
+    n = len(LABELS)
+    assert batches == [f"0 [0, {n}] 0", f"1 [1, {n}] 1", f"5 [5, {n}] 5"]

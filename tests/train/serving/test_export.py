@@ -32,8 +32,9 @@ import tensorflow as tf
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, export, models, serving_image
+from train import checks, dataset, models
 from train.config import TrainConfig
+from train.serving import decode, export
 from train.trainer import train_and_evaluate
 
 ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
@@ -168,7 +169,7 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
 
     # The input tensors, in 0-255 levels: serving's decode + resize against what the pipeline feeds
     # the model (de-normalized for the encodings stage 1 normalized; uint8 and jpeg are pixels).
-    served_batch = serving_image.decode_batch(
+    served_batch = decode.decode_batch(
         file_bytes, manifest["image"]["height"], manifest["image"]["resize_method"]
     )
     assert served_batch.valid.numpy().all(), served_batch.error.numpy()

@@ -28,7 +28,7 @@ from dataset_contract import geometry
 from preprocess.errors import ImageError
 from preprocess.image_decode import load_image
 from tests.exif import orientation_exif, stored_for_orientation
-from train.serving_image import ServingLimits, decode_and_resize, decode_batch
+from train.serving.decode import ServingLimits, decode_and_resize, decode_batch
 
 SIZE = 48
 MEAN_TOLERANCE = 0.5

@@ -8,8 +8,8 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.exif import orientation_exif
-from train import image_header
-from train.image_header import PROBLEMS
+from train.serving import image_header
+from train.serving.image_header import PROBLEMS
 
 
 def encode(image: Image.Image, image_format: str, **options) -> bytes:

@@ -2,13 +2,13 @@
 
 Stage 1 (PIL's exif_transpose) reads the orientation from the EXIF block
 only; so does this. Where the TIFF block sits in each format is found by the
-header walk (train/image_header.py). Missing or garbage metadata means
+header walk (train/serving/image_header.py). Missing or garbage metadata means
 upright, never an error.
 """
 
 import tensorflow as tf
 
-from train import graph_bytes
+from train.serving import graph_bytes
 
 _EXIF_ORIENTATION_TAG = 0x0112
 _MAX_IFD_ENTRIES = 64

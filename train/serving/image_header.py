@@ -33,7 +33,7 @@ import typing
 import tensorflow as tf
 
 from dataset_contract import geometry, image_errors
-from train import graph_bytes as gb
+from train.serving import graph_bytes as gb
 
 # Index of each format (the order of the tf.switch_case branches).
 JPEG, PNG, GIF, BMP, WEBP, UNKNOWN = range(6)

@@ -52,7 +52,7 @@ DCT scale, baseline and progressive; same libwebp, libpng, GIF palettes),
 except CMYK JPEG, where TF's CMYK->RGB rounds differently (at most 1 level).
 The resize adds at most 1 level per pixel (mean under 0.2) in every case
 measured, because PIL rounds to 8 bits between its horizontal and vertical
-passes and TF does not; tests/train/test_serving_image.py holds mean <= 0.5
+passes and TF does not; tests/train/serving/test_serving_image.py holds mean <= 0.5
 and max <= 2.
 
 Known gaps (each one an error for that image, never for the batch): a GIF
@@ -70,7 +70,7 @@ import typing
 import tensorflow as tf
 
 from dataset_contract import geometry, image_errors
-from train import exif_orientation, graph_bytes, image_header
+from train.serving import exif_orientation, graph_bytes, image_header
 
 # What decoding one image may cost, beyond the bytes it came in (the decoder's output and working
 # memory, from the header): with the output-sized work around it, a serving process grows by less

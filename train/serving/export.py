@@ -11,7 +11,7 @@
       signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
                                   resize_method, max_pixels, max_decode_bytes, max_file_bytes, labels
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
-      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving_warmup.py)
+      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving/warmup.py)
       assets.extra/dataset_lineage.json       the dataset run trained on: run id, manifest sha256,
                                               dataset dir, created_at (train/dataset_pin.py)
 
@@ -20,24 +20,29 @@ base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
 
 The signature runs the same steps as stage 1 + the evaluation pipeline, each
 a function of its own: decode and resize to uint8 pixels in bounded memory
-(train/serving_image.py: `decode_batch`), then what the evaluation pipeline
+(train/serving/decode.py: `decode_batch`), then what the evaluation pipeline
 gives the model (`model_input`): the center crop of a dataset with a crop
 margin (augment.center_crop), and for the bfloat16 / float32 encodings the
 pixels normalized with the manifest's mean and std (dataset.normalize) in the
 model's input dtype; for uint8 / jpeg the pixels themselves (the model
-normalizes them in its first layer, as in training). Then the model. One bad
+normalizes them in its first layer, as in training). Then the model, unless the batch is
+empty (`predict_unless_empty`: an empty request never runs a model op). One bad
 image never fails the batch: it comes back with valid=false and its error.
 It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
 """
 
 import json
+import logging
+import os
+import tempfile
 
 import keras
 import tensorflow as tf
 
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train import augment, dataset, image_header, serving_image, serving_warmup
+from train import augment, dataset
+from train.serving import decode, image_header, warmup
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -48,23 +53,24 @@ OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
 EXTRA_ASSETS_DIR = "assets.extra"
 CONFIG_FILE = "serving_config.json"
 LINEAGE_FILE = "dataset_lineage.json"
+KERAS_FILE = "model.keras"
+
+log = logging.getLogger(__name__)
 
 
-def serving_limits(manifest: dict, **overrides) -> serving_image.ServingLimits:
+def serving_limits(manifest: dict, **overrides) -> decode.ServingLimits:
     """The limits an export of this dataset enforces: the dataset's own --max-pixels and --max-file-mb
     unless overridden."""
     max_pixels = manifest["image"].get("max_pixels", image_errors.DEFAULT_MAX_PIXELS)
     max_file_bytes = manifest_lib.max_file_bytes(manifest["image"])
-    return serving_image.ServingLimits(
-        **{"max_pixels": max_pixels, "max_file_bytes": max_file_bytes, **overrides}
-    )
+    return decode.ServingLimits(**{"max_pixels": max_pixels, "max_file_bytes": max_file_bytes, **overrides})
 
 
 def export_serving_model(
     model: keras.Model,
     manifest: dict,
     export_dir: str,
-    limits: serving_image.ServingLimits | None = None,
+    limits: decode.ServingLimits | None = None,
     lineage: dict | None = None,
 ) -> str:
     """Write `model` with a bytes-in signature to `export_dir`; returns the path.
@@ -79,16 +85,15 @@ def export_serving_model(
     in; its outputs are float32.
     """
     limits = limits or serving_limits(manifest)
-    serving_model = keras.Model.from_config(model.get_config())
-    serving_model.set_weights(model.get_weights())
+    serving_model = plain_copy(model)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     size, resize_method = image_format.height, manifest["image"]["resize_method"]
     labels = list(manifest["labels"])
 
     def serve(image_bytes):
-        decoded = serving_image.decode_batch(image_bytes, size, resize_method, limits)
-        probabilities = tf.cast(
-            serving_model(model_input(decoded.pixels, image_format), training=False), tf.float32
+        decoded = decode.decode_batch(image_bytes, size, resize_method, limits)
+        probabilities = predict_unless_empty(
+            serving_model, model_input(decoded.pixels, image_format), len(labels)
         )
         probabilities = tf.where(decoded.valid[:, None], probabilities, tf.zeros_like(probabilities))
         label = tf.gather(tf.constant(labels, tf.string), tf.argmax(probabilities, axis=-1))
@@ -131,24 +136,68 @@ def export_serving_model(
     tf.io.gfile.makedirs(extra_dir)
     with tf.io.gfile.GFile(manifest_lib.join(extra_dir, CONFIG_FILE), "w") as handle:
         json.dump(config, handle, indent=2)
-    serving_warmup.write_warmup_requests(
-        manifest_lib.join(extra_dir, serving_warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY
-    )
+    warmup.write_warmup_requests(manifest_lib.join(extra_dir, warmup.WARMUP_FILE), SIGNATURE, INPUT_KEY)
     if lineage is not None:
         with tf.io.gfile.GFile(manifest_lib.join(extra_dir, LINEAGE_FILE), "w") as handle:
             json.dump(lineage, handle, indent=2, sort_keys=True)
     return export_dir
 
 
+def plain_copy(model: keras.Model) -> keras.Model:
+    """`model` rebuilt from its config with its weights: plain variables, whatever strategy trained it."""
+    copy = keras.Model.from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def save_keras_model(model: keras.Model, model_dir: str) -> str | None:
+    """Write `model` (a plain copy, uncompiled) to MODEL_DIR/model.keras; returns the path, or None.
+
+    The serving SavedModel stays the main export; this is the file for Keras
+    code (`keras.models.load_model`). None, with a warning, where Keras cannot
+    save the model (a layer it cannot serialize).
+    """
+    destination = manifest_lib.join(model_dir, KERAS_FILE)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = os.path.join(scratch, KERAS_FILE)
+        try:
+            plain_copy(model).save(local)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            log.warning(
+                "no %s: Keras cannot save this model (%s); the SavedModel export is complete", KERAS_FILE, exc
+            )
+            return None
+        # Written next to the destination, then renamed: a reader never sees half a file.
+        tf.io.gfile.copy(local, destination + ".tmp", overwrite=True)
+        tf.io.gfile.rename(destination + ".tmp", destination, overwrite=True)
+    return destination
+
+
+def predict_unless_empty(model: keras.Model, inputs: tf.Tensor, num_classes: int) -> tf.Tensor:
+    """float32 [batch, num_classes] probabilities of `model`; for an empty batch, [0, num_classes] without
+    running the model.
+
+    TensorFlow's oneDNN kernels (on by default on AVX-512/AMX CPUs such as Sapphire Rapids, or with
+    TF_ENABLE_ONEDNN_OPTS=1) fail a zero-size batch inside batch normalization ("Incompatible shapes:
+    [32] vs. [0,224,224,3]"), so an empty request would be an error on those machines only. A cond on
+    the batch size keeps every model op out of the empty case, whatever the CPU or the model.
+    """
+    return tf.cond(
+        tf.shape(inputs)[0] > 0,
+        lambda: tf.cast(model(inputs, training=False), tf.float32),
+        lambda: tf.zeros([0, num_classes], tf.float32),
+    )
+
+
 def serving_model_input(
     image_bytes: tf.Tensor,
     image_format: dataset.ImageFormat,
     resize_method: str,
-    limits: serving_image.ServingLimits | None = None,
+    limits: decode.ServingLimits | None = None,
 ):
     """A batch of encoded images -> what the evaluation pipeline feeds the model (zeros for invalid images)."""
-    limits = limits or serving_image.ServingLimits()
-    decoded = serving_image.decode_batch(image_bytes, image_format.height, resize_method, limits)
+    limits = limits or decode.ServingLimits()
+    decoded = decode.decode_batch(image_bytes, image_format.height, resize_method, limits)
     return model_input(decoded.pixels, image_format)
 
 
@@ -166,7 +215,7 @@ def model_input(pixels, image_format: dataset.ImageFormat):
     return pixels
 
 
-def serving_config(size: int, resize_method: str, limits: serving_image.ServingLimits, labels) -> dict:
+def serving_config(size: int, resize_method: str, limits: decode.ServingLimits, labels) -> dict:
     """What a client needs to know about an export (assets.extra/serving_config.json)."""
     return {
         "signature": SIGNATURE,
@@ -189,7 +238,7 @@ def serving_config(size: int, resize_method: str, limits: serving_image.ServingL
         "max_decode_bytes": limits.max_decode_bytes,
         "max_file_bytes": limits.max_file_bytes,
         "labels": list(labels),
-        "warmup_requests": f"{EXTRA_ASSETS_DIR}/{serving_warmup.WARMUP_FILE}",
+        "warmup_requests": f"{EXTRA_ASSETS_DIR}/{warmup.WARMUP_FILE}",
     }
 
 

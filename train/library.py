@@ -1,0 +1,80 @@
+"""The package as a library: the input pipeline training uses, for your own Keras code.
+
+    import train
+    ds = train.load_dataset("/tmp/dataset", "train", batch_size=64)           # endless, shuffled
+    val = train.load_dataset("/tmp/dataset", "validation", batch_size=64)     # one pass, padded
+    model.fit(ds, steps_per_epoch=100, validation_data=val)
+
+It is `train.dataset`'s pipeline itself (make_train_dataset, make_eval_dataset),
+not a copy: the same manifest-listed shards, parallel non-deterministic
+reads, static shapes, crops. What the images hold is documented on
+`load_dataset`.
+"""
+
+import tensorflow as tf
+
+from dataset_contract import manifest as manifest_lib
+from train import checks, dataset
+
+
+def load_dataset(
+    data_dir: str,
+    split: str = manifest_lib.TRAIN,
+    batch_size: int = 32,
+    *,
+    training: bool | None = None,
+    normalized: bool = False,
+    augment: bool = False,
+    shuffle_buffer: int = dataset.DEFAULT_SHUFFLE_BUFFER,
+) -> tf.data.Dataset:
+    """The tf.data pipeline `python -m train` reads `split` of the dataset at `data_dir` with.
+
+    `data_dir` is a stage 1 dataset directory (local or gs://); only the
+    shards its dataset.json lists are read. Every element has a fully static
+    shape, the batch dimension included (XLA and TPUs need it).
+
+    training (default: True for the train split, False for the others):
+      True: an endless stream of (images [B, S, S, 3], labels [B] int32),
+        shuffled, batches of exactly `batch_size` (the remainder dropped); a
+        dataset written with a crop margin gives random crops, mirrored half
+        the time; `augment` adds random flips and shifts to one without.
+        Pass `steps_per_epoch` to Keras' fit.
+      False: one pass over the split as (images, labels, weights [B] float32):
+        the last batch is padded with blank images of weight 0, so that the
+        shapes stay static; Keras takes the third element as sample weights,
+        so every example counts once and the padding not at all. With a crop
+        margin, the center crop (as evaluation and serving take it).
+
+    images, with `normalized=False` (the default): what the package's own
+    models take, by the dataset's encoding: uint8 0-255 RGB pixels for the
+    uint8 and jpeg encodings, and (pixel - mean) / std per channel for
+    bfloat16 and float32 (stage 1 stored those normalized), in that dtype.
+    With `normalized=True`: float32 (pixel - mean) / std for every encoding,
+    mean and std being dataset.json's `normalization` (computed by stage 1
+    on the train split) - what a `--model module:function` network takes.
+
+    S is the dataset's image size (its crop size with a crop margin). The
+    class names are dataset.json's `labels`, index = label. Raises
+    train.errors.DatasetError when the directory is not a complete dataset
+    or `split` has no examples.
+    """
+    manifest = checks.read_manifest(data_dir)
+    checks.check_dataset(data_dir, manifest, splits=(split,))
+    if training is None:
+        training = split == manifest_lib.TRAIN
+    if training:
+        pipeline = dataset.make_train_dataset(
+            data_dir, manifest, batch_size, augment=augment, shuffle_buffer=shuffle_buffer, split=split
+        )
+    else:
+        pipeline = dataset.make_eval_dataset(data_dir, manifest, split, batch_size)
+    if not normalized:
+        return pipeline
+    image_format = dataset.ImageFormat.from_manifest(manifest)
+
+    def normalize(images, *rest):
+        if image_format.normalized_offline:
+            return (tf.cast(images, tf.float32), *rest)
+        return (dataset.normalize(images, image_format.mean, image_format.std), *rest)
+
+    return pipeline.map(normalize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
