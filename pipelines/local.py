@@ -309,6 +309,11 @@ def main(argv=None) -> int:
     except (WeightsFlagError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from train import console  # noqa: PLC0415 - see the imports
+
+    # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
+    # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
+    console.import_tensorflow(args.verbose)
     paths = WorkflowPaths(args.workdir)
     stage1_argv = None
     if not args.skip_preprocess:
@@ -345,7 +350,9 @@ def main(argv=None) -> int:
         print(str(exc), file=sys.stderr)
         print(f"resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr)
         return 130 if exc.signal_name == "SIGINT" else 143
-    print(report(paths, manifest, metrics))
+    with console.filtered_native_stderr(enabled=not args.verbose):  # the export's first uint8 decode
+        text = report(paths, manifest, metrics)
+    print(text)
     return 0
 
 
