@@ -234,9 +234,11 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     for reason, count in inputs["failures_by_reason"].items():
         lines.append(f"    failed: {reason} x{count}")
     validation = metrics["validation"]
+    speed = metrics.get("images_per_second")  # None when this run had nothing left to train
     lines.append(
         f"  validation accuracy: {validation['accuracy']:.1%} on {validation['num_examples']} images "
-        f"({metrics['epochs']} epochs, {metrics['images_per_second']:.0f} images/s)"
+        f"({metrics['epochs']} epochs"
+        + (f", {speed:.0f} images/s)" if speed else ", trained by an earlier run)")
     )
     if "export_dir" in metrics:
         uri, truth, predicted, probability = predict_one(metrics["export_dir"], paths.dataset_dir, manifest)

@@ -18,7 +18,6 @@ Steps per execution may change (another device): it changes no step's meaning.
 """
 
 import json
-from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -97,10 +96,11 @@ def latest_checkpoint_step(model_dir: str) -> int | None:
         return None
 
 
-def check_resume(
-    model_dir: str, plan: TrainingPlan, recipe: Recipe, chief: bool, printer: Callable[[str], None] | None
-) -> None:
-    """Record the plan at a first start; on a resume, refuse another plan (module docstring)."""
+def check_resume(model_dir: str, plan: TrainingPlan, recipe: Recipe, chief: bool) -> str | None:
+    """Record the plan at a first start; on a resume, refuse another plan (module docstring).
+
+    Returns the line to print about the resume, if any (a finished run; a plan that cannot be checked).
+    """
     path = manifest_lib.join(model_dir, PLAN_FILE)
     wanted = recorded_plan(plan, recipe)
     step = latest_checkpoint_step(model_dir)
@@ -109,14 +109,12 @@ def check_resume(
             tf.io.gfile.makedirs(model_dir)
             with tf.io.gfile.GFile(path, "w") as handle:
                 handle.write(json.dumps(wanted, indent=2, sort_keys=True) + "\n")
-        return
+        return None
     if not tf.io.gfile.exists(path):
-        if printer:
-            printer(
-                f"resuming at step {step} without {PLAN_FILE} (a model dir of an older version): the batch "
-                "size, epochs and schedule cannot be checked against the checkpoint's"
-            )
-        return
+        return (
+            f"resuming at step {step} without {PLAN_FILE} (a model dir of an older version): the batch "
+            "size, epochs and schedule cannot be checked against the checkpoint's"
+        )
     with tf.io.gfile.GFile(path) as handle:
         recorded = json.load(handle)
     changed = differences(recorded, wanted)
@@ -137,8 +135,9 @@ def check_resume(
             f"  To train further or differently: a new --model-dir, with --weights {model_dir} to start from its "
             "backbone"
         )
-    if step >= recorded["total_steps"] and printer:
-        printer(
+    if step >= recorded["total_steps"]:
+        return (
             f"{model_dir} holds a finished run (step {step} of {recorded['total_steps']}): nothing to train; "
             "evaluating and exporting its final weights again"
         )
+    return None

@@ -417,9 +417,11 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     worker = strategy_lib.worker_name(strategy)
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     # A resume must keep the checkpoint's batch, length and schedule (resume_check.py).
-    resume_check.check_resume(config.model_dir, plan, planned_recipe, chief, printer if chief else None)
+    resume_note = resume_check.check_resume(config.model_dir, plan, planned_recipe, chief)
     if chief:
         printer(progress_lines.describe_plan(config, manifest, run, planned_recipe, interval.describe()))
+        if resume_note:
+            printer(resume_note)
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
         dataset_pin.record_pin(config.model_dir, pinned)
