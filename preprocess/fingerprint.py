@@ -58,7 +58,7 @@ def compute_fingerprint(config: dict) -> dict:
 
 
 def published_fingerprint(manifest: dict | None) -> str | None:
-    """The fingerprint's sha256 a published manifest records (None before format 2's `build` field)."""
+    """The fingerprint's sha256 a published manifest records (None when it has none of this version)."""
     if not manifest:
         return None
     fingerprint = (manifest.get("build") or {}).get("fingerprint") or {}
