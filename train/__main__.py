@@ -180,10 +180,14 @@ def main(argv=None) -> int:
     except (SetupError, WeightsFlagError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    console.import_tensorflow(args.verbose)
-    from train.errors import TrainingPreempted
-    from train.preflight import check_weights_before_training
-    from train.trainer import train_and_evaluate
+    try:
+        console.import_tensorflow(args.verbose)
+        from train.errors import TrainingPreempted
+        from train.preflight import check_weights_before_training
+        from train.trainer import train_and_evaluate
+    except KeyboardInterrupt:
+        print("interrupted while starting; nothing was trained", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
 
     try:
         check_weights_before_training(config)
