@@ -76,6 +76,34 @@ def _flag(key: str, flag: str, write, values: dict) -> str:
     return f"{flag} {write(values[key])}"
 
 
+_LABELS = {
+    "global_batch_size": "global batch {}",
+    "epochs": "{} epochs",
+    "steps_per_epoch": "{} steps per epoch",
+    "optimizer": "optimizer {}",
+    "peak_learning_rate": "peak learning rate {:.4g}",
+    "warmup_steps": "{} warmup steps",
+    "weight_decay": "weight decay {:g}",
+    "label_smoothing": "label smoothing {:g}",
+    "freeze_backbone_steps": "backbone frozen for {} steps",
+}
+
+
+def _described(key: str, value) -> str:
+    if key == "ema_momentum":
+        return "no EMA" if value is None else f"EMA {value:.6g}"
+    return _LABELS[key].format(value)
+
+
+def described_differences(recorded: dict, wanted: dict) -> list[str]:
+    """'global batch 16 (the checkpoint's run: 8)' for every compared value that differs."""
+    return [
+        f"{_described(key, wanted[key])} (the checkpoint's run: {_described(key, recorded[key])})"
+        for key, _, _ in _COMPARED
+        if key in recorded and not _same(recorded[key], wanted[key])
+    ]
+
+
 def differences(recorded: dict, wanted: dict) -> list[tuple[str, str]]:
     """[(what the checkpoint's run has, what this command asks)] as flags, for every compared value."""
     return [
@@ -125,10 +153,10 @@ def check_resume(model_dir: str, plan: TrainingPlan, recipe: Recipe, chief: bool
             if finished
             else f"at step {step} of {recorded.get('total_steps', '?')}"
         )
-        asked = ", ".join(f"{now} instead of {was}" for was, now in changed)
+        asked = ", ".join(described_differences(recorded, wanted))
         restore = " ".join(was for was, _ in changed)
         raise ConfigError(
-            f"{model_dir} holds a run {state} planned differently: this command asks for {asked}. "
+            f"{model_dir} holds a run {state} planned differently; this command's plan has {asked}. "
             "A checkpoint's step only means something under its own plan (another batch size makes it another "
             "epoch; other epochs or another schedule move the learning rate under it), so nothing was trained.\n"
             f"  To resume it: the same command with {restore}\n"
