@@ -63,7 +63,7 @@ def test_another_batch_size_is_refused_with_exit_2_and_the_flags_that_restore_th
     error = capsys.readouterr().err
     assert code == 2 and "Traceback" not in error
     assert f"finished (step {EPOCHS * STEPS_PER_EPOCH} of {EPOCHS * STEPS_PER_EPOCH})" in error
-    assert f"global batch {2 * BATCH} (the checkpoint's run: {BATCH})" in error
+    assert f"global batch {2 * BATCH} (the checkpoint's run: global batch {BATCH})" in error
     assert f"To resume it: the same command with --global-batch-size {BATCH}" in error
     assert f"--weights {model_dir}" in error  # how to train on from it instead
     assert _latest_step(model_dir) == EPOCHS * STEPS_PER_EPOCH  # nothing trained
@@ -71,9 +71,11 @@ def test_another_batch_size_is_refused_with_exit_2_and_the_flags_that_restore_th
 
 def test_more_epochs_on_a_finished_run_are_refused_not_trained(finished_run):
     data_dir, model_dir = finished_run
-    with pytest.raises(ConfigError, match=rf"{EPOCHS + 1} epochs \(the checkpoint's run: {EPOCHS}\)"):
+    with pytest.raises(ConfigError, match=rf"{EPOCHS + 1} epochs \(the checkpoint's run: {EPOCHS} epochs\)"):
         train_and_evaluate(_config(data_dir, model_dir, epochs=EPOCHS + 1))
-    with pytest.raises(ConfigError, match="(?s)peak learning rate 0.5 .*the same command with --learning-rate"):
+    with pytest.raises(
+        ConfigError, match="(?s)peak learning rate 0.5 .*the same command with --learning-rate"
+    ):
         train_and_evaluate(_config(data_dir, model_dir, learning_rate=0.5))
     assert _latest_step(model_dir) == EPOCHS * STEPS_PER_EPOCH
 
