@@ -205,8 +205,6 @@ class PreemptionNotice:
         return self._event.is_set()
 
     def request(self, signum=None, frame=None) -> None:
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # the second Ctrl-C: see the class docstring
         if not self._event.is_set():
             self.signal_name = signal.Signals(signum).name if signum else "a stop request"
             again = " (Ctrl-C again to stop at once, without saving)" if signum == signal.SIGINT else ""
@@ -216,6 +214,9 @@ class PreemptionNotice:
                 again,
             )
         self._event.set()
+        if signum == signal.SIGINT:
+            # After the line above is out: the second Ctrl-C (see the class docstring) ends the process.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
