@@ -86,6 +86,7 @@ import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
 from pipelines import tpu_interpreter, tpu_launch, tpu_lifecycle, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
@@ -120,6 +121,7 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.dataflow",
+        formatter_class=DefaultsHelpFormatter,
         description="Preprocess on Dataflow, then train on a Cloud TPU VM. Unknown flags go to Dataflow.",
         epilog="The TPU VM's runtime comes from the accelerator type and tensorflow-tpu "
         f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu_runtime.py). Training starts detached from "
@@ -129,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers. --spot: a TPU "
         "Spot VM, recreated after a preemption by `python -m pipelines.tpu_restart --spec SPEC`; a boot script "
         "resumes training after a reboot. What an event can lose is bounded by --checkpoint-every, except "
-        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu_lifecycle.py).",
+        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu_lifecycle.py). "
+        "The defaults here (resnet50, 224 px, 30 epochs, 128 images per chip) are a TPU fine-tuning run's; "
+        "python -m train's (small_cnn, 10 epochs, a per-device batch) are a first run on one machine's.",
     )
     parser.add_argument("--input", required=True, help="gs:// image tree or CSV/JSONL manifest.")
     parser.add_argument("--workdir", required=True, help="gs:// directory for the dataset, model, staging.")
@@ -206,6 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=SETUP_FILE,
         help="The setup.py Dataflow workers install at boot when no --sdk_container_image is given.",
     )
+    group_flags(
+        parser,
+        {
+            "where": ("--input", "--workdir", "--project", "--region", "--skip-preprocess", "--dry-run", "--dry-run-dir"),
+            "stage 1 on Dataflow": ("--image-size", "--crop-margin", "--encoding", "--sdk_container_image", "--setup-file"),
+            "the TPU VM": ("--tpu", "--zone", "--accelerator-type", "--runtime-version"),
+            "stage 2 (python -m train)": (
+                "--model", "--epochs", "--global-batch-size", "--learning-rate", "--augment", "--checkpoint-every"
+            ),
+        },
+    )  # fmt: skip
     return parser
 
 

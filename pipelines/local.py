@@ -3,7 +3,11 @@
     python -m pipelines.local --workdir /tmp/run                 # the embedded sample corpus
     python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small \
         --weights imagenet
-    python -m pipelines.local --workdir /tmp/run --skip-preprocess   # retrain on the existing dataset
+    python -m pipelines.local --workdir /tmp/run --skip-preprocess   # train on the existing dataset as it is
+
+Run again with the same command (after Ctrl-C, a crash, or to finish), it resumes: stage 1 is skipped
+when WORKDIR/dataset was built from the same inputs and stage 1 flags (the manifest's build
+fingerprint, preprocess/fingerprint.py), and training resumes from WORKDIR/model's last checkpoint.
 
 Without --input it generates the sample corpus (shapes in five classes, with
 a few broken files) into WORKDIR/sample_corpus and uses that. Stage 1 runs
@@ -15,16 +19,19 @@ the serving export). Paths may be gs:// URIs.
 import argparse
 import logging
 import os
+import shlex
 import sys
 import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from dataset_contract.cli_help import DefaultsHelpFormatter
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import logs
-from train.config import TrainConfig
+from train.config import MODELS, TrainConfig
 from train.errors import SetupError
+from train.weights_flag import WeightsFlagError, check_weights_flag
 
 # TensorFlow and the trainer (~8 s to import) are imported where they run: --help answers at once.
 
@@ -38,61 +45,113 @@ DEMO_EPOCHS = 50
 DEMO_LEARNING_RATE = 2e-3
 
 
+# The flags that only stage 1 reads: given with --skip-preprocess they would change nothing.
+STAGE1_FLAGS = (
+    "--input",
+    "--image-size",
+    "--encoding",
+    "--crop-margin",
+    "--max-failed-fraction",
+    "--retention-days",
+    "--workers",
+    "--sample-images-per-class",
+)
+SAMPLE_CORPUS_MARKER = "sample_corpus.json"  # WORKDIR/sample_corpus.json: what the corpus there was made with
+
+
 def build_parser() -> argparse.ArgumentParser:
+    train_defaults = TrainConfig(data_dir="", model_dir="")
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.local",
-        description="Preprocess (Beam DirectRunner) then train (Keras) on this machine.",
+        formatter_class=DefaultsHelpFormatter,
+        allow_abbrev=False,  # a prefix of a stage 1 flag must not pass for it (STAGE1_FLAGS)
+        description="Preprocess (Beam DirectRunner) then train (Keras) on this machine. Run again with the "
+        "same command, it resumes: stage 1 is skipped when WORKDIR/dataset was built from the same inputs and "
+        "stage 1 flags, and training goes on from its last checkpoint. Ctrl-C during training saves a "
+        "checkpoint first (a second Ctrl-C stops at once).",
+        epilog=f"The defaults are the demo's (the sample corpus, the small CNN from scratch): 64 px, "
+        f"{DEMO_EPOCHS} epochs of batch 32 at learning rate {DEMO_LEARNING_RATE:g}. python -m train's own "
+        f"defaults ({train_defaults.epochs} epochs, batch {train_defaults.global_batch_size}, the optimizer's "
+        "learning rate scaled with the batch) are for a dataset you bring: the small CNN needs ~600 steps on "
+        "the sample corpus before BatchNorm's statistics settle, which its 15 steps per epoch reach in 50 epochs.",
     )
     parser.add_argument(
         "--workdir", required=True, help="Where the dataset and the model go (local or gs://)."
     )
-    parser.add_argument(
+    stage1 = parser.add_argument_group("stage 1 (python -m preprocess)")
+    stage1.add_argument(
         "--input",
-        help="Images: a ROOT/<class>/<file> tree or a CSV/JSONL manifest. Default: the sample corpus.",
+        help="Images: a ROOT/<class>/<file> tree or a CSV/JSONL manifest (default: the generated sample corpus, "
+        "in WORKDIR/sample_corpus).",
     )
-    parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset as it is.")
-    parser.add_argument("--image-size", type=int, default=DEMO_IMAGE_SIZE)
-    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
-    parser.add_argument("--model", default="small_cnn")
-    parser.add_argument("--epochs", type=int, default=DEMO_EPOCHS)
-    parser.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
-    parser.add_argument("--global-batch-size", type=int, default=32)
-    parser.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help=f"The peak learning rate (default: {DEMO_LEARNING_RATE:g} from scratch, the demo's; with --weights, "
-        "train's own default, scaled with the batch size).",
+    stage1.add_argument(
+        "--skip-preprocess",
+        action="store_true",
+        help="Reuse WORKDIR/dataset as it is (the stage 1 flags are then refused: they would change nothing).",
     )
-    parser.add_argument(
-        "--weights",
-        default=None,
-        help="Start from pretrained weights: 'imagenet' (with a keras.applications --model) or a backbone "
-        ".weights.h5 / an earlier run's model dir (see python -m train --help).",
+    stage1.add_argument(
+        "--image-size",
+        type=int,
+        default=DEMO_IMAGE_SIZE,
+        help="Height and width the model sees (default %(default)s, the demo's; python -m preprocess's is 224).",
     )
-    parser.add_argument(
+    stage1.add_argument(
+        "--encoding", choices=features.ENCODINGS, default=features.UINT8, help="Record encoding."
+    )
+    stage1.add_argument(
         "--crop-margin",
         type=float,
         default=0.0,
         help="Stage 1 stores images this much larger for random-crop augmentation (see python -m preprocess --help).",
     )
-    parser.add_argument(
+    stage1.add_argument(
         "--max-failed-fraction",
         default=None,
-        help="Passed to stage 1: above this fraction of failed inputs it publishes nothing "
-        "(see python -m preprocess --help).",
+        help="Above this fraction of failed inputs stage 1 publishes nothing (default: stage 1's, 0.05).",
     )
-    parser.add_argument(
+    stage1.add_argument(
         "--retention-days",
         default=None,
-        help="Passed to stage 1: how long the dataset a re-run supersedes stays for the jobs reading it "
-        "(see python -m preprocess --help).",
+        help="How long the dataset a re-run supersedes stays for the jobs reading it (default: stage 1's, 7).",
     )
-    parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="DirectRunner worker processes."
+    stage1.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="DirectRunner worker processes (default: one per core).",
     )
-    parser.add_argument(
+    stage1.add_argument(
         "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
+    )
+    training = parser.add_argument_group("stage 2 (python -m train)")
+    training.add_argument("--model", choices=MODELS, default=train_defaults.model, help="The classifier.")
+    training.add_argument(
+        "--epochs",
+        type=int,
+        default=DEMO_EPOCHS,
+        help=f"Passes over the train split (default {DEMO_EPOCHS}, the demo's; python -m train's is "
+        f"{train_defaults.epochs}: see below).",
+    )
+    training.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
+    training.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=32,
+        help=f"Images per step (default 32, the demo's; python -m train's is {train_defaults.global_batch_size}).",
+    )
+    training.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help=f"The peak learning rate (default: {DEMO_LEARNING_RATE:g} from scratch, the demo's; with --weights, "
+        "train's own default, scaled with the batch).",
+    )
+    training.add_argument(
+        "--weights",
+        default=None,
+        help="Where the backbone starts: 'imagenet' (with a keras.applications --model), 'none', or a weights "
+        "file: a run's backbone.weights.h5, the no-top .h5 Keras publishes, an earlier run's model dir (see "
+        "python -m train --help). Default: none.",
     )
     parser.add_argument(
         "--verbose",
@@ -101,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         "processes; by default the workflow prints its progress, warnings and the results.",
     )
     return parser
+
+
+def stage1_flags_given(argv: list[str]) -> list[str]:
+    """The STAGE1_FLAGS among `argv` (as --flag VALUE or --flag=VALUE)."""
+    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    return [flag for flag in STAGE1_FLAGS if flag in given]
 
 
 def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
@@ -169,9 +234,11 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     for reason, count in inputs["failures_by_reason"].items():
         lines.append(f"    failed: {reason} x{count}")
     validation = metrics["validation"]
+    speed = metrics.get("images_per_second")  # None when this run had nothing left to train
     lines.append(
         f"  validation accuracy: {validation['accuracy']:.1%} on {validation['num_examples']} images "
-        f"({metrics['epochs']} epochs, {metrics['images_per_second']:.0f} images/s)"
+        f"({metrics['epochs']} epochs"
+        + (f", {speed:.0f} images/s)" if speed else ", trained by an earlier run)")
     )
     if "export_dir" in metrics:
         uri, truth, predicted, probability = predict_one(metrics["export_dir"], paths.dataset_dir, manifest)
@@ -186,21 +253,73 @@ def _train_and_evaluate(config: TrainConfig):
     return train_and_evaluate(config)
 
 
+def sample_corpus_input(args) -> str:
+    """The generated sample corpus's directory: made once per WORKDIR and size, then reused as it is.
+
+    Reused, not rewritten: stage 1's fingerprint (preprocess/fingerprint.py) holds the files' times,
+    so rewriting the same bytes would make the same command build its dataset again.
+    """
+    import json  # noqa: PLC0415
+
+    input_spec = manifest_lib.join(args.workdir.rstrip("/"), SAMPLE_SUBDIR)
+    if "://" in input_spec:  # the generator writes local files; stage 1 reads them from here
+        input_spec = os.path.join(tempfile.mkdtemp(prefix="sample_corpus_"), SAMPLE_SUBDIR)
+    marker = os.path.join(os.path.dirname(input_spec), SAMPLE_CORPUS_MARKER)
+    made_with = {"images_per_class": args.sample_images_per_class}
+    try:
+        with open(marker) as handle:
+            if json.load(handle) == made_with and os.path.isdir(input_spec):
+                return input_spec
+    except (OSError, ValueError):
+        pass
+    print(f"Generating the sample corpus in {input_spec} ...")
+    sample_corpus.write_sample_corpus(input_spec, images_per_class=args.sample_images_per_class)
+    with open(marker, "w") as handle:
+        json.dump(made_with, handle)
+    return input_spec
+
+
+def check_before_stage1(args) -> None:
+    """What would otherwise fail only after stage 1: the weights (a file that exists; ImageNet's file in
+    Keras' cache or downloadable from here). The model name is checked by the parser."""
+    args.weights = check_weights_flag(args.weights, args.model)
+    if args.weights is None or ("://" not in args.weights and args.weights != "imagenet"):
+        return
+    from train import console, pretrained  # noqa: PLC0415 - see the imports
+
+    console.import_tensorflow(args.verbose)
+    pretrained.check_weights(args.model, args.weights, (args.image_size, args.image_size, 3))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
     logs.configure_launcher(args.verbose)
+    if args.skip_preprocess and stage1_flags_given(argv):
+        print(
+            f"error: {', '.join(stage1_flags_given(argv))} given with --skip-preprocess, which reuses "
+            f"{WorkflowPaths(args.workdir).dataset_dir} as it is: they would change nothing. Drop them, or drop "
+            "--skip-preprocess to build the dataset with them (the same command with the same flags skips stage 1 "
+            "by itself when the dataset was built from them).",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        check_before_stage1(args)
+    except (WeightsFlagError, SetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from train import console  # noqa: PLC0415 - see the imports
+
+    # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
+    # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
+    console.import_tensorflow(args.verbose)
     paths = WorkflowPaths(args.workdir)
     stage1_argv = None
     if not args.skip_preprocess:
-        input_spec = args.input
-        if input_spec is None:
-            input_spec = manifest_lib.join(args.workdir.rstrip("/"), SAMPLE_SUBDIR)
-            if "://" in input_spec:  # the generator writes local files; stage 1 reads them from here
-                input_spec = os.path.join(tempfile.mkdtemp(prefix="sample_corpus_"), SAMPLE_SUBDIR)
-            print(f"Generating the sample corpus in {input_spec} ...")
-            sample_corpus.write_sample_corpus(input_spec, images_per_class=args.sample_images_per_class)
+        input_spec = args.input if args.input is not None else sample_corpus_input(args)
         stage1_argv = preprocess_argv(args, input_spec, paths.dataset_dir)
     learning_rate = args.learning_rate
     if learning_rate is None and not args.weights:
@@ -216,17 +335,26 @@ def main(argv=None) -> int:
         learning_rate=learning_rate,
         weights=args.weights,
     )
+    from train.errors import TrainingPreempted  # noqa: PLC0415 - no TensorFlow in train.errors
+
     try:
         manifest, metrics = run_workflow(
             dataset_dir=paths.dataset_dir,
             preprocess_argv=stage1_argv,
             launch_training=lambda manifest: _train_and_evaluate(config),
             model_dir=paths.model_dir,
+            skip_if_built=True,
         )
     except (WorkflowError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(report(paths, manifest, metrics))
+    except TrainingPreempted as exc:
+        print(str(exc), file=sys.stderr)
+        print(f"resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr)
+        return 130 if exc.signal_name == "SIGINT" else 143
+    with console.filtered_native_stderr(enabled=not args.verbose):  # the export's first uint8 decode
+        text = report(paths, manifest, metrics)
+    print(text)
     return 0
 
 

@@ -77,6 +77,45 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
         raise WorkflowError(f"stage 1 (preprocess) failed, so training will not start: {exc}") from exc
 
 
+def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
+    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now.
+
+    Computed from the job config stage 1 itself builds from those flags (pipeline.job_config), so
+    that the workflow and the manifest hash the same settings (preprocess/fingerprint.py).
+    """
+    from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
+    from preprocess.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
+
+    args, _ = options.parse_args(preprocess_argv)
+    return compute_fingerprint(pipeline.job_config(args, build_id=""))
+
+
+def published_manifest_or_none(dataset_dir: str) -> dict | None:
+    """The manifest `dataset_dir/dataset.json` holds now, or None (no dataset, or not readable as one)."""
+    import json  # noqa: PLC0415
+
+    from preprocess import filesystem  # noqa: PLC0415 - see the imports
+
+    path = manifest_lib.join(dataset_dir, manifest_lib.MANIFEST_FILE)
+    try:
+        if not filesystem.exists(path):
+            return None
+        return json.loads(filesystem.read_bytes(path))
+    except (OSError, ValueError):
+        return None
+
+
+def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
+    """The published manifest when it was built from these stage 1 flags and these inputs, else None."""
+    from preprocess.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
+
+    manifest = published_manifest_or_none(dataset_dir)
+    recorded = published_fingerprint(manifest)
+    if recorded is None:
+        return None
+    return manifest if recorded == stage1_fingerprint(preprocess_argv)["sha256"] else None
+
+
 def check_model_dir_is_new(model_dir: str) -> None:
     """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
 
@@ -98,9 +137,11 @@ def check_model_dir_is_new(model_dir: str) -> None:
     if held:
         raise WorkflowError(
             f"{model_dir} already holds a model ({', '.join(held)}), trained on the dataset run it started on; "
-            "this workflow would publish a new run of stage 1, which that model would not train on. "
+            "stage 1 would build a new dataset (the inputs or the stage 1 flags differ from what the published "
+            "one was built from, or there is none), which that model would not train on. "
             "To train a new model on a new dataset, remove that directory or use another --workdir; "
-            "to resume or finish that model on its own dataset, add --skip-preprocess"
+            "to resume or finish that model on its own dataset, run with the stage 1 flags it was built with, "
+            "or with --skip-preprocess and no stage 1 flags"
         )
 
 
@@ -110,13 +151,25 @@ def run_workflow(
     preprocess_argv: list[str] | None,
     launch_training: Callable[[dict], object],
     model_dir: str | None = None,
+    skip_if_built: bool = False,
+    say: Callable[[str], None] = print,
 ):
     """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
 
-    With stage 1 to run, `model_dir` (where stage 2 will train) must not hold
-    a model yet (check_model_dir_is_new). Returns (manifest, whatever
-    `launch_training(manifest)` returned).
+    With `skip_if_built`, stage 1 is skipped when the published dataset was built from the same
+    stage 1 flags and inputs (already_built): the same command run again resumes training instead
+    of building a dataset that its model dir would not train on. With stage 1 to run, `model_dir`
+    (where stage 2 will train) must not hold a model yet (check_model_dir_is_new). Returns
+    (manifest, whatever `launch_training(manifest)` returned).
     """
+    if preprocess_argv is not None and skip_if_built:
+        built = already_built(dataset_dir, preprocess_argv)
+        if built is not None:
+            say(
+                f"Stage 1 skipped: {dataset_dir} (run {built['run']['id']}) was built from these inputs with "
+                "these stage 1 flags."
+            )
+            preprocess_argv = None
     if preprocess_argv is not None and model_dir is not None:
         check_model_dir_is_new(model_dir)
     own = run_stage1(preprocess_argv) if preprocess_argv is not None else None

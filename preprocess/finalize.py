@@ -14,6 +14,7 @@ from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
 from preprocess import outcomes
+from preprocess.fingerprint import compute_fingerprint
 from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS
 from preprocess.publish import publish_run
 from preprocess.runs import RunPaths, run_started_at
@@ -103,6 +104,16 @@ def build_manifest(
     }
 
 
+def _fingerprint_or_none(config: dict) -> dict | None:
+    """The run's build fingerprint (fingerprint.py); None, with a warning, if the inputs cannot be listed
+    now: a dataset without one is only built again by a workflow, never refused."""
+    try:
+        return compute_fingerprint(config)
+    except Exception as exc:  # noqa: BLE001 - an optional field must not stop a finished run from publishing
+        logging.warning("no build fingerprint for the manifest (listing %s failed: %s)", config["input"], exc)
+        return None
+
+
 class TooManyFailuresError(ValueError):
     """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
 
@@ -173,6 +184,7 @@ def finalize_dataset(
         error_files=errors_log,
         **counts,
     )
+    manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}
     manifest_lib.check_manifest(manifest)
     return publish_run(
         config["output"],

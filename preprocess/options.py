@@ -4,6 +4,7 @@ import argparse
 
 from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
+from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
 # A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
@@ -78,6 +79,7 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m preprocess",
+        formatter_class=DefaultsHelpFormatter,
         description="Turn a corpus of images into a dataset directory of resized, sharded TFRecords "
         "with a manifest (dataset.json) holding the train split's normalization statistics. Any flag not listed here is passed to Apache Beam "
         "(--runner, --project, --region, --temp_location, --num_workers, --sdk_container_image, ...).",
@@ -192,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Also show the INFO logs of Beam, tf.Transform and TensorFlow, and those of the local "
         "worker processes; by default a local run prints its progress, warnings and the summary.",
     )
+    group_flags(
+        parser,
+        {
+            "input and output": ("--input", "--output", "--labels"),
+            "images": (
+                "--image-size", "--resize-method", "--crop-margin", "--encoding", "--jpeg-quality",
+                "--max-pixels", "--max-file-mb",
+            ),
+            "dataset": ("--split", "--shard-size-mb", "--min-shards", "--max-failed-fraction", "--retention-days"),
+            "running": ("--transform-batch-size", "--in-process-below", "--verbose"),
+        },
+    )  # fmt: skip
     return parser
 
 

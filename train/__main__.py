@@ -28,50 +28,62 @@ checkpoint in --model-dir, at its step, on the dataset run it started on
 (MODEL_DIR/dataset_pin.json: a re-run of stage 1 in the meantime does not
 change what it reads; train/dataset_pin.py). SIGTERM (spot VM preemption, TPU
 maintenance) or SIGHUP (the ssh session closed) saves a checkpoint at the
-next step boundary and exits with status 143. Problems with the dataset, the flags or the machine are printed
-as one message (no traceback) and exit with status 2.
+next step boundary and exits with status 143; Ctrl-C (SIGINT) does the same and exits with status 130,
+and a second Ctrl-C stops at once, without saving. Both print the command that resumes. Problems with the
+dataset, the flags or the machine are printed as one message (no traceback) and exit with status 2.
 
 `--help` is printed before TensorFlow is imported.
 """
 
 import argparse
+import shlex
 import sys
 
+from dataset_contract.cli_help import DefaultsHelpFormatter
 from train import flags
 from train.config import TrainConfig
 
-PREEMPTED_EXIT_CODE = (
-    143  # 128 + SIGTERM; train.checkpoints.PREEMPTED_EXIT_CODE, without importing TensorFlow
-)
+# 128 + the signal, as a shell reports a process it ended (train.checkpoints.PREEMPTED_EXIT_CODE and
+# INTERRUPTED_EXIT_CODE, without importing TensorFlow): supervisors restart after 143, a person pressed Ctrl-C for 130.
+PREEMPTED_EXIT_CODE = 143
+INTERRUPTED_EXIT_CODE = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = TrainConfig(data_dir="", model_dir="")
     parser = argparse.ArgumentParser(
         prog="python -m train",
+        formatter_class=DefaultsHelpFormatter,
         description="Train a Keras image classifier on a dataset directory written by `python -m preprocess`, "
         "evaluate it on the validation split and export a SavedModel that serves encoded image bytes. "
-        "SIGTERM or SIGHUP saves a checkpoint at the next step and exits with status 143; the same command "
-        "resumes.",
+        "Ctrl-C (SIGINT) saves a checkpoint at the next step and exits with status 130, SIGTERM or SIGHUP "
+        "the same with status 143; a second Ctrl-C stops at once. The same command resumes.",
     )
-    parser.add_argument(
+    paths = parser.add_argument_group("data and output")
+    paths.add_argument(
         "--data", required=True, help="The dataset directory (dataset.json + shards); local or gs://."
     )
-    parser.add_argument(
+    paths.add_argument(
         "--model-dir",
         required=True,
         help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. "
         "An existing run there is resumed, mid-epoch included, on the dataset run it started on "
         "(MODEL_DIR/dataset_pin.json), whatever dataset.json names now.",
     )
+    paths.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="Check every shard's sha256 against the manifest before training.",
+    )
+    paths.add_argument("--no-export", dest="export", action="store_false", help="Skip the serving export.")
     flags.add_setup_flags(parser)
-    flags.add_recipe_flags(parser)
-    length = parser.add_mutually_exclusive_group()
+    schedule = parser.add_argument_group("training length and learning rate")
+    length = schedule.add_mutually_exclusive_group()
     length.add_argument(
         "--epochs",
         type=flags.positive_int,
         default=defaults.epochs,
-        help="Passes over the train split (default %(default)s).",
+        help="Passes over the train split.",
     )
     length.add_argument(
         "--steps",
@@ -79,56 +91,52 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Total training steps instead of --epochs, split into equal epochs of at most --steps-per-epoch.",
     )
-    parser.add_argument(
+    schedule.add_argument(
         "--steps-per-epoch",
         type=flags.positive_int,
         default=None,
         help="Steps between epoch-end evaluations and checkpoints (default: one pass over the train split).",
     )
-    parser.add_argument(
+    schedule.add_argument(
         "--learning-rate",
         type=float,
         default=defaults.learning_rate,
-        help="The peak learning rate, instead of --base-learning-rate x --global-batch-size / 256.",
+        help="The peak learning rate (default: --base-learning-rate x --global-batch-size / 256).",
     )
-    parser.add_argument(
+    flags.add_recipe_flags(parser)
+    progress = parser.add_argument_group("checkpoints and progress")
+    progress.add_argument(
         "--checkpoint-every",
         default=defaults.checkpoint_every,
         help="Also checkpoint mid-epoch: every N steps (500) or every so much time (90s, 10m, 1h); 'epoch' for "
-        "epoch ends only (default %(default)s). A SIGKILL loses at most this much; SIGTERM loses nothing.",
+        "epoch ends only. A SIGKILL loses at most this much; Ctrl-C and SIGTERM lose nothing.",
     )
-    parser.add_argument(
+    progress.add_argument(
         "--preemption-check-every",
         default=defaults.preemption_check_every,
         help="Multi-worker only: how often the workers agree whether one of them got SIGTERM/SIGHUP (a "
-        "collective): every N steps (20), or every so much time's worth of steps, from the measured step time "
-        "(default %(default)s). A signal is acted on within this much.",
+        "collective): every N steps (20), or every so much time's worth of steps, from the measured step time. "
+        "A signal is acted on within this much.",
     )
-    parser.add_argument(
+    progress.add_argument(
         "--log-every",
         type=flags.positive_int,
         default=defaults.log_every,
         help="Steps between progress lines and TensorBoard step scalars: loss, learning rate, step time, "
-        "images/s overall and per replica (default %(default)s).",
+        "images/s overall and per replica.",
     )
-    parser.add_argument(
+    progress.add_argument(
         "--eval-every",
         type=flags.positive_int,
         default=None,
         help="Also evaluate on the validation split every N steps (default: at epoch ends only).",
     )
-    parser.add_argument(
+    progress.add_argument(
         "--profile-steps",
         default=None,
         metavar="FIRST,LAST",
         help="Capture a TensorBoard profile of global steps FIRST to LAST into MODEL_DIR/logs (profile tab).",
     )
-    parser.add_argument(
-        "--verify-data",
-        action="store_true",
-        help="Check every shard's sha256 against the manifest before training.",
-    )
-    parser.add_argument("--no-export", dest="export", action="store_false", help="Skip the serving export.")
     return parser
 
 
@@ -154,30 +162,52 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+def resume_command(argv) -> str:
+    """The command line that resumes this run: the same one."""
+    return shlex.join(["python", "-m", "train", *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and flag errors end here, before TensorFlow
     from train import console, cuda_cache
     from train.errors import SetupError
+    from train.weights_flag import WeightsFlagError, check_weights_flag
 
     console.configure(args.verbose, args.tpu)
     try:
+        args.weights = check_weights_flag(args.weights, args.model)
         config = config_from_args(args)
-    except SetupError as exc:
+    except (SetupError, WeightsFlagError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     cuda_cache.configure_cuda_cache()  # before TensorFlow initializes CUDA (train/cuda_cache.py)
-    console.import_tensorflow(args.verbose)
-    from train.errors import TrainingPreempted
-    from train.trainer import train_and_evaluate
+    try:
+        console.import_tensorflow(args.verbose)
+        from train.errors import TrainingPreempted
+        from train.preflight import check_weights_before_training
+        from train.trainer import train_and_evaluate
+    except KeyboardInterrupt:
+        print("interrupted while starting; nothing was trained", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
 
     try:
+        check_weights_before_training(config)
         train_and_evaluate(config)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
         print(str(exc), file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
+        print(f"resume with: {resume_command(argv)}", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE if exc.signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop (setting up, or the final evaluation and export): the last
+        # checkpoint, if any, is where the same command goes on from.
+        print(
+            f"interrupted; the same command resumes from the last checkpoint: {resume_command(argv)}",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT_CODE
     return 0
 
 

@@ -14,8 +14,9 @@ When a checkpoint is written (SaveCheckpoints):
     execution of `steps_per_execution` steps), mid-epoch included;
   - at every epoch end, after that epoch's evaluation;
   - on SIGTERM (how spot VMs, preemptible capacity and TPU maintenance
-    events announce that the machine goes away, typically 30 s ahead) or
-    SIGHUP (the ssh session that started training closed): the signal
+    events announce that the machine goes away, typically 30 s ahead),
+    SIGHUP (the ssh session that started training closed) or SIGINT
+    (Ctrl-C; `python -m train` then exits with status 130): the signal
     handler only sets a flag (PreemptionNotice); at the next step boundary
     the callback saves a checkpoint at that step and stops training, and
     `python -m train` exits with status 143 (128 + SIGTERM), the code
@@ -70,9 +71,11 @@ CHECKPOINT_DIR = "checkpoints"
 # The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,
 # as a shell reports a process that SIGTERM ended): supervisors restart it rather than call it done.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+# The exit status of a run stopped by Ctrl-C after saving its checkpoint (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 # What stops training with a save: preemption and maintenance (SIGTERM), the controlling terminal
-# going away (SIGHUP: an ssh session that closed).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# going away (SIGHUP: an ssh session that closed), and Ctrl-C (SIGINT), whose second press stops at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # The most steps between two agreements of the workers, whatever the step time.
 MAX_STEPS_BETWEEN_AGREEMENTS = 1000
 
@@ -179,11 +182,18 @@ class Checkpoints:
 
 
 class PreemptionNotice:
-    """SIGTERM or SIGHUP sets a flag; training acts on it at the next step boundary. A context manager.
+    """SIGTERM, SIGHUP or SIGINT sets a flag; training acts on it at the next step boundary. A context manager.
 
     The handler does nothing else: a signal handler that saved a checkpoint
     itself would run in the middle of whatever TensorFlow call the main
     thread was in. Outside the `with` block the previous handler is back.
+
+    The first SIGINT (Ctrl-C) also gives SIGINT back to the system's default
+    action, so that a second Ctrl-C ends the process at once, even while the
+    main thread waits inside TensorFlow (a Python handler would only run once
+    that call returned). Nothing is lost that the first one did not already
+    give up: the last checkpoint stays the latest (the manager switches its
+    index file last).
     """
 
     def __init__(self, signals=STOP_SIGNALS):
@@ -199,14 +209,22 @@ class PreemptionNotice:
     def request(self, signum=None, frame=None) -> None:
         if not self._event.is_set():
             self.signal_name = signal.Signals(signum).name if signum else "a stop request"
+            again = " (Ctrl-C again to stop at once, without saving)" if signum == signal.SIGINT else ""
             log.warning(
-                "%s received: saving a checkpoint at the next step boundary, then stopping", self.signal_name
+                "%s received: saving a checkpoint at the next step boundary, then stopping%s",
+                self.signal_name,
+                again,
             )
         self._event.set()
+        if signum == signal.SIGINT:
+            # After the line above is out: the second Ctrl-C (see the class docstring) ends the process.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
-            log.warning("training runs outside the main thread: SIGTERM/SIGHUP will not save a checkpoint")
+            log.warning(
+                "training runs outside the main thread: SIGTERM/SIGHUP/SIGINT will not save a checkpoint"
+            )
             return self
         for signum in self._signals:
             self._previous[signum] = signal.signal(signum, self.request)

@@ -26,7 +26,7 @@ class ConfigError(SetupError):
 
 
 class TrainingPreempted(Exception):
-    """Training stopped on SIGTERM or SIGHUP after saving a checkpoint at `step`; the same command resumes it."""
+    """Training stopped on SIGTERM, SIGHUP or SIGINT after saving a checkpoint at `step`; the same command resumes it."""
 
     def __init__(self, step: int, checkpoint_dir: str, signal_name: str | None = None):
         super().__init__(
@@ -35,3 +35,4 @@ class TrainingPreempted(Exception):
         )
         self.step = step
         self.checkpoint_dir = checkpoint_dir
+        self.signal_name = signal_name

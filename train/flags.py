@@ -44,9 +44,10 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
     --jit-compile, --augment, --shuffle-buffer, --parallel-files, --shared-filesystem, --allow-cpu, --verbose,
     with TrainConfig's defaults."""
     defaults = TrainConfig(data_dir="", model_dir="")
+    group = parser.add_argument_group("model and machine")
     per_replica = device_defaults.PER_REPLICA_BATCH
     parallel = device_defaults.PARALLEL_FILES
-    parser.add_argument(
+    group.add_argument(
         "--model",
         type=model_name,
         default=defaults.model,
@@ -55,7 +56,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "and returns a keras.Model from normalized float32 images to logits (train/user_model.py). "
         "Default %(default)s.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--global-batch-size",
         type=positive_int,
         default=defaults.global_batch_size,
@@ -65,29 +66,35 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "(x 224^2 / pixels) and for EfficientNet-B0 on GPUs; lowered to fit a small train split. The learning "
         "rate follows it (--learning-rate-scaling).",
     )
-    parser.add_argument("--strategy", choices=STRATEGIES, default=defaults.strategy)
-    parser.add_argument(
+    group.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=defaults.strategy,
+        help="tf.distribute strategy; auto: a TPU if there is one, Mirrored over several GPUs, "
+        "MultiWorkerMirrored under TF_CONFIG, else the default strategy.",
+    )
+    group.add_argument(
         "--tpu",
         default=None,
         help="'local' on a single-host TPU VM; the TPU's NAME for a multi-host slice (v4-32, v5litepod-16, ...), "
         "run on its worker 0: TensorFlow drives every host of the slice from there, and each host reads its "
         "own shards. Implies --strategy tpu.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--mixed-precision",
         choices=MIXED_PRECISION_CHOICES,
         default=defaults.mixed_precision,
         help="auto (default): bfloat16 on TPUs and on GPUs of compute capability >= 8.0, float16 with loss "
         "scaling on older GPUs, off (float32) on CPUs.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--steps-per-execution",
         type=positive_int,
         default=None,
         help="Training steps per device call (one host round trip per call). Default: 32 on TPU, 8 on GPUs "
         "(several GPUs run them in a tf.range loop around strategy.run, train/multi_step.py), 1 on CPU.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--jit-compile",
         choices=JIT_COMPILE_CHOICES,
         default=defaults.jit_compile,
@@ -95,15 +102,15 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         "replicas XLA comes from TensorFlow's auto-clustering, since Keras cannot compile a step that spans "
         "replicas.",
     )
-    parser.add_argument("--augment", action="store_true", help="Random flips and shifts of training images.")
-    parser.add_argument(
+    group.add_argument("--augment", action="store_true", help="Random flips and shifts of training images.")
+    group.add_argument(
         "--shuffle-buffer",
         type=positive_int,
         default=defaults.shuffle_buffer,
         help="Examples held for shuffling (default %(default)s); host memory is this times the record size, "
         "e.g. 2048 x 294 KiB = 600 MB for bfloat16 224x224.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--parallel-files",
         type=positive_int,
         default=defaults.parallel_files,
@@ -111,19 +118,19 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         f"host, {parallel['cpu']} on a CPU; each open file holds an 8 MiB read buffer. On GCS every file is one read "
         "stream, so this bounds a host's read bandwidth (train/device_defaults.py).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--shared-filesystem",
         action="store_true",
         help="Allow local --data / --model-dir paths on more than one machine: every host mounts them at the "
         "same place (NFS, Filestore, gcsfuse). Without it, multi-host training needs gs:// paths.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--allow-cpu",
         action="store_true",
         help="Train on the CPU although this machine has an NVIDIA GPU that TensorFlow cannot see (without "
         "it, that stops with the GPU install line: TensorFlow's CUDA libraries are missing).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--verbose",
         action="store_true",
         help="Log at INFO (default: warnings only), TensorFlow's start-up too.",
@@ -181,9 +188,12 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument(
         "--weights",
         default=None,
-        help="Start from pretrained weights: 'imagenet' (keras.applications' published weights, downloaded "
-        "once into ~/.keras; not for small_cnn), or a backbone .weights.h5 file, or the --model-dir of a "
-        "finished run (its backbone.weights.h5). Only the backbone is loaded; the head is new. Default: random.",
+        help="Where the backbone starts: 'imagenet' (keras.applications' published weights, from "
+        "~/.keras/models or downloaded there once; not for small_cnn; offline, the error names the file to "
+        "place there), 'none' (random), or a weights file, local or gs://: a run's backbone.weights.h5, "
+        "the no-top .h5 Keras publishes for the backbone (e.g. resnet50_weights_tf_dim_ordering_tf_kernels_"
+        "notop.h5, efficientnetb0_notop.h5), or a finished run's --model-dir. Only the backbone is loaded; "
+        "the head is new. Default: none.",
     )
     recipe.add_argument(
         "--freeze-backbone-epochs",

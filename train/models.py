@@ -40,6 +40,7 @@ from train.config import (  # noqa: F401 - the names --model takes, for callers 
 )
 from train.dataset import ImageFormat
 from train.errors import ConfigError
+from train.weights_flag import normalize_weights_flag
 
 # The small CNN halves the resolution three times, so 8x8 leaves it one pixel to pool.
 _MIN_IMAGE_SIZE = {SMALL_CNN: 8, **{name: app.min_size for name, app in pretrained.APPLICATIONS.items()}}
@@ -111,6 +112,7 @@ def build_model(
     (module docstring), in float32. `weights`: None (random), "imagenet"
     (keras.applications only) or a path (pretrained.load_backbone_weights).
     """
+    weights = normalize_weights_flag(weights)  # 'none' is random, any case of 'imagenet' is ImageNet
     min_size = min_image_size(name)
     if min(image_shape[:2]) < min_size:
         raise ConfigError(f"model {name!r} needs images of at least {min_size}x{min_size}, got {image_shape}")

@@ -25,18 +25,32 @@ scratch): weights made by one run of this package fit the next.
 
 Weights:
   --weights imagenet   keras.applications' own mechanism (`weights="imagenet"`: downloaded once into
-                       ~/.keras/models, hash-checked); needs internet the first time
-  --weights PATH       a `.weights.h5` file of the backbone (what a run writes as
-                       MODEL_DIR/backbone.weights.h5, or `keras.applications.X(include_top=False,
-                       weights=...).save_weights(...)`), or a directory holding backbone.weights.h5
-                       (a finished run's --model-dir); local or gs://
+                       ~/.keras/models, hash-checked). Before anything is built, the file Keras will ask
+                       for is looked up (the application's own get_file call, intercepted): in Keras'
+                       cache it is used; otherwise, when its origin cannot be reached (offline), the run
+                       stops with the file's name, its URL, and the two ways to provide it: put it in
+                       ~/.keras/models, or pass it as --weights PATH
+  --weights PATH       a weights file of the backbone, local or gs://: a `.weights.h5` file (what a
+                       run writes as MODEL_DIR/backbone.weights.h5, or `keras.applications.X(
+                       include_top=False, weights=...).save_weights(...)`), the legacy-HDF5 `.h5` file
+                       Keras publishes for the backbone without its top (loaded by topology, as
+                       keras.applications loads it), or a directory holding backbone.weights.h5
+                       (a finished run's --model-dir)
+  --weights none       random (the default)
 Only the backbone is loaded: the head is new (the classes differ).
+
+Every application is built under its own Keras name and renamed BACKBONE afterwards: Keras 3 builds
+EfficientNet's download name from the model's `name=` (`efficientnetb0_notop.h5`), so a backbone
+built as name="backbone" would ask for `backbone_notop.h5`, which does not exist.
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
 import tempfile
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Callable
 
@@ -45,11 +59,12 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from train.errors import ConfigError
+from train.weights_flag import BACKBONE_WEIGHTS_FILE, IMAGENET, WEIGHTS_FILE_SUFFIXES, is_weights_file
 
-IMAGENET = "imagenet"
 BACKBONE = "backbone"  # the name of the backbone sub-model inside every classifier
-BACKBONE_WEIGHTS_FILE = "backbone.weights.h5"
 WEIGHTS_SUFFIX = ".weights.h5"
+# How long the ImageNet file's origin may take to answer before this machine counts as offline.
+ORIGIN_PROBE_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +157,173 @@ def application_backbone(name: str, image_shape: tuple[int, int, int], weights: 
             image_shape[1],
             application.pretrained_size,
         )
-    backbone = application.constructor(
+    build = lambda: application.constructor(  # noqa: E731 - one call, made under two interceptions
         include_top=False,
         weights=IMAGENET if weights == IMAGENET else None,
         input_shape=image_shape,
         pooling="avg",
-        name=BACKBONE,
         **dict(application.extra_kwargs),
     )
+    if weights == IMAGENET:
+        with _intercepted_get_file(
+            lambda real, *args, **kwargs: _download_if_reachable(name, real, *args, **kwargs)
+        ):
+            backbone = build()
+    else:
+        backbone = build()
+    # Keras' own name until here: EfficientNet names its download after it (module docstring).
+    backbone.name = BACKBONE
     return backbone
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedFile:
+    """The ImageNet weights file an application asks keras.utils.get_file for."""
+
+    fname: str
+    origin: str
+    file_hash: str | None
+    cache_subdir: str
+
+    def cache_path(self) -> str:
+        """Where keras.utils.get_file looks for it (and would download it to)."""
+        from keras.src.backend import config as keras_config  # noqa: PLC0415 - Keras' own cache root
+
+        base = os.path.expanduser(keras_config.keras_home())
+        if not os.access(base, os.W_OK):  # get_file's own fallback
+            base = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), ".keras")
+        return os.path.join(base, self.cache_subdir, self.fname)
+
+    def cached(self) -> bool:
+        """Whether Keras' cache holds it, intact (get_file would download it again otherwise)."""
+        from keras.src.utils import file_utils  # noqa: PLC0415
+
+        path = self.cache_path()
+        if not os.path.isfile(path):
+            return False
+        return self.file_hash is None or file_utils.validate_file(path, self.file_hash)
+
+
+class _Requested(Exception):
+    """Raised by the get_file stand-in to stop a build once the file it asks for is known."""
+
+    def __init__(self, published: PublishedFile):
+        super().__init__(published.fname)
+        self.published = published
+
+
+def _published_file(
+    fname=None, origin=None, file_hash=None, cache_subdir="datasets", **kwargs
+) -> PublishedFile:
+    return PublishedFile(
+        fname=fname, origin=origin, file_hash=file_hash or kwargs.get("md5_hash"), cache_subdir=cache_subdir
+    )
+
+
+@contextlib.contextmanager
+def _intercepted_get_file(stand_in: Callable):
+    """Route keras.applications' calls to keras.utils.get_file through `stand_in(real, *args, **kwargs)`.
+
+    The application modules call `file_utils.get_file(...)` through the module, so replacing the
+    module's attribute is enough, and nothing else of Keras changes.
+    """
+    from keras.src.utils import file_utils  # noqa: PLC0415
+
+    real = file_utils.get_file
+    file_utils.get_file = lambda *args, **kwargs: stand_in(real, *args, **kwargs)
+    try:
+        yield
+    finally:
+        file_utils.get_file = real
+
+
+def requested_imagenet_file(name: str, image_shape: tuple[int, int, int]) -> PublishedFile:
+    """The file keras.applications asks for when `name` is built with ImageNet weights at `image_shape`.
+
+    Found by building the application with get_file intercepted (no network, no weights loaded):
+    the name comes from Keras' own code, whatever its version computes it from.
+    """
+    application = APPLICATIONS[name]
+
+    def stop(real, *args, **kwargs):
+        raise _Requested(_published_file(*args, **kwargs))
+
+    with _intercepted_get_file(stop), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. MobileNet's "input shape not in [96, ..., 224]"
+        try:
+            application.constructor(
+                include_top=False,
+                weights=IMAGENET,
+                input_shape=image_shape,
+                pooling="avg",
+                **dict(application.extra_kwargs),
+            )
+        except _Requested as requested:
+            return requested.published
+    raise RuntimeError(f"keras.applications built {name} with ImageNet weights without asking for a file")
+
+
+def origin_unreachable(origin: str, timeout: float = ORIGIN_PROBE_SECONDS) -> str | None:
+    """Why `origin` cannot be reached from here (None when it answers): the offline test.
+
+    A HEAD request, through the proxy the environment names (https_proxy), as Keras' download would go.
+    """
+    try:
+        with urllib.request.urlopen(urllib.request.Request(origin, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        return None if exc.code < 500 else f"HTTP {exc.code}"  # the server answered: the network is there
+    except (urllib.error.URLError, OSError) as exc:
+        return str(getattr(exc, "reason", exc)) or type(exc).__name__
+
+
+def imagenet_unavailable_message(name: str, published: PublishedFile, reason: str) -> str:
+    return (
+        f"--weights imagenet: --model {name} needs {published.fname}, which is not in Keras' cache "
+        f"({os.path.dirname(published.cache_path())}) and cannot be downloaded from here ({reason}).\n"
+        f"  Download {published.origin} on a machine that can, then either put it in "
+        f"{os.path.dirname(published.cache_path())}/ (the same command then finds it), or pass it with "
+        f"--weights PATH/{published.fname}"
+    )
+
+
+def check_imagenet_available(name: str, image_shape: tuple[int, int, int]) -> PublishedFile:
+    """ConfigError, before anything is trained, when `name`'s ImageNet file is neither cached nor reachable."""
+    published = requested_imagenet_file(name, image_shape)
+    if not published.cached():
+        reason = origin_unreachable(published.origin)
+        if reason is not None:
+            raise ConfigError(imagenet_unavailable_message(name, published, reason))
+    return published
+
+
+def _download_if_reachable(name: str, real, *args, **kwargs):
+    """The get_file of a real ImageNet build: the cached file, or a download, or a ConfigError offline."""
+    published = _published_file(*args, **kwargs)
+    if not published.cached():
+        reason = origin_unreachable(published.origin)
+        if reason is not None:
+            raise ConfigError(imagenet_unavailable_message(name, published, reason))
+    return real(*args, **kwargs)
+
+
+def check_weights(model_name: str, weights: str | None, image_shape: tuple[int, int, int]) -> None:
+    """Everything about --weights that can fail, checked before stage 1 or training spends anything.
+
+    `weights` is already normalized (weights_flag.normalize_weights_flag). A path must name a file
+    (gs:// included); 'imagenet' must be in Keras' cache or downloadable from here.
+    """
+    if weights is None:
+        return
+    if weights == IMAGENET:
+        if model_name not in APPLICATIONS:
+            raise ConfigError(
+                f"--weights imagenet: --model {model_name} has no ImageNet weights; use one of "
+                f"{', '.join(APPLICATIONS)}, or --weights none"
+            )
+        check_imagenet_available(model_name, image_shape)
+        return
+    backbone_weights_file(weights)
 
 
 def _local_copy(path: str, directory: str) -> str:
@@ -163,8 +336,9 @@ def _local_copy(path: str, directory: str) -> str:
 
 
 def backbone_weights_file(path: str) -> str:
-    """The weights file `--weights PATH` names: PATH itself (.weights.h5) or PATH/backbone.weights.h5."""
-    if path.endswith(WEIGHTS_SUFFIX):
+    """The weights file `--weights PATH` names: PATH itself (.weights.h5, or a published .h5) or
+    PATH/backbone.weights.h5."""
+    if is_weights_file(path):
         if not tf.io.gfile.exists(path):
             raise ConfigError(f"--weights {path}: no such file")
         return path
@@ -172,8 +346,9 @@ def backbone_weights_file(path: str) -> str:
     if tf.io.gfile.isdir(path) and tf.io.gfile.exists(candidate):
         return candidate
     raise ConfigError(
-        f"--weights {path}: expected a {WEIGHTS_SUFFIX} file or a directory holding {BACKBONE_WEIGHTS_FILE} "
-        "(the --model-dir of a finished training run), or 'imagenet'"
+        f"--weights {path}: expected a weights file ({' or '.join(WEIGHTS_FILE_SUFFIXES)}: a run's "
+        f"{BACKBONE_WEIGHTS_FILE} or the no-top .h5 Keras publishes for the backbone), a directory holding "
+        f"{BACKBONE_WEIGHTS_FILE} (the --model-dir of a finished training run), 'imagenet' or 'none'"
     )
 
 
@@ -194,8 +369,9 @@ def load_backbone_weights(backbone: keras.Model, path: str, model_name: str) -> 
             reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
                 f"--weights {path}: {source} does not fit the backbone of --model {model_name} ({reason}). "
-                "The file must hold the weights of the same model without its top, as written to "
-                f"MODEL_DIR/{BACKBONE_WEIGHTS_FILE} by a run with the same --model"
+                "The file must hold the weights of the same model without its top: as written to "
+                f"MODEL_DIR/{BACKBONE_WEIGHTS_FILE} by a run with the same --model, or the no-top .h5 file "
+                "Keras publishes for it"
             ) from exc
     log.info("backbone weights loaded from %s", source)
     return source

@@ -72,6 +72,8 @@ from train import (
     optimization,
     plots,
     pretrained,
+    progress_lines,
+    resume_check,
 )
 from train import recipe as recipe_lib
 from train import strategy as strategy_lib
@@ -293,6 +295,10 @@ class EpochProgress(keras.callbacks.Callback):
         self._progress = progress
         self._plan = plan
         self._printer = printer
+        self._timer = progress_lines.EpochTimer(plan.total_steps)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._timer.begin(self._progress.step)
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._progress.epoch_completed(epoch, self._plan) or not logs:
@@ -302,7 +308,7 @@ class EpochProgress(keras.callbacks.Callback):
             line += f", accuracy {logs['accuracy']:.4f}"
         if "val_loss" in logs:
             line += f" | validation loss {logs['val_loss']:.4f}, accuracy {logs.get('val_accuracy', float('nan')):.4f}"
-        self._printer(line)
+        self._printer(line + self._timer.end(self._progress.step))
 
 
 @contextlib.contextmanager
@@ -512,14 +518,20 @@ def start_run(
     ):  # also a TPU found without being asked for ($TPU_NAME, this VM's chips)
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     # Resolved here too so that an impossible recipe fails before anything is built.
-    log.info("recipe: %s", recipe_lib.describe(recipe_lib.resolve_recipe(config, plan)))
+    planned_recipe = recipe_lib.resolve_recipe(config, plan)
     chief = strategy_lib.is_chief(strategy)
     worker = strategy_lib.worker_name(strategy)
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
+    # A resume must keep the checkpoint's batch, length and schedule (resume_check.py).
+    resume_note = resume_check.check_resume(config.model_dir, plan, planned_recipe, chief)
+    if chief:
+        printer(progress_lines.describe_plan(config, manifest, setup, planned_recipe, interval.describe()))
+        if resume_note:
+            printer(resume_note)
     if chief:
         tf.io.gfile.makedirs(config.model_dir)
         dataset_pin.record_pin(config.model_dir, data.pinned)
-    log.info(
+    log.info(  # the printed plan's figures, for the log of a non-chief worker too
         "strategy %s (%d replicas), %s, %s: %d epochs x %d steps, %s, %d files read at once per host",
         setup.kind,
         plan.num_replicas,
@@ -671,6 +683,7 @@ def finish_run(
             f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
             f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
         )
+        run.printer(progress_lines.final_line(result, config.model_dir, METRICS_FILE))
     return result
 
 

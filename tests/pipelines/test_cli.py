@@ -23,3 +23,40 @@ def test_the_local_workflow_hands_verbose_to_stage_1_and_is_quiet_without_it():
     assert "--verbose" in local.preprocess_argv(verbose, "images", "dataset")
     quiet = local.build_parser().parse_args(["--workdir", "w"])
     assert "--verbose" not in local.preprocess_argv(quiet, "images", "dataset")
+
+
+@pytest.mark.parametrize(
+    "module, groups, defaults",
+    [
+        (
+            "train",
+            ("data and output:", "model and machine:", "training length and learning rate:", "training recipe:",
+             "checkpoints and progress:"),
+            ("Images per step, over all replicas. (default: 64)", "Passes over the train split. (default: 10)"),
+        ),
+        (
+            "pipelines.local",
+            ("stage 1 (python -m preprocess):", "stage 2 (python -m train):"),
+            ("(default 64, the demo's; python -m preprocess's is 224)", "(default 32, the demo's; python -m train's is 64)",
+             "(default 50, the demo's; python -m train's is 10: see below)"),
+        ),
+        (
+            "pipelines.dataflow",
+            ("where:", "stage 1 on Dataflow:", "the TPU VM:", "stage 2 (python -m train):", "training recipe:"),
+            ("--epochs EPOCHS default: 30", "python -m train's (small_cnn, 10 epochs, batch 64)"),
+        ),
+        (
+            "preprocess",
+            ("input and output:", "images:", "dataset:", "running:"),
+            ("(default 224)", "(default 0.8,0.1,0.1)"),
+        ),
+    ],
+)  # fmt: skip
+def test_every_help_groups_its_flags_and_shows_the_defaults(tmp_path, module, groups, defaults):
+    result = probe_module(module, ["--help"], HEAVY, tmp_path)
+    assert "EXIT 0" in result.stderr, result.stderr[-2000:]
+    text = " ".join(result.stdout.split())  # argparse wraps lines where it likes
+    for title in groups:
+        assert f" {title} " in f" {text} ", title
+    for default in defaults:
+        assert default in text, default

@@ -28,6 +28,10 @@ def test_native_startup_info_is_dropped_and_warnings_kept():
         "E0000 00:00:17 6113 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
         "Failed call to cuInit: UNKNOWN ERROR (303)"
     )
+    assert console.is_native_noise(  # the first uint8 image a SavedModel decodes on a CPU without AVX-512
+        "E0000 00:00:1795684991.216352   16259 util.cc:131] oneDNN supports DT_UINT8 only on platforms with "
+        "AVX-512. Falling back to the default Eigen-based implementation if present."
+    )
     assert not console.is_native_noise("W0000 00:00:17 123 dataset.cc:12] The input pipeline is slow")
     assert not console.is_native_noise("E0000 00:00:17 123 tpu.cc:1] TPU initialization failed")
 

@@ -91,9 +91,23 @@ def test_the_first_start_pins_the_run_and_metrics_and_the_export_name_it(two_run
     assert lineage["created_at"] == json.loads(two_runs.manifest_a)["created_at"]
 
 
+def rewind_to_first_epoch(model_dir) -> None:
+    """Leave the model dir as an interruption after the first epoch would: its checkpoint the latest.
+
+    (A resume must keep its run's plan, train/resume_check.py: a finished run is not trained further.)
+    """
+    import tensorflow as tf
+
+    first_epoch = str(model_dir / "checkpoints" / "ckpt-2")
+    tf.compat.v1.train.update_checkpoint_state(
+        str(model_dir / "checkpoints"), first_epoch, all_model_checkpoint_paths=[first_epoch]
+    )
+
+
 def test_a_resume_after_another_run_is_published_keeps_training_on_the_pinned_run(two_runs, tmp_path, caplog):
     model_dir = tmp_path / "model"
-    train(two_runs.root, model_dir, epochs=1)
+    train(two_runs.root, model_dir, epochs=2)
+    rewind_to_first_epoch(model_dir)
     two_runs.publish_b()
 
     with caplog.at_level(logging.WARNING, logger="train"):

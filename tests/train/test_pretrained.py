@@ -117,6 +117,7 @@ def test_imagenet_weights_come_through_keras_applications_own_download(
         return published_path
 
     monkeypatch.setattr(keras.src.utils.file_utils, "get_file", download)
+    monkeypatch.setattr(pretrained, "origin_unreachable", lambda origin, timeout=0: None)  # "online"
     model = models.build_model_for_dataset(name, image_format, len(manifest["labels"]), weights="imagenet")
 
     [(fname, origin, kwargs)] = downloads
