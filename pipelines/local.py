@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint first (a second Ctrl-C stops at once).",
         epilog=f"The defaults are the demo's (the sample corpus, the small CNN from scratch): 64 px, "
         f"{DEMO_EPOCHS} epochs of batch 32 at learning rate {DEMO_LEARNING_RATE:g}. python -m train's own "
-        f"defaults ({train_defaults.epochs} epochs, batch {train_defaults.global_batch_size}, the optimizer's "
+        f"defaults ({train_defaults.epochs} epochs, a batch per device, the optimizer's "
         "learning rate scaled with the batch) are for a dataset you bring: the small CNN needs ~600 steps on "
         "the sample corpus before BatchNorm's statistics settle, which its 15 steps per epoch reach in 50 epochs.",
     )
@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--global-batch-size",
         type=int,
         default=32,
-        help=f"Images per step (default 32, the demo's; python -m train's is {train_defaults.global_batch_size}).",
+        help="Images per step (default 32, the demo's; python -m train's is set per device: 32 per CPU, 128 per GPU or "
+        "TPU chip).",
     )
     training.add_argument(
         "--learning-rate",

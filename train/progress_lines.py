@@ -2,8 +2,8 @@
 
     training small_cnn from random weights on /data/ds (run 20260101-..., 32x32 uint8, 5 classes)
       data:      480 train images, 96 validation; 10 epochs x 7 steps of 64 images = 70 steps
-      schedule:  adamw, peak learning rate 0.00025 (base 0.001 x batch / 256), warmup 7 steps, ...
-      device:    CPU, default strategy, 1 replica (64 images each); precision float32, XLA off, ...
+      schedule:  adamw, peak learning rate 0.00025 (base 0.001 x batch / 256, linear scaling); ...
+      device:    cpu, default strategy, 1 replica(s); global batch 64 (...); precision float32, XLA off, ...
       model dir: /runs/r1 (checkpoints every 600 s and at epoch ends; Ctrl-C or SIGTERM saves and stops)
     epoch 1/10: loss 1.5, accuracy 0.31 | validation loss 1.4, accuracy 0.40 (12.1 s, ETA 1 min 49 s)
     ...
@@ -15,6 +15,8 @@ only. No TensorFlow here: the numbers come in already resolved.
 
 import time
 from collections.abc import Callable
+
+from train import lr_scaling
 
 
 def format_seconds(seconds: float) -> str:
@@ -42,8 +44,10 @@ def plan_lines(
     xla: str,
     model_dir: str,
     checkpoint_interval: str,
+    steps_per_execution: str = "",
 ) -> list[str]:
     """The plan of a run, as printed at its start (see the module docstring)."""
+    steps_per_execution = steps_per_execution or f"{plan.steps_per_execution} step(s) per execution"
     image = manifest["image"]
     crop = image.get("crop_size", image["height"])
     splits = manifest["splits"]
@@ -58,9 +62,9 @@ def plan_lines(
         f"{plan.epochs} epochs x {plan.steps_per_epoch} steps of {plan.global_batch_size} images "
         f"= {plan.total_steps} steps",
         f"  schedule:  {schedule_description}",
-        f"  device:    {device_kind}, {strategy_kind} strategy, {plan.num_replicas} replica(s) "
-        f"({plan.per_replica_batch_size} images each); precision {precision}, XLA {xla}, "
-        f"{plan.steps_per_execution} step(s) per execution",
+        f"  device:    {device_kind}, {strategy_kind} strategy, {plan.num_replicas} replica(s); "
+        f"{plan.describe_batch()}; precision {precision}, XLA {xla}, {steps_per_execution}, "
+        f"{plan.parallel_files} files read at once per host",
         f"  model dir: {model_dir} (checkpoints {checkpoint_interval}, at epoch ends, and when Ctrl-C or "
         "SIGTERM stops the run)",
     ]
@@ -73,9 +77,9 @@ def weights_description(weights: str | None) -> str:
 def schedule_description(recipe) -> str:
     """The learning-rate schedule and the optimizer's numbers of a recipe.Recipe, in one line."""
     scaled = (
-        f" (base {recipe.base_learning_rate:g} x batch / 256)"
+        f" ({lr_scaling.describe(recipe.base_learning_rate, recipe.learning_rate_scaling or lr_scaling.LINEAR)})"
         if recipe.base_learning_rate is not None
-        else ""
+        else " (--learning-rate)"
     )
     parts = [
         f"{recipe.optimizer}, peak learning rate {recipe.peak_learning_rate:.3g}{scaled}",
@@ -89,6 +93,13 @@ def schedule_description(recipe) -> str:
     if recipe.freeze_backbone_steps:
         parts.append(f"backbone frozen for the first {recipe.freeze_backbone_steps} steps")
     return "; ".join(parts)
+
+
+def steps_per_execution_description(plan, loop: str) -> str:
+    """'8 step(s) per execution (tf.range loop)': which loop runs several steps (accelerator.py)."""
+    return f"{plan.steps_per_execution} step(s) per execution" + (
+        f" ({loop})" if plan.steps_per_execution > 1 else ""
+    )
 
 
 def describe_plan(config, manifest: dict, run, recipe, checkpoint_interval: str) -> str:
@@ -107,6 +118,7 @@ def describe_plan(config, manifest: dict, run, recipe, checkpoint_interval: str)
             xla=run.choice.xla,
             model_dir=config.model_dir,
             checkpoint_interval=checkpoint_interval,
+            steps_per_execution=steps_per_execution_description(run.plan, run.choice.multi_step_loop),
         )
     )
 

@@ -32,18 +32,18 @@ def test_the_local_workflow_hands_verbose_to_stage_1_and_is_quiet_without_it():
             "train",
             ("data and output:", "model and machine:", "training length and learning rate:", "training recipe:",
              "checkpoints and progress:"),
-            ("Images per step, over all replicas. (default: 64)", "Passes over the train split. (default: 10)"),
+            ("Default: per replica x replicas", "32 per CPU replica", "Passes over the train split. (default: 10)"),
         ),
         (
             "pipelines.local",
             ("stage 1 (python -m preprocess):", "stage 2 (python -m train):"),
-            ("(default 64, the demo's; python -m preprocess's is 224)", "(default 32, the demo's; python -m train's is 64)",
+            ("(default 64, the demo's; python -m preprocess's is 224)", "(default 32, the demo's; python -m train's is set per device",
              "(default 50, the demo's; python -m train's is 10: see below)"),
         ),
         (
             "pipelines.dataflow",
             ("where:", "stage 1 on Dataflow:", "the TPU VM:", "stage 2 (python -m train):", "training recipe:"),
-            ("--epochs EPOCHS default: 30", "python -m train's (small_cnn, 10 epochs, batch 64)"),
+            ("--epochs EPOCHS default: 30", "python -m train's (small_cnn, 10 epochs, a per-device batch)"),
         ),
         (
             "preprocess",
