@@ -54,6 +54,7 @@ from train import (
     accelerator,
     checks,
     dataset,
+    dataset_lease,
     dataset_pin,
     export,
     losses,
@@ -486,6 +487,8 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
             notice,
             accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING),
             dataset_pin.explain_vanished_shards(pinned),
+            # The chief keeps stage 1's cleanup off the run while training reads it (dataset_lease.py).
+            dataset_lease.held(pinned, config.model_dir, enabled=chief),
         ):
             fit_from_step(
                 model,
