@@ -562,6 +562,19 @@ def _replaced_objects(command: str, path: str, body: bytes) -> list[tuple[str, s
 _BUCKET_METADATA_PATH = re.compile(r"/storage/v1/b/[^/?]+/?(?:\?.*)?")
 
 
+_DELETE_IN_BATCH_WITH_BUCKET = re.compile(rb"DELETE \S*?/storage/v1/b/([^/?\s]+)/o/([^?\s]+)")
+
+
+def _deleted_objects_with_bucket(command: str, path: str, body: bytes) -> list[tuple[str, str]]:
+    """(bucket, name) of the objects a request deletes: one DELETE of an object, or the DELETEs of a batch."""
+    if command == "POST" and path.startswith("/batch/"):
+        return [
+            (urllib.parse.unquote(bucket.decode()), urllib.parse.unquote(name.decode()))
+            for bucket, name in _DELETE_IN_BATCH_WITH_BUCKET.findall(body)
+        ]
+    return [(_bucket_of(path), name) for name in _deleted_objects(command, path, body)]
+
+
 def _object_read(command: str, path: str) -> ObjectRead | None:
     match = _OBJECT_READ_PATH.fullmatch(path) if command == "GET" else None
     if match is None:
@@ -588,7 +601,8 @@ class FaultInjectingForwarder:
         self.injected: list[tuple[ObjectRead, int]] = []
         self.injected_deletes: list[tuple[str, int]] = []
         self.failed_preconditions: list[str] = []
-        # Seconds of the bucket's retention policy (None: none); `refused_by_retention` lists what it refused.
+        # Seconds of the bucket's retention policy (None: none); `refused_by_retention` lists what it
+        # refused: ("replace" or "delete", object name).
         self.retention_seconds: float | None = None
         self.refused_by_retention: list[tuple[str, str]] = []
         self._precondition_lock = threading.Lock()
@@ -669,14 +683,16 @@ class FaultInjectingForwarder:
         period = self.retention_seconds
         if period is None:
             return None
-        targets = _replaced_objects(command, path, body)
-        targets += [(_bucket_of(path), name) for name in _deleted_objects(command, path, body)]
-        for bucket, name in targets:
+        targets = [("replace", bucket, name) for bucket, name in _replaced_objects(command, path, body)]
+        targets += [
+            ("delete", bucket, name) for bucket, name in _deleted_objects_with_bucket(command, path, body)
+        ]
+        for kind, bucket, name in targets:
             created = self._object_created(bucket, name)
             if created is None or time.time() - created >= period:
                 continue
             with self._lock:
-                self.refused_by_retention.append((command, name))
+                self.refused_by_retention.append((kind, name))
             until = datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()  # noqa: UP017 - Python 3.10
             message = (
                 f"Object '{bucket}/{name}' is subject to bucket's retention policy or object retention and "

@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import json
 import logging
+import posixpath
 import threading
 
 import tensorflow as tf
@@ -71,9 +72,16 @@ class DatasetLease:
         tf.io.gfile.makedirs(self.directory)
         with tf.io.gfile.GFile(path, "wb") as handle:
             handle.write(json.dumps(record).encode("utf-8"))
+        written = posixpath.basename(path)
         for name in tf.io.gfile.listdir(self.directory):
             parsed = leases.parse_lease(name)
-            if parsed and parsed[0] == self.holder and parsed[1] < expires:
+            # Its older leases only (the names hold whole seconds: compare them, not `expires`).
+            if (
+                parsed
+                and parsed[0] == self.holder
+                and name != written
+                and parsed[1] <= leases.parse_lease(written)[1]
+            ):
                 try:
                     tf.io.gfile.remove(manifest_lib.join(self.directory, name))
                 except tf.errors.OpError as exc:  # a retention policy keeps it; it expires all the same
