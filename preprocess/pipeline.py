@@ -398,8 +398,8 @@ def run(argv=None) -> dict | None:
             # run did its work, and a newer run has published since.
             newer = published_run_id(read_published_manifest(output_dir))
             raise PublishedThenSuperseded(
-                f"run {run_id} published into {output_dir}; run {newer}, which started later, has published "
-                f"since and is the dataset there now. Nothing to do: this run succeeded"
+                f"run {run_id} published into {output_dir}, but run {newer}, which started later, has "
+                f"published since and is the dataset there now. This run succeeded: nothing to retry"
             ) from exc
         raise
     if manifest is None:
@@ -407,8 +407,9 @@ def run(argv=None) -> dict | None:
     return manifest
 
 
-class PublishedThenSuperseded(Exception):
-    """This run published, then a run that started later published too: not a failure of this run."""
+class PublishedThenSuperseded(SupersededRunError):
+    """This run published, then a run that started later published too: not a failure of this run (the
+    launcher exits 0), but its dataset is not the published one (the workflow does not train on it)."""
 
 
 def main(argv=None):

@@ -342,7 +342,10 @@ def test_a_launcher_whose_run_published_and_was_then_superseded_exits_0_saying_s
     flag.unlink()
     assert process.wait(timeout=300) == 0, log_path.read_text()
     text = log_path.read_text()
-    assert f"run {launched['run']['id']} published into {output}; run {newer_id}, which started later" in text
+    assert (
+        f"run {launched['run']['id']} published into {output}, but run {newer_id}, which started later"
+        in text
+    )
     assert "Traceback" not in text
 
 
