@@ -69,7 +69,8 @@ class DatasetLease:
         expires = now + datetime.timedelta(seconds=self.lease_seconds)
         path = manifest_lib.join(self.data_dir, leases.lease_name(self.run_id, self.holder, expires))
         record = {"run_id": self.run_id, "model_dir": self.model_dir, "expires_at": expires.isoformat()}
-        tf.io.gfile.makedirs(self.directory)
+        if not self.directory.startswith("gs://"):
+            tf.io.gfile.makedirs(self.directory)  # on GCS: no directory placeholder objects
         with tf.io.gfile.GFile(path, "wb") as handle:
             handle.write(json.dumps(record).encode("utf-8"))
         written = posixpath.basename(path)
@@ -102,7 +103,16 @@ class DatasetLease:
                 )
 
     def __enter__(self):
-        self.refresh()
+        try:
+            self.refresh()
+        except Exception as exc:  # noqa: BLE001 - e.g. read-only access to the data: train all the same
+            log.warning(
+                "could not write a lease on dataset run %s in %s (%s): training goes on, but the run is "
+                "kept only for stage 1's retention period (preprocess --retention-days)",
+                self.run_id,
+                self.directory,
+                exc,
+            )
         self._thread = threading.Thread(target=self._keep_refreshing, name="dataset-lease", daemon=True)
         self._thread.start()
         log.info("holding a lease on dataset run %s (%s/)", self.run_id, self.directory)
