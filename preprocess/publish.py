@@ -233,6 +233,17 @@ def publish_run(
         if published_run_id(current) == run_id:
             log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
             published = current
+        elif run_id in {entry["id"] for entry in (current or {}).get(RETAINED_RUNS, [])}:
+            # A retry of a publish step that switched, after a newer run published: this run did publish.
+            # Failing now would fail a job that succeeded; the newer run's publish does the cleanup.
+            log.info(
+                "run %s published in %s, and run %s, which started later, has published since: nothing to do",
+                run_id,
+                output_dir,
+                published_run_id(current),
+            )
+            _best_effort(f"remove the publishing marker {marker}", filesystem.delete_files, [marker])
+            return manifest
         else:
             # Read after this attempt's marker is written: see rule 3 above.
             if filesystem.match(paths.marker_glob(DELETING_MARKER)):

@@ -314,6 +314,17 @@ def test_a_training_lease_is_refreshed_with_a_new_object_and_the_older_one_remov
 # ------------------------------------------------------------------ published, then superseded: exit 0
 
 
+def test_a_retried_publish_of_a_run_that_published_and_was_then_superseded_succeeds(published, output):
+    """Its publish step switched, died before it returned, and was retried after a newer run published."""
+    b_id, c_id = new_run_id(), new_run_id()
+    run_b = clone_run(output, published.manifest, b_id)
+    publish.publish_run(output, b_id, run_b, retention_days=30)
+    publish.publish_run(output, c_id, clone_run(output, run_b, c_id), retention_days=30)
+    assert publish.publish_run(output, b_id, run_b, retention_days=30) == run_b  # the retry: no error
+    assert publish.read_published_manifest(output)["run"]["id"] == c_id
+    assert not [path for path in os.listdir(os.path.join(output, "runs")) if f"{b_id}.publishing." in path]
+
+
 def test_a_launcher_whose_run_published_and_was_then_superseded_exits_0_saying_so(
     published, output, tmp_path
 ):
