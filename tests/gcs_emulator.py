@@ -47,11 +47,12 @@ path, so it is not the place. The emulator ignores ``ifGenerationMatch``: the fo
 uploads that carry it (the switch of ``dataset.json``, preprocess/manifest_switch.py), answering 412 as GCS
 does when the object's generation differs.
 
-Retention: with ``forwarder.retention_seconds`` set (the ``gcs_retention`` fixture), the forwarder acts as a
+Retention: with ``forwarder.retention_seconds`` set, the forwarder acts as a
 bucket with a retention policy of that many seconds, the way GCS does: the bucket's metadata carries a
 ``retentionPolicy``, and an upload over an existing object, a copy onto one, or a delete of one, younger
 than the period is answered 403 ``retentionPolicyNotMet`` (a batch of deletes that holds one such object is
-refused as a whole: a simplification, GCS answers each part on its own).
+refused as a whole: a simplification, GCS answers each part on its own). With
+``forwarder.default_event_based_hold``, the bucket's metadata says so and every object counts as held.
 
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
@@ -604,6 +605,8 @@ class FaultInjectingForwarder:
         # Seconds of the bucket's retention policy (None: none); `refused_by_retention` lists what it
         # refused: ("replace" or "delete", object name).
         self.retention_seconds: float | None = None
+        # A default event-based hold: every object is held (never released here), so none may go or change.
+        self.default_event_based_hold = False
         self.refused_by_retention: list[tuple[str, str]] = []
         self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
@@ -680,7 +683,7 @@ class FaultInjectingForwarder:
 
     def retention_refusal(self, command: str, path: str, body: bytes) -> dict | None:
         """The 403 GCS answers when a retention policy keeps an object this request would replace or delete."""
-        period = self.retention_seconds
+        period = float("inf") if self.default_event_based_hold else self.retention_seconds
         if period is None:
             return None
         targets = [("replace", bucket, name) for bucket, name in _replaced_objects(command, path, body)]
@@ -693,7 +696,11 @@ class FaultInjectingForwarder:
                 continue
             with self._lock:
                 self.refused_by_retention.append((kind, name))
-            until = datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()  # noqa: UP017 - Python 3.10
+            until = (
+                "its event-based hold is released"
+                if period == float("inf")
+                else datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()  # noqa: UP017
+            )  # noqa: UP017 - Python 3.10
             message = (
                 f"Object '{bucket}/{name}' is subject to bucket's retention policy or object retention and "
                 f"cannot be deleted or overwritten until {until}"
@@ -709,9 +716,12 @@ class FaultInjectingForwarder:
 
     def bucket_metadata(self, data: bytes) -> bytes:
         """The bucket's metadata as the emulator answered it, with the retention policy of this forwarder."""
-        if self.retention_seconds is None:
+        if self.retention_seconds is None and not self.default_event_based_hold:
             return data
         metadata = json.loads(data)
+        if self.default_event_based_hold:
+            metadata["defaultEventBasedHold"] = True
+            return json.dumps(metadata).encode()
         metadata["retentionPolicy"] = {
             "retentionPeriod": str(int(self.retention_seconds)),
             "effectiveTime": "2026-01-01T00:00:00.000Z",

@@ -89,6 +89,17 @@ def retention_bucket(gcs_read_faults):
     return gcs_read_faults
 
 
+@pytest.fixture(params=["retention policy", "default event-based hold"])
+def locked_bucket(request, gcs_read_faults):
+    """A bucket that refuses to replace or delete objects: by its retention policy, or because every
+    object is held (a default event-based hold)."""
+    if request.param == "retention policy":
+        gcs_read_faults.retention_seconds = RETENTION_SECONDS
+    else:
+        gcs_read_faults.default_event_based_hold = True
+    return gcs_read_faults
+
+
 def retention_bucket_name(url: str) -> str:
     return url.removeprefix("gs://").split("/")[0]
 
@@ -123,13 +134,16 @@ def objects(gcs_emulator, url: str) -> set[str]:
     return {name[len(prefix) :] for name in gcs_emulator.list_objects(prefix)}
 
 
-def test_on_a_retention_bucket_each_publish_creates_a_new_manifest_and_both_stages_read_the_newest(
-    published, gcs_emulator, gcs_dir, retention_bucket, monkeypatch
+def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_read_the_newest(
+    published, gcs_emulator, gcs_dir, locked_bucket, monkeypatch
 ):
+    retention_bucket = locked_bucket
     # A directory on the bucket with run A's files, not yet published.
     upload(gcs_emulator, published.output, gcs_dir, only=f"runs/{published.run_id}")
     assert manifest_switch.check_publishable(gcs_dir) == (
-        f"bucket {gcs_emulator.bucket} has a retention policy of {RETENTION_SECONDS} seconds"
+        f"bucket {gcs_emulator.bucket} puts a default event-based hold on new objects"
+        if locked_bucket.default_event_based_hold
+        else f"bucket {gcs_emulator.bucket} has a retention policy of {RETENTION_SECONDS} seconds"
     )
     a_id = published.run_id
     publish.publish_run(gcs_dir, a_id, published.manifest, retention_days=30)
