@@ -378,3 +378,36 @@ def test_the_never_overwrite_names_sort_by_sequence(tmp_path):
     names = [manifest_lib.manifest_object_name(n, f"run{n}") for n in (9, 10, 2)]
     assert manifest_lib.newest_manifest_name([*names, "manifests/notes.txt"]) == names[1]
     assert manifest_lib.newest_manifest_name([]) is None
+
+
+def test_every_reader_follows_the_pointer_to_the_newest_manifest(published, output, tmp_path, capsys):
+    """The same directory in format 3 (dataset.json a pointer, the manifests in manifests/), on local
+    disk: verify, the pin of a training job and stage 1 all read the newest manifest."""
+    from preprocess import verify as verify_cli  # noqa: PLC0415
+    from train import dataset_pin  # noqa: PLC0415
+
+    newer_id = new_run_id()
+    newer = clone_run(output, published.manifest, newer_id)
+    manifests = os.path.join(output, manifest_lib.MANIFESTS_DIR)
+    os.makedirs(manifests)
+    shutil.move(
+        os.path.join(output, "dataset.json"),
+        os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)),
+    )
+    with open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "w") as handle:
+        json.dump(newer, handle)
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(manifest_lib.pointer_manifest(), handle)
+
+    assert verify_cli.main([output]) == 0, capsys.readouterr().out
+    pinned = dataset_pin.resolve_dataset(output, str(tmp_path / "model"))
+    assert pinned.run_id == newer_id
+    assert (
+        pinned.manifest_bytes
+        == open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "rb").read()
+    )
+    assert publish.read_published_manifest(output)["run"]["id"] == newer_id
+    os.remove(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)))
+    os.remove(os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)))
+    with pytest.raises(manifest_lib.ManifestError, match="holds no manifest"):
+        verification.read_manifest(output)
