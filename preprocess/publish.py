@@ -8,6 +8,11 @@ relative path. Publishing copies and moves no data: it replaces
 read-check-rename on local disk). A reader that opens `dataset.json` before
 that instant gets the old dataset, whose files are all still there; after
 it, the new one, whose files were all complete before it.
+On a bucket that refuses to replace objects (a retention policy, a default
+event-based hold), the same compare-and-swap creates the next
+`manifests/<sequence>-<run id>.json` instead, and `dataset.json` is a pointer
+to the newest (format 3, manifest_switch.py); "dataset.json" below means the
+published manifest in either layout.
 
 **Readers keep their dataset.** A training job reads a dataset for days. So
 the run a switch replaces is not removed at once: the new manifest lists it
