@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import posixpath
 import struct
 from collections.abc import Iterator
 
@@ -89,17 +90,45 @@ class RecordError(Exception):
         self.offset = offset
 
 
-def read_manifest(data_dir: str) -> dict:
-    """The parsed, structurally checked `dataset.json` of `data_dir`; ManifestError if there is none."""
+def read_published_bytes(data_dir: str) -> tuple[bytes, str]:
+    """The published manifest's exact bytes, and its path; ManifestError if there is none.
+
+    `dataset.json`, or in the never-overwrite layout (format 3) the newest
+    manifest of `manifests/`, which `dataset.json` points to
+    (dataset_contract/manifest.py).
+    """
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
         raise manifest_lib.ManifestError(
             f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
             "without it is not a dataset (wrong path, or preprocess has not finished)"
         )
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        data = handle.read()
     try:
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            manifest = json.loads(handle.read().decode("utf-8"))
+        top = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return data, path  # the caller's parse says what is wrong with it
+    if not manifest_lib.is_pointer(top):
+        return data, path
+    directory = manifest_lib.join(data_dir, manifest_lib.MANIFESTS_DIR)
+    names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    newest = manifest_lib.newest_manifest_name(name.rstrip("/") for name in names)
+    if newest is None:
+        raise manifest_lib.ManifestError(
+            f"{path} points to {directory}/, which holds no manifest: the first publish into this directory "
+            "has not finished"
+        )
+    newest_path = manifest_lib.join(directory, posixpath.basename(newest))
+    with tf.io.gfile.GFile(newest_path, "rb") as handle:
+        return handle.read(), newest_path
+
+
+def read_manifest(data_dir: str) -> dict:
+    """The parsed, structurally checked published manifest of `data_dir`; ManifestError if there is none."""
+    data, path = read_published_bytes(data_dir)
+    try:
+        manifest = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise manifest_lib.ManifestError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict):

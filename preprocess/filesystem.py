@@ -13,6 +13,12 @@ again gives the same result:
   listing and one request per file as `FileSystems.delete` does.
 - `copy_file`: a server-side copy on GCS (the destination appears whole),
   an atomic write on local disk.
+- A write under a fixed name (`write_bytes`, `copy_file`,
+  `write_concatenation`: a packed shard named by its sources' digest, the
+  transform graph's copy, build.json, the packed error files) is skipped on
+  GCS when an object of the same size and md5 is already there: a retried
+  bundle then writes nothing, which on a bucket with a retention policy,
+  which refuses to replace a young object (403), is what lets it succeed.
 - `UncommittedFile`: a file written in place (a bundle attempt's shard
   file) that is kept only by `commit()`. One dropped after a failure is
   discarded: on GCS its upload is cancelled and no object appears, even
@@ -22,8 +28,10 @@ again gives the same result:
 HTTP connections), made once and reused for every object that thread reads.
 """
 
+import base64
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import posixpath
@@ -205,9 +213,73 @@ class UncommittedFile:
             delete_files([self.path])
 
 
+def _gcs_object_checksum(path: str) -> tuple[int, str | None] | None:
+    """(size, base64 md5) of the GCS object at `path` (md5 None for a composite object), or None if absent."""
+    from apache_beam.io.gcp.gcsio import parse_gcs_path  # noqa: PLC0415 - GCS only
+
+    bucket, name = parse_gcs_path(path)
+    blob = gcs_io(path).client.bucket(bucket).get_blob(name)
+    return None if blob is None else (int(blob.size), blob.md5_hash)
+
+
+def _md5_base64(digest) -> str:
+    return base64.b64encode(digest.digest()).decode("ascii")
+
+
+def already_written(path: str, size: int, md5_base64: str) -> bool:
+    """Whether GCS already holds these exact bytes (size and md5) at `path`; always False on local disk,
+    where replacing a file is allowed."""
+    if is_local(path) or FileSystems.get_scheme(path) != "gs":
+        return False
+    found = _gcs_object_checksum(path)
+    if found != (size, md5_base64):
+        return False
+    logging.info("%s already holds these %d bytes (a retried write): not written again", path, size)
+    return True
+
+
 def write_bytes(path: str, data: bytes, tmp_dir: str | None = None):
+    """Write `data` at `path` atomically, unless the same bytes are already there (GCS)."""
+    if already_written(path, len(data), _md5_base64(hashlib.md5(data))):  # noqa: S324 - GCS's checksum
+        return
     with write_atomically(path, tmp_dir) as handle:
         handle.write(data)
+
+
+def write_concatenation(
+    sources: list[str], destination: str, tmp_dir: str | None = None, expected_bytes: int | None = None
+) -> tuple[int, str]:
+    """Write the files `sources` one after the other into `destination`; returns (size, hex sha256).
+
+    Unless `destination` already holds an object of `expected_bytes` (their
+    total size: a retried write, on GCS): then the sources are read to compare
+    its md5 with theirs, and the object is kept if they match.
+    """
+    if (
+        expected_bytes is not None
+        and not is_local(destination)
+        and FileSystems.get_scheme(destination) == "gs"
+    ):
+        found = _gcs_object_checksum(destination)
+        if found is not None and found[0] == expected_bytes:
+            sha256, md5, num_bytes = hashlib.sha256(), hashlib.md5(), 0  # noqa: S324 - GCS's checksum
+            for source in sources:
+                with FileSystems.open(source) as handle:
+                    while chunk := handle.read(_COPY_CHUNK_BYTES):
+                        sha256.update(chunk)
+                        md5.update(chunk)
+                        num_bytes += len(chunk)
+            if already_written(destination, num_bytes, _md5_base64(md5)):
+                return num_bytes, sha256.hexdigest()
+    sha256, num_bytes = hashlib.sha256(), 0
+    with write_atomically(destination, tmp_dir=tmp_dir) as out:
+        for source in sources:
+            with FileSystems.open(source) as handle:
+                while chunk := handle.read(_COPY_CHUNK_BYTES):
+                    sha256.update(chunk)
+                    out.write(chunk)
+                    num_bytes += len(chunk)
+    return num_bytes, sha256.hexdigest()
 
 
 def read_bytes(path: str) -> bytes:
@@ -218,6 +290,10 @@ def read_bytes(path: str) -> bytes:
 def copy_file(source: str, destination: str, tmp_dir: str | None = None):
     """Copy one file; the destination appears whole or not at all."""
     if not is_local(destination):
+        if FileSystems.get_scheme(source) == "gs" == FileSystems.get_scheme(destination):
+            size, md5 = _gcs_object_checksum(source) or (None, None)
+            if md5 is not None and already_written(destination, size, md5):
+                return
         FileSystems.copy([source], [destination])
         return
     with FileSystems.open(source) as reader, write_atomically(destination, tmp_dir) as writer:

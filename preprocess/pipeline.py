@@ -56,6 +56,7 @@ from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
 from preprocess.finalize import TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
+from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
 from preprocess.options import parse_args
 from preprocess.publish import (
     RETAINED_RUNS,
@@ -357,6 +358,11 @@ def run(argv=None) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
+    # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
+    # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
+    never_overwrite = check_publishable(output_dir)
+    if never_overwrite:
+        logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id, run_id)
@@ -384,10 +390,26 @@ def run(argv=None) -> dict | None:
     if run_id is None:
         logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
         return None
-    manifest = own_manifest(output_dir, run_id)
+    try:
+        manifest = own_manifest(output_dir, run_id)
+    except SupersededRunError as exc:
+        if str(state) == "DONE":
+            # The job succeeded, so its publish step published (a superseded one fails the job): the
+            # run did its work, and a newer run has published since.
+            newer = published_run_id(read_published_manifest(output_dir))
+            raise PublishedThenSuperseded(
+                f"run {run_id} published into {output_dir}, but run {newer}, which started later, has "
+                f"published since and is the dataset there now. This run succeeded: nothing to retry"
+            ) from exc
+        raise
     if manifest is None:
         logging.info("pipeline finished in state %s without publishing run %s (a dry run?)", state, run_id)
     return manifest
+
+
+class PublishedThenSuperseded(SupersededRunError):
+    """This run published, then a run that started later published too: not a failure of this run (the
+    launcher exits 0), but its dataset is not the published one (the workflow does not train on it)."""
 
 
 def main(argv=None):
@@ -400,12 +422,23 @@ def main(argv=None):
 
     try:
         manifest = run(argv)
+    except PublishedThenSuperseded as exc:
+        # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
+        print(f"preprocess: run published, then superseded by a newer run: {exc}")
+        return
+    except OverwriteRefusedError as exc:
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
     except Exception as exc:
         # The runner may wrap the step's error; this one is the input's fault, not the code's: no traceback.
-        if TooManyFailuresError.__name__ not in f"{type(exc).__name__} {exc}":
+        said = f"{type(exc).__name__} {exc}"
+        if OverwriteRefusedError.__name__ in said:
+            print(f"preprocess: {exc}", file=sys.stderr)
+            sys.exit(2)
+        if TooManyFailuresError.__name__ not in said:
             raise
         sys.exit(f"preprocess: {exc}")
     if manifest is not None:

@@ -8,14 +8,26 @@ relative path. Publishing copies and moves no data: it replaces
 read-check-rename on local disk). A reader that opens `dataset.json` before
 that instant gets the old dataset, whose files are all still there; after
 it, the new one, whose files were all complete before it.
+On a bucket that refuses to replace objects (a retention policy, a default
+event-based hold), the same compare-and-swap creates the next
+`manifests/<sequence>-<run id>.json` instead, and `dataset.json` is a pointer
+to the newest (format 3, manifest_switch.py); "dataset.json" below means the
+published manifest in either layout.
 
 **Readers keep their dataset.** A training job reads a dataset for days. So
 the run a switch replaces is not removed at once: the new manifest lists it
-in `retained_runs` with the instant it was superseded (the switch itself),
-and its files stay for `retention_days` (`--retention-days`, default 7) after
-that. The list is carried from manifest to manifest by every switch, as part
-of the same atomic write, so no crash can lose it; entries past the
-retention period are dropped, and their runs removed, by the next publish.
+in `retained_runs` with the instant it was superseded (the switch itself)
+and its own `retain_until`, `retention_days` (`--retention-days`, default 7)
+after that. The list is carried from manifest to manifest by every switch,
+as part of the same atomic write, so no crash can lose it. **Retention never
+shortens:** a later publish keeps each entry's `retain_until`, or makes it
+later (its own `retention_days` after the instant the run was superseded),
+never earlier, so a publish with `--retention-days 0` removes only the run it
+supersedes itself, not the runs earlier publishes promised to keep. An
+entry is carried only while its run's files exist and its `retain_until` has
+not passed, or a training job holds a live lease on it
+(dataset_contract/leases.py): **cleanup never removes a run with a live
+lease**, whatever its age.
 
 Runs that overlap (a template launched twice, a retry while the first
 attempt is still alive) follow one rule: **the run that started later wins**.
@@ -68,8 +80,9 @@ import uuid
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from dataset_contract import leases
 from dataset_contract import manifest as manifest_lib
-from preprocess import filesystem
+from preprocess import filesystem, manifest_switch
 from preprocess.manifest_switch import swap_manifest
 from preprocess.options import DEFAULT_RETENTION_DAYS
 from preprocess.runs import (
@@ -149,17 +162,9 @@ def pause_point(name: str, run_id: str):
 
 
 def read_published_manifest(output_dir: str) -> dict | None:
-    """The manifest `dataset.json` holds now, or None if there is none (or it is not JSON)."""
-    path = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
-    # Never deleted once written, only replaced: if it exists now, it can be read.
-    if not FileSystems.exists(path):
-        return None
-    try:
-        manifest = json.loads(filesystem.read_bytes(path).decode("utf-8"))
-    except ValueError as exc:
-        log.warning("%s is not valid JSON (%s); treating the directory as holding no dataset", path, exc)
-        return None
-    return manifest if isinstance(manifest, dict) else None
+    """The published manifest now (`dataset.json`, or the newest of `manifests/` it points to), or None
+    if there is none (or it is not JSON)."""
+    return manifest_switch.read_published(output_dir)[0]
 
 
 def published_run_id(manifest: dict | None) -> str:
@@ -233,6 +238,17 @@ def publish_run(
         if published_run_id(current) == run_id:
             log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
             published = current
+        elif run_id in {entry["id"] for entry in (current or {}).get(RETAINED_RUNS, [])}:
+            # A retry of a publish step that switched, after a newer run published: this run did publish.
+            # Failing now would fail a job that succeeded; the newer run's publish does the cleanup.
+            log.info(
+                "run %s published in %s, and run %s, which started later, has published since: nothing to do",
+                run_id,
+                output_dir,
+                published_run_id(current),
+            )
+            _best_effort(f"remove the publishing marker {marker}", filesystem.delete_files, [marker])
+            return manifest
         else:
             # Read after this attempt's marker is written: see rule 3 above.
             if filesystem.match(paths.marker_glob(DELETING_MARKER)):
@@ -251,8 +267,23 @@ def publish_run(
                 raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
             pause_point("before-switch", run_id)
             published = switch_manifest(output_dir, run_id, manifest, retention_days)
-    except BaseException:
-        filesystem.delete_files([marker])
+    except BaseException as failure:
+        # The failure is what the caller must see: a marker that cannot go (a retention policy's 403)
+        # is logged, and expires (PUBLISH_MARKER_TTL_SECONDS).
+        try:
+            filesystem.delete_files([marker])
+        except Exception as cleanup:  # noqa: BLE001 - never hide the publish step's own failure
+            log.warning(
+                "run %s: could not remove the publishing marker %s after the publish failed (%s: %s); it "
+                "expires after %d hours. The publish failed because of: %s: %s",
+                run_id,
+                marker,
+                type(cleanup).__name__,
+                cleanup,
+                PUBLISH_MARKER_TTL_SECONDS // 3600,
+                type(failure).__name__,
+                failure,
+            )
         raise
     # Published: from here on the manifest naming the run protects its files,
     # so this attempt's marker goes (only its own: a sibling attempt that is
@@ -278,8 +309,11 @@ def write_marker(path: str, run_id: str):
         handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
+_UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is Python 3.11+
+
+
 def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.now(_UTC)
 
 
 def _timestamp(moment: datetime.datetime) -> str:
@@ -287,26 +321,65 @@ def _timestamp(moment: datetime.datetime) -> str:
 
 
 def _parse_timestamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_UTC)
+
+
+def retain_until(entry: dict, retention_days: float) -> datetime.datetime:
+    """Until when a `retained_runs` entry's files stay: the later of its recorded `retain_until` and
+    `retention_days` after it was superseded (retention never shortens)."""
+    superseded = _parse_timestamp(entry["superseded_at"])
+    until = superseded + datetime.timedelta(days=retention_days)
+    if entry.get("retain_until"):
+        until = max(until, _parse_timestamp(entry["retain_until"]))
+    return until
 
 
 def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
-    """Whether a `retained_runs` entry was superseded at least `retention_days` before `now`."""
-    return now - _parse_timestamp(entry["superseded_at"]) >= datetime.timedelta(days=retention_days)
+    """Whether a `retained_runs` entry's retention has passed at `now` (see retain_until)."""
+    return now >= retain_until(entry, retention_days)
 
 
-def retained_runs(current: dict | None, run_id: str, now: datetime.datetime, retention_days: float) -> list:
-    """The `retained_runs` of the manifest that replaces `current` at `now`: the run `current` names
-    (superseded now), then those `current` retains and whose retention has not expired, newest first."""
+def has_live_lease(output_dir: str, run_id: str, now: datetime.datetime) -> bool:
+    """Whether a training job holds a lease on run `run_id` that has not expired (one listing)."""
+    pattern = manifest_lib.join(output_dir, leases.run_leases_dir(run_id), "*.json")
+    return bool(leases.live_holders((metadata.path for metadata in filesystem.match(pattern)), now))
+
+
+def run_files_exist(output_dir: str, run_id: str) -> bool:
+    """Whether run `run_id`'s files are still there (its transform graph, which every run has; one stat)."""
+    graph = manifest_lib.join(manifest_lib.TRANSFORM_FN_DIR, "saved_model.pb")
+    return filesystem.exists(RunPaths(output_dir, run_id).final(graph))
+
+
+def retained_runs(
+    current: dict | None,
+    run_id: str,
+    now: datetime.datetime,
+    retention_days: float,
+    is_kept=lambda entry, within_retention: within_retention,
+) -> list:
+    """The `retained_runs` of the manifest that replaces `current` at `now`, newest first.
+
+    The run `current` names (superseded now, kept `retention_days`), then
+    those `current` retains, each with its `retain_until` (never earlier than
+    it was). An entry is listed only while its retention lasts or
+    `is_kept(entry)` says a lease holds it, and only while `is_kept(entry)`
+    says its files exist.
+    """
     entries = []
     if published_run_id(current):
         entries.append(
-            {"id": current["run"]["id"], "dir": current["run"]["dir"], "superseded_at": _timestamp(now)}
+            {
+                "id": current["run"]["id"],
+                "dir": current["run"]["dir"],
+                "superseded_at": _timestamp(now),
+                "retain_until": _timestamp(now + datetime.timedelta(days=retention_days)),
+            }
         )
     for entry in (current or {}).get(RETAINED_RUNS, []):
-        if entry["id"] != run_id and not retention_expired(entry, now, retention_days):
-            entries.append(entry)
-    return entries
+        if entry["id"] != run_id:
+            entries.append({**entry, "retain_until": _timestamp(retain_until(entry, retention_days))})
+    return [entry for entry in entries if is_kept(entry, _parse_timestamp(entry["retain_until"]) > now)]
 
 
 def switch_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float) -> dict:
@@ -328,12 +401,21 @@ def switch_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
             return None
         if current_id > run_id:
             raise SupersededRunError(superseded_message(output_dir, run_id, current_id))
-        retained = retained_runs(current, run_id, _utc_now(), retention_days)
+        now = _utc_now()
+
+        def is_kept(entry: dict, within_retention: bool) -> bool:
+            # A run whose files are gone has no reader left to keep; a lease keeps a run past its retention.
+            if not within_retention and not has_live_lease(output_dir, entry["id"], now):
+                return False
+            return entry["id"] == current_id or run_files_exist(output_dir, entry["id"])
+
+        retained = retained_runs(current, run_id, now, retention_days, is_kept)
         published = {**manifest, RETAINED_RUNS: retained} if retained else dict(manifest)
         outcome["published"] = published
         return json.dumps(published, indent=2).encode("utf-8")
 
-    if swap_manifest(output_dir, decide, RunPaths(output_dir, run_id).tmp_dir):
+    never_overwrite = manifest_switch.overwrite_refusal(output_dir)
+    if swap_manifest(output_dir, decide, RunPaths(output_dir, run_id).tmp_dir, never_overwrite):
         log.info("published run %s in %s", run_id, output_dir)
     else:
         log.info("run %s was published in %s by another attempt of its publish step", run_id, output_dir)
@@ -385,6 +467,10 @@ def remove_run(output_dir: str, run_id: str) -> bool:
         if build and not build["shared"]:
             filesystem.delete_tree(tft_temp_dir(output_dir, build["build_id"]))
         filesystem.delete_tree(paths.staging_dir)
+        # Its expired leases, and in the never-overwrite layout the manifests that named it (superseded).
+        filesystem.delete_tree(manifest_lib.join(output_dir, leases.run_leases_dir(run_id)))
+        superseded_manifests = manifest_lib.join(output_dir, manifest_lib.MANIFESTS_DIR, f"*-{run_id}.json")
+        filesystem.delete_files([metadata.path for metadata in filesystem.match(superseded_manifests)])
         # The run's markers last, every one (also those of crashed publishers
         # and removers): with its files gone it cannot publish, markers or not.
         markers = [
@@ -497,11 +583,14 @@ def remove_leftovers(
         entry = retained.get(older)
         if entry is not None and not retention_expired(entry, now, retention_days):
             log.info(
-                "run %s, superseded at %s, stays for readers until %g days have passed",
+                "run %s, superseded at %s, stays for its readers until %s",
                 older,
                 entry["superseded_at"],
-                retention_days,
+                _timestamp(retain_until(entry, retention_days)),
             )
+            continue
+        if has_live_lease(output_dir, older, now):
+            log.info("run %s stays: a training job holds a live lease on it (%s/)", older, leases.LEASES_DIR)
             continue
         _best_effort(f"remove the files of run {older}", remove_run, output_dir, older)
     _best_effort(

@@ -46,7 +46,6 @@ import posixpath
 import uuid
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.transforms.window import GlobalWindows
 
@@ -327,16 +326,13 @@ class WriteShardFn(beam.DoFn):
 
     @staticmethod
     def _concatenate(sources, destination: str, tmp_dir: str) -> tuple[int, str]:
-        digest = hashlib.sha256()
-        num_bytes = 0
-        with filesystem.write_atomically(destination, tmp_dir=tmp_dir) as out:
-            for source in sources:
-                with FileSystems.open(source.path) as handle:
-                    while chunk := handle.read(_COPY_CHUNK_BYTES):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        num_bytes += len(chunk)
-        return num_bytes, digest.hexdigest()
+        # Skipped when a retried bundle finds the same bytes there (filesystem.write_concatenation).
+        return filesystem.write_concatenation(
+            [source.path for source in sources],
+            destination,
+            tmp_dir,
+            expected_bytes=sum(source.num_bytes for source in sources),
+        )
 
 
 class WriteShards(beam.PTransform):

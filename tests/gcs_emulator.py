@@ -47,6 +47,13 @@ path, so it is not the place. The emulator ignores ``ifGenerationMatch``: the fo
 uploads that carry it (the switch of ``dataset.json``, preprocess/manifest_switch.py), answering 412 as GCS
 does when the object's generation differs.
 
+Retention: with ``forwarder.retention_seconds`` set, the forwarder acts as a
+bucket with a retention policy of that many seconds, the way GCS does: the bucket's metadata carries a
+``retentionPolicy``, and an upload over an existing object, a copy onto one, or a delete of one, younger
+than the period is answered 403 ``retentionPolicyNotMet`` (a batch of deletes that holds one such object is
+refused as a whole: a simplification, GCS answers each part on its own). With
+``forwarder.default_event_based_hold``, the bucket's metadata says so and every object counts as held.
+
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
 
@@ -116,7 +123,7 @@ class TestCertificates:
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
         hosts = list(hosts)
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 - Python 3.10
         not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
 
         ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -524,6 +531,51 @@ def _deleted_objects(command: str, path: str, body: bytes) -> list[str]:
     return []
 
 
+def _bucket_of(path: str) -> str:
+    """The bucket a JSON API path names (``.../b/BUCKET/...``)."""
+    match = re.search(r"/b/([^/?]+)", path)
+    return urllib.parse.unquote(match.group(1)) if match else ""
+
+
+# A copy or rewrite: POST /storage/v1/b/B/o/SOURCE/{copyTo,rewriteTo}/b/B2/o/DESTINATION
+_COPY_PATH = re.compile(
+    r"/storage/v1/b/[^/]+/o/[^/]+/(?:copyTo|rewriteTo)/b/(?P<bucket>[^/]+)/o/(?P<name>[^?]+)"
+)
+
+
+def _replaced_objects(command: str, path: str, body: bytes) -> list[tuple[str, str]]:
+    """(bucket, name) of the object an upload (media, multipart, or the start of a resumable one), a copy or
+    a rewrite would create or replace."""
+    if command != "POST":
+        return []
+    if path.startswith("/upload/storage/v1/b/"):
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        if query.get("uploadType") == ["resumable"] and "name" not in query:
+            bucket = urllib.parse.urlsplit(path).path.split("/")[5]
+            return [(bucket, json.loads(body or b"{}").get("name", ""))]
+        return [_uploaded_object(path, body)]
+    match = _COPY_PATH.match(path)
+    if match:
+        return [(urllib.parse.unquote(match.group("bucket")), urllib.parse.unquote(match.group("name")))]
+    return []
+
+
+_BUCKET_METADATA_PATH = re.compile(r"/storage/v1/b/[^/?]+/?(?:\?.*)?")
+
+
+_DELETE_IN_BATCH_WITH_BUCKET = re.compile(rb"DELETE \S*?/storage/v1/b/([^/?\s]+)/o/([^?\s]+)")
+
+
+def _deleted_objects_with_bucket(command: str, path: str, body: bytes) -> list[tuple[str, str]]:
+    """(bucket, name) of the objects a request deletes: one DELETE of an object, or the DELETEs of a batch."""
+    if command == "POST" and path.startswith("/batch/"):
+        return [
+            (urllib.parse.unquote(bucket.decode()), urllib.parse.unquote(name.decode()))
+            for bucket, name in _DELETE_IN_BATCH_WITH_BUCKET.findall(body)
+        ]
+    return [(_bucket_of(path), name) for name in _deleted_objects(command, path, body)]
+
+
 def _object_read(command: str, path: str) -> ObjectRead | None:
     match = _OBJECT_READ_PATH.fullmatch(path) if command == "GET" else None
     if match is None:
@@ -550,6 +602,12 @@ class FaultInjectingForwarder:
         self.injected: list[tuple[ObjectRead, int]] = []
         self.injected_deletes: list[tuple[str, int]] = []
         self.failed_preconditions: list[str] = []
+        # Seconds of the bucket's retention policy (None: none); `refused_by_retention` lists what it
+        # refused: ("replace" or "delete", object name).
+        self.retention_seconds: float | None = None
+        # A default event-based hold: every object is held (never released here), so none may go or change.
+        self.default_event_based_hold = False
+        self.refused_by_retention: list[tuple[str, str]] = []
         self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
         self.media_bytes: collections.Counter[str] = collections.Counter()
@@ -608,6 +666,68 @@ class FaultInjectingForwarder:
         message = f"ifGenerationMatch {expected}: {name} is at generation {generation} (the test forwarder)"
         return {"error": {"code": 412, "message": message, "errors": [{"reason": "conditionNotMet"}]}}
 
+    def _object_created(self, bucket: str, name: str) -> float | None:
+        """When object `name` was written (seconds since the epoch), or None if there is none."""
+        quoted = urllib.parse.quote(name, safe="")
+        try:
+            with urllib.request.urlopen(
+                f"{self.emulator_url}/storage/v1/b/{bucket}/o/{quoted}", timeout=30
+            ) as r:
+                metadata = json.load(r)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            return None
+        stamp = metadata.get("timeCreated") or metadata.get("updated")
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    def retention_refusal(self, command: str, path: str, body: bytes) -> dict | None:
+        """The 403 GCS answers when a retention policy keeps an object this request would replace or delete."""
+        period = float("inf") if self.default_event_based_hold else self.retention_seconds
+        if period is None:
+            return None
+        targets = [("replace", bucket, name) for bucket, name in _replaced_objects(command, path, body)]
+        targets += [
+            ("delete", bucket, name) for bucket, name in _deleted_objects_with_bucket(command, path, body)
+        ]
+        for kind, bucket, name in targets:
+            created = self._object_created(bucket, name)
+            if created is None or time.time() - created >= period:
+                continue
+            with self._lock:
+                self.refused_by_retention.append((kind, name))
+            until = (
+                "its event-based hold is released"
+                if period == float("inf")
+                else datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()  # noqa: UP017
+            )  # noqa: UP017 - Python 3.10
+            message = (
+                f"Object '{bucket}/{name}' is subject to bucket's retention policy or object retention and "
+                f"cannot be deleted or overwritten until {until}"
+            )
+            return {
+                "error": {
+                    "code": 403,
+                    "message": message,
+                    "errors": [{"reason": "retentionPolicyNotMet", "domain": "global", "message": message}],
+                }
+            }
+        return None
+
+    def bucket_metadata(self, data: bytes) -> bytes:
+        """The bucket's metadata as the emulator answered it, with the retention policy of this forwarder."""
+        if self.retention_seconds is None and not self.default_event_based_hold:
+            return data
+        metadata = json.loads(data)
+        if self.default_event_based_hold:
+            metadata["defaultEventBasedHold"] = True
+            return json.dumps(metadata).encode()
+        metadata["retentionPolicy"] = {
+            "retentionPeriod": str(int(self.retention_seconds)),
+            "effectiveTime": "2026-01-01T00:00:00.000Z",
+        }
+        return json.dumps(metadata).encode()
+
     def delete_fault_for(self, names: Sequence[str]) -> int | None:
         """The status to answer a request deleting `names` with, or None to pass it on."""
         with self._lock:
@@ -659,6 +779,10 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
         body = _read_request_body(self)
         read = _object_read(self.command, self.path)
         status = forwarder.fault_for(read) if read is not None else None
+        refusal = forwarder.retention_refusal(self.command, self.path, body) if status is None else None
+        if refusal is not None:
+            self._answer(403, json.dumps(refusal).encode(), [("Content-Type", "application/json")])
+            return
         if _generation_precondition(self.command, self.path) is not None:
             # Checked and forwarded under one lock: no other conditional write slips in between.
             with forwarder._precondition_lock:
@@ -703,6 +827,8 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
         content_type = response.getheader("Content-Type", "")
         if any(kind in content_type for kind in _REWRITTEN_CONTENT_TYPES):
             data = data.replace(forwarder.emulator_url.encode(), forwarder.url.encode())
+        if self.command == "GET" and response.status == 200 and _BUCKET_METADATA_PATH.fullmatch(self.path):
+            data = forwarder.bucket_metadata(data)
         headers = [
             (
                 name,

@@ -51,6 +51,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from google.cloud import storage
 
+from dataset_contract import leases
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import TRUNCATED, USABLE_KINDS, split_for_content, write_manifest_csv
 from preprocess import errors
@@ -154,7 +155,12 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
         assert objects.get(path) == shard["num_bytes"], f"{path}: in the bucket {objects.get(path)} bytes"
         data = gcs_emulator.read_object(prefix + path)
         assert hashlib.sha256(data).hexdigest() == shard["sha256"], path
-    # Nothing but the dataset: no staging leftovers, no stale or unlisted shard, no other run.
+    # Nothing but the dataset: no staging leftovers, no stale or unlisted shard, no other run; and, once a
+    # training job has read it, that job's lease on the run (train/dataset_lease.py), which expires.
+    leases_dir = f"{leases.run_leases_dir(manifest['run']['id'])}/"
+    held = {name for name in objects if name.startswith(f"{leases.LEASES_DIR}/")}
+    assert all(name.startswith(leases_dir) and leases.parse_lease(name) for name in held), sorted(held)
+    objects = {name: size for name, size in objects.items() if name not in held}
     run_dir = manifest["run"]["dir"]
     assert {name.split("/", 1)[0] for name in objects} == {manifest_lib.MANIFEST_FILE, manifest_lib.RUNS_DIR}
     assert {name.rsplit("/", 1)[0] for name in listed} == {run_dir}

@@ -8,8 +8,6 @@ as a DatasetError that names the file or the mismatch.
 
 import json
 
-import tensorflow as tf
-
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from train import models
@@ -18,21 +16,23 @@ from train.errors import ConfigError, DatasetError
 
 
 def read_manifest(data_dir: str) -> dict:
-    """The parsed and structurally checked `dataset.json` of `data_dir`."""
-    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
-    return parse_manifest(read_manifest_bytes(data_dir), where=path)
+    """The parsed and structurally checked published manifest of `data_dir`."""
+    data, path = read_published_manifest(data_dir)
+    return parse_manifest(data, where=path)
 
 
 def read_manifest_bytes(data_dir: str) -> bytes:
-    """The bytes of `dataset.json` of `data_dir`, as they are now (DatasetError if there is none)."""
-    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
-    if not tf.io.gfile.exists(path):
-        raise DatasetError(
-            f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
-            "without it is not a dataset (wrong --data path, or preprocess has not finished)"
-        )
-    with tf.io.gfile.GFile(path, "rb") as handle:
-        return handle.read()
+    """The bytes of the published manifest of `data_dir`, as they are now (DatasetError if there is none)."""
+    return read_published_manifest(data_dir)[0]
+
+
+def read_published_manifest(data_dir: str) -> tuple[bytes, str]:
+    """The published manifest's bytes and path: `dataset.json`, or in the never-overwrite layout the
+    newest of `manifests/` it points to (docs/dataset_format.md). DatasetError if there is none."""
+    try:
+        return verification.read_published_bytes(data_dir)
+    except manifest_lib.ManifestError as exc:
+        raise DatasetError(str(exc).replace("(wrong path,", "(wrong --data path,")) from exc
 
 
 def parse_manifest(data: bytes, where: str) -> dict:

@@ -95,7 +95,7 @@ def describe_run(manifest: dict | None, sha256: str) -> str:
 
 
 def _utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017 - Python 3.10
 
 
 # ------------------------------------------------------------------ files
@@ -171,8 +171,8 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
     manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
     pinned = _read_pin(model_dir, data_dir)
     if pinned is None:
-        data = checks.read_manifest_bytes(data_dir)
-        manifest = checks.parse_manifest(data, where=manifest_path)
+        data, where = checks.read_published_manifest(data_dir)
+        manifest = checks.parse_manifest(data, where=where)
         if tf.io.gfile.exists(manifest_lib.join(model_dir, CHECKPOINT_DIR)):
             log.warning(
                 "%s has checkpoints but no %s (it was started before training pinned its dataset): "
@@ -184,7 +184,7 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
             )
         return PinnedDataset(data_dir, manifest, data, pinned_at=_utc_now(), recorded=False)
 
-    published = _read_bytes_or_none(manifest_path)
+    published = _published_bytes_or_none(data_dir)
     if published is not None and manifest_lib.manifest_sha256(published) == pinned.manifest_sha256:
         return pinned
     published_state, published_run = _describe_published(published, manifest_path)
@@ -209,6 +209,14 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
         published_run or "another dataset",
     )
     return pinned
+
+
+def _published_bytes_or_none(data_dir: str) -> bytes | None:
+    """The published manifest's bytes (following format 3's pointer), or None if there is none."""
+    try:
+        return checks.read_published_manifest(data_dir)[0]
+    except DatasetError:
+        return None
 
 
 def _describe_published(data: bytes | None, manifest_path: str) -> tuple[str, str | None]:

@@ -63,6 +63,7 @@ from train import (
     accelerator,
     checks,
     dataset,
+    dataset_lease,
     dataset_pin,
     device_defaults,
     losses,
@@ -631,6 +632,8 @@ def fit_run(config: TrainConfig, data: RunDataset, run: Run, state: TrainingStat
             notice,
             accelerator.xla_autoclustering(run.choice.xla == accelerator.XLA_AUTOCLUSTERING),
             dataset_pin.explain_vanished_shards(data.pinned),
+            # The chief keeps stage 1's cleanup off the run while training reads it (dataset_lease.py).
+            dataset_lease.held(data.pinned, config.model_dir, enabled=run.chief),
         ):
             fit_from_step(
                 state.model,

@@ -1,0 +1,63 @@
+"""Leases: a training job's claim on the dataset run it reads, which stage 1's cleanup honours.
+
+Stage 1 keeps a superseded run's files for a retention period
+(docs/dataset_format.md), but a training run may last longer, or resume
+weeks later from its pin (train/dataset_pin.py). So a job that trains on a
+run holds a lease on it: an object
+
+    leases/<run id>/<holder>.<expiry, YYYYmmddTHHMMSSZ>.json
+
+in the dataset directory, where `holder` names the job (a hash of its model
+dir) and the expiry is in the name, so that one listing of `leases/<run id>/`
+tells whether any lease is live, without a read. The job writes a new one
+before the last expires (a new name each time: on a bucket that refuses
+overwrites, none is ever replaced) and removes its older ones. Stage 1's
+cleanup never removes a run that has a live lease, whatever its age.
+
+Neither Beam nor TensorFlow is imported here: each stage lists and writes
+the objects with its own I/O.
+"""
+
+import datetime
+import hashlib
+import posixpath
+import re
+
+LEASES_DIR = "leases"
+_LEASE = re.compile(r"(?P<holder>[0-9a-f]{16})\.(?P<expiry>\d{8}T\d{6}Z)\.json")
+_EXPIRY_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+def holder_id(model_dir: str) -> str:
+    """The lease holder's name for a model dir: 16 hex digits of its path's sha256."""
+    return hashlib.sha256(model_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
+
+
+def run_leases_dir(run_id: str) -> str:
+    """`leases/<run id>`, relative to the dataset directory."""
+    return posixpath.join(LEASES_DIR, run_id)
+
+
+def lease_name(run_id: str, holder: str, expires_at: datetime.datetime) -> str:
+    """`leases/<run id>/<holder>.<expiry>.json`, relative to the dataset directory."""
+    stamp = expires_at.astimezone(datetime.timezone.utc).strftime(_EXPIRY_FORMAT)  # noqa: UP017 - Python 3.10
+    return posixpath.join(run_leases_dir(run_id), f"{holder}.{stamp}.json")
+
+
+def parse_lease(name: str) -> tuple[str, datetime.datetime] | None:
+    """(holder, expiry) of a lease object's base name, or None if it is not one."""
+    match = _LEASE.fullmatch(posixpath.basename(name))
+    if match is None:
+        return None
+    expiry = datetime.datetime.strptime(match.group("expiry"), _EXPIRY_FORMAT)
+    return match.group("holder"), expiry.replace(tzinfo=datetime.timezone.utc)  # noqa: UP017 - Python 3.10
+
+
+def live_holders(names, now: datetime.datetime) -> set[str]:
+    """The holders with a lease among `names` (listed in `leases/<run id>/`) that has not expired at `now`."""
+    holders = set()
+    for name in names:
+        parsed = parse_lease(name)
+        if parsed is not None and parsed[1] > now:
+            holders.add(parsed[0])
+    return holders
