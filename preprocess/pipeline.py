@@ -49,7 +49,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, logs, outcomes, progress, worker_image
+from preprocess import dataflow_job, errors, filesystem, local_runner, logs, outcomes, progress, worker_image
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
@@ -347,7 +347,10 @@ def run(argv=None) -> dict | None:
 
     Raises SupersededRunError, naming both runs, if a run that started later
     has published: whether this run then failed (it publishes nothing) or
-    had published first.
+    had published first. On Dataflow, a launch of a request whose job is
+    already running attaches to that job instead of starting a second one,
+    and Ctrl-C raises JobContinuesError while the job runs on
+    (preprocess/dataflow_job.py).
     """
     args, beam_args = parse_args(argv)
     worker_image.check_launcher_python(beam_args)
@@ -357,14 +360,44 @@ def run(argv=None) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
+    if dataflow_job.runs_remotely(options) and not template:
+        # A retried launch of the same request finds the job by its name (dataflow_job.py).
+        request = {key: value for key, value in job_config(args, build_id).items() if key != "build_id"}
+        dataflow_job.set_job_identity(
+            options,
+            output_dir,
+            request,
+            beam_args,
+            {dataflow_job.RUN_ID_LABEL: run_id, dataflow_job.BUILD_ID_LABEL: build_id},
+        )
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id, run_id)
+    result = None
     try:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
         with progress.ProgressReporter(enabled=progress.runs_locally(options)):
-            result = pipeline.run()
+            try:
+                result = pipeline.run()
+            except Exception as exc:
+                if not dataflow_job.is_already_exists(exc):
+                    raise
+                result, labels = dataflow_job.attach_to_running_job(options, exc)
+                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                logging.warning(
+                    "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
+                    "starting a second job (give --job_name to start a separate one)",
+                    result.job_id(),
+                    run_id,
+                )
             state = result.wait_until_finish()
+    except KeyboardInterrupt as interrupt:
+        if not dataflow_job.is_finished(result):
+            raise dataflow_job.JobContinuesError(
+                dataflow_job.continues_message(result, options)
+            ) from interrupt
+        raise
     except Exception as exc:
         if run_id is not None:
             # The runner's error may wrap the step's; say plainly if the reason is a newer run.
@@ -376,10 +409,11 @@ def run(argv=None) -> dict | None:
                 pass
         raise
     finally:
-        if not template:
-            # This build's tf.Transform directory served this one run, which has
-            # ended (tf.Transform may write into it until the very end). A
-            # template's is shared by its runs: publish.py removes it once idle.
+        # This build's tf.Transform directory serves the job until it ends (tf.Transform may write
+        # into it until the very end, and a Dataflow job outlives an interrupted launcher: its
+        # workers load the analysis from it). A template's is shared by its runs: publish.py removes
+        # it once idle.
+        if not template and dataflow_job.is_finished(result):
             _remove_tft_temp(output_dir, build_id)
     if run_id is None:
         logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
@@ -400,6 +434,10 @@ def main(argv=None):
 
     try:
         manifest = run(argv)
+    except dataflow_job.JobContinuesError as exc:
+        # The job is fine and goes on: a message, not a traceback.
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
