@@ -2,8 +2,10 @@
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. The file is read whole once, here: its sha256 is computed from the
-bytes that are decoded (content.py found duplicates from a prefix of it).
+reason. The file is read whole once, here, into one buffer of its size
+(reading.read_file_bytes; the decoder reads it in place): its sha256 is
+computed from the bytes that are decoded (content.py found duplicates by
+their MD5, from the listing where GCS gave one).
 Nothing an image can contain stops the job; a read that fails for a reason
 that may pass (reading.py) does, so that the runner retries it.
 """
@@ -43,7 +45,7 @@ class DecodeImagesFn(beam.DoFn):
         self._failed[reason].inc()
         self._progress_failed.inc()
 
-    def _load(self, data: bytes):
+    def _load(self, data: bytes | bytearray):
         try:
             return load_image(
                 data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
@@ -57,7 +59,7 @@ class DecodeImagesFn(beam.DoFn):
         # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
-            data = read_file_bytes(item.uri, self._max_file_bytes)
+            data = read_file_bytes(item.uri, self._max_file_bytes, getattr(item, "size", None))
             pixels = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)

@@ -18,8 +18,10 @@ corpus can hold 100M files:
   ranges are listed by every worker at once. Beam's `FileSystems.match`
   returns one list of every match, and GcsIO's `list_files` keeps a set of
   every name it has seen, so neither is used for the files. The listing
-  gives each file's size (a GCS listing has it; locally a stat), which the
-  records carry: the size limit and the reads need no other request.
+  gives each file's size (a GCS listing has it; locally a stat), and on GCS
+  its MD5 (`md5Hash`, absent for a composite object), which the records
+  carry: the size limit and the exact-duplicate key need no other request
+  (reading.content_key).
 - a manifest is read with Beam's `ReadFromText`, which splits the file into
   byte ranges read in parallel. A row is parsed alone, so a bad row names the
   manifest and quotes the row (a line number is not known to a worker that
@@ -47,6 +49,7 @@ from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
+from preprocess.reading import md5_hex
 
 DIRECTORY = "directory"
 CSV = "csv"
@@ -65,6 +68,7 @@ class InputRecord:
     label: str
     split: str | None = None  # None: assigned from the content hash
     size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
+    md5: str | None = None  # hex MD5 of the bytes, where GCS's listing gave it (reading.content_key)
 
 
 def input_kind(spec: str) -> str:
@@ -95,7 +99,7 @@ def _split_gcs(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-_LEVEL_FIELDS = "items(name,size),prefixes,nextPageToken"
+_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
 
 
 def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
@@ -293,7 +297,12 @@ def list_range(listing_range: ListingRange):
             # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
             if _is_input_name(name) and listing_range.holds(name):
-                yield InputRecord(uri=f"{_GCS_PREFIX}{bucket}/{blob.name}", label=label, size=blob.size)
+                yield InputRecord(
+                    uri=f"{_GCS_PREFIX}{bucket}/{blob.name}",
+                    label=label,
+                    size=blob.size,
+                    md5=md5_hex(blob.md5_hash),
+                )
         return
     with os.scandir(folder) as entries:
         for entry in entries:
