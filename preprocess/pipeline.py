@@ -59,7 +59,6 @@ from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
 from preprocess.publish import (
     RETAINED_RUNS,
-    StopIfSupersededFn,
     SupersededRunError,
     published_run_id,
     read_published_manifest,
@@ -67,6 +66,7 @@ from preprocess.publish import (
 )
 from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
+from preprocess.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
@@ -221,7 +221,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     decoded = (
         unique
         | "SpreadDecoding" >> beam.Reshuffle()
-        # A run that a newer one superseded stops here rather than decode for hours (publish.py).
+        # A run that a newer one superseded stops here rather than decode for hours (superseded.py).
         | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
         | "Decode"
         >> beam.ParDo(
