@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from preprocess import errors
 from preprocess.content import UniqueInput
+from preprocess.failure_budget import FailureBudget
 from preprocess.image_decode import load_image
 from preprocess.progress import ProgressCounter
 from preprocess.reading import read_file_bytes
@@ -26,7 +27,12 @@ class DecodeImagesFn(beam.DoFn):
     """UniqueInput -> raw example dict, or an ErrorRecord on the 'errors' output."""
 
     def __init__(
-        self, image_size: int, resize_method: str, max_pixels: int, max_file_bytes: int | None = None
+        self,
+        image_size: int,
+        resize_method: str,
+        max_pixels: int,
+        max_file_bytes: int | None = None,
+        max_failed_fraction: float | None = None,
     ):
         self._image_size = image_size
         self._resize_method = resize_method
@@ -38,6 +44,15 @@ class DecodeImagesFn(beam.DoFn):
         self._failed = {}
         self._progress = ProgressCounter("decoded")
         self._progress_failed = ProgressCounter("failed")
+        # Fails the job early when --max-failed-fraction is sure to be crossed (failure_budget.py);
+        # it needs the known outcomes as the side input `known`.
+        self._budget = FailureBudget(max_failed_fraction)
+
+    def start_bundle(self):
+        self._budget.start_bundle()
+
+    def finish_bundle(self):
+        self._budget.finish_bundle()
 
     def _count_failure(self, reason: str):
         if reason not in self._failed:
@@ -55,7 +70,7 @@ class DecodeImagesFn(beam.DoFn):
         except Exception as exc:  # noqa: BLE001 - the bytes are in memory: a decoder that fails on them always will
             raise errors.ImageError(errors.DECODE_ERROR, f"{type(exc).__name__}: {exc}") from exc
 
-    def process(self, item: UniqueInput):
+    def process(self, item: UniqueInput, known: dict | None = None):
         # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
@@ -63,8 +78,10 @@ class DecodeImagesFn(beam.DoFn):
             pixels = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
+            self._budget.record(exc.reason, known)
             yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
             return
+        self._budget.record(None, known)
         self._decoded.inc()
         self._progress.inc()
         yield {

@@ -54,6 +54,7 @@ from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
+from preprocess.failure_budget import known_outcomes
 from preprocess.finalize import TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.options import parse_args
@@ -218,6 +219,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
     # `unique` could not also wait for them: the runner would split decode from encode. The reshuffle
     # (of small metadata) ends the deduplication's stage here; it also spreads the decoding evenly.
+    known = known_outcomes(
+        listed.records,
+        listed.errors,
+        unique,
+        (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
+    )
     decoded = (
         unique
         | "SpreadDecoding" >> beam.Reshuffle()
@@ -225,7 +232,16 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
         | "Decode"
         >> beam.ParDo(
-            DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels, args.max_file_bytes)
+            DecodeImagesFn(
+                args.image_size,
+                args.resize_method,
+                args.max_pixels,
+                args.max_file_bytes,
+                args.max_failed_fraction,
+            ),
+            # What is settled before decoding: the decoding fails the job early once
+            # --max-failed-fraction is sure to be crossed (failure_budget.py).
+            known=beam.pvalue.AsSingleton(known),
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
