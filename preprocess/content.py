@@ -6,7 +6,7 @@ copies of one image can never land in two splits. A file is read whole only
 when it is decoded (decode_stage.py, which also hashes it), so finding
 duplicates must not read every file beforehand:
 
-1. Each file's content key is the MD5 of its bytes (reading.content_key). On
+1. Each file's content key is a digest of the MD5 of its bytes (reading.content_key). On
    GCS the listing gives it (`md5Hash`), so keying a listed object reads
    nothing: the object is downloaded once in all, when it is decoded. (A
    composite object has no MD5 and is hashed; a local file is read and

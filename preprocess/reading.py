@@ -40,7 +40,7 @@ On GCS each read is a plain ranged download (`Blob.download_as_bytes`) by the
 thread's one client (filesystem.gcs_io), not Beam's reader: that one builds a
 client and asks for the object's metadata at every open.
 
-The exact-duplicate key of a file (`content_key`) is the MD5 of its bytes,
+The exact-duplicate key of a file (`content_key`) is a digest of the MD5 of its bytes,
 which GCS keeps for every object it did not compose (`md5Hash`) and returns
 in the listing (inputs.py) and in an object's metadata. So a listed object
 costs one request in all, the download of the whole object when it is
@@ -285,7 +285,7 @@ def _local_chunks(uri: str, limit: int | None):
 def content_key(
     uri: str, size: int | None = None, md5: str | None = None, max_bytes: int | None = None
 ) -> tuple[str, int]:
-    """(content key, size in bytes) of a file: the MD5 hex digest of all its bytes.
+    """(content key, size in bytes) of a file: `key_of_md5` of the MD5 of all its bytes.
 
     Two files with the same bytes have the same key, so a key seen once is
     an image with no copy (content.py hashes the files that share a key in
@@ -295,12 +295,21 @@ def content_key(
     object (no MD5) is downloaded and hashed; a local file is read and
     hashed. Failures as for `read_file_bytes`.
     """
-    if md5 is not None and size is not None:
-        return md5, size
-    if _is_gcs(uri) and size is None:
-        # A manifest's row: its metadata has the MD5 (unless composite). A listed object without
-        # one is composite: asking again would say the same.
-        size, md5 = size_and_md5(uri)
-        if md5 is not None:
-            return md5, size
-    return hash_file(uri, max_bytes, algorithm="md5")
+    if md5 is None or size is None:
+        if _is_gcs(uri) and size is None:
+            # A manifest's row: its metadata has the MD5 (unless composite). A listed object without
+            # one is composite: asking again would say the same.
+            size, md5 = size_and_md5(uri)
+        if md5 is None:
+            md5, size = hash_file(uri, max_bytes, algorithm="md5")
+    return key_of_md5(md5), size
+
+
+def key_of_md5(md5: str) -> str:
+    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest.
+
+    The split is taken from the key's first 64 bits (content.assign_split);
+    hashing the MD5 once more keeps that a uniform number while the key
+    stays a function of the file's bytes alone, the same wherever they are.
+    """
+    return hashlib.sha256(md5.encode("ascii")).hexdigest()

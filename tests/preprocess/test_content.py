@@ -26,7 +26,7 @@ from preprocess.content import (
     assign_split,
 )
 from preprocess.inputs import InputRecord
-from preprocess.reading import content_key
+from preprocess.reading import content_key, key_of_md5
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
@@ -108,7 +108,7 @@ def test_a_split_named_by_the_manifest_wins_over_the_content_key(tmp_path):
         assert_that(result["unique"] | beam.Map(lambda item: item.split), equal_to([named]))
 
 
-def test_the_content_key_is_the_md5_of_the_whole_file(tmp_path):
+def test_the_content_key_is_a_digest_of_the_md5_of_the_whole_file(tmp_path):
     head = bytes(64 << 10)
     one = _write(tmp_path, "cat/one.jpg", head + b"A" * 1000)
     same = _write(tmp_path, "cat/same.jpg", head + b"A" * 1000)
@@ -116,11 +116,11 @@ def test_the_content_key_is_the_md5_of_the_whole_file(tmp_path):
     assert (
         content_key(one)
         == content_key(same)
-        == (hashlib.md5(head + b"A" * 1000).hexdigest(), len(head) + 1000)
+        == (key_of_md5(hashlib.md5(head + b"A" * 1000).hexdigest()), len(head) + 1000)
     )
     assert content_key(other_tail)[0] != content_key(one)[0]
     small = _write(tmp_path, "cat/small.png", b"tiny")
-    assert content_key(small) == (hashlib.md5(b"tiny").hexdigest(), 4)
+    assert content_key(small) == (key_of_md5(hashlib.md5(b"tiny").hexdigest()), 4)
 
 
 def _bytes_read_by_this_process() -> int:
@@ -132,7 +132,7 @@ def test_a_key_the_listing_gave_reads_nothing(tmp_path):
     paths = [_write(tmp_path, f"cat/{i}.jpg", bytes([i]) * (1 << 20)) for i in range(4)]
     before = _bytes_read_by_this_process()
     for path in paths:
-        assert content_key(path, size=1 << 20, md5="0" * 32) == ("0" * 32, 1 << 20)
+        assert content_key(path, size=1 << 20, md5="0" * 32) == (key_of_md5("0" * 32), 1 << 20)
     assert _bytes_read_by_this_process() - before < 64 << 10  # not the 4 MiB of the files
 
 
@@ -144,7 +144,7 @@ def test_files_sharing_a_key_are_told_apart_by_their_full_hash(tmp_path):
     collision = _write(tmp_path, "dog/c.jpg", b"B" * 100)
     alone = _write(tmp_path, "dog/d.jpg", b"C" * 100)
     md5 = hashlib.md5(b"A" * 100).hexdigest()
-    split = assign_split(md5, FRACTIONS)
+    split = assign_split(key_of_md5(md5), FRACTIONS)
     records = [
         InputRecord(first, "cat", size=100, md5=md5),
         InputRecord(first_copy, "cat", size=100, md5=md5),

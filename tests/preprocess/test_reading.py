@@ -21,6 +21,7 @@ from preprocess.reading import (
     content_key,
     hash_file,
     is_deterministic_read_failure,
+    key_of_md5,
     read_file_bytes,
 )
 from tests.gcs_emulator import ReadFaults
@@ -241,7 +242,7 @@ def test_the_content_key_of_a_gcs_object_is_its_md5_from_metadata_without_a_down
     name = _upload(gcs_emulator, url, data)
     gcs_read_faults.media_bytes.clear()
     key, size = content_key(url)
-    assert (key, size) == (hashlib.md5(data).hexdigest(), len(data))
+    assert (key, size) == (key_of_md5(hashlib.md5(data).hexdigest()), len(data))
     assert gcs_read_faults.media_bytes[name] == 0
     local = tmp_path / "large.bin"
     local.write_bytes(data)
@@ -257,7 +258,10 @@ def test_a_composite_object_without_an_md5_is_keyed_by_hashing_it(gcs_emulator, 
     name = _upload(gcs_emulator, url, data)
     gcs_read_faults.media_bytes.clear()
     # The listing of a composite object gives its size and no md5Hash.
-    assert content_key(url, size=len(data), md5=None) == (hashlib.md5(data).hexdigest(), len(data))
+    assert content_key(url, size=len(data), md5=None) == (
+        key_of_md5(hashlib.md5(data).hexdigest()),
+        len(data),
+    )
     assert gcs_read_faults.media_bytes[name] == len(data)
 
 
