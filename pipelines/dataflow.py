@@ -57,6 +57,12 @@ job as a template file (`--template_location`, which stages the package
 built from setup.py but does not start a job) and the training job spec,
 both written under `--dry-run-dir` (default ./dry-run).
 
+Stage 1's Dataflow job is named from the output directory and the request
+(preprocess/dataflow_job.py): re-running this command while that job runs
+waits for it instead of starting a second one. Ctrl-C stops this launcher,
+not the job: it prints the `gcloud dataflow jobs cancel` command and exits
+130 without starting training.
+
 Why a TPU VM and not a Vertex AI custom job: on a TPU VM our code runs on
 the TPU host itself, where the input pipeline this project optimizes runs,
 with plain `pip install` of the package and no container image to build and

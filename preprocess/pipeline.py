@@ -14,8 +14,8 @@ Dockerfile, or install the package from setup.py at boot with
         --temp_location gs://BUCKET/tmp \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Data flow: list inputs -> content key of each file (its size and first 16
-KiB) -> split by key, dedup by key, and by full hash where keys are shared
+Data flow: list inputs -> content key of each file (from its MD5, which a GCS
+listing gives) -> split by key, dedup by key, and by full hash where keys are shared
 (only keys, hashes and URIs are grouped; content.py) -> read each image whole,
 once: hash, decode, orient, RGB, resize ->
 then, for uint8 and jpeg (the default is uint8), one pass: each image is
@@ -27,6 +27,11 @@ tf.Transform's transform after the analysis -> shard files written once, in
 place (the small remainders packed into shards) -> finalize (the manifest,
 published by one atomic replacement of dataset.json). Every input that is
 not written is an error record or a counted duplicate.
+
+On Dataflow, Ctrl-C on the launcher leaves the job running (and its
+tf.Transform directory in place) and says how to cancel it; a launch of a
+request whose job is still running attaches to that job instead of starting
+a second one (preprocess/dataflow_job.py).
 
 Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the launcher
