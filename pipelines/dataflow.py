@@ -84,7 +84,6 @@ from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines import tpu_launch, tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
-from preprocess.dataflow_job import JobContinuesError
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train import install_lines
@@ -459,6 +458,8 @@ def main(argv=None) -> int:
             model_dir=paths.model_dir,
         )
     except WorkflowError as exc:
+        from preprocess.dataflow_job import JobContinuesError  # noqa: PLC0415 - Beam: not before --help
+
         if isinstance(exc.__cause__, JobContinuesError):
             # Ctrl-C while the Dataflow job runs on: say so and how to cancel it; training is not started.
             print(f"stage 1: {exc.__cause__}\ntraining was not started.", file=sys.stderr)
