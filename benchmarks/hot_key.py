@@ -33,12 +33,15 @@ import sys
 import time
 
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
-from preprocess.reading import CONTENT_KEY_PREFIX_BYTES
 
 DISTINCT = "distinct"
 COPIES = "copies"
 SERIAL = "copies, one element"
 VARIANTS = (DISTINCT, COPIES, SERIAL)
+
+
+# Bytes of random data at the start of each distinct file of the benchmark.
+_UNIQUE_HEAD_BYTES = 32 * 1024
 
 
 def make_inputs(workdir: str, copies: int, file_bytes: int) -> dict[str, str]:
@@ -62,10 +65,10 @@ def make_inputs(workdir: str, copies: int, file_bytes: int) -> dict[str, str]:
             if variant == COPIES:
                 os.link(original, path)
             else:
-                # Only the first 16 KiB of a file with a key of its own is read: the rest can be a hole
-                # (a sparse file of the full size, so its content key is that of a file of that size).
+                # Random bytes up front make each file's content (so its MD5 key) its own; the rest can
+                # be a hole (a sparse file of the full size, read as zeros).
                 with open(path, "wb") as handle:
-                    handle.write(os.urandom(min(file_bytes, 2 * CONTENT_KEY_PREFIX_BYTES)))
+                    handle.write(os.urandom(min(file_bytes, _UNIQUE_HEAD_BYTES)))
                     handle.truncate(file_bytes)
         if variant == COPIES:
             os.remove(original)

@@ -67,6 +67,12 @@ job as a template file (`--template_location`, which stages the package
 built from setup.py but does not start a job) and the training job spec,
 both written under `--dry-run-dir` (default ./dry-run).
 
+Stage 1's Dataflow job is named from the output directory and the request
+(preprocess/dataflow_job.py): re-running this command while that job runs
+waits for it instead of starting a second one. Ctrl-C stops this launcher,
+not the job: it prints the `gcloud dataflow jobs cancel` command and exits
+130 without starting training.
+
 Why a TPU VM and not a Vertex AI custom job: on a TPU VM our code runs on
 the TPU host itself, where the input pipeline this project optimizes runs,
 with plain `pip install` of the package and no container image to build and
@@ -507,6 +513,12 @@ def main(argv=None) -> int:
             model_dir=paths.model_dir,
         )
     except WorkflowError as exc:
+        from preprocess.dataflow_job import JobContinuesError  # noqa: PLC0415 - Beam: not before --help
+
+        if isinstance(exc.__cause__, JobContinuesError):
+            # Ctrl-C while the Dataflow job runs on: say so and how to cancel it; training is not started.
+            print(f"stage 1: {exc.__cause__}\ntraining was not started.", file=sys.stderr)
+            return JobContinuesError.exit_code
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

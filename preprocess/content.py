@@ -4,22 +4,33 @@ Duplicates are found by content, and the split is a function of content, so
 the same corpus gives the same split on every run and every runner, and two
 copies of one image can never land in two splits. A file is read whole only
 when it is decoded (decode_stage.py, which also hashes it), so finding
-duplicates must not read every file in full beforehand:
+duplicates must not read every file beforehand:
 
-1. Each file's content key is read: a hash of its size and its first 16 KiB
-   (reading.content_key). Copies share a key, so a key seen once is an image
-   with no copy, known from a small prefix of it. The split is assigned from
-   the key, so it is known before decoding, and so is the label vocabulary.
-2. Only the files that share a key with another are hashed in full (sha256),
-   and copies are told from look-alikes (same size, same first 16 KiB) on
-   the full hash. In a corpus of photos that is the duplicates alone. The
+1. Each file's content key is a digest of the MD5 of its bytes (reading.content_key). On
+   GCS the listing gives it (`md5Hash`), so keying a listed object reads
+   nothing: the object is downloaded once in all, when it is decoded. (A
+   composite object has no MD5 and is hashed; a local file is read and
+   hashed; a manifest's row costs one metadata request.) Copies share a
+   key, so a key seen once is an image with no copy. The split is assigned
+   from the key, so it is known before decoding, and so is the label
+   vocabulary.
+2. Only the files that share a key with another are hashed in full
+   (SHA-256), and the copies are resolved on that hash: the MD5 finds the
+   copies, the SHA-256 confirms them, so a crafted MD5 collision is never
+   taken for a copy. In a corpus of photos that is the duplicates alone. The
    copies of one key are spread over the workers (a reshuffle) before they
    are hashed, each copy an element of its own: 100K copies of a "photo
    unavailable" placeholder are hashed by every worker at once, not one
    after another inside the one call that received their group.
 
+What the outputs report is unchanged by where the key came from: a
+duplicate's line names its URI and the kept copy's, an error record its URI,
+reason and detail, and a written record carries the SHA-256 of the bytes
+decoded (decode_stage.py), never the MD5.
+
 A file larger than --max-file-mb is a `too_large` error at step 1, before any
-of it is read: its size comes from the listing (or a stat).
+of it is read: its size comes from the listing (or a stat, or the object's
+metadata).
 
 Only (key or hash, uri, label) travels through the shuffles here, never the
 image bytes, so they stay small whatever the corpus size; and the copies of
@@ -37,7 +48,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import InputRecord
 from preprocess.progress import ProgressCounter
-from preprocess.reading import content_key, file_size, hash_file, too_large_detail
+from preprocess.reading import content_key, hash_file, size_and_md5, too_large_detail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +61,8 @@ class UniqueInput:
     uri: str
     label: str
     split: str
+    # Bytes, as keyed: the decode's read allocates the file's buffer once, at this size (reading.py).
+    size: int | None = dataclasses.field(default=None, compare=False)
 
 
 def _digest_or_error(read, record: InputRecord):
@@ -72,10 +85,10 @@ class KeyContentFn(beam.DoFn):
     """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or
     too large files -> 'errors'.
 
-    Reads the first 16 KiB of each file (reading.content_key), after its size:
-    from the listing, or asked for (a manifest's rows). A file over
-    `max_file_bytes` is never read. A record whose split the manifest does
-    not name gets the split of its key.
+    The key is the file's MD5 (reading.content_key): from the listing where
+    it gave one, else from the object's metadata, else read and hashed. A
+    file over `max_file_bytes` is never read. A record whose split the
+    manifest does not name gets the split of its key.
     """
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
@@ -86,12 +99,14 @@ class KeyContentFn(beam.DoFn):
         self._progress_failed = ProgressCounter("failed")
 
     def _key(self, record: InputRecord):
-        size = record.size if record.size is not None else file_size(record.uri)
+        size, md5 = record.size, record.md5
+        if size is None:
+            size, md5 = size_and_md5(record.uri)
         if self._max_file_bytes is not None and size > self._max_file_bytes:
             raise errors.ImageError(errors.TOO_LARGE, too_large_detail(size, self._max_file_bytes))
         if size == 0:
             return None, 0
-        return content_key(record.uri, size)
+        return content_key(record.uri, size, md5, self._max_file_bytes)
 
     def process(self, record: InputRecord):
         keyed, error = _digest_or_error(self._key, record)
@@ -287,7 +302,7 @@ class ResolveDuplicatesFn(beam.DoFn):
                 )
             return
         kept = copies.kept
-        yield UniqueInput(uri=kept.uri, label=kept.label, split=kept.split)
+        yield UniqueInput(uri=kept.uri, label=kept.label, split=kept.split, size=kept.size)
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
         for record in records:
@@ -342,7 +357,7 @@ class SeparateSharedKeysFn(beam.DoFn):
         records = (value for tag, value in tagged if tag == _COPY)
         if count == 1:
             record = next(records)
-            yield UniqueInput(uri=record.uri, label=record.label, split=record.split)
+            yield UniqueInput(uri=record.uri, label=record.label, split=record.split, size=record.size)
             return
         for record in records:
             yield beam.pvalue.TaggedOutput("shared", record)

@@ -2,8 +2,10 @@
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. The file is read whole once, here: its sha256 is computed from the
-bytes that are decoded (content.py found duplicates from a prefix of it).
+reason. The file is read whole once, here, into one buffer of its size
+(reading.read_file_bytes; the decoder reads it in place): its sha256 is
+computed from the bytes that are decoded (content.py found duplicates by
+their MD5, from the listing where GCS gave one).
 Nothing an image can contain stops the job; a read that fails for a reason
 that may pass (reading.py) does, so that the runner retries it.
 """
@@ -15,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from preprocess import errors
 from preprocess.content import UniqueInput
+from preprocess.failure_budget import FailureBudget
 from preprocess.image_decode import load_image
 from preprocess.progress import ProgressCounter
 from preprocess.reading import read_file_bytes
@@ -24,7 +27,12 @@ class DecodeImagesFn(beam.DoFn):
     """UniqueInput -> raw example dict, or an ErrorRecord on the 'errors' output."""
 
     def __init__(
-        self, image_size: int, resize_method: str, max_pixels: int, max_file_bytes: int | None = None
+        self,
+        image_size: int,
+        resize_method: str,
+        max_pixels: int,
+        max_file_bytes: int | None = None,
+        max_failed_fraction: float | None = None,
     ):
         self._image_size = image_size
         self._resize_method = resize_method
@@ -36,6 +44,15 @@ class DecodeImagesFn(beam.DoFn):
         self._failed = {}
         self._progress = ProgressCounter("decoded")
         self._progress_failed = ProgressCounter("failed")
+        # Fails the job early when --max-failed-fraction is sure to be crossed (failure_budget.py);
+        # it needs the known outcomes as the side input `known`.
+        self._budget = FailureBudget(max_failed_fraction)
+
+    def start_bundle(self):
+        self._budget.start_bundle()
+
+    def finish_bundle(self):
+        self._budget.finish_bundle()
 
     def _count_failure(self, reason: str):
         if reason not in self._failed:
@@ -43,7 +60,7 @@ class DecodeImagesFn(beam.DoFn):
         self._failed[reason].inc()
         self._progress_failed.inc()
 
-    def _load(self, data: bytes):
+    def _load(self, data: bytes | bytearray):
         try:
             return load_image(
                 data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
@@ -53,16 +70,18 @@ class DecodeImagesFn(beam.DoFn):
         except Exception as exc:  # noqa: BLE001 - the bytes are in memory: a decoder that fails on them always will
             raise errors.ImageError(errors.DECODE_ERROR, f"{type(exc).__name__}: {exc}") from exc
 
-    def process(self, item: UniqueInput):
+    def process(self, item: UniqueInput, known: dict | None = None):
         # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
-            data = read_file_bytes(item.uri, self._max_file_bytes)
+            data = read_file_bytes(item.uri, self._max_file_bytes, getattr(item, "size", None))
             pixels = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
+            self._budget.record(exc.reason, known)
             yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
             return
+        self._budget.record(None, known)
         self._decoded.inc()
         self._progress.inc()
         yield {

@@ -136,7 +136,7 @@ def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
         raise errors.ImageError(errors.EMPTY_FILE, "the file is empty")
     image_format = sniff_format(data)
     if image_format is None:
-        raise errors.ImageError(errors.NOT_AN_IMAGE, f"unrecognised content, starts with {data[:8]!r}")
+        raise errors.ImageError(errors.NOT_AN_IMAGE, f"unrecognised content, starts with {bytes(data[:8])!r}")
 
     reader = _ShortReadTrackingBytesIO(data)
     try:
@@ -253,13 +253,41 @@ def _riff_declared_length(data: bytes) -> int:
     return 8 + int.from_bytes(data[4:8], "little")
 
 
-class _ShortReadTrackingBytesIO(io.BytesIO):
-    """BytesIO that remembers whether a sized read came back short (end of data)."""
+class _ShortReadTrackingBytesIO(io.RawIOBase):
+    """A seekable reader over the file's bytes, in place (a bytearray or bytes is never copied whole,
+    as io.BytesIO copies a bytearray), that remembers whether a sized read came back short (end of data).
+    """
 
     hit_end = False
 
+    def __init__(self, data):
+        super().__init__()
+        self._view = memoryview(data)
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
     def read(self, size: int | None = -1) -> bytes:
-        chunk = super().read(size)
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
+        chunk = self._view[self._position : end].tobytes() if end > self._position else b""
+        self._position += len(chunk)
         if size is not None and size > 0 and len(chunk) < size:
             self.hit_end = True
         return chunk
+
+    def readinto(self, buffer) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)

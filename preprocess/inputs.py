@@ -18,8 +18,10 @@ corpus can hold 100M files:
   ranges are listed by every worker at once. Beam's `FileSystems.match`
   returns one list of every match, and GcsIO's `list_files` keeps a set of
   every name it has seen, so neither is used for the files. The listing
-  gives each file's size (a GCS listing has it; locally a stat), which the
-  records carry: the size limit and the reads need no other request.
+  gives each file's size (a GCS listing has it; locally a stat), and on GCS
+  its MD5 (`md5Hash`, absent for a composite object), which the records
+  carry: the size limit and the exact-duplicate key need no other request
+  (reading.content_key).
 - a manifest is read with Beam's `ReadFromText`, which splits the file into
   byte ranges read in parallel. A row is parsed alone, so a bad row names the
   manifest and quotes the row (a line number is not known to a worker that
@@ -30,7 +32,6 @@ The records then go through `MixClasses`, which spreads them over the workers
 and mixes the classes (see there).
 """
 
-import collections
 import csv
 import dataclasses
 import functools
@@ -47,6 +48,8 @@ from apache_beam.metrics import Metrics
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
+from preprocess.listing_plan import plan_boundaries
+from preprocess.reading import md5_hex
 
 DIRECTORY = "directory"
 CSV = "csv"
@@ -65,6 +68,7 @@ class InputRecord:
     label: str
     split: str | None = None  # None: assigned from the content hash
     size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
+    md5: str | None = None  # hex MD5 of the bytes, where GCS's listing gave it (reading.content_key)
 
 
 def input_kind(spec: str) -> str:
@@ -95,7 +99,7 @@ def _split_gcs(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-_LEVEL_FIELDS = "items(name,size),prefixes,nextPageToken"
+_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
 
 
 def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
@@ -169,8 +173,9 @@ SPLIT_LISTING_ABOVE = 5000
 # page at once; on local disk each range scans the whole directory, so a few.
 GCS_LISTING_RANGES = 64
 LOCAL_LISTING_RANGES = 8
-# Requests the GCS planning may send (each a listing of one name): a few seconds, once per large folder.
-_MAX_PLANNING_PROBES = 256
+# Requests the GCS planning may send (each a page of up to 1,000 names): a few hundred for a 5M-file
+# folder (benchmarks/RESULTS.md), once per large folder.
+_MAX_PLANNING_REQUESTS = 2048
 # Names sampled from a large local folder to place its range boundaries.
 _LOCAL_SAMPLE_NAMES = 1024
 
@@ -178,15 +183,13 @@ _LOCAL_SAMPLE_NAMES = 1024
 def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_LISTING_ABOVE, ranges=None):
     """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several.
 
-    GCS lists names in sorted order, a page at a time, so a range of names
-    is listed by its own pager (`startOffset`/`endOffset`). The boundaries
-    are found without listing the folder: by the characters that names go
-    on with after their common start, one probe (a listing of one name) per
-    character, breadth first (names img_000001.jpg ... img_999999.jpg split
-    at img_1, img_2, ..., then img_01, img_02, ...), until there are
-    `ranges` of them. Locally the directory is read once, names sampled, and
-    the boundaries placed at the sample's quantiles. Any boundaries give the
-    same files in all (ListingRange); good ones give ranges of similar size.
+    Ranges of similar numbers of names, whatever the names look like. On GCS
+    the boundaries come from counting pages of names by their prefixes,
+    without listing the folder (preprocess/listing_plan.py: a few hundred
+    requests for 5M names). Locally the directory is read once, names
+    sampled, and the boundaries placed at the sample's quantiles. Any
+    boundaries give the same files in all (ListingRange); these give ranges
+    of at most about twice the ideal (tests/preprocess/test_listing_plan.py).
     """
     label, folder = class_folder
     if folder.startswith(_GCS_PREFIX):
@@ -194,67 +197,25 @@ def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_
         if sum(1 for _ in zip(range(split_above + 1), listing, strict=False)) <= split_above:
             yield ListingRange(label, folder)
             return
-        boundaries = _probe_boundaries(
-            functools.partial(_first_gcs_name, folder), ranges or GCS_LISTING_RANGES, _MAX_PLANNING_PROBES
+        boundaries = plan_boundaries(
+            functools.partial(_gcs_page, folder),
+            ranges or GCS_LISTING_RANGES,
+            page=min(split_above, 1000),
+            max_requests=_MAX_PLANNING_REQUESTS,
         )
     else:
         boundaries = _sampled_boundaries(folder, split_above, ranges or LOCAL_LISTING_RANGES)
-    starts = [None, *sorted(boundaries)]
+    starts = [None, *sorted(set(boundaries) - {""})]
     for start, end in zip(starts, [*starts[1:], None], strict=True):
         yield ListingRange(label, folder, start, end)
 
 
-def _first_gcs_name(folder: str, start: str, other_than: str) -> str | None:
-    """The first name (below `folder`) at or after `start` other than `other_than`, or None.
-
-    A request of one name (two when the first is `other_than`).
-    """
-    listing, prefix, _ = _list_gcs_level(folder, start=start, page_size=1)
-    for blob in listing:
-        name = blob.name[len(prefix) :]
-        # GCS starts at `start` already; the check keeps servers that ignore startOffset (the tests' emulator) right.
-        if name >= start and name != other_than:
-            return name
-    return None
-
-
-def _next_character(character: str) -> str | None:
-    """The character after `character` in code point (so UTF-8 byte) order, skipping surrogates."""
-    point = ord(character) + 1
-    if 0xD800 <= point <= 0xDFFF:
-        point = 0xE000
-    return chr(point) if point <= 0x10FFFF else None
-
-
-def _probe_boundaries(first_at_or_after, target: int, max_probes: int) -> set[str]:
-    """Range starts that split the names `first_at_or_after(start, other_than)` walks, by their next
-    character after a prefix, breadth first.
-
-    A name equal to the prefix itself (the folder's placeholder object, for
-    the prefix "") sorts before every name that goes on from it; it is
-    passed over here, and listed by the range that holds it like any other.
-    """
-    boundaries: set[str] = set()
-    frontier = collections.deque([""])
-    probes = 0
-    while frontier and len(boundaries) + 1 < target and probes < max_probes:
-        prefix = frontier.popleft()
-        children = []
-        start = prefix
-        while probes < max_probes:
-            name = first_at_or_after(start, prefix)
-            probes += 1
-            if name is None or not name.startswith(prefix):
-                break
-            children.append(name[len(prefix)])
-            following = _next_character(children[-1])
-            if following is None:
-                break
-            start = prefix + following
-        # Each child character starts a range, but the first: names before it belong to the range before.
-        boundaries.update(prefix + character for character in children[1:])
-        frontier.extend(prefix + character for character in children)
-    return boundaries
+def _gcs_page(folder: str, start: str, end: str | None, limit: int) -> tuple[list[str], bool]:
+    """(up to `limit` names below `folder` in [start, end), whether more follow): one request."""
+    listing, prefix, _ = _list_gcs_level(folder, start=start or None, end=end, page_size=limit)
+    page = next(listing.pages, None)
+    names = [blob.name[len(prefix) :] for blob in page] if page is not None else []
+    return names[:limit], listing.next_page_token is not None
 
 
 def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
@@ -293,7 +254,12 @@ def list_range(listing_range: ListingRange):
             # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
             if _is_input_name(name) and listing_range.holds(name):
-                yield InputRecord(uri=f"{_GCS_PREFIX}{bucket}/{blob.name}", label=label, size=blob.size)
+                yield InputRecord(
+                    uri=f"{_GCS_PREFIX}{bucket}/{blob.name}",
+                    label=label,
+                    size=blob.size,
+                    md5=md5_hex(blob.md5_hash),
+                )
         return
     with os.scandir(folder) as entries:
         for entry in entries:

@@ -14,8 +14,8 @@ Dockerfile, or install the package from setup.py at boot with
         --temp_location gs://BUCKET/tmp \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Data flow: list inputs -> content key of each file (its size and first 16
-KiB) -> split by key, dedup by key, and by full hash where keys are shared
+Data flow: list inputs -> content key of each file (from its MD5, which a GCS
+listing gives) -> split by key, dedup by key, and by full hash where keys are shared
 (only keys, hashes and URIs are grouped; content.py) -> read each image whole,
 once: hash, decode, orient, RGB, resize ->
 then, for uint8 and jpeg (the default is uint8), one pass: each image is
@@ -27,6 +27,11 @@ tf.Transform's transform after the analysis -> shard files written once, in
 place (the small remainders packed into shards) -> finalize (the manifest,
 published by one atomic replacement of dataset.json). Every input that is
 not written is an error record or a counted duplicate.
+
+On Dataflow, Ctrl-C on the launcher leaves the job running (and its
+tf.Transform directory in place) and says how to cancel it; a launch of a
+request whose job is still running attaches to that job instead of starting
+a second one (preprocess/dataflow_job.py).
 
 Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the launcher
@@ -49,18 +54,18 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, logs, outcomes, progress, worker_image
+from preprocess import dataflow_job, errors, filesystem, local_runner, logs, outcomes, progress, worker_image
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
+from preprocess.failure_budget import known_outcomes
 from preprocess.finalize import TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
 from preprocess.options import parse_args
 from preprocess.publish import (
     RETAINED_RUNS,
-    StopIfSupersededFn,
     SupersededRunError,
     published_run_id,
     read_published_manifest,
@@ -68,6 +73,7 @@ from preprocess.publish import (
 )
 from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
 from preprocess.shards import WriteErrorLog, WriteShards
+from preprocess.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
@@ -219,14 +225,29 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
     # `unique` could not also wait for them: the runner would split decode from encode. The reshuffle
     # (of small metadata) ends the deduplication's stage here; it also spreads the decoding evenly.
+    known = known_outcomes(
+        listed.records,
+        listed.errors,
+        unique,
+        (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
+    )
     decoded = (
         unique
         | "SpreadDecoding" >> beam.Reshuffle()
-        # A run that a newer one superseded stops here rather than decode for hours (publish.py).
+        # A run that a newer one superseded stops here rather than decode for hours (superseded.py).
         | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
         | "Decode"
         >> beam.ParDo(
-            DecodeImagesFn(args.image_size, args.resize_method, args.max_pixels, args.max_file_bytes)
+            DecodeImagesFn(
+                args.image_size,
+                args.resize_method,
+                args.max_pixels,
+                args.max_file_bytes,
+                args.max_failed_fraction,
+            ),
+            # What is settled before decoding: the decoding fails the job early once
+            # --max-failed-fraction is sure to be crossed (failure_budget.py).
+            known=beam.pvalue.AsSingleton(known),
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
@@ -348,7 +369,10 @@ def run(argv=None) -> dict | None:
 
     Raises SupersededRunError, naming both runs, if a run that started later
     has published: whether this run then failed (it publishes nothing) or
-    had published first.
+    had published first. On Dataflow, a launch of a request whose job is
+    already running attaches to that job instead of starting a second one,
+    and Ctrl-C raises JobContinuesError while the job runs on
+    (preprocess/dataflow_job.py).
     """
     args, beam_args = parse_args(argv)
     worker_image.check_launcher_python(beam_args)
@@ -363,14 +387,44 @@ def run(argv=None) -> dict | None:
     never_overwrite = check_publishable(output_dir)
     if never_overwrite:
         logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
+    if dataflow_job.runs_remotely(options) and not template:
+        # A retried launch of the same request finds the job by its name (dataflow_job.py).
+        request = {key: value for key, value in job_config(args, build_id).items() if key != "build_id"}
+        dataflow_job.set_job_identity(
+            options,
+            output_dir,
+            request,
+            beam_args,
+            {dataflow_job.RUN_ID_LABEL: run_id, dataflow_job.BUILD_ID_LABEL: build_id},
+        )
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id, run_id)
+    result = None
     try:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
         with progress.ProgressReporter(enabled=progress.runs_locally(options)):
-            result = pipeline.run()
+            try:
+                result = pipeline.run()
+            except Exception as exc:
+                if not dataflow_job.is_already_exists(exc):
+                    raise
+                result, labels = dataflow_job.attach_to_running_job(options, exc)
+                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                logging.warning(
+                    "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
+                    "starting a second job (give --job_name to start a separate one)",
+                    result.job_id(),
+                    run_id,
+                )
             state = result.wait_until_finish()
+    except KeyboardInterrupt as interrupt:
+        if not dataflow_job.is_finished(result):
+            raise dataflow_job.JobContinuesError(
+                dataflow_job.continues_message(result, options)
+            ) from interrupt
+        raise
     except Exception as exc:
         if run_id is not None:
             # The runner's error may wrap the step's; say plainly if the reason is a newer run.
@@ -382,10 +436,11 @@ def run(argv=None) -> dict | None:
                 pass
         raise
     finally:
-        if not template:
-            # This build's tf.Transform directory served this one run, which has
-            # ended (tf.Transform may write into it until the very end). A
-            # template's is shared by its runs: publish.py removes it once idle.
+        # This build's tf.Transform directory serves the job until it ends (tf.Transform may write
+        # into it until the very end, and a Dataflow job outlives an interrupted launcher: its
+        # workers load the analysis from it). A template's is shared by its runs: publish.py removes
+        # it once idle.
+        if not template and dataflow_job.is_finished(result):
             _remove_tft_temp(output_dir, build_id)
     if run_id is None:
         logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
@@ -429,6 +484,10 @@ def main(argv=None):
     except OverwriteRefusedError as exc:
         print(f"preprocess: {exc}", file=sys.stderr)
         sys.exit(2)
+    except dataflow_job.JobContinuesError as exc:
+        # The job is fine and goes on: a message, not a traceback.
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")

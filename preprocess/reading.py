@@ -38,12 +38,21 @@ gzip-encoded, is not decompressed.
 
 On GCS each read is a plain ranged download (`Blob.download_as_bytes`) by the
 thread's one client (filesystem.gcs_io), not Beam's reader: that one builds a
-client and asks for the object's metadata at every open. The size comes from
-the listing where there is one (inputs.py), so a listed object costs no
-metadata request at all: one download of its first 16 KiB for its content
-key, one of the whole object when it is decoded.
+client and asks for the object's metadata at every open.
+
+The exact-duplicate key of a file (`content_key`) is a digest of the MD5 of its bytes,
+which GCS keeps for every object it did not compose (`md5Hash`) and returns
+in the listing (inputs.py) and in an object's metadata. So a listed object
+costs one request in all, the download of the whole object when it is
+decoded; a manifest's row one metadata request more (its size and MD5). A
+composite object (made by `compose`, or uploaded in parallel parts) has no
+MD5, only a CRC32C, too short to key millions of files by: it is
+downloaded and hashed, one read more. A local file's MD5 is computed by
+reading it, so the key, and the split taken from it (content.py), are the
+same for the same bytes on local disk and on GCS.
 """
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -54,10 +63,6 @@ from apache_beam.io.filesystems import FileSystems
 from preprocess import errors, filesystem
 
 _READ_CHUNK_BYTES = 8 << 20
-# How much of a file its content key reads (content_key): small next to a photo, so that a file is
-# read about once in all (its prefix here, then whole when it is decoded); large enough to take in
-# a JPEG's or PNG's headers and the start of its compressed data, where two different images differ.
-CONTENT_KEY_PREFIX_BYTES = 16 * 1024
 _GCS_PREFIX = "gs://"
 _LOCAL_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -137,8 +142,14 @@ def too_large_detail(size: int, max_bytes: int) -> str:
     return f"{size} bytes, over the limit of {max_bytes} bytes (--max-file-mb {max_bytes / 1e6:g})"
 
 
-def file_size(uri: str) -> int:
-    """A file's size in bytes without reading it: a stat, or on GCS one metadata request.
+def md5_hex(md5_base64: str | None) -> str | None:
+    """GCS's `md5Hash` (base64) as a hex digest; None for none (a composite object)."""
+    return base64.b64decode(md5_base64).hex() if md5_base64 else None
+
+
+def size_and_md5(uri: str) -> tuple[int, str | None]:
+    """(size in bytes, MD5 hex digest or None) of a file without reading it: on GCS one metadata
+    request (None: a composite object), locally a stat (None: not known without reading).
 
     For inputs whose size the listing did not give (a manifest's rows).
     Failures as for `read_file_bytes`.
@@ -147,25 +158,87 @@ def file_size(uri: str) -> int:
         if _is_gcs(uri):
             blob, retry = _gcs_blob(uri)
             blob.reload(retry=retry)
-            return blob.size
+            return blob.size, md5_hex(blob.md5_hash)
         fs = _filesystem(uri)
         if filesystem.is_local(uri):
-            return os.stat(uri).st_size
-        return fs.metadata(uri).size_in_bytes
+            return os.stat(uri).st_size, None
+        return fs.metadata(uri).size_in_bytes, None
 
 
-def read_file_bytes(uri: str, max_bytes: int | None = None) -> bytes:
+def file_size(uri: str) -> int:
+    """A file's size in bytes without reading it (see size_and_md5)."""
+    return size_and_md5(uri)[0]
+
+
+def read_file_bytes(uri: str, max_bytes: int | None = None, size: int | None = None) -> bytearray | bytes:
     """The whole file; ImageError(TOO_LARGE) past `max_bytes` (read no further), ImageError(UNREADABLE)
-    for a deterministic failure, else the failure itself."""
+    for a deterministic failure, else the failure itself.
+
+    Its memory is its size, about once: a GCS object is streamed into one
+    bytearray, made at `size` (the size the listing gave) where known (a
+    `bytes` download would be joined from its parts, and requests joins the
+    response body once more: twice the size at the peak); a local file is
+    read by one read() of its size.
+    """
     limit = None if max_bytes is None else max_bytes + 1
     with _unreadable_if_deterministic():
         if _is_gcs(uri):
-            data = b"".join(_gcs_chunks(uri, limit))
+            data = _gcs_whole(uri, limit, size)
         else:
             with _open(uri) as handle:
                 data = handle.read() if limit is None else handle.read(limit)
     _check_size(uri, len(data), max_bytes)
     return data
+
+
+class _FillingBuffer:
+    """A write-only stream into one bytearray of the expected size, grown only if more comes."""
+
+    def __init__(self, expected_size: int | None):
+        self.data = bytearray(expected_size or 0)
+        self._filled = 0
+
+    def write(self, chunk) -> int:
+        end = self._filled + len(chunk)
+        if end <= len(self.data):
+            self.data[self._filled : end] = chunk
+        else:  # more than expected (the object changed since it was listed)
+            del self.data[self._filled :]
+            self.data += chunk
+        self._filled = end
+        return len(chunk)
+
+    def seek(self, position: int, whence: int = 0) -> int:
+        # A retried download starts over (google-resumable-media rewinds its stream).
+        self._filled = position if whence == 0 else self._filled + position
+        return self._filled
+
+    def tell(self) -> int:
+        return self._filled
+
+    def finished(self) -> bytearray:
+        del self.data[self._filled :]  # in place: less than expected (the object shrank)
+        return self.data
+
+
+def _gcs_whole(uri: str, limit: int | None, size: int | None = None) -> bytearray:
+    """A GCS object's bytes, up to `limit`, in one streamed download (`size`: its expected size)."""
+    from google.api_core import exceptions as api_exceptions
+
+    blob, retry = _gcs_blob(uri)
+    buffer = _FillingBuffer(size if limit is None or size is None else min(size, limit))
+    try:
+        blob.download_to_file(
+            buffer,
+            start=0 if limit is not None else None,
+            end=limit - 1 if limit is not None else None,
+            raw_download=True,
+            checksum=None,
+            retry=retry,
+        )
+    except api_exceptions.RequestRangeNotSatisfiable:
+        return bytearray()  # 416: an empty object asked for a range
+    return buffer.finished()
 
 
 def _gcs_chunks(uri: str, limit: int | None):
@@ -181,9 +254,9 @@ def _gcs_chunks(uri: str, limit: int | None):
             return
 
 
-def hash_file(uri: str, max_bytes: int | None = None) -> tuple[str, int]:
-    """(sha256 hex digest, size in bytes) of a file, read in chunks; failures as for `read_file_bytes`."""
-    digest = hashlib.sha256()
+def hash_file(uri: str, max_bytes: int | None = None, algorithm: str = "sha256") -> tuple[str, int]:
+    """(hex digest, size in bytes) of a file, read in chunks; failures as for `read_file_bytes`."""
+    digest = hashlib.new(algorithm)
     size = 0
     limit = None if max_bytes is None else max_bytes + 1
     with _unreadable_if_deterministic():
@@ -209,31 +282,34 @@ def _local_chunks(uri: str, limit: int | None):
             yield chunk
 
 
-def content_key(uri: str, size: int | None = None) -> tuple[str, int]:
-    """(content key, size in bytes) of a file, from its size and first CONTENT_KEY_PREFIX_BYTES bytes.
+def content_key(
+    uri: str, size: int | None = None, md5: str | None = None, max_bytes: int | None = None
+) -> tuple[str, int]:
+    """(content key, size in bytes) of a file: `key_of_md5` of the MD5 of all its bytes.
 
     Two files with the same bytes have the same key, so a key seen once is
-    an image with no copy, known without reading the whole file; files that
-    share a key are hashed in full to tell copies from look-alikes
-    (content.py). `size`: the size the listing gave, if any (else it is
-    asked for). Failures as for `read_file_bytes`.
+    an image with no copy (content.py hashes the files that share a key in
+    full with SHA-256, which settles a crafted MD5 collision too). `size` and
+    `md5`: what the listing gave, if anything; with both, nothing is read.
+    Else, on GCS, the object's metadata is asked for, and a composite
+    object (no MD5) is downloaded and hashed; a local file is read and
+    hashed. Failures as for `read_file_bytes`.
     """
-    if size is None:
-        size = file_size(uri)
-    with _unreadable_if_deterministic():
-        if _is_gcs(uri):
-            # Only the prefix is downloaded (Beam's reader would fetch 16 MiB, or the whole object).
-            prefix = _gcs_range(uri, 0, CONTENT_KEY_PREFIX_BYTES) if size else b""
-        else:
-            with _open(uri) as handle:
-                prefix = handle.read(CONTENT_KEY_PREFIX_BYTES)
-    if len(prefix) < CONTENT_KEY_PREFIX_BYTES:
-        size = len(prefix)  # all of it: the size read wins over a listing's, should they differ
-    return content_key_of(prefix, size), size
+    if md5 is None or size is None:
+        if _is_gcs(uri) and size is None:
+            # A manifest's row: its metadata has the MD5 (unless composite). A listed object without
+            # one is composite: asking again would say the same.
+            size, md5 = size_and_md5(uri)
+        if md5 is None:
+            md5, size = hash_file(uri, max_bytes, algorithm="md5")
+    return key_of_md5(md5), size
 
 
-def content_key_of(prefix: bytes, size: int) -> str:
-    """The content key of a file of `size` bytes that begins with `prefix` (its first 16 KiB, or all of it)."""
-    digest = hashlib.sha256(b"%d:" % size)
-    digest.update(prefix)
-    return digest.hexdigest()
+def key_of_md5(md5: str) -> str:
+    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest.
+
+    The split is taken from the key's first 64 bits (content.assign_split);
+    hashing the MD5 once more keeps that a uniform number while the key
+    stays a function of the file's bytes alone, the same wherever they are.
+    """
+    return hashlib.sha256(md5.encode("ascii")).hexdigest()

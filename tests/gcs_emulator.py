@@ -576,6 +576,28 @@ def _deleted_objects_with_bucket(command: str, path: str, body: bytes) -> list[t
     return [(_bucket_of(path), name) for name in _deleted_objects(command, path, body)]
 
 
+def request_kind(command: str, path: str) -> tuple[str, str]:
+    """(kind, object name or listing prefix) of a JSON API request, as the forwarder counts it."""
+    split = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(split.query)
+    if path.startswith("/batch/"):
+        return "batch", ""
+    if path.startswith("/upload/"):
+        return "upload", query.get("name", [""])[0]
+    match = _OBJECT_READ_PATH.fullmatch(path)
+    if match is not None:
+        name = urllib.parse.unquote(match.group("name"))
+        if command == "DELETE":
+            return "delete", name
+        if command == "GET":
+            read = _object_read(command, path)
+            return ("media" if read.media else "metadata"), name
+        return "other", name
+    if command == "GET" and re.fullmatch(r"/storage/v1/b/[^/]+/o", split.path):
+        return "listing", query.get("prefix", [""])[0]
+    return "other", ""
+
+
 def _object_read(command: str, path: str) -> ObjectRead | None:
     match = _OBJECT_READ_PATH.fullmatch(path) if command == "GET" else None
     if match is None:
@@ -588,6 +610,9 @@ def _object_read(command: str, path: str) -> ObjectRead | None:
 class FaultInjectingForwarder:
     """A plain-HTTP forwarder to the emulator, in a thread of this process, that fails object reads.
 
+    ``requests`` counts every request it received by kind (:func:`request_kind`: ``listing``,
+    ``metadata``, ``media``, ``upload``, ``delete``, ``batch``, ``other``) and object-name prefix, for tests
+    that count what a step costs in requests (``count_requests``).
     ``faults`` (a :class:`ReadFaults`) may be replaced at any time; ``injected`` lists the reads it failed,
     ``forwarded_reads`` the object reads it passed on, ``injected_deletes`` the deletes it failed, ``media_bytes`` how many bytes of each object's
     content it passed back. The emulator writes its own address into the URLs it
@@ -611,6 +636,7 @@ class FaultInjectingForwarder:
         self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
         self.media_bytes: collections.Counter[str] = collections.Counter()
+        self.requests: list[tuple[str, str]] = []  # (kind, object name or listing prefix)
         self._lock = threading.Lock()
         self._reads_under_prefix = 0
         self._emulator = emulator
@@ -629,6 +655,11 @@ class FaultInjectingForwarder:
     @property
     def emulator_url(self) -> str:
         return self._emulator.url
+
+    def count_requests(self, prefix: str = "") -> collections.Counter[str]:
+        """How many requests of each kind concern objects (or listings) below `prefix`."""
+        with self._lock:
+            return collections.Counter(kind for kind, name in self.requests if name.startswith(prefix))
 
     def fault_for(self, read: ObjectRead) -> int | None:
         """The status to answer `read` with, or None to pass it on; counts it either way."""
@@ -777,6 +808,8 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
     def _forward(self) -> None:
         forwarder = self.server.forwarder
         body = _read_request_body(self)
+        with forwarder._lock:
+            forwarder.requests.append(request_kind(self.command, self.path))
         read = _object_read(self.command, self.path)
         status = forwarder.fault_for(read) if read is not None else None
         refusal = forwarder.retention_refusal(self.command, self.path, body) if status is None else None

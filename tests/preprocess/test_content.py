@@ -26,7 +26,7 @@ from preprocess.content import (
     assign_split,
 )
 from preprocess.inputs import InputRecord
-from preprocess.reading import CONTENT_KEY_PREFIX_BYTES, content_key
+from preprocess.reading import content_key, key_of_md5
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
@@ -108,23 +108,19 @@ def test_a_split_named_by_the_manifest_wins_over_the_content_key(tmp_path):
         assert_that(result["unique"] | beam.Map(lambda item: item.split), equal_to([named]))
 
 
-def _look_alike(seed: int, tail: bytes) -> bytes:
-    """Bytes sharing their size and first CONTENT_KEY_PREFIX_BYTES with every other look-alike of `seed`."""
-    head = hashlib.sha256(str(seed).encode()).digest() * (CONTENT_KEY_PREFIX_BYTES // 32 + 1)
-    return head[:CONTENT_KEY_PREFIX_BYTES] + tail
-
-
-def test_the_content_key_is_the_size_and_first_bytes_of_the_file(tmp_path):
-    one = _write(tmp_path, "cat/one.jpg", _look_alike(1, b"A" * 1000))
-    other_tail = _write(tmp_path, "cat/two.jpg", _look_alike(1, b"B" * 1000))
-    longer = _write(tmp_path, "cat/three.jpg", _look_alike(1, b"A" * 1001))
-    other_head = _write(tmp_path, "cat/four.jpg", _look_alike(2, b"A" * 1000))
-    assert content_key(one) == content_key(other_tail)
-    assert content_key(one)[1] == CONTENT_KEY_PREFIX_BYTES + 1000
-    assert content_key(longer)[0] != content_key(one)[0]
-    assert content_key(other_head)[0] != content_key(one)[0]
+def test_the_content_key_is_a_digest_of_the_md5_of_the_whole_file(tmp_path):
+    head = bytes(64 << 10)
+    one = _write(tmp_path, "cat/one.jpg", head + b"A" * 1000)
+    same = _write(tmp_path, "cat/same.jpg", head + b"A" * 1000)
+    other_tail = _write(tmp_path, "cat/two.jpg", head + b"B" * 1000)
+    assert (
+        content_key(one)
+        == content_key(same)
+        == (key_of_md5(hashlib.md5(head + b"A" * 1000).hexdigest()), len(head) + 1000)
+    )
+    assert content_key(other_tail)[0] != content_key(one)[0]
     small = _write(tmp_path, "cat/small.png", b"tiny")
-    assert content_key(small)[1] == 4
+    assert content_key(small) == (key_of_md5(hashlib.md5(b"tiny").hexdigest()), 4)
 
 
 def _bytes_read_by_this_process() -> int:
@@ -132,24 +128,28 @@ def _bytes_read_by_this_process() -> int:
         return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
 
 
-def test_content_keys_read_a_small_prefix_of_each_file(tmp_path):
-    paths = [_write(tmp_path, f"cat/{i}.jpg", _look_alike(i, bytes(1 << 20))) for i in range(8)]
+def test_a_key_the_listing_gave_reads_nothing(tmp_path):
+    paths = [_write(tmp_path, f"cat/{i}.jpg", bytes([i]) * (1 << 20)) for i in range(4)]
     before = _bytes_read_by_this_process()
     for path in paths:
-        content_key(path)
-    read = _bytes_read_by_this_process() - before
-    # The prefix and a little: not the 8 MiB of the files.
-    assert read < len(paths) * CONTENT_KEY_PREFIX_BYTES * 2
+        assert content_key(path, size=1 << 20, md5="0" * 32) == (key_of_md5("0" * 32), 1 << 20)
+    assert _bytes_read_by_this_process() - before < 64 << 10  # not the 4 MiB of the files
 
 
-def test_look_alikes_sharing_a_content_key_are_told_apart_by_their_full_hash(tmp_path):
-    """Same size, same first 16 KiB, different images: both are kept, in the same split (their key's)."""
-    first = _write(tmp_path, "cat/a.jpg", _look_alike(7, b"A" * 100))
-    first_copy = _write(tmp_path, "cat/b.jpg", _look_alike(7, b"A" * 100))
-    look_alike = _write(tmp_path, "dog/c.jpg", _look_alike(7, b"B" * 100))
-    alone = _write(tmp_path, "dog/d.jpg", _look_alike(8, b"A" * 100))
-    split = assign_split(content_key(first)[0], FRACTIONS)
-    records = [InputRecord(first, "cat"), InputRecord(first_copy, "cat"), InputRecord(look_alike, "dog")]
+def test_files_sharing_a_key_are_told_apart_by_their_full_hash(tmp_path):
+    """A listing's MD5 finds the copies; SHA-256 confirms them. Two different files that a listing gave
+    one MD5 (a crafted collision) are both kept, in the same split (their key's)."""
+    first = _write(tmp_path, "cat/a.jpg", b"A" * 100)
+    first_copy = _write(tmp_path, "cat/b.jpg", b"A" * 100)
+    collision = _write(tmp_path, "dog/c.jpg", b"B" * 100)
+    alone = _write(tmp_path, "dog/d.jpg", b"C" * 100)
+    md5 = hashlib.md5(b"A" * 100).hexdigest()
+    split = assign_split(key_of_md5(md5), FRACTIONS)
+    records = [
+        InputRecord(first, "cat", size=100, md5=md5),
+        InputRecord(first_copy, "cat", size=100, md5=md5),
+        InputRecord(collision, "dog", size=100, md5=md5),
+    ]
     with TestPipeline() as pipeline:
         result = (
             pipeline | beam.Create([*records, InputRecord(alone, "dog")]) | DeduplicateByContent(FRACTIONS)
@@ -159,7 +159,7 @@ def test_look_alikes_sharing_a_content_key_are_told_apart_by_their_full_hash(tmp
             equal_to(
                 [
                     UniqueInput(first, "cat", split),
-                    UniqueInput(look_alike, "dog", split),
+                    UniqueInput(collision, "dog", split),
                     UniqueInput(alone, "dog", assign_split(content_key(alone)[0], FRACTIONS)),
                 ]
             ),

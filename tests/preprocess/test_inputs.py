@@ -156,9 +156,9 @@ def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs
     _assert_listed(
         f"{gcs_dir}/raw/",
         [
-            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat", size=1),
-            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat", size=1),
-            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog", size=1),
+            InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat", size=1, md5=hashlib.md5(b"x").hexdigest()),
+            InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat", size=1, md5=hashlib.md5(b"x").hexdigest()),
+            InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog", size=1, md5=hashlib.md5(b"x").hexdigest()),
         ],
         [],
     )

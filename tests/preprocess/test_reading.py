@@ -4,6 +4,7 @@ Local files and a real GCS emulator; on GCS the `gcs_read_faults` forwarder answ
 with an error status (tests/gcs_emulator.py). The DoFns are the pipeline's own, called directly.
 """
 
+import hashlib
 import io
 import os
 
@@ -17,10 +18,10 @@ from preprocess.content import HashContentFn, KeyContentFn, UniqueInput
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.inputs import InputRecord
 from preprocess.reading import (
-    CONTENT_KEY_PREFIX_BYTES,
     content_key,
     hash_file,
     is_deterministic_read_failure,
+    key_of_md5,
     read_file_bytes,
 )
 from tests.gcs_emulator import ReadFaults
@@ -186,8 +187,10 @@ def test_a_gcs_object_that_answers_403_is_recorded_as_unreadable(gcs_emulator, g
     url = f"{gcs_dir}/cat/secret.jpg"
     name = _upload(gcs_emulator, url, _jpeg())
     gcs_read_faults.faults = ReadFaults(media={name: 403})
-    readers = [(reader, InputRecord(url, "cat")) for reader in _listing_readers()]
-    for fn, element in (*readers, (_decode_fn(), _unique(url))):
+    # Its key needs no download (its MD5 is in its metadata): the reads that download it record it.
+    _, keyed = _outputs(KeyContentFn({"train": 1.0}), InputRecord(url, "cat"))
+    assert [record.uri for _, record in keyed] == [url]
+    for fn, element in ((HashContentFn(), InputRecord(url, "cat")), (_decode_fn(), _unique(url))):
         failed, main = _outputs(fn, element)
         assert main == [] and [(uri, reason) for uri, reason, _ in failed] == [(url, errors.UNREADABLE)]
         assert failed[0][2].startswith("Forbidden: 403")
@@ -199,9 +202,13 @@ def test_a_503_that_outlasts_the_client_retries_is_raised_out_of_both_stages(
     url = f"{gcs_dir}/cat/busy.jpg"
     name = _upload(gcs_emulator, url, _jpeg())
     gcs_read_faults.faults = ReadFaults(media={name: 503})
-    for reader in _listing_readers():
+    # Listed without an MD5 (a composite object), its key is a download too.
+    for reader, record in (
+        (KeyContentFn({"train": 1.0}), InputRecord(url, "cat", size=700)),
+        (HashContentFn(), InputRecord(url, "cat")),
+    ):
         with pytest.raises(api_exceptions.RetryError) as raised:
-            _outputs(reader, InputRecord(url, "cat"))
+            _outputs(reader, record)
         assert "503" in repr(raised.value.cause)
     with pytest.raises(api_exceptions.RetryError):
         _outputs(_decode_fn(), _unique(url))
@@ -226,22 +233,35 @@ def test_503s_the_client_retries_away_lose_nothing(gcs_emulator, gcs_dir, gcs_re
     assert os.environ["STORAGE_EMULATOR_HOST"] == gcs_read_faults.url
 
 
-def test_the_content_key_of_a_gcs_object_downloads_only_its_prefix(
+def test_the_content_key_of_a_gcs_object_is_its_md5_from_metadata_without_a_download(
     gcs_emulator, gcs_dir, gcs_read_faults, tmp_path
 ):
-    """Beam's GCS reader fetches 16 MiB a read; the key must fetch its 16 KiB, not the whole object."""
+    """The key is the object's MD5, which GCS keeps: no byte of the object is downloaded for it."""
     url = f"{gcs_dir}/cat/large.bin"
     data = os.urandom(1 << 20)
     name = _upload(gcs_emulator, url, data)
     gcs_read_faults.media_bytes.clear()
     key, size = content_key(url)
-    assert size == len(data)
-    assert 0 < gcs_read_faults.media_bytes[name] <= 2 * CONTENT_KEY_PREFIX_BYTES
+    assert (key, size) == (key_of_md5(hashlib.md5(data).hexdigest()), len(data))
+    assert gcs_read_faults.media_bytes[name] == 0
     local = tmp_path / "large.bin"
     local.write_bytes(data)
     assert content_key(str(local)) == (key, size)  # the same key wherever the file is
     gcs_read_faults.media_bytes.clear()
     assert read_file_bytes(url) == data
+    assert gcs_read_faults.media_bytes[name] == len(data)
+
+
+def test_a_composite_object_without_an_md5_is_keyed_by_hashing_it(gcs_emulator, gcs_dir, gcs_read_faults):
+    url = f"{gcs_dir}/cat/composite.bin"
+    data = os.urandom(50_000)
+    name = _upload(gcs_emulator, url, data)
+    gcs_read_faults.media_bytes.clear()
+    # The listing of a composite object gives its size and no md5Hash.
+    assert content_key(url, size=len(data), md5=None) == (
+        key_of_md5(hashlib.md5(data).hexdigest()),
+        len(data),
+    )
     assert gcs_read_faults.media_bytes[name] == len(data)
 
 
@@ -333,8 +353,56 @@ def test_listed_gcs_objects_are_read_by_one_reused_client_without_metadata_reque
             equal_to(sorted(set(files) - {f"{gcs_dir}/raw/cat/copy.jpg"})),
         )
     reads = [read for read in gcs_read_faults.forwarded_reads if read.name.startswith(prefix)]
-    # Each object: its first 16 KiB, then whole when decoded (the copy and its original: hashed too).
+    # Each object once, whole, when decoded: its key is the listing's MD5 (the copy and its original,
+    # which share one, are hashed in full too). Before the key came from the listing: 2 reads an object.
     assert reads and all(read.media for read in reads)
-    assert len(reads) == 2 * len(files) - 1 + 2
+    assert len(reads) == len(files) - 1 + 2
     # Beam's reader made a client (so a TLS connection) and asked for the metadata at every open.
     assert clients.count <= 4
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def _peak_bytes(function):
+    """(result, the peak of Python allocations above the start while `function` ran)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        result = function()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak - start
+
+
+def test_a_gcs_object_read_whole_takes_about_its_size_in_memory(gcs_emulator, gcs_dir):
+    # Not through the forwarder: it runs in this process and holds each response whole.
+    url = f"{gcs_dir}/cat/big.bin"
+    data = os.urandom(6 << 20)
+    _upload(gcs_emulator, url, data)
+    # At the size the listing gave (decode_stage.py passes it).
+    read, peak = _peak_bytes(lambda: read_file_bytes(url, size=len(data)))
+    assert read == data
+    assert peak <= 1.2 * len(data), f"peak {peak / len(data):.2f}x the file"
+
+
+def test_opening_an_image_does_not_copy_its_bytes():
+    from preprocess.image_decode import _ShortReadTrackingBytesIO
+
+    data = bytearray(_jpeg((16, 16)) + bytes(4 << 20))  # a JPEG with 4 MiB of trailing data
+    reader, peak = _peak_bytes(lambda: Image.open(_ShortReadTrackingBytesIO(data), formats=["JPEG"]))
+    assert reader.size == (16, 16)
+    assert peak < 0.1 * len(data), f"peak {peak / len(data):.2f}x the file"
+
+
+def test_a_gcs_object_of_unknown_size_read_whole_takes_about_its_size_in_memory(gcs_emulator, gcs_dir):
+    url = f"{gcs_dir}/cat/unsized.bin"
+    data = os.urandom(12 << 20)  # over one 8 MiB part: parts joined into one bytes took 2x
+    _upload(gcs_emulator, url, data)
+    read, peak = _peak_bytes(lambda: read_file_bytes(url))
+    assert read == data
+    assert peak <= 1.2 * len(data), f"peak {peak / len(data):.2f}x the file"

@@ -9,6 +9,8 @@ import tensorflow_transform.beam as tft_beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
+from dataset_contract import features
+from preprocess import transform
 from preprocess.transform import MEAN, STD, make_preprocessing_fn, tensor_adapter_config, to_record_batch
 
 SIZE = 2
@@ -126,3 +128,26 @@ def test_pixel_encodings_keep_the_raw_pixels(encoding):
         check_others=check_others,
         encoding=encoding,
     )
+
+
+def test_the_analysis_makes_no_float64_copy_of_a_batch_of_pixels():
+    """Only per-image [batch, 3] statistics are float64; a batch of pixels is at most float32."""
+    import tensorflow as tf
+
+    image_size = 8
+    with tf.compat.v1.Graph().as_default() as graph:
+        inputs = {
+            name: tf.compat.v1.placeholder(tf.string, [None])
+            for name in (transform.IMAGE_RAW, features.CLASS_NAME, features.SHA256, features.URI)
+        }
+        transform.make_preprocessing_fn(image_size, "uint8")(inputs)
+    pixels_per_image = image_size * image_size
+    large_float64 = [
+        (op.name, tensor.shape)
+        for op in graph.get_operations()
+        for tensor in op.outputs
+        if tensor.dtype == tf.float64
+        and tensor.shape.rank is not None
+        and any(dim is not None and dim >= pixels_per_image for dim in tensor.shape.as_list())
+    ]
+    assert large_float64 == []

@@ -1,0 +1,42 @@
+"""Ctrl-C while stage 1's Dataflow job runs: the cloud workflow says the job goes on, starts no training,
+and exits 130 without a traceback. (Dataflow cannot run here: stage 1's launcher is stood in for by
+what it raises then, preprocess.dataflow_job.JobContinuesError; the workflow around it is real.)"""
+
+from pipelines import dataflow
+from preprocess import dataflow_job
+from preprocess import pipeline as preprocess_pipeline
+
+
+def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
+    gcs_emulator, gcs_dir, monkeypatch, capsys
+):
+    def interrupted(argv):
+        raise dataflow_job.JobContinuesError(
+            "interrupted: the launcher stops, but Dataflow job J goes on (Ctrl-C does not cancel it); ...\n"
+            "  to cancel it: gcloud dataflow jobs cancel J --region europe-west4"
+        )
+
+    monkeypatch.setattr(preprocess_pipeline, "run", interrupted)
+    trained = []
+    monkeypatch.setattr(dataflow, "build_package", lambda uri: trained.append(uri))
+    code = dataflow.main(
+        [
+            "--input",
+            gcs_emulator.url("raw"),
+            "--workdir",
+            f"{gcs_dir}/work",
+            "--project",
+            "p",
+            "--region",
+            "europe-west4",
+            "--zone",
+            "europe-west4-a",
+            "--tpu",
+            "my-tpu",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "gcloud dataflow jobs cancel J --region europe-west4" in err
+    assert "training was not started" in err
+    assert "Traceback" not in err and trained == []
