@@ -26,6 +26,19 @@ corpus can hold 100M files:
   reads from the middle of the file); CSV quoting works within a row, a quoted
   field cannot span lines.
 
+What is an input follows Keras' `image_dataset_from_directory`: in a tree,
+only files with an image extension (IMAGE_EXTENSIONS, any case) are inputs,
+and images in sub-folders of a class folder belong to that class. Other files
+(a `meta.json`, `notes.txt` or README beside the images) and the files
+directly in the root (which have no class) are skipped: not failures, but
+`SkippedFile`s, counted by extension in the manifest. Hidden files and OS
+debris (`.DS_Store`, `Thumbs.db`) are passed over without a count.
+
+A manifest's columns are found from its header, when it has one
+(`ManifestLayout`): the common names (uri/path/filename/file/image,
+label/class/category, split), in any order, a pandas index column ignored;
+split names such as `val`, `valid` or `eval` mean validation.
+
 The records then go through `MixClasses`, which spreads them over the workers
 and mixes the classes (see there).
 """
@@ -52,8 +65,11 @@ DIRECTORY = "directory"
 CSV = "csv"
 JSONL = "jsonl"
 
-# Files that are never images and never inputs: OS and VCS debris in a tree.
+# Files that are never images and never inputs: OS and VCS debris in a tree, passed over without a count.
 _IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
+# The files of a tree that are inputs, by extension (any case): Keras' image_dataset_from_directory takes
+# .bmp .gif .jpeg .jpg .png; WebP is added as the decoder reads it (preprocess/image_decode.py).
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 _GCS_PREFIX = "gs://"
 # A manifest row quoted in an error's detail is cut to this many characters.
 _QUOTED_ROW_CHARS = 200
@@ -65,6 +81,27 @@ class InputRecord:
     label: str
     split: str | None = None  # None: assigned from the content hash
     size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedFile:
+    """A file of a tree that is not an input: not an image by its extension, or directly in the root."""
+
+    uri: str
+    extension: str  # lower case with its dot, "" for none
+    at_root: bool = False
+
+
+def extension_of(name: str) -> str:
+    """'.jpg' for 'a/B.JPG'; '' for a name without one."""
+    base = posixpath.basename(name.replace(os.sep, "/"))
+    _, extension = posixpath.splitext(base)
+    return extension.lower()
+
+
+def is_image_name(name: str) -> bool:
+    """True if a file of this name is an input of a tree (by its extension, any case), as Keras decides."""
+    return extension_of(name) in IMAGE_EXTENSIONS
 
 
 def input_kind(spec: str) -> str:
@@ -129,17 +166,34 @@ def list_class_folders(root: str):
     root = root.rstrip("/")
     if root.startswith(_GCS_PREFIX):
         listing, prefix, bucket = _list_gcs_level(root)
-        for _ in listing:  # files directly below the root: not inputs, but the listing must pass them
+        for _ in listing:  # files directly below the root: list_root_files's, but the listing must pass them
             pass
         for folder in sorted(listing.prefixes):
             name = folder[len(prefix) :].rstrip("/")
-            yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
+            if _is_input_name(name):
+                yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
         return
     with os.scandir(root) as entries:
         for entry in entries:
             # Not through a symlink, as Beam's local match (os.walk) never followed one either.
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False) and _is_input_name(entry.name):
                 yield entry.name, os.path.join(root, entry.name)
+
+
+def list_root_files(root: str):
+    """A SkippedFile (at_root) for every file directly in `root`: it has no class folder, so no class."""
+    root = root.rstrip("/")
+    if root.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(root)
+        for blob in listing:
+            name = blob.name[len(prefix) :]
+            if _is_input_name(name):
+                yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
+        return
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if _is_input_name(entry.name) and not entry.is_dir():
+                yield SkippedFile(os.path.join(root, entry.name), extension_of(entry.name), at_root=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,8 +331,43 @@ def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
     return {sample[index * len(sample) // target] for index in range(1, target)}
 
 
+def _file_item(uri: str, name: str, label: str, size):
+    """The InputRecord of an image file of a class, or the SkippedFile of any other file."""
+    if is_image_name(name):
+        return InputRecord(uri=uri, label=label, size=size)
+    return SkippedFile(uri, extension_of(name))
+
+
+def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str):
+    """Every file below gs://bucket/folder_prefix, at any depth (one listing without a delimiter)."""
+    listing = _gcs_client(f"{_GCS_PREFIX}{bucket}").list_blobs(
+        bucket, prefix=folder_prefix, fields="items(name,size),nextPageToken"
+    )
+    for blob in listing:
+        relative = blob.name[len(folder_prefix) :]
+        # A name ending in "/" is a folder's placeholder object; a hidden folder's files are passed over.
+        if relative and not relative.endswith("/") and all(map(_is_input_name, relative.split("/"))):
+            yield _file_item(f"{_GCS_PREFIX}{bucket}/{blob.name}", relative, label, blob.size)
+
+
+def _list_local_subtree(folder: str, label: str):
+    """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
+    for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
+        subdirectories[:] = sorted(name for name in subdirectories if _is_input_name(name))
+        for name in names:
+            if not _is_input_name(name):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue  # a dangling link, or a file gone since
+            yield _file_item(path, name, label, size)
+
+
 def list_range(listing_range: ListingRange):
-    """InputRecord (with its size) for every file directly in a class folder within one name range.
+    """The files of a class folder within one name range: InputRecord (with its size) for each image,
+    SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class.
 
     Streamed as it is listed: memory stays flat however many files the
     range holds (one page of names on GCS, one directory-entry buffer
@@ -293,27 +382,38 @@ def list_range(listing_range: ListingRange):
             # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
             if _is_input_name(name) and listing_range.holds(name):
-                yield InputRecord(uri=f"{_GCS_PREFIX}{bucket}/{blob.name}", label=label, size=blob.size)
+                yield _file_item(f"{_GCS_PREFIX}{bucket}/{blob.name}", name, label, blob.size)
+        for subfolder in sorted(listing.prefixes):  # complete once the items are consumed
+            name = subfolder[len(prefix) :].rstrip("/")
+            if _is_input_name(name) and listing_range.holds(name):
+                yield from _list_gcs_subtree(subfolder, bucket, label)
         return
     with os.scandir(folder) as entries:
         for entry in entries:
-            if not _is_input_name(entry.name) or not listing_range.holds(entry.name) or entry.is_dir():
+            if not _is_input_name(entry.name) or not listing_range.holds(entry.name):
                 continue
+            if entry.is_dir(follow_symlinks=False):
+                yield from _list_local_subtree(entry.path, label)
+                continue
+            if entry.is_dir():
+                continue  # a link to a folder: not followed, as os.walk does not
             try:
                 size = entry.stat().st_size  # through a link to a file: the file's
             except FileNotFoundError:
                 continue  # a dangling link, as Beam's local match skipped it; or a file gone since
-            yield InputRecord(uri=os.path.join(folder, entry.name), label=label, size=size)
+            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size)
 
 
 def list_class_files(class_folder: tuple[str, str]):
-    """InputRecord for every file directly in one class folder (as one range), streamed as it is listed."""
+    """InputRecord for every image in one class folder, at any depth (as one range), streamed as it is listed."""
     label, folder = class_folder
-    yield from list_range(ListingRange(label, folder))
+    for item in list_range(ListingRange(label, folder)):
+        if isinstance(item, InputRecord):
+            yield item
 
 
 def list_directory_tree(root: str):
-    """Every file at `root/<class>/<file>`, the class taken from the folder name (one process, streamed)."""
+    """Every image at `root/<class>/.../<file>`, the class taken from the folder name (one process, streamed)."""
     for class_folder in list_class_folders(root):
         yield from list_class_files(class_folder)
 
@@ -341,8 +441,93 @@ def _quoted(line: str) -> str:
     return repr(line if len(line) <= _QUOTED_ROW_CHARS else line[:_QUOTED_ROW_CHARS] + "...")
 
 
-def parse_manifest_line(line: str, kind: str, manifest_path: str):
+# Header names of a manifest's columns (compared in lower case), and the split names a manifest may use.
+URI_COLUMNS = ("uri", "path", "filename", "file", "image", "image_path", "filepath", "file_path", "url")
+LABEL_COLUMNS = ("label", "class", "category", "class_name", "label_name")
+SPLIT_COLUMNS = ("split", "subset", "fold")
+_SPLIT_NAMES = {
+    "train": manifest_lib.TRAIN,
+    "training": manifest_lib.TRAIN,
+    "validation": manifest_lib.VALIDATION,
+    "val": manifest_lib.VALIDATION,
+    "valid": manifest_lib.VALIDATION,
+    "eval": manifest_lib.VALIDATION,
+    "evaluation": manifest_lib.VALIDATION,
+    "dev": manifest_lib.VALIDATION,
+    "test": manifest_lib.TEST,
+    "testing": manifest_lib.TEST,
+}
+# pandas' to_csv writes its index as a first column with an empty header ("Unnamed: 0" once read back).
+_INDEX_HEADERS = ("", "unnamed: 0", "index")
+
+
+def split_name(text: str) -> str | None:
+    """The split a manifest's split cell names ('val' -> 'validation'), or None if it names none."""
+    return _SPLIT_NAMES.get(text.strip().lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestLayout:
+    """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one.
+
+    Found from the manifest's first row (`detect_manifest_layout`) when the
+    job is built, so that every worker, whichever part of the file it reads,
+    parses rows alike and passes over the header.
+    """
+
+    uri: int = 0
+    label: int = 1
+    split: int | None = 2
+    header: tuple[str, ...] | None = None  # the header's cells, lower case; None: no header
+    num_columns: int | None = None  # with a header or an index column: the row width expected
+
+    def describe(self) -> str:
+        if self.header is None and self.num_columns is None:
+            return "uri,label[,split]"
+        names = {self.uri: "uri", self.label: "label"}
+        if self.split is not None:
+            names[self.split] = "split"
+        return ",".join(names.get(index, "(ignored)") for index in range(self.num_columns or 0))
+
+
+def _is_integer(text: str) -> bool:
+    return text.strip().isdigit()
+
+
+def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
+    """The layout of a manifest whose first line is `first_line` (None: unknown yet, e.g. a template's).
+
+    A header names the columns (URI_COLUMNS, LABEL_COLUMNS, SPLIT_COLUMNS, any
+    order, any case; other columns, such as pandas' unnamed index, ignored).
+    Without a header the columns are uri,label[,split], after an integer index
+    column if the first row starts with one and has a column to spare.
+    """
+    if kind != CSV or not first_line:
+        return ManifestLayout()
+    cells = [cell.strip().lower() for cell in next(csv.reader([first_line.removeprefix("\ufeff")]), [])]
+    uri = next((cells.index(name) for name in URI_COLUMNS if name in cells), None)
+    label = next((cells.index(name) for name in LABEL_COLUMNS if name in cells), None)
+    if uri is not None and label is not None:
+        split = next((cells.index(name) for name in SPLIT_COLUMNS if name in cells), None)
+        return ManifestLayout(uri, label, split, header=tuple(cells), num_columns=len(cells))
+    if len(cells) in (3, 4) and _is_integer(cells[0]) and not _is_integer(cells[1]):
+        # pandas' to_csv(header=False): 0,a.jpg,cat[,train]
+        return ManifestLayout(1, 2, 3 if len(cells) == 4 else None, num_columns=len(cells))
+    return ManifestLayout()
+
+
+def read_first_line(path: str) -> str | None:
+    """The first line of a manifest file (local or gs://), or None if there is none or it cannot be read."""
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as handle:
+            return handle.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    except Exception:  # noqa: BLE001 - a missing manifest is reported by the checks and the job
+        return None
+
+
+def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: ManifestLayout | None = None):
     """The InputRecord or ErrorRecord of one line of a CSV/JSONL manifest; nothing for a blank or header line."""
+    layout = layout or ManifestLayout()
     line = line.removeprefix("\ufeff")  # a byte order mark, on the first line
     if not line.strip():
         return
@@ -350,27 +535,58 @@ def parse_manifest_line(line: str, kind: str, manifest_path: str):
         row = next(csv.reader([line]), [])
         if all(not cell.strip() for cell in row):
             return
-        if [cell.strip().lower() for cell in row[:2]] == ["uri", "label"]:
+        lowered = tuple(cell.strip().lower() for cell in row)
+        if lowered == layout.header or [cell for cell in lowered[:2]] == ["uri", "label"]:
             return  # the header
-        fields = row
-    else:
-        try:
-            obj = json.loads(line)
-            fields = [obj["uri"], obj.get("label", ""), obj.get("split") or ""]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            yield errors.ErrorRecord(
-                manifest_path,
-                errors.BAD_MANIFEST_ROW,
-                f"not a JSON object with 'uri' ({exc}): {_quoted(line)}",
-            )
-            return
+        yield _record_from_row(row, layout, line, manifest_path)
+        return
+    try:
+        obj = json.loads(line)
+        keys = {str(key).strip().lower(): value for key, value in obj.items()}
+        uri_key = next(name for name in URI_COLUMNS if keys.get(name) not in (None, ""))
+        label = next((keys[name] for name in LABEL_COLUMNS if keys.get(name) is not None), "")
+        split = next((keys[name] for name in SPLIT_COLUMNS if keys.get(name)), "")
+        fields = [keys[uri_key], label, split]
+    except (ValueError, StopIteration, TypeError, AttributeError) as exc:
+        detail = str(exc) or "no " + "/".join(URI_COLUMNS[:5])
+        yield errors.ErrorRecord(
+            manifest_path,
+            errors.BAD_MANIFEST_ROW,
+            f"not a JSON object with 'uri' ({detail}): {_quoted(line)}",
+        )
+        return
     yield _record_from_fields(fields, line, manifest_path)
 
 
-def parse_manifest_rows(text: str, kind: str, manifest_path: str):
-    """InputRecord or ErrorRecord for each line of a manifest held in memory (small manifests, tools)."""
-    for line in text.splitlines():
-        yield from parse_manifest_line(line, kind, manifest_path)
+def parse_manifest_rows(text: str, kind: str, manifest_path: str, layout: ManifestLayout | None = None):
+    """InputRecord or ErrorRecord for each line of a manifest held in memory (small manifests, tools).
+
+    Without `layout`, the first line gives it (detect_manifest_layout).
+    """
+    lines = text.splitlines()
+    if layout is None:
+        layout = detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
+    for line in lines:
+        yield from parse_manifest_line(line, kind, manifest_path, layout)
+
+
+def _record_from_row(row, layout: ManifestLayout, line: str, manifest_path: str):
+    """A CSV row, its columns picked by `layout`."""
+    expected = layout.num_columns
+    if expected is None and (len(row) < 2 or len(row) > 3):
+        return errors.ErrorRecord(
+            manifest_path,
+            errors.BAD_MANIFEST_ROW,
+            f"expected 'uri,label[,split]', got {len(row)} fields: {_quoted(line)}",
+        )
+    if expected is not None and len(row) != expected:
+        return errors.ErrorRecord(
+            manifest_path,
+            errors.BAD_MANIFEST_ROW,
+            f"expected {expected} fields ({layout.describe()}), got {len(row)}: {_quoted(line)}",
+        )
+    split = row[layout.split] if layout.split is not None and layout.split < len(row) else ""
+    return _record_from_fields([row[layout.uri], row[layout.label], split], line, manifest_path)
 
 
 def _record_from_fields(fields, line: str, manifest_path: str):
@@ -383,14 +599,16 @@ def _record_from_fields(fields, line: str, manifest_path: str):
         )
     uri = _resolve_uri(fields[0], posixpath.dirname(manifest_path))
     label = fields[1]
-    split = fields[2] if len(fields) == 3 and fields[2] else None
+    split_text = fields[2] if len(fields) == 3 else ""
     if not label:
         return errors.ErrorRecord(uri, errors.MISSING_LABEL, f"its row in {manifest_path} has no label")
-    if split is not None and split not in manifest_lib.SPLITS:
+    split = split_name(split_text) if split_text else None
+    if split_text and split is None:
         return errors.ErrorRecord(
             uri,
             errors.UNKNOWN_SPLIT,
-            f"its row in {manifest_path} names split {split!r}; expected one of {manifest_lib.SPLITS}",
+            f"its row in {manifest_path} names split {split_text!r}; expected one of {manifest_lib.SPLITS} "
+            "(or val, valid, eval, dev for validation)",
         )
     return InputRecord(uri=uri, label=label, split=split)
 
@@ -456,37 +674,47 @@ class MixClasses(beam.PTransform):
 class ListedInputs(NamedTuple):
     records: beam.PCollection  # InputRecord
     errors: beam.PCollection  # ErrorRecord
+    skipped: beam.PCollection  # SkippedFile: a tree's files that are not inputs
 
 
 def _route(item):
     if isinstance(item, errors.ErrorRecord):
         yield beam.pvalue.TaggedOutput("errors", item)
+    elif isinstance(item, SkippedFile):
+        yield beam.pvalue.TaggedOutput("skipped", item)
     else:
         yield item
 
 
 class ListInputs(beam.PTransform):
-    """Input spec -> PCollection of InputRecord (mixed, spread) and ErrorRecord (tagged 'errors').
+    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord (tagged 'errors') and
+    SkippedFile (tagged 'skipped').
 
     The listing runs inside the pipeline, so a Dataflow job lists the bucket on
     its workers, not in the launcher, and a template stays valid as the bucket
-    changes.
+    changes. `layout`: a CSV manifest's columns (detect_manifest_layout), found
+    by the launcher; None: read from the manifest's first line now, if it is there.
     """
 
     def __init__(
-        self, spec: str, labels: list[str] | None = None, split_listing_above: int = SPLIT_LISTING_ABOVE
+        self,
+        spec: str,
+        labels: list[str] | None = None,
+        split_listing_above: int = SPLIT_LISTING_ABOVE,
+        layout: ManifestLayout | None = None,
     ):
         super().__init__()
         self._spec = spec
         self._labels = labels
         self._split_listing_above = split_listing_above
+        self._layout = layout
 
     def expand(self, pbegin):
         spec, kind = self._spec, input_kind(self._spec)
         if kind == DIRECTORY:
+            root = pbegin | "Root" >> beam.Create([spec])
             items = (
-                pbegin
-                | "Root" >> beam.Create([spec])
+                root
                 | "ListClassFolders" >> beam.FlatMap(list_class_folders)
                 # One element per class: without this, one worker would list every class.
                 | "SpreadClassFolders" >> beam.Reshuffle()
@@ -495,6 +723,8 @@ class ListInputs(beam.PTransform):
                 | "SpreadListingRanges" >> beam.Reshuffle()
                 | "ListClassFiles" >> beam.FlatMap(list_range)
             )
+            root_files = root | "ListRootFiles" >> beam.FlatMap(list_root_files)
+            items = (items, root_files) | "AllListed" >> beam.Flatten()
         else:
             # Checked when the job runs, not in the launcher (a template may be made before its
             # manifest exists); ReadFromText alone would read a missing manifest as an empty one.
@@ -503,14 +733,19 @@ class ListInputs(beam.PTransform):
                 | "ManifestSpec" >> beam.Create([spec])
                 | "RequireManifest" >> beam.Map(require_manifest)
             )
+            layout = self._layout or detect_manifest_layout(read_first_line(spec), kind)
             items = (
                 pbegin
                 | "ReadManifest" >> beam.io.ReadFromText(spec, validate=False)
-                | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec)
+                | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec, layout)
             )
         if self._labels:
             items = items | "FilterLabels" >> beam.FlatMap(
                 lambda item, labels: filter_labels([item], labels), self._labels
             )
-        routed = items | "Route" >> beam.FlatMap(_route).with_outputs("errors", main="records")
-        return ListedInputs(records=routed.records | "MixClasses" >> MixClasses(), errors=routed.errors)
+        routed = items | "Route" >> beam.FlatMap(_route).with_outputs("errors", "skipped", main="records")
+        return ListedInputs(
+            records=routed.records | "MixClasses" >> MixClasses(),
+            errors=routed.errors,
+            skipped=routed.skipped,
+        )

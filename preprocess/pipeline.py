@@ -39,6 +39,7 @@ preprocess/publish.py. Our flags:
 untouched.
 """
 
+import json
 import logging
 import os
 import sys
@@ -49,14 +50,24 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem, local_runner, logs, outcomes, progress, worker_image
+from preprocess import (
+    errors,
+    fault_logs,
+    filesystem,
+    input_checks,
+    local_runner,
+    logs,
+    outcomes,
+    progress,
+    worker_image,
+)
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
-from preprocess.finalize import TooManyFailuresError, finalize_dataset
+from preprocess.finalize import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
-from preprocess.options import parse_args
+from preprocess.options import parse_args, refuse
 from preprocess.publish import (
     RETAINED_RUNS,
     StopIfSupersededFn,
@@ -280,6 +291,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         (
             listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
             listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
+            listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
             deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
             all_errors | "Failed" >> beam.Map(outcomes.failed),
             encoded_examples
@@ -342,6 +354,71 @@ def _remove_tft_temp(output_dir: str, build_id: str):
         )
 
 
+def _fault_message(text: str, name: str) -> str:
+    """The message of the exception `name` inside a runner's error `text` (which may quote its traceback)."""
+    message = text[text.rindex(f"{name}: ") + len(name) + 2 :]
+    return message.split(" [while running", 1)[0].splitlines()[0].strip()
+
+
+def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
+    """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
+    counts, examples = {}, {}
+    pattern = manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl")
+    try:
+        matched = [
+            metadata.path
+            for result in filesystem.FileSystems.match([pattern])
+            for metadata in result.metadata_list
+        ]
+    except Exception:  # noqa: BLE001 - no log yet
+        return counts, examples
+    for path in sorted(matched):
+        with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:
+            for line in handle:
+                try:
+                    error = json.loads(line)
+                except ValueError:
+                    continue
+                reason = error.get("reason", "?")
+                counts[reason] = counts.get(reason, 0) + 1
+                uris = examples.setdefault(reason, [])
+                if len(uris) < per_reason:
+                    uris.append(error.get("uri", "?"))
+    return counts, examples
+
+
+def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
+    """The run's failure as one of finalize.INPUT_FAULTS, with a message for a person; None if it is none.
+
+    The runner wraps a step's exception in its own (with the step's
+    traceback in the text): the fault is recognized by its class name.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if TooManyFailuresError.__name__ in text:
+        return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
+    if EmptyTrainSplitError.__name__ not in text:
+        return None
+    counts, examples = failures_by_reason(output_dir, run_id)
+    lines = [
+        f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
+        "published (dataset.json is unchanged)."
+    ]
+    if counts:
+        lines.append(f"{sum(counts.values())} inputs failed, by reason:")
+        lines += [
+            f"  {reason} {count}: {', '.join(examples[reason])}{', ...' if count > len(examples[reason]) else ''}"
+            for reason, count in sorted(counts.items(), key=lambda item: -item[1])
+        ]
+        lines.append(
+            f"Every failure, with its detail: {manifest_lib.join(output_dir, 'runs', run_id, 'errors-*.jsonl')}"
+        )
+    else:
+        lines.append(
+            "No input failed: the split gave train none (see --split, or the manifest's split column)."
+        )
+    return EmptyTrainSplitError("\n".join(lines))
+
+
 def run(argv=None) -> dict | None:
     """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
 
@@ -357,6 +434,8 @@ def run(argv=None) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
+    # A wrong path, a folder without images or classes, an output inside the input: said before Beam starts.
+    input_checks.check_inputs(args.input, output_dir, args.labels, template=template)
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
     build_pipeline(pipeline, args, build_id, run_id)
@@ -374,6 +453,9 @@ def run(argv=None) -> dict | None:
                 raise superseded from exc
             except Exception:  # noqa: BLE001 - could not tell: the job's own error says more
                 pass
+            fault = input_fault(exc, output_dir, run_id)
+            if fault is not None:
+                raise fault from exc
         raise
     finally:
         if not template:
@@ -390,24 +472,54 @@ def run(argv=None) -> dict | None:
     return manifest
 
 
+def _interrupted_message(output_dir: str) -> str:
+    """The one line a Ctrl-C prints: what was published is untouched."""
+    try:
+        published = published_run_id(read_published_manifest(output_dir))
+    except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
+        published = None
+    where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
+    state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
+    return f"preprocess: interrupted, nothing published: {where} {state}"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, beam_args = parse_args(argv)
+    options = PipelineOptions(beam_args)
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
-    logs.configure_launcher(args.verbose, local=progress.runs_locally(PipelineOptions(beam_args)))
+    logs.configure_launcher(args.verbose, local=progress.runs_locally(options))
+    if not args.verbose:
+        fault_logs.quiet_input_faults()
+    template = bool(options.view_as(GoogleCloudOptions).template_location)
+    try:
+        # Before TensorFlow and tf.Transform are imported (seconds): a mistake here is said at once.
+        input_checks.check_inputs(args.input, output_dir_of(args), args.labels, template=template)
+    except input_checks.InputError as exc:
+        if args.verbose:
+            raise
+        refuse(str(exc))
     from preprocess.summary import format_summary, read_error_examples
 
     try:
         manifest = run(argv)
+    except KeyboardInterrupt:
+        if args.verbose:
+            raise
+        print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
+        from preprocess.process_exit import exit_without_teardown  # noqa: PLC0415
+
+        exit_without_teardown(130)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
-    except Exception as exc:
-        # The runner may wrap the step's error; this one is the input's fault, not the code's: no traceback.
-        if TooManyFailuresError.__name__ not in f"{type(exc).__name__} {exc}":
+    except INPUT_FAULTS as exc:
+        # The input's fault, not the code's: no traceback (the runner's own is quieted: logs.py).
+        if args.verbose:
             raise
-        sys.exit(f"preprocess: {exc}")
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
     if manifest is not None:
         output_dir = args.output.rstrip("/")
         print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))
