@@ -8,19 +8,26 @@ other, waiting for each to exit, and the teardown of an interpreter holding
 TensorFlow takes about a second. So the worker exits at once instead
 (preprocess/process_exit.py), with the harness's status.
 
-Before the harness starts, the libraries' loggers get the log level the
+It ignores SIGINT: a Ctrl-C is the launcher's to handle (it stops the run
+and the runner stops the workers). Before the harness starts, the libraries' loggers get the log level the
 runner chose for its workers (preprocess/logs.py): the harness logs INFO
 lines of its own until it has read its options.
 """
 
-import os
-import sys
-import traceback
+import signal
 
-from apache_beam.runners.worker import sdk_worker_main
+# A Ctrl-C in the terminal reaches every process of its group: the launcher stops the run and says so
+# in one line (preprocess/pipeline.py); a worker importing or running would print a traceback of its own.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-from preprocess import logs
-from preprocess.process_exit import exit_without_teardown
+import os  # noqa: E402 - after the signal's disposition: these imports take seconds
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
+from preprocess import logs  # noqa: E402
+from preprocess.process_exit import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:

@@ -486,7 +486,19 @@ def _interrupted_message(output_dir: str) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, beam_args = parse_args(argv)
-    options = PipelineOptions(beam_args)
+    try:
+        _run_and_report(argv, args, PipelineOptions(beam_args))
+    except KeyboardInterrupt:
+        # One line, from the launcher alone (the local workers ignore SIGINT: local_worker.py).
+        if args.verbose:
+            raise
+        print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
+        from preprocess.process_exit import exit_without_teardown  # noqa: PLC0415
+
+        exit_without_teardown(130)
+
+
+def _run_and_report(argv, args, options):
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
     logs.configure_launcher(args.verbose, local=progress.runs_locally(options))
@@ -500,22 +512,15 @@ def main(argv=None):
         if args.verbose:
             raise
         refuse(str(exc))
-    from preprocess.summary import format_summary, read_error_examples
+    from preprocess.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
 
     try:
         manifest = run(argv)
-    except KeyboardInterrupt:
-        if args.verbose:
-            raise
-        print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
-        from preprocess.process_exit import exit_without_teardown  # noqa: PLC0415
-
-        exit_without_teardown(130)
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
     except INPUT_FAULTS as exc:
-        # The input's fault, not the code's: no traceback (the runner's own is quieted: logs.py).
+        # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
         if args.verbose:
             raise
         print(f"preprocess: {exc}", file=sys.stderr)
