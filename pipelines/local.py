@@ -13,6 +13,7 @@ the serving export). Paths may be gs:// URIs.
 """
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from dataset_contract import manifest as manifest_lib
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import logs
-from train.config import TrainConfig
+from train.config import MODELS, TrainConfig
 from train.errors import SetupError
 
 # TensorFlow and the trainer (~8 s to import) are imported where they run: --help answers at once.
@@ -186,12 +187,42 @@ def _train_and_evaluate(config: TrainConfig):
     return train_and_evaluate(config)
 
 
+def unknown_model_problem(model: str) -> str | None:
+    """Why `--model` names no model train can build (its registry, without importing TensorFlow); None if it does.
+
+    `module:function` names a user's own model: train checks it when it imports it.
+    """
+    if model in MODELS or ":" in model:
+        return None
+    close = difflib.get_close_matches(model.lower(), MODELS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"--model {model}: no such model{hint}; choose one of {', '.join(MODELS)}"
+
+
+def precheck_problem(args, paths: WorkflowPaths) -> str | None:
+    """What is wrong with the command before stage 1 starts (the model, the input, the output), or None."""
+    problem = unknown_model_problem(args.model)
+    if problem or args.skip_preprocess or args.input is None:
+        return problem
+    from preprocess import input_checks  # noqa: PLC0415 - Beam (a second): not for --help
+
+    try:
+        input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")
+    except input_checks.InputError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
     logs.configure_launcher(args.verbose)
     paths = WorkflowPaths(args.workdir)
+    problem = precheck_problem(args, paths)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     stage1_argv = None
     if not args.skip_preprocess:
         input_spec = args.input

@@ -67,8 +67,11 @@ def _examples(names) -> str:
 # ------------------------------------------------------------------------------------------ the output
 
 
-def check_output_outside_input(input_spec: str, output: str) -> None:
-    """InputError if `output` is the input tree or inside it: the next run would read it as a class."""
+def check_output_outside_input(input_spec: str, output: str, output_flag: str = "--output") -> None:
+    """InputError if `output` is the input tree or inside it: the next run would read it as a class.
+
+    `output_flag`: the flag that chose `output`, for the message (--workdir for the workflows).
+    """
     if inputs.input_kind(input_spec) != inputs.DIRECTORY:
         return
     if _is_gcs(input_spec) != _is_gcs(output):
@@ -80,8 +83,8 @@ def check_output_outside_input(input_spec: str, output: str) -> None:
         target = os.path.join(os.path.realpath(output), "")
     if target.startswith(root):
         raise InputError(
-            f"--output {output} is inside --input {input_spec}: the next run would read the dataset as a "
-            "class of images. Write the dataset outside the input folder."
+            f"{output_flag} {output} is inside --input {input_spec}: the next run would read the dataset as a "
+            f"class of images. Choose a {output_flag} outside the input folder."
         )
 
 
@@ -293,7 +296,9 @@ def survey_manifest(path: str, labels=None) -> InputSurvey:
 _CHECKED: dict = {}
 
 
-def check_inputs(input_spec: str, output: str, labels=None, template: bool = False) -> InputSurvey | None:
+def check_inputs(
+    input_spec: str, output: str, labels=None, template: bool = False, output_flag: str = "--output"
+) -> InputSurvey | None:
     """Checks --input and --output before a job starts (module docstring); InputError says what is wrong.
 
     A Dataflow template (`template`) may be built before its input exists:
@@ -303,7 +308,7 @@ def check_inputs(input_spec: str, output: str, labels=None, template: bool = Fal
     key = (input_spec, output, tuple(labels or ()), template)
     if key in _CHECKED:
         return _CHECKED[key]
-    check_output_outside_input(input_spec, output)
+    check_output_outside_input(input_spec, output, output_flag)
     survey = None
     if not template:
         if inputs.input_kind(input_spec) == inputs.DIRECTORY:

@@ -255,15 +255,15 @@ def did_you_mean(word: str, candidates) -> str:
     return f" (did you mean {by_normal[close[0]]}?)" if close else ""
 
 
-def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog: str = PROG) -> None:
-    """Refuses (exit 2) a flag that is neither `parser`'s nor a Beam pipeline option: Beam would only warn
-    'Discarding unparseable args' and run the job without it."""
+def beam_args_problem(beam_args: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """What is wrong with the flags `parser` left for Beam: a flag that is neither `parser`'s nor a Beam
+    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it); or None."""
     if not beam_args:
-        return  # Beam is not even imported
+        return None  # Beam is not even imported
     beam_flags = beam_option_flags()
     unknown = unknown_flags(beam_args, beam_flags)
     if not unknown:
-        return
+        return None
     ours = [flag for flag in parser._option_string_actions if flag.startswith("--")]  # noqa: SLF001
     problems = [
         f"unknown flag {word}{did_you_mean(word, ours + beam_flags)}"
@@ -271,11 +271,17 @@ def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog:
         else f"unexpected argument {word!r}"
         for word in unknown
     ]
-    refuse(
+    return (
         "; ".join(problems) + ". Flags other than this command's own must be Apache Beam pipeline options "
-        "(--runner, --project, --temp_location, ...).",
-        prog,
+        "(--runner, --project, --temp_location, ...)."
     )
+
+
+def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog: str = PROG) -> None:
+    """Refuses (exit 2) the flags beam_args_problem finds wrong."""
+    problem = beam_args_problem(beam_args, parser)
+    if problem:
+        refuse(problem, prog)
 
 
 def parse_args(argv):
