@@ -509,6 +509,8 @@ def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
     label = next((cells.index(name) for name in LABEL_COLUMNS if name in cells), None)
     if uri is not None and label is not None:
         split = next((cells.index(name) for name in SPLIT_COLUMNS if name in cells), None)
+        if (uri, label) == (0, 1) and split in (2, None) and len(cells) <= 3:
+            return ManifestLayout(header=tuple(cells))  # the columns where they are without a header
         return ManifestLayout(uri, label, split, header=tuple(cells), num_columns=len(cells))
     if len(cells) in (3, 4) and _is_integer(cells[0]) and not _is_integer(cells[1]):
         # pandas' to_csv(header=False): 0,a.jpg,cat[,train]
@@ -579,7 +581,7 @@ def _record_from_row(row, layout: ManifestLayout, line: str, manifest_path: str)
             errors.BAD_MANIFEST_ROW,
             f"expected 'uri,label[,split]', got {len(row)} fields: {_quoted(line)}",
         )
-    if expected is not None and len(row) != expected:
+    if expected is not None and not max(layout.uri, layout.label) < len(row) <= expected:
         return errors.ErrorRecord(
             manifest_path,
             errors.BAD_MANIFEST_ROW,
