@@ -24,7 +24,10 @@ import logging
 import os
 import posixpath
 
-from preprocess import errors, filesystem, inputs
+from preprocess import errors
+from preprocess import input_rules as inputs
+
+# Beam (seconds to import) is imported only for gs:// paths: a local mistake is said at once.
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,8 @@ def _local_folder_has_image(folder: str) -> bool | None:
 def _gcs_folder_has_image(folder: str) -> bool | None:
     bucket, prefix = folder[len("gs://") :].split("/", 1)
     prefix = prefix.rstrip("/") + "/"
+    from preprocess import filesystem  # noqa: PLC0415 - Beam
+
     listing = filesystem.gcs_io(folder).client.list_blobs(
         bucket, prefix=prefix, page_size=1000, fields="items(name),nextPageToken"
     )
@@ -145,7 +150,9 @@ def _local_tree(root: str):
 
 
 def _gcs_tree(root: str):
-    listing, prefix, bucket = inputs._list_gcs_level(root)  # noqa: SLF001 - the job's own listing
+    from preprocess.inputs import _list_gcs_level  # noqa: PLC0415 - Beam
+
+    listing, prefix, bucket = _list_gcs_level(root)  # the job's own listing
     root_files = [blob.name[len(prefix) :] for blob in listing if blob.name[len(prefix) :]]
     folders = [
         (folder[len(prefix) :].rstrip("/"), f"gs://{bucket}/{folder.rstrip('/')}")
@@ -221,12 +228,18 @@ def survey_directory(root: str, labels=None) -> InputSurvey:
 # ----------------------------------------------------------------------------------------- a manifest
 
 
+def _open_binary(path: str):
+    if _is_gcs(path):
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+        return FileSystems.open(path, compression_type="uncompressed")
+    return open(path, "rb")  # noqa: SIM115 - returned to a with
+
+
 def _manifest_sample(path: str) -> tuple[list[str], bool]:
     """(the first MANIFEST_SAMPLE_ROWS lines of a manifest, True if that is all of it)."""
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - gs:// and local alike
-
     lines = []
-    with FileSystems.open(path, compression_type="uncompressed") as handle:
+    with _open_binary(path) as handle:
         for raw in handle:
             if len(lines) >= MANIFEST_SAMPLE_ROWS:
                 return lines, False
@@ -244,10 +257,8 @@ def _file_exists(uri: str) -> bool:
 
 def survey_manifest(path: str, labels=None) -> InputSurvey:
     """Checks a CSV/JSONL manifest by its first rows: some are usable, name files that exist, two classes."""
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
-
     kind = inputs.input_kind(path)
-    if not FileSystems.exists(path):
+    if not _file_exists(path):
         raise InputError(
             f"--input {path}: no such manifest file. Give a CSV/JSONL manifest of uri,label[,split], or a "
             "folder of class folders."
@@ -305,7 +316,9 @@ def check_inputs(
     then only the output's place is checked (None is returned). Checked once
     per process for the same arguments, so its warnings are said once.
     """
-    key = (input_spec, output, tuple(labels or ()), template)
+    if "://" not in output:
+        output = os.path.abspath(output)
+    key = (input_spec, output.rstrip("/"), tuple(labels or ()), template)
     if key in _CHECKED:
         return _CHECKED[key]
     check_output_outside_input(input_spec, output, output_flag)
