@@ -8,19 +8,27 @@ other, waiting for each to exit, and the teardown of an interpreter holding
 TensorFlow takes about a second. So the worker exits at once instead
 (preprocess/process_exit.py), with the harness's status.
 
-It ignores SIGINT: a Ctrl-C is the launcher's to handle (it stops the run
-and the runner stops the workers). Before the harness starts, the libraries' loggers get the log level the
+At a Ctrl-C (SIGINT) it exits at once and quietly: the launcher, which
+gets the same signal, says what happened. Before the harness starts, the libraries' loggers get the log level the
 runner chose for its workers (preprocess/logs.py): the harness logs INFO
 lines of its own until it has read its options.
 """
 
+import os
 import signal
 
-# A Ctrl-C in the terminal reaches every process of its group: the launcher stops the run and says so
-# in one line (preprocess/pipeline.py); a worker importing or running would print a traceback of its own.
-signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-import os  # noqa: E402 - after the signal's disposition: these imports take seconds
+def _exit_at_ctrl_c(signum, frame):
+    # A Ctrl-C in the terminal reaches every process of its group. The launcher stops the run and says
+    # so in one line (preprocess/pipeline.py), and its runner waits for each worker to exit: the worker
+    # exits now, without the traceback of a KeyboardInterrupt, and with status 0, as any other would
+    # make the runner print a traceback per worker ("Worker subprocess exited with return code ...").
+    os._exit(0)
+
+
+# Before the imports below: they take seconds, and a Ctrl-C during them would print their traceback.
+signal.signal(signal.SIGINT, _exit_at_ctrl_c)
+
 import sys  # noqa: E402
 import traceback  # noqa: E402
 

@@ -39,10 +39,13 @@ preprocess/publish.py. Our flags:
 untouched.
 """
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import uuid
 
 import apache_beam as beam
@@ -441,7 +444,11 @@ def run(argv=None) -> dict | None:
     build_pipeline(pipeline, args, build_id, run_id)
     try:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
-        with progress.ProgressReporter(enabled=progress.runs_locally(options)):
+        local = progress.runs_locally(options)
+        with (
+            progress.ProgressReporter(enabled=local),
+            stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
+        ):
             result = pipeline.run()
             state = result.wait_until_finish()
     except Exception as exc:
@@ -470,6 +477,35 @@ def run(argv=None) -> dict | None:
     if manifest is None:
         logging.info("pipeline finished in state %s without publishing run %s (a dry run?)", state, run_id)
     return manifest
+
+
+@contextlib.contextmanager
+def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
+    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line.
+
+    Not through KeyboardInterrupt: the runner would then close its worker
+    processes in the middle of their bundles, and its threads would log the
+    broken connections (a hundred lines and more), or wait for a worker that
+    is waiting for them. The workers get the same Ctrl-C and exit quietly
+    (preprocess/local_worker.py). Nothing the run wrote is published: only its
+    last step switches dataset.json, and its unpublished files are removed by
+    a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
+    running when its launcher stops.
+    """
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        print(_interrupted_message(output_dir), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted_message(output_dir: str) -> str:
