@@ -164,7 +164,7 @@ def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
     label = next((cells.index(name) for name in LABEL_COLUMNS if name in cells), None)
     if uri is not None and label is not None:
         split = next((cells.index(name) for name in SPLIT_COLUMNS if name in cells), None)
-        if (uri, label) == (0, 1) and split in (2, None) and len(cells) <= 3:
+        if (uri, label, split, len(cells)) in ((0, 1, 2, 3), (0, 1, None, 2)):
             return ManifestLayout(header=tuple(cells))  # the columns where they are without a header
         return ManifestLayout(uri, label, split, header=tuple(cells), num_columns=len(cells))
     if len(cells) in (3, 4) and _is_integer(cells[0]) and not _is_integer(cells[1]):
