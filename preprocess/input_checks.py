@@ -198,7 +198,8 @@ def survey_directory(root: str, labels=None) -> InputSurvey:
             + "."
         )
     if len(classes) < 2:
-        others = f" ({len(empty)} other folders hold no image: {_examples(empty)})" if empty else ""
+        folders_hold = "folder holds" if len(empty) == 1 else "folders hold"
+        others = f" ({len(empty)} other {folders_hold} no image: {_examples(empty)})" if empty else ""
         raise InputError(
             f"--input {root}: only one class, {classes[0]!r}, has images{others}. A classifier needs at least "
             "two classes: put each class's images in a folder of its own, ROOT/<class>/<image>."

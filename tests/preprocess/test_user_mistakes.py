@@ -4,7 +4,7 @@ traceback, and nothing is left behind. Real processes, real folders."""
 import pytest
 
 from preprocess import options
-from tests.user_mistakes import assert_refused, run_command, write_image, write_text
+from tests.user_mistakes import assert_refused, command_env, run_command, write_image, write_text
 
 
 def _preprocess(cwd, *args):
@@ -130,3 +130,18 @@ def test_a_missing_manifest_is_refused(tmp_path):
 def test_verbose_shows_the_traceback_of_a_refusal(tmp_path):
     result = _preprocess(tmp_path, "--input", tmp_path / "photoz", "--output", tmp_path / "out", "--verbose")
     assert result.returncode != 0 and "Traceback" in result.stderr and "InputError" in result.stderr
+
+
+def test_a_gcs_tree_with_a_single_class_is_refused(tmp_path, gcs_emulator):
+    from google.cloud import storage
+
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    for name in ("single/cat/1.jpg", "single/cat/notes.txt", "single/dog/meta.json"):
+        bucket.blob(name).upload_from_string(b"x")
+    result = run_command(
+        "preprocess",
+        ["--input", gcs_emulator.url("single"), "--output", gcs_emulator.url("single-out")],
+        tmp_path,
+        env=gcs_emulator.subprocess_env(command_env()),
+    )
+    assert_refused(result, "only one class, 'cat', has images", "1 other folder holds no image: dog")
