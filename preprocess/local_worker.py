@@ -34,12 +34,13 @@ import traceback  # noqa: E402
 
 from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
 
-from preprocess import logs  # noqa: E402
+from preprocess import fault_logs, logs  # noqa: E402
 from preprocess.process_exit import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:
     logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
+    fault_logs.quiet_worker_stderr()
     code = 0
     try:
         sdk_worker_main.main(sys.argv)

@@ -525,7 +525,7 @@ def main(argv=None):
     try:
         _run_and_report(argv, args, PipelineOptions(beam_args))
     except KeyboardInterrupt:
-        # One line, from the launcher alone (the local workers ignore SIGINT: local_worker.py).
+        # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
         if args.verbose:
             raise
         print(_interrupted_message(output_dir_of(args)), file=sys.stderr)

@@ -4,6 +4,7 @@ Also small real corpora: images written with Pillow, and files that are not imag
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ from tests.cli_probe import REPO
 
 # TensorFlow's C++ start-up lines (another concern than this one's: the libraries' own noise).
 _LIBRARY_NOISE = ("I0000 ", "W0000 ", "E0000 ", "WARNING: All log messages before absl")
+# A local run's progress line ("[0:03] hashed 12 (4.0/s) | ..."): the run's, not the mistake's.
+_PROGRESS = re.compile(r"^\[\d+:\d\d\] ")
 
 
 def command_env(extra: dict | None = None) -> dict:
@@ -43,9 +46,10 @@ def said_lines(text: str) -> list[str]:
 
 
 def assert_refused(result, *named: str, max_lines: int = 4) -> str:
-    """A user's mistake: exit 2, no traceback, every string of `named` said, in at most `max_lines` lines."""
+    """A user's mistake: exit 2, no traceback, every string of `named` said, in at most `max_lines` lines
+    (besides a run's progress lines)."""
     output = result.stdout + result.stderr
-    said = said_lines(output)
+    said = [line for line in said_lines(output) if not _PROGRESS.match(line)]
     assert result.returncode == 2, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     for text in named:

@@ -27,15 +27,16 @@ def test_zero_usable_inputs_give_the_failures_by_reason_not_tf_transforms_crash(
     assert not (tmp_path / "out" / "dataset.json").exists()
 
 
-def test_exceeding_max_failed_fraction_says_so_without_a_traceback(tmp_path):
+def test_exceeding_max_failed_fraction_says_so_without_a_traceback_from_the_workers_either(tmp_path):
     root = tmp_path / "photos"
     for number in range(3):
         write_image(root / "cat" / f"{number}.jpg", number)
         write_image(root / "dog" / f"{number}.jpg", 10 + number)
     write_text(root / "dog" / "broken.jpg", "not an image")
-    result = run_command(
-        "preprocess", ["--input", root, "--output", tmp_path / "out", "--image-size", "16"], tmp_path
-    )
+    args = ["--input", root, "--output", tmp_path / "out", "--image-size", "16"]
+    # Worker processes: the step that fails runs in one of them, whose stderr is the terminal's too.
+    args += ["--in-process-below", "0", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    result = run_command("preprocess", args, tmp_path)
     assert_refused(result, "1 of the 7 inputs found failed", "--max-failed-fraction 0.05", "not_an_image 1")
 
 
