@@ -98,9 +98,9 @@ def _local_folder_has_image(folder: str) -> bool | None:
     """True if an image is anywhere below `folder`, False if none is, None if SURVEY_LIMIT names showed none."""
     seen = 0
     for _, subdirectories, names in os.walk(folder):
-        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")]
+        subdirectories[:] = [name for name in subdirectories if inputs.is_input_name(name)]
         for name in names:
-            if inputs.is_image_name(name) and not name.startswith("."):
+            if inputs.is_image_name(name) and inputs.is_input_name(name):
                 return True
             seen += 1
             if seen >= SURVEY_LIMIT:
@@ -118,7 +118,7 @@ def _gcs_folder_has_image(folder: str) -> bool | None:
     )
     for seen, blob in enumerate(listing):
         relative = blob.name[len(prefix) :]
-        if inputs.is_image_name(relative) and not any(part.startswith(".") for part in relative.split("/")):
+        if inputs.is_image_name(relative) and all(map(inputs.is_input_name, relative.split("/"))):
             return True
         if seen + 1 >= SURVEY_LIMIT:
             return None
@@ -140,7 +140,7 @@ def _local_tree(root: str):
     folders, root_files = [], []
     with os.scandir(root) as entries:
         for entry in entries:
-            if entry.name.startswith(".") or entry.name in ("Thumbs.db", "desktop.ini"):
+            if not inputs.is_input_name(entry.name):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 folders.append((entry.name, entry.path))
@@ -158,10 +158,10 @@ def _gcs_tree(root: str):
         (folder[len(prefix) :].rstrip("/"), f"gs://{bucket}/{folder.rstrip('/')}")
         for folder in sorted(listing.prefixes)
     ]
-    folders = [(name, path) for name, path in folders if not name.startswith(".")]
+    folders = [(name, path) for name, path in folders if inputs.is_input_name(name)]
     if not folders and not root_files:
         raise InputError(f"--input {root}: no such folder, or nothing is in it")
-    return folders, sorted(name for name in root_files if not name.startswith("."))
+    return folders, sorted(name for name in root_files if inputs.is_input_name(name))
 
 
 def survey_directory(root: str, labels=None) -> InputSurvey:
