@@ -397,7 +397,7 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
     A dry run builds a template, which may come before its input exists: only the output's place is checked.
     """
-    from preprocess import input_checks, options  # noqa: PLC0415 - Beam (a second): not for --help
+    from preprocess import input_checks, options  # noqa: PLC0415 - Beam's options: not for --help
 
     problem = options.beam_args_problem(dataflow_args, build_parser())
     if problem or args.skip_preprocess:

@@ -204,7 +204,7 @@ def precheck_problem(args, paths: WorkflowPaths) -> str | None:
     problem = unknown_model_problem(args.model)
     if problem or args.skip_preprocess or args.input is None:
         return problem
-    from preprocess import input_checks  # noqa: PLC0415 - Beam (a second): not for --help
+    from preprocess import input_checks  # noqa: PLC0415 - only where stage 1 runs
 
     try:
         input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")
