@@ -2,17 +2,19 @@
 
 import sys
 
-from preprocess.options import parse_args, refuse
+from preprocess.options import build_parser, check_beam_args, parse_args, refuse
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 
 if __name__ == "__main__":
     # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
     # --output are answered before TensorFlow and Beam's pipeline code are imported (~8 s, and log noise).
-    args, beam_args = parse_args(sys.argv[1:])
+    args, beam_args = parse_args(sys.argv[1:], check_beam_flags=False)
     try:
         check_launcher_python(beam_args)
     except LauncherPythonError as exc:
         sys.exit(f"preprocess: {exc}")
+    # Beam's options are imported for this (a second or two), only when flags are left for Beam.
+    check_beam_args(beam_args, build_parser())
     from preprocess import input_checks
 
     # A template may be made before its input exists (input_checks.check_inputs).

@@ -284,11 +284,12 @@ def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog:
         refuse(problem, prog)
 
 
-def parse_args(argv):
+def parse_args(argv, check_beam_flags: bool = True):
     """(our args, the rest for Beam's PipelineOptions).
 
     `args.image_size` is the stored square (--image-size grown by --crop-margin), `args.crop_size` the
     --image-size asked for (what the model sees). A mistake exits 2 with a line saying what is wrong.
+    `check_beam_flags`: also refuse a flag Beam does not know (check_beam_args; imports Beam's options).
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
@@ -299,7 +300,8 @@ def parse_args(argv):
             f"--crop-margin {args.crop_margin} needs --resize-method crop: random crops of a letterboxed "
             "image would cut into its black bars"
         )
-    check_beam_args(beam_args, parser)
+    if check_beam_flags:
+        check_beam_args(beam_args, parser)
     # --image-size is the size the model sees. Everything the job does (decode,
     # statistics, encoding, shard sizing, the manifest's height and width) is
     # about the square it stores, so from here on `image_size` is that square
