@@ -451,6 +451,25 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.
     return pid
 
 
+def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> str | None:
+    """What is wrong before stage 1 is launched: a flag Dataflow does not know, the input, the output; or None.
+
+    A dry run builds a template, which may come before its input exists: only the output's place is checked.
+    """
+    from preprocess import input_checks, options  # noqa: PLC0415 - Beam's options: not for --help
+
+    problem = options.beam_args_problem(dataflow_args, build_parser())
+    if problem or args.skip_preprocess:
+        return problem
+    try:
+        input_checks.check_inputs(
+            args.input, paths.dataset_dir, template=args.dry_run, output_flag="--workdir"
+        )
+    except input_checks.InputError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args, dataflow_args = build_parser().parse_known_args(argv)
@@ -467,6 +486,10 @@ def main(argv=None) -> int:
         )
         return 2
     paths = WorkflowPaths(args.workdir)
+    problem = precheck_problem(args, paths, dataflow_args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         spec = training_job_spec(args, paths)
     except ValueError as exc:

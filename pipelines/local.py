@@ -17,6 +17,7 @@ the serving export). Paths may be gs:// URIs.
 """
 
 import argparse
+import difflib
 import logging
 import os
 import shlex
@@ -292,6 +293,32 @@ def check_before_stage1(args) -> None:
     pretrained.check_weights(args.model, args.weights, (args.image_size, args.image_size, 3))
 
 
+def unknown_model_problem(model: str) -> str | None:
+    """Why `--model` names no model train can build (its registry, without importing TensorFlow); None if it does.
+
+    `module:function` names a user's own model: train checks it when it imports it.
+    """
+    if model in MODELS or ":" in model:
+        return None
+    close = difflib.get_close_matches(model.lower(), MODELS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"--model {model}: no such model{hint}; choose one of {', '.join(MODELS)}"
+
+
+def precheck_problem(args, paths: WorkflowPaths) -> str | None:
+    """What is wrong with the command before stage 1 starts (the model, the input, the output), or None."""
+    problem = unknown_model_problem(args.model)
+    if problem or args.skip_preprocess or args.input is None:
+        return problem
+    from preprocess import input_checks  # noqa: PLC0415 - only where stage 1 runs
+
+    try:
+        input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")
+    except input_checks.InputError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -307,6 +334,11 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    paths = WorkflowPaths(args.workdir)
+    problem = precheck_problem(args, paths)  # cheap: before TensorFlow is imported
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         check_before_stage1(args)
     except (WeightsFlagError, SetupError) as exc:
@@ -317,7 +349,6 @@ def main(argv=None) -> int:
     # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
     # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
     console.import_tensorflow(args.verbose)
-    paths = WorkflowPaths(args.workdir)
     stage1_argv = None
     if not args.skip_preprocess:
         input_spec = args.input if args.input is not None else sample_corpus_input(args)

@@ -2,17 +2,29 @@
 
 import sys
 
-from preprocess.options import parse_args
+from preprocess.options import build_parser, check_beam_args, parse_args, refuse
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 
 if __name__ == "__main__":
-    # --help, a wrong flag and a launcher Python that the worker image cannot load are answered before
-    # TensorFlow and Beam are imported (~8 s, and log noise).
-    _, beam_args = parse_args(sys.argv[1:])
+    # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
+    # --output are answered before TensorFlow and Beam's pipeline code are imported (~8 s, and log noise).
+    args, beam_args = parse_args(sys.argv[1:], check_beam_flags=False)
     try:
         check_launcher_python(beam_args)
     except LauncherPythonError as exc:
         sys.exit(f"preprocess: {exc}")
+    # Beam's options are imported for this (a second or two), only when flags are left for Beam.
+    check_beam_args(beam_args, build_parser())
+    from preprocess import input_checks
+
+    # A template may be made before its input exists (input_checks.check_inputs).
+    template = any(arg.split("=", 1)[0] == "--template_location" for arg in beam_args)
+    try:
+        input_checks.check_inputs(args.input, args.output, args.labels, template=template)
+    except input_checks.InputError as exc:
+        if args.verbose:
+            raise
+        refuse(str(exc))
     from preprocess.pipeline import main
     from preprocess.process_exit import exit_without_teardown
 

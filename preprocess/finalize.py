@@ -35,12 +35,15 @@ def build_manifest(
     failures,
     num_duplicates,
     error_files=(),
+    skipped_by_extension=None,
+    skipped_at_root=0,
 ):
     """The manifest dict, from the job's config and the facts the pipeline gathered.
 
     `shards` are the entries shards.WriteShards yields, `error_files` the
     list shards.WriteErrorLog yields: paths relative to the output directory,
-    inside the run's directory.
+    inside the run's directory. `skipped_by_extension` and `skipped_at_root`
+    count a tree's files that are not inputs (outcomes.tally).
     """
     run = RunPaths(config["output"], run_id)
     splits = {}
@@ -63,7 +66,7 @@ def build_manifest(
     mean, std = stats
     return {
         "format_version": manifest_lib.FORMAT_VERSION,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # noqa: UP017
+        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # noqa: UP017 - Python 3.10
         "run": {"id": run_id, "started_at": run_started_at(run_id), "dir": run.relative_dir},
         "source": {"input": config["input"], "kind": config["input_kind"]},
         "image": {
@@ -96,6 +99,10 @@ def build_manifest(
             "num_failed": num_failed,
             "num_duplicates": num_duplicates,
             "failures_by_reason": dict(sorted(failures.items())),
+            # Not inputs, so not in num_found: a tree's files without an image extension, by extension
+            # ("" for none), and the files directly in its root (no class folder).
+            "skipped_by_extension": dict(sorted((skipped_by_extension or {}).items())),
+            "skipped_at_root": skipped_at_root,
         },
         "split_fractions": config["split_fractions"],
         "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
@@ -116,6 +123,15 @@ def _fingerprint_or_none(config: dict) -> dict | None:
 
 class TooManyFailuresError(ValueError):
     """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
+
+
+class EmptyTrainSplitError(ValueError):
+    """No image reached the train split (every input failed, or none was assigned to train): tf.Transform
+    has nothing to analyze, and nothing is published. The launcher tells the failures by reason."""
+
+
+# The errors of a run that are its inputs' fault, not the code's: the launcher says them without a traceback.
+INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError)
 
 
 def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):

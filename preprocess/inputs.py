@@ -28,17 +28,19 @@ corpus can hold 100M files:
   reads from the middle of the file); CSV quoting works within a row, a quoted
   field cannot span lines.
 
+Which files are inputs, and how a manifest's rows read, are the rules of
+preprocess/input_rules.py (Keras' `image_dataset_from_directory`: image
+extensions only, sub-folders belong to their class; sidecars and the root's
+files skipped and counted; a manifest's header names its columns).
+
 The records then go through `MixClasses`, which spreads them over the workers
 and mixes the classes (see there).
 """
 
-import csv
 import dataclasses
 import functools
 import hashlib
-import json
 import os
-import posixpath
 import random
 from typing import NamedTuple
 
@@ -46,46 +48,31 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
+from preprocess.input_rules import (  # noqa: F401 - re-exported: the listing's rules, for its callers
+    CSV,
+    DIRECTORY,
+    IMAGE_EXTENSIONS,
+    JSONL,
+    InputRecord,
+    ManifestLayout,
+    SkippedFile,
+    detect_manifest_layout,
+    extension_of,
+    filter_labels,
+    input_kind,
+    is_image_name,
+    is_input_name,
+    parse_manifest_line,
+    parse_manifest_rows,
+    split_name,
+)
 from preprocess.listing_plan import plan_boundaries
 from preprocess.reading import md5_hex
 
-DIRECTORY = "directory"
-CSV = "csv"
-JSONL = "jsonl"
-
-# Files that are never images and never inputs: OS and VCS debris in a tree.
-_IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 _GCS_PREFIX = "gs://"
-# A manifest row quoted in an error's detail is cut to this many characters.
-_QUOTED_ROW_CHARS = 200
-
-
-@dataclasses.dataclass(frozen=True)
-class InputRecord:
-    uri: str
-    label: str
-    split: str | None = None  # None: assigned from the content hash
-    size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
-    md5: str | None = None  # hex MD5 of the bytes, where GCS's listing gave it (reading.content_key)
-
-
-def input_kind(spec: str) -> str:
-    """`csv`/`jsonl` for a manifest file (by extension), else `directory`."""
-    lowered = spec.lower()
-    if lowered.endswith(".csv"):
-        return CSV
-    if lowered.endswith((".jsonl", ".json")):
-        return JSONL
-    return DIRECTORY
-
 
 # ----------------------------------------------------------------------------- a class-per-folder tree
-
-
-def _is_input_name(name: str) -> bool:
-    return bool(name) and name not in _IGNORED_NAMES and not name.startswith(".")
 
 
 def _gcs_client(uri: str):
@@ -133,17 +120,34 @@ def list_class_folders(root: str):
     root = root.rstrip("/")
     if root.startswith(_GCS_PREFIX):
         listing, prefix, bucket = _list_gcs_level(root)
-        for _ in listing:  # files directly below the root: not inputs, but the listing must pass them
+        for _ in listing:  # files directly below the root: list_root_files's, but the listing must pass them
             pass
         for folder in sorted(listing.prefixes):
             name = folder[len(prefix) :].rstrip("/")
-            yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
+            if is_input_name(name):
+                yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
         return
     with os.scandir(root) as entries:
         for entry in entries:
             # Not through a symlink, as Beam's local match (os.walk) never followed one either.
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False) and is_input_name(entry.name):
                 yield entry.name, os.path.join(root, entry.name)
+
+
+def list_root_files(root: str):
+    """A SkippedFile (at_root) for every file directly in `root`: it has no class folder, so no class."""
+    root = root.rstrip("/")
+    if root.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(root)
+        for blob in listing:
+            name = blob.name[len(prefix) :]
+            if is_input_name(name):
+                yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
+        return
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if is_input_name(entry.name) and not entry.is_dir():
+                yield SkippedFile(os.path.join(root, entry.name), extension_of(entry.name), at_root=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,8 +242,45 @@ def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
     return {sample[index * len(sample) // target] for index in range(1, target)}
 
 
+def _file_item(uri: str, name: str, label: str, size, md5: str | None = None):
+    """The InputRecord of an image file of a class, or the SkippedFile of any other file."""
+    if is_image_name(name):
+        return InputRecord(uri=uri, label=label, size=size, md5=md5)
+    return SkippedFile(uri, extension_of(name))
+
+
+def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str):
+    """Every file below gs://bucket/folder_prefix, at any depth (one listing without a delimiter)."""
+    listing = _gcs_client(f"{_GCS_PREFIX}{bucket}").list_blobs(
+        bucket, prefix=folder_prefix, fields="items(name,size,md5Hash),nextPageToken"
+    )
+    for blob in listing:
+        relative = blob.name[len(folder_prefix) :]
+        # A name ending in "/" is a folder's placeholder object; a hidden folder's files are passed over.
+        if relative and not relative.endswith("/") and all(map(is_input_name, relative.split("/"))):
+            yield _file_item(
+                f"{_GCS_PREFIX}{bucket}/{blob.name}", relative, label, blob.size, md5_hex(blob.md5_hash)
+            )
+
+
+def _list_local_subtree(folder: str, label: str):
+    """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
+    for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
+        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
+        for name in names:
+            if not is_input_name(name):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue  # a dangling link, or a file gone since
+            yield _file_item(path, name, label, size)
+
+
 def list_range(listing_range: ListingRange):
-    """InputRecord (with its size) for every file directly in a class folder within one name range.
+    """The files of a class folder within one name range: InputRecord (with its size) for each image,
+    SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class.
 
     Streamed as it is listed: memory stays flat however many files the
     range holds (one page of names on GCS, one directory-entry buffer
@@ -253,33 +294,41 @@ def list_range(listing_range: ListingRange):
             name = blob.name[len(prefix) :]
             # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
-            if _is_input_name(name) and listing_range.holds(name):
-                yield InputRecord(
-                    uri=f"{_GCS_PREFIX}{bucket}/{blob.name}",
-                    label=label,
-                    size=blob.size,
-                    md5=md5_hex(blob.md5_hash),
+            if is_input_name(name) and listing_range.holds(name):
+                yield _file_item(
+                    f"{_GCS_PREFIX}{bucket}/{blob.name}", name, label, blob.size, md5_hex(blob.md5_hash)
                 )
+        for subfolder in sorted(listing.prefixes):  # complete once the items are consumed
+            name = subfolder[len(prefix) :].rstrip("/")
+            if is_input_name(name) and listing_range.holds(name):
+                yield from _list_gcs_subtree(subfolder, bucket, label)
         return
     with os.scandir(folder) as entries:
         for entry in entries:
-            if not _is_input_name(entry.name) or not listing_range.holds(entry.name) or entry.is_dir():
+            if not is_input_name(entry.name) or not listing_range.holds(entry.name):
                 continue
+            if entry.is_dir(follow_symlinks=False):
+                yield from _list_local_subtree(entry.path, label)
+                continue
+            if entry.is_dir():
+                continue  # a link to a folder: not followed, as os.walk does not
             try:
                 size = entry.stat().st_size  # through a link to a file: the file's
             except FileNotFoundError:
                 continue  # a dangling link, as Beam's local match skipped it; or a file gone since
-            yield InputRecord(uri=os.path.join(folder, entry.name), label=label, size=size)
+            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size)
 
 
 def list_class_files(class_folder: tuple[str, str]):
-    """InputRecord for every file directly in one class folder (as one range), streamed as it is listed."""
+    """InputRecord for every image in one class folder, at any depth (as one range), streamed as it is listed."""
     label, folder = class_folder
-    yield from list_range(ListingRange(label, folder))
+    for item in list_range(ListingRange(label, folder)):
+        if isinstance(item, InputRecord):
+            yield item
 
 
 def list_directory_tree(root: str):
-    """Every file at `root/<class>/<file>`, the class taken from the folder name (one process, streamed)."""
+    """Every image at `root/<class>/.../<file>`, the class taken from the folder name (one process, streamed)."""
     for class_folder in list_class_folders(root):
         yield from list_class_files(class_folder)
 
@@ -296,83 +345,13 @@ def require_manifest(path: str) -> str:
     return path
 
 
-def _resolve_uri(uri: str, manifest_dir: str) -> str:
-    """Manifest URIs may be relative to the manifest's own directory."""
-    if "://" in uri or uri.startswith("/"):
-        return uri
-    return manifest_lib.join(manifest_dir, uri)
-
-
-def _quoted(line: str) -> str:
-    return repr(line if len(line) <= _QUOTED_ROW_CHARS else line[:_QUOTED_ROW_CHARS] + "...")
-
-
-def parse_manifest_line(line: str, kind: str, manifest_path: str):
-    """The InputRecord or ErrorRecord of one line of a CSV/JSONL manifest; nothing for a blank or header line."""
-    line = line.removeprefix("\ufeff")  # a byte order mark, on the first line
-    if not line.strip():
-        return
-    if kind == CSV:
-        row = next(csv.reader([line]), [])
-        if all(not cell.strip() for cell in row):
-            return
-        if [cell.strip().lower() for cell in row[:2]] == ["uri", "label"]:
-            return  # the header
-        fields = row
-    else:
-        try:
-            obj = json.loads(line)
-            fields = [obj["uri"], obj.get("label", ""), obj.get("split") or ""]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            yield errors.ErrorRecord(
-                manifest_path,
-                errors.BAD_MANIFEST_ROW,
-                f"not a JSON object with 'uri' ({exc}): {_quoted(line)}",
-            )
-            return
-    yield _record_from_fields(fields, line, manifest_path)
-
-
-def parse_manifest_rows(text: str, kind: str, manifest_path: str):
-    """InputRecord or ErrorRecord for each line of a manifest held in memory (small manifests, tools)."""
-    for line in text.splitlines():
-        yield from parse_manifest_line(line, kind, manifest_path)
-
-
-def _record_from_fields(fields, line: str, manifest_path: str):
-    fields = [str(field).strip() for field in fields]
-    if len(fields) < 2 or len(fields) > 3 or not fields[0]:
-        return errors.ErrorRecord(
-            manifest_path,
-            errors.BAD_MANIFEST_ROW,
-            f"expected 'uri,label[,split]', got {len(fields)} fields: {_quoted(line)}",
-        )
-    uri = _resolve_uri(fields[0], posixpath.dirname(manifest_path))
-    label = fields[1]
-    split = fields[2] if len(fields) == 3 and fields[2] else None
-    if not label:
-        return errors.ErrorRecord(uri, errors.MISSING_LABEL, f"its row in {manifest_path} has no label")
-    if split is not None and split not in manifest_lib.SPLITS:
-        return errors.ErrorRecord(
-            uri,
-            errors.UNKNOWN_SPLIT,
-            f"its row in {manifest_path} names split {split!r}; expected one of {manifest_lib.SPLITS}",
-        )
-    return InputRecord(uri=uri, label=label, split=split)
-
-
-def filter_labels(items, allowed_labels):
-    """Turn records whose label is not in `allowed_labels` into UNKNOWN_LABEL errors."""
-    allowed = set(allowed_labels)
-    for item in items:
-        if isinstance(item, InputRecord) and item.label not in allowed:
-            yield errors.ErrorRecord(
-                item.uri,
-                errors.UNKNOWN_LABEL,
-                f"label {item.label!r} is not one of --labels {sorted(allowed)}",
-            )
-        else:
-            yield item
+def read_first_line(path: str) -> str | None:
+    """The first line of a manifest file (local or gs://), or None if there is none or it cannot be read."""
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as handle:
+            return handle.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    except Exception:  # noqa: BLE001 - a missing manifest is reported by the checks and the job
+        return None
 
 
 # ------------------------------------------------------------------------------------------- the transforms
@@ -422,37 +401,47 @@ class MixClasses(beam.PTransform):
 class ListedInputs(NamedTuple):
     records: beam.PCollection  # InputRecord
     errors: beam.PCollection  # ErrorRecord
+    skipped: beam.PCollection  # SkippedFile: a tree's files that are not inputs
 
 
 def _route(item):
     if isinstance(item, errors.ErrorRecord):
         yield beam.pvalue.TaggedOutput("errors", item)
+    elif isinstance(item, SkippedFile):
+        yield beam.pvalue.TaggedOutput("skipped", item)
     else:
         yield item
 
 
 class ListInputs(beam.PTransform):
-    """Input spec -> PCollection of InputRecord (mixed, spread) and ErrorRecord (tagged 'errors').
+    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord (tagged 'errors') and
+    SkippedFile (tagged 'skipped').
 
     The listing runs inside the pipeline, so a Dataflow job lists the bucket on
     its workers, not in the launcher, and a template stays valid as the bucket
-    changes.
+    changes. `layout`: a CSV manifest's columns (detect_manifest_layout), found
+    by the launcher; None: read from the manifest's first line now, if it is there.
     """
 
     def __init__(
-        self, spec: str, labels: list[str] | None = None, split_listing_above: int = SPLIT_LISTING_ABOVE
+        self,
+        spec: str,
+        labels: list[str] | None = None,
+        split_listing_above: int = SPLIT_LISTING_ABOVE,
+        layout: ManifestLayout | None = None,
     ):
         super().__init__()
         self._spec = spec
         self._labels = labels
         self._split_listing_above = split_listing_above
+        self._layout = layout
 
     def expand(self, pbegin):
         spec, kind = self._spec, input_kind(self._spec)
         if kind == DIRECTORY:
+            root = pbegin | "Root" >> beam.Create([spec])
             items = (
-                pbegin
-                | "Root" >> beam.Create([spec])
+                root
                 | "ListClassFolders" >> beam.FlatMap(list_class_folders)
                 # One element per class: without this, one worker would list every class.
                 | "SpreadClassFolders" >> beam.Reshuffle()
@@ -461,6 +450,8 @@ class ListInputs(beam.PTransform):
                 | "SpreadListingRanges" >> beam.Reshuffle()
                 | "ListClassFiles" >> beam.FlatMap(list_range)
             )
+            root_files = root | "ListRootFiles" >> beam.FlatMap(list_root_files)
+            items = (items, root_files) | "AllListed" >> beam.Flatten()
         else:
             # Checked when the job runs, not in the launcher (a template may be made before its
             # manifest exists); ReadFromText alone would read a missing manifest as an empty one.
@@ -469,14 +460,19 @@ class ListInputs(beam.PTransform):
                 | "ManifestSpec" >> beam.Create([spec])
                 | "RequireManifest" >> beam.Map(require_manifest)
             )
+            layout = self._layout or detect_manifest_layout(read_first_line(spec), kind)
             items = (
                 pbegin
                 | "ReadManifest" >> beam.io.ReadFromText(spec, validate=False)
-                | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec)
+                | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec, layout)
             )
         if self._labels:
             items = items | "FilterLabels" >> beam.FlatMap(
                 lambda item, labels: filter_labels([item], labels), self._labels
             )
-        routed = items | "Route" >> beam.FlatMap(_route).with_outputs("errors", main="records")
-        return ListedInputs(records=routed.records | "MixClasses" >> MixClasses(), errors=routed.errors)
+        routed = items | "Route" >> beam.FlatMap(_route).with_outputs("errors", "skipped", main="records")
+        return ListedInputs(
+            records=routed.records | "MixClasses" >> MixClasses(),
+            errors=routed.errors,
+            skipped=routed.skipped,
+        )

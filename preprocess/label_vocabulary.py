@@ -33,6 +33,14 @@ class SortedLabelVocabulary(tft_beam.experimental.PTransformAnalyzer):
         )
 
     def _write_vocabulary(self, labels):
+        if not labels:
+            # tf.Transform would go on to fail on the empty vocabulary file with an OutOfRangeError
+            # deep in its graph; the launcher names this error and tells the failures by reason.
+            from preprocess.finalize import EmptyTrainSplitError  # noqa: PLC0415 - publish's imports
+
+            raise EmptyTrainSplitError(
+                "no image reached the train split: tf.Transform has nothing to analyze"
+            )
         directory = manifest_lib.join(self.base_temp_dir, uuid.uuid4().hex)
         path = manifest_lib.join(directory, LABEL_VOCABULARY_FILE)
         names = sorted(label.decode("utf-8") if isinstance(label, bytes) else str(label) for label in labels)

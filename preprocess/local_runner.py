@@ -53,8 +53,12 @@ def uses_direct_runner(options: PipelineOptions) -> bool:
 
 
 def worker_command() -> str:
-    """The command line of the local runner's worker processes (preprocess/local_worker.py)."""
-    return shlex.join([sys.executable, "-m", "preprocess.local_worker"])
+    """The command line of the local runner's worker processes (preprocess/local_worker.py).
+
+    Beam runs it through a shell; `exec` makes the worker that shell's process, so that a Ctrl-C
+    reaches the worker (which ignores it), not a shell that would die of it and fail the run.
+    """
+    return "exec " + shlex.join([sys.executable, "-m", "preprocess.local_worker"])
 
 
 def fn_api_runner(options: PipelineOptions, verbose: bool = False):

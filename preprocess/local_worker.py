@@ -8,23 +8,39 @@ other, waiting for each to exit, and the teardown of an interpreter holding
 TensorFlow takes about a second. So the worker exits at once instead
 (preprocess/process_exit.py), with the harness's status.
 
-Before the harness starts, the libraries' loggers get the log level the
+At a Ctrl-C (SIGINT) it exits at once and quietly: the launcher, which
+gets the same signal, says what happened. Before the harness starts, the libraries' loggers get the log level the
 runner chose for its workers (preprocess/logs.py): the harness logs INFO
 lines of its own until it has read its options.
 """
 
 import os
-import sys
-import traceback
+import signal
 
-from apache_beam.runners.worker import sdk_worker_main
 
-from preprocess import logs
-from preprocess.process_exit import exit_without_teardown
+def _exit_at_ctrl_c(signum, frame):
+    # A Ctrl-C in the terminal reaches every process of its group. The launcher stops the run and says
+    # so in one line (preprocess/pipeline.py), and its runner waits for each worker to exit: the worker
+    # exits now, without the traceback of a KeyboardInterrupt, and with status 0, as any other would
+    # make the runner print a traceback per worker ("Worker subprocess exited with return code ...").
+    os._exit(0)
+
+
+# Before the imports below: they take seconds, and a Ctrl-C during them would print their traceback.
+signal.signal(signal.SIGINT, _exit_at_ctrl_c)
+
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
+from preprocess import fault_logs, logs  # noqa: E402
+from preprocess.process_exit import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:
     logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
+    fault_logs.quiet_worker_stderr()
     code = 0
     try:
         sdk_worker_main.main(sys.argv)

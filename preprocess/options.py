@@ -1,6 +1,8 @@
 """The job's own flags. Everything else on the command line goes to Beam untouched."""
 
 import argparse
+import difflib
+import sys
 
 from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
@@ -209,20 +211,111 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv):
+PROG = "python -m preprocess"
+
+
+def refuse(message: str, prog: str = PROG):
+    """Exit 2 with `message`: a user's mistake, said in a line or two, without a traceback."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"(see {prog} --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def beam_option_flags() -> list[str]:
+    """Every flag Beam's PipelineOptions (all of its subclasses: Dataflow's, the DirectRunner's, ...) knows.
+
+    Collected as Beam collects them when it parses its options (PipelineOptions.get_all_options).
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser  # noqa: PLC0415
+
+    parser = _BeamArgumentParser(allow_abbrev=False, add_help=False)
+    # A subclass defined twice (a re-imported main session) would add its flags twice: keep one.
+    for cls in {str(cls): cls for cls in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # noqa: SLF001 - Beam's own way to list its flags
+    return [flag for flag in parser._option_string_actions if flag.startswith("--")]  # noqa: SLF001
+
+
+def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
+    """The command-line words of `beam_args` that no flag in `known` takes: unknown flags, stray values.
+
+    A value right after an unknown flag (`--image-szie 64`) belongs to it and is not listed again.
+    """
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    for flag in known:
+        # Any flag with an optional value: only whether it is known matters here, Beam checks its value.
+        parser.add_argument(flag, nargs="?")
+    _, unknown = parser.parse_known_args(beam_args)
+    words, previous_was_flag = [], False
+    for word in unknown:
+        if word.startswith("-"):
+            words.append(word.split("=", 1)[0])
+            previous_was_flag = "=" not in word
+        elif not previous_was_flag:
+            words.append(word)
+        else:
+            previous_was_flag = False
+    return words
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """' (did you mean --x?)' for the closest of `candidates`, or ''."""
+
+    # --image_size for --image-size, --runner for --runner: compare with '-' and '_' alike.
+    def normal(flag):
+        return flag.replace("_", "-").lower()
+
+    by_normal = {normal(candidate): candidate for candidate in candidates}
+    close = difflib.get_close_matches(normal(word), list(by_normal), n=1, cutoff=0.75)
+    return f" (did you mean {by_normal[close[0]]}?)" if close else ""
+
+
+def beam_args_problem(beam_args: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """What is wrong with the flags `parser` left for Beam: a flag that is neither `parser`'s nor a Beam
+    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it); or None."""
+    if not beam_args:
+        return None  # Beam is not even imported
+    beam_flags = beam_option_flags()
+    unknown = unknown_flags(beam_args, beam_flags)
+    if not unknown:
+        return None
+    ours = [flag for flag in parser._option_string_actions if flag.startswith("--")]  # noqa: SLF001
+    problems = [
+        f"unknown flag {word}{did_you_mean(word, ours + beam_flags)}"
+        if word.startswith("-")
+        else f"unexpected argument {word!r}"
+        for word in unknown
+    ]
+    return (
+        "; ".join(problems) + ". Flags other than this command's own must be Apache Beam pipeline options "
+        "(--runner, --project, --temp_location, ...)."
+    )
+
+
+def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog: str = PROG) -> None:
+    """Refuses (exit 2) the flags beam_args_problem finds wrong."""
+    problem = beam_args_problem(beam_args, parser)
+    if problem:
+        refuse(problem, prog)
+
+
+def parse_args(argv, check_beam_flags: bool = True):
     """(our args, the rest for Beam's PipelineOptions).
 
     `args.image_size` is the stored square (--image-size grown by --crop-margin), `args.crop_size` the
-    --image-size asked for (what the model sees).
+    --image-size asked for (what the model sees). A mistake exits 2 with a line saying what is wrong.
+    `check_beam_flags`: also refuse a flag Beam does not know (check_beam_args; imports Beam's options).
     """
-    args, beam_args = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(argv)
     if not 1 <= args.jpeg_quality <= 100:
-        raise SystemExit(f"--jpeg-quality {args.jpeg_quality}: expected 1..100")
+        refuse(f"--jpeg-quality {args.jpeg_quality}: expected 1..100")
     if args.crop_margin and args.resize_method != geometry.CROP:
-        raise SystemExit(
+        refuse(
             f"--crop-margin {args.crop_margin} needs --resize-method crop: random crops of a letterboxed "
             "image would cut into its black bars"
         )
+    if check_beam_flags:
+        check_beam_args(beam_args, parser)
     # --image-size is the size the model sees. Everything the job does (decode,
     # statistics, encoding, shard sizing, the manifest's height and width) is
     # about the square it stores, so from here on `image_size` is that square

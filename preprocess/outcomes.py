@@ -2,7 +2,10 @@
 
 Stage 1 accounts for every input: found (a listed file or a listing error),
 dropped as a copy of another, failed (with its reason), or written (to a
-split, under a class). The job counts all of them in one combine, keyed by
+split, under a class). A tree's files that are not inputs (not images by
+their extension, or directly in the root) are counted apart, as skipped by
+extension: they are not found inputs, so found = written + failed +
+duplicates holds over the images. The job counts all of them in one combine, keyed by
 these tuples, instead of one combine per figure (each would add its own
 stages), and `tally` turns the counts into the manifest's figures.
 """
@@ -11,6 +14,7 @@ FOUND = ("found",)
 DUPLICATE = ("duplicate",)
 _FAILED = "failed"
 _WRITTEN = "written"
+_SKIPPED = "skipped"
 
 
 def failed(error) -> tuple:
@@ -23,13 +27,19 @@ def written(split: str, class_name: str) -> tuple:
     return (_WRITTEN, split, class_name)
 
 
+def skipped(item) -> tuple:
+    """The outcome of a file of a tree that is not an input (an inputs.SkippedFile)."""
+    return (_SKIPPED, item.extension, bool(item.at_root))
+
+
 def tally(outcome_counts) -> dict:
-    """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, failures, class_counts.
+    """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, failures, class_counts,
+    skipped_by_extension (files in class folders that are not images) and skipped_at_root.
 
     An outcome nothing had is absent from the counts, and counts 0.
     """
-    num_found = num_duplicates = 0
-    failures, class_counts = {}, []
+    num_found = num_duplicates = skipped_at_root = 0
+    failures, class_counts, skipped_by_extension = {}, [], {}
     for outcome, count in outcome_counts:
         if outcome == FOUND:
             num_found += count
@@ -39,6 +49,11 @@ def tally(outcome_counts) -> dict:
             failures[outcome[1]] = failures.get(outcome[1], 0) + count
         elif outcome[0] == _WRITTEN:
             class_counts.append(((outcome[1], outcome[2]), count))
+        elif outcome[0] == _SKIPPED:
+            if outcome[2]:
+                skipped_at_root += count
+            else:
+                skipped_by_extension[outcome[1]] = skipped_by_extension.get(outcome[1], 0) + count
         else:
             raise ValueError(f"unknown outcome {outcome!r}")
     return {
@@ -46,4 +61,6 @@ def tally(outcome_counts) -> dict:
         "num_duplicates": num_duplicates,
         "failures": failures,
         "class_counts": class_counts,
+        "skipped_by_extension": skipped_by_extension,
+        "skipped_at_root": skipped_at_root,
     }

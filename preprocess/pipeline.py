@@ -44,9 +44,13 @@ preprocess/publish.py. Our flags:
 untouched.
 """
 
+import contextlib
+import json
 import logging
 import os
+import signal
 import sys
+import threading
 import uuid
 
 import apache_beam as beam
@@ -54,16 +58,27 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import dataflow_job, errors, filesystem, local_runner, logs, outcomes, progress, worker_image
+from preprocess import (
+    dataflow_job,
+    errors,
+    fault_logs,
+    filesystem,
+    input_checks,
+    local_runner,
+    logs,
+    outcomes,
+    progress,
+    worker_image,
+)
 from preprocess.content import DeduplicateByContent
 from preprocess.decode_stage import DecodeImagesFn
 from preprocess.decoded_cache import SpillAndReload
 from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
 from preprocess.failure_budget import known_outcomes
-from preprocess.finalize import TooManyFailuresError, finalize_dataset
+from preprocess.finalize import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
-from preprocess.options import parse_args
+from preprocess.options import parse_args, refuse
 from preprocess.publish import (
     RETAINED_RUNS,
     SupersededRunError,
@@ -302,6 +317,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         (
             listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
             listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
+            listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
             deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
             all_errors | "Failed" >> beam.Map(outcomes.failed),
             encoded_examples
@@ -364,6 +380,71 @@ def _remove_tft_temp(output_dir: str, build_id: str):
         )
 
 
+def _fault_message(text: str, name: str) -> str:
+    """The message of the exception `name` inside a runner's error `text` (which may quote its traceback)."""
+    message = text[text.rindex(f"{name}: ") + len(name) + 2 :]
+    return message.split(" [while running", 1)[0].splitlines()[0].strip()
+
+
+def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
+    """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
+    counts, examples = {}, {}
+    pattern = manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl")
+    try:
+        matched = [
+            metadata.path
+            for result in filesystem.FileSystems.match([pattern])
+            for metadata in result.metadata_list
+        ]
+    except Exception:  # noqa: BLE001 - no log yet
+        return counts, examples
+    for path in sorted(matched):
+        with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:
+            for line in handle:
+                try:
+                    error = json.loads(line)
+                except ValueError:
+                    continue
+                reason = error.get("reason", "?")
+                counts[reason] = counts.get(reason, 0) + 1
+                uris = examples.setdefault(reason, [])
+                if len(uris) < per_reason:
+                    uris.append(error.get("uri", "?"))
+    return counts, examples
+
+
+def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
+    """The run's failure as one of finalize.INPUT_FAULTS, with a message for a person; None if it is none.
+
+    The runner wraps a step's exception in its own (with the step's
+    traceback in the text): the fault is recognized by its class name.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if TooManyFailuresError.__name__ in text:
+        return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
+    if EmptyTrainSplitError.__name__ not in text:
+        return None
+    counts, examples = failures_by_reason(output_dir, run_id)
+    lines = [
+        f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
+        "published (dataset.json is unchanged)."
+    ]
+    if counts:
+        lines.append(f"{sum(counts.values())} inputs failed, by reason:")
+        lines += [
+            f"  {reason} {count}: {', '.join(examples[reason])}{', ...' if count > len(examples[reason]) else ''}"
+            for reason, count in sorted(counts.items(), key=lambda item: -item[1])
+        ]
+        lines.append(
+            f"Every failure, with its detail: {manifest_lib.join(output_dir, 'runs', run_id, 'errors-*.jsonl')}"
+        )
+    else:
+        lines.append(
+            "No input failed: the split gave train none (see --split, or the manifest's split column)."
+        )
+    return EmptyTrainSplitError("\n".join(lines))
+
+
 def run(argv=None) -> dict | None:
     """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
 
@@ -382,6 +463,8 @@ def run(argv=None) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
+    # A wrong path, a folder without images or classes, an output inside the input: said before Beam starts.
+    input_checks.check_inputs(args.input, output_dir, args.labels, template=template)
     # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
     # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
     never_overwrite = check_publishable(output_dir)
@@ -403,7 +486,11 @@ def run(argv=None) -> dict | None:
     result = None
     try:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
-        with progress.ProgressReporter(enabled=progress.runs_locally(options)):
+        local = progress.runs_locally(options)
+        with (
+            progress.ProgressReporter(enabled=local),
+            stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
+        ):
             try:
                 result = pipeline.run()
             except Exception as exc:
@@ -434,6 +521,9 @@ def run(argv=None) -> dict | None:
                 raise superseded from exc
             except Exception:  # noqa: BLE001 - could not tell: the job's own error says more
                 pass
+            fault = input_fault(exc, output_dir, run_id)
+            if fault is not None:
+                raise fault from exc
         raise
     finally:
         # This build's tf.Transform directory serves the job until it ends (tf.Transform may write
@@ -467,13 +557,76 @@ class PublishedThenSuperseded(SupersededRunError):
     launcher exits 0), but its dataset is not the published one (the workflow does not train on it)."""
 
 
+@contextlib.contextmanager
+def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
+    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line.
+
+    Not through KeyboardInterrupt: the runner would then close its worker
+    processes in the middle of their bundles, and its threads would log the
+    broken connections (a hundred lines and more), or wait for a worker that
+    is waiting for them. The workers get the same Ctrl-C and exit quietly
+    (preprocess/local_worker.py). Nothing the run wrote is published: only its
+    last step switches dataset.json, and its unpublished files are removed by
+    a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
+    running when its launcher stops.
+    """
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        print(_interrupted_message(output_dir), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_message(output_dir: str) -> str:
+    """The one line a Ctrl-C prints: what was published is untouched."""
+    try:
+        published = published_run_id(read_published_manifest(output_dir))
+    except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
+        published = None
+    where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
+    state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
+    return f"preprocess: interrupted, nothing published: {where} {state}"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args, beam_args = parse_args(argv)
+    try:
+        _run_and_report(argv, args, PipelineOptions(beam_args))
+    except KeyboardInterrupt:
+        # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
+        if args.verbose:
+            raise
+        print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
+        from preprocess.process_exit import exit_without_teardown  # noqa: PLC0415
+
+        exit_without_teardown(130)
+
+
+def _run_and_report(argv, args, options):
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
-    logs.configure_launcher(args.verbose, local=progress.runs_locally(PipelineOptions(beam_args)))
-    from preprocess.summary import format_summary, read_error_examples
+    logs.configure_launcher(args.verbose, local=progress.runs_locally(options))
+    if not args.verbose:
+        fault_logs.quiet_input_faults()
+    template = bool(options.view_as(GoogleCloudOptions).template_location)
+    try:
+        # Before TensorFlow and tf.Transform are imported (seconds): a mistake here is said at once.
+        input_checks.check_inputs(args.input, output_dir_of(args), args.labels, template=template)
+    except input_checks.InputError as exc:
+        if args.verbose:
+            raise
+        refuse(str(exc))
+    from preprocess.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
 
     try:
         manifest = run(argv)
@@ -491,15 +644,18 @@ def main(argv=None):
     except SupersededRunError as exc:
         # Not a failure of this run's data: another run's dataset is there, complete.
         sys.exit(f"preprocess: {exc}")
-    except Exception as exc:
-        # The runner may wrap the step's error; this one is the input's fault, not the code's: no traceback.
-        said = f"{type(exc).__name__} {exc}"
-        if OverwriteRefusedError.__name__ in said:
-            print(f"preprocess: {exc}", file=sys.stderr)
-            sys.exit(2)
-        if TooManyFailuresError.__name__ not in said:
+    except INPUT_FAULTS as exc:
+        # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
+        if args.verbose:
             raise
-        sys.exit(f"preprocess: {exc}")
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        # The runner may wrap the publish step's error: a bucket that refuses the overwrite is said plainly.
+        if args.verbose or OverwriteRefusedError.__name__ not in f"{type(exc).__name__} {exc}":
+            raise
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
     if manifest is not None:
         output_dir = args.output.rstrip("/")
         print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))

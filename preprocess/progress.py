@@ -231,8 +231,10 @@ class ProgressReporter:
         tally = _registry.get(self._directory)
         if tally is not None:
             tally.flush()  # this process's own counts (in-process runners) are exact
-        self._settle()
-        self._print(self._final_line())
+        # A Ctrl-C: the launcher says so in one line, and nothing is "done".
+        if not (exc_info[0] is not None and issubclass(exc_info[0], KeyboardInterrupt)):
+            self._settle()
+            self._print(self._final_line())
         if self._previous_env is None:
             os.environ.pop(ENV_VAR, None)
         else:

@@ -108,6 +108,22 @@ def _class_table(manifest: dict) -> list[str]:
     return rows
 
 
+def format_skipped(inputs: dict) -> str | None:
+    """'skipped, not inputs: .json 2, .txt 1 (not images); 1 file at the root (no class folder)', or None."""
+    by_extension = inputs.get("skipped_by_extension") or {}
+    at_root = inputs.get("skipped_at_root") or 0
+    parts = []
+    if by_extension:
+        counts = ", ".join(
+            f"{extension or '(no extension)'} {count}"
+            for extension, count in sorted(by_extension.items(), key=lambda item: (-item[1], item[0]))
+        )
+        parts.append(f"{counts} (not images by their extension)")
+    if at_root:
+        parts.append(f"{at_root} file{'s' if at_root != 1 else ''} at the root (not in a class folder)")
+    return f"skipped, not inputs: {'; '.join(parts)}" if parts else None
+
+
 def _crop_note(image: dict) -> str:
     crop = manifest_lib.crop_size(image)
     if crop == image["height"]:
@@ -130,6 +146,10 @@ def format_summary(
         f"Dataset {output_dir}" + (f" ({', '.join(origin)})" if origin else ""),
         f"  images: {inputs['num_found']} found = {inputs['num_written']} written"
         f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates",
+    ]
+    skipped = format_skipped(inputs)
+    lines += [f"  {skipped}"] if skipped else []
+    lines += [
         f"  image: {image['height']}x{image['width']}x{image['channels']} {image['encoding']}"
         + (f" (quality {image['jpeg_quality']})" if image.get("jpeg_quality") else "")
         + f", resize {image['resize_method']}"

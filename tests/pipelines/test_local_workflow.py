@@ -57,10 +57,13 @@ def test_local_workflow_writes_a_dataset_a_model_and_an_export_that_agree(tmp_pa
 
 
 def test_workflow_does_not_train_when_stage1_fails(tmp_path, capsys):
+    # Two classes of files named as images, none of them one: the checks before stage 1 pass, stage 1 fails.
     broken = tmp_path / "broken" / "cat"
     broken.mkdir(parents=True)
     (broken / "a.jpg").write_bytes(b"not an image")
     (broken / "b.png").write_bytes(b"")
+    (broken.parent / "dog").mkdir()
+    (broken.parent / "dog" / "c.jpg").write_bytes(b"not an image either")
     workdir = tmp_path / "work"
     code = _run_local(
         "--input", str(broken.parent), "--workdir", str(workdir), "--image-size", "16", "--workers", "1"

@@ -7,6 +7,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from preprocess import errors, outcomes
 from preprocess.content import UniqueInput
+from preprocess.input_rules import SkippedFile
 from preprocess.pipeline import SummarizeUniqueInputsFn, estimated_split_bytes
 
 
@@ -24,6 +25,12 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
             outcomes.written("train", "cat"),
             outcomes.written("train", "cat"),
             outcomes.written("test", "dog"),
+        ]
+        # A tree's files that are not inputs: counted apart, not in num_found.
+        + [outcomes.skipped(SkippedFile("/r/cat/meta.json", ".json"))] * 2
+        + [
+            outcomes.skipped(SkippedFile("/r/cat/README", "")),
+            outcomes.skipped(SkippedFile("/r/a.jpg", ".jpg", True)),
         ]
     )
     with TestPipeline() as pipeline:
@@ -44,6 +51,8 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
                         "num_duplicates": 2,
                         "failures": {"not_an_image": 2, "too_many_pixels": 1},
                         "class_counts": [(("test", "dog"), 1), (("train", "cat"), 2)],
+                        "skipped_by_extension": {".json": 2, "": 1},
+                        "skipped_at_root": 1,
                     }
                 ]
             ),
@@ -51,7 +60,14 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
 
 
 def test_an_outcome_nothing_had_counts_zero():
-    assert outcomes.tally([]) == {"num_found": 0, "num_duplicates": 0, "failures": {}, "class_counts": []}
+    assert outcomes.tally([]) == {
+        "num_found": 0,
+        "num_duplicates": 0,
+        "failures": {},
+        "class_counts": [],
+        "skipped_by_extension": {},
+        "skipped_at_root": 0,
+    }
 
 
 def test_an_unknown_outcome_is_refused_not_dropped():

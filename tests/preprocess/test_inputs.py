@@ -22,10 +22,12 @@ from preprocess.inputs import (
     InputRecord,
     ListingRange,
     ListInputs,
+    SkippedFile,
     _in_mixed_order,
     _mix_group,
     filter_labels,
     input_kind,
+    is_image_name,
     list_class_files,
     list_directory_tree,
     list_range,
@@ -40,18 +42,28 @@ def test_input_kind_is_taken_from_the_spec():
     assert input_kind("gs://bucket/labels.jsonl") == JSONL
 
 
-def test_directory_tree_takes_the_class_from_the_folder(tmp_path):
-    for name in ("cat/1.jpg", "cat/2.png", "dog/1.jpg", "dog/.hidden", "dog/.DS_Store", "loose.jpg"):
+def test_directory_tree_takes_the_class_from_the_folder_images_in_sub_folders_included(tmp_path):
+    for name in (
+        "cat/1.jpg",
+        "cat/2.PNG",  # an extension in any case, as Keras
+        "cat/meta.json",  # a sidecar: not an input
+        "dog/1.jpg",
+        "dog/.hidden",
+        "dog/.DS_Store",
+        "loose.jpg",  # at the root: no class
+    ):
         path = tmp_path / name
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"x")
     (tmp_path / "dog" / "nested").mkdir()
     (tmp_path / "dog" / "nested" / "deep.jpg").write_bytes(b"x")
+    (tmp_path / "dog" / "nested" / "notes.txt").write_bytes(b"x")
     records = sorted(list_directory_tree(str(tmp_path)), key=lambda record: record.uri)
     assert records == [
         InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
-        InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
+        InputRecord(str(tmp_path / "cat" / "2.PNG"), "cat", size=1),
         InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
+        InputRecord(str(tmp_path / "dog" / "nested" / "deep.jpg"), "dog", size=1),
     ]
 
 
@@ -101,10 +113,17 @@ def test_labels_outside_the_given_list_are_unknown_label_errors():
 # ------------------------------------------------------------------------------ ListInputs in a pipeline
 
 
-def _assert_listed(spec, records, failed, labels=None):
-    """ListInputs, run on the DirectRunner, lists exactly `records` and the errors (uri, reason) `failed`."""
+def _assert_listed(spec, records, failed, labels=None, skipped=None):
+    """ListInputs, run on the DirectRunner, lists exactly `records`, the errors (uri, reason) `failed` and,
+    if given, the SkippedFiles `skipped`."""
     with TestPipeline() as pipeline:
         listed = pipeline | ListInputs(str(spec), labels)
+        if skipped is not None:
+            assert_that(
+                listed.skipped | "SkippedTuples" >> beam.Map(dataclasses.astuple),
+                equal_to([dataclasses.astuple(item) for item in skipped]),
+                label="skipped",
+            )
         # As tuples: equal_to sorts what it can sort, and compares every pair of what it cannot.
         assert_that(
             listed.records | beam.Map(dataclasses.astuple),
@@ -118,8 +137,17 @@ def _assert_listed(spec, records, failed, labels=None):
         )
 
 
-def test_a_local_tree_is_listed_class_by_class_in_parallel(tmp_path):
-    for name in ("cat/1.jpg", "cat/2.png", "dog/1.jpg", "dog/.DS_Store", "bird/only.jpg", "loose.jpg"):
+def test_a_local_tree_is_listed_class_by_class_in_parallel_sidecars_and_root_files_skipped(tmp_path):
+    for name in (
+        "cat/1.jpg",
+        "cat/2.png",
+        "cat/README",
+        "dog/1.jpg",
+        "dog/.DS_Store",
+        "dog/meta.json",
+        "bird/only.jpg",
+        "loose.jpg",
+    ):
         path = tmp_path / name
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"x")
@@ -133,13 +161,19 @@ def test_a_local_tree_is_listed_class_by_class_in_parallel(tmp_path):
             InputRecord(str(tmp_path / "cat" / "1.jpg"), "cat", size=1),
             InputRecord(str(tmp_path / "cat" / "2.png"), "cat", size=1),
             InputRecord(str(tmp_path / "dog" / "1.jpg"), "dog", size=1),
+            InputRecord(str(tmp_path / "dog" / "nested" / "deep.jpg"), "dog", size=1),
         ],
         [(str(tmp_path / "bird" / "only.jpg"), errors.UNKNOWN_LABEL)],
         labels=["cat", "dog"],
+        skipped=[
+            SkippedFile(str(tmp_path / "cat" / "README"), ""),
+            SkippedFile(str(tmp_path / "dog" / "meta.json"), ".json"),
+            SkippedFile(str(tmp_path / "loose.jpg"), ".jpg", at_root=True),
+        ],
     )
 
 
-def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs_emulator, gcs_dir):
+def test_a_gcs_tree_is_listed_by_folder_with_nested_images_without_neighbours(gcs_emulator, gcs_dir):
     bucket = storage.Client().bucket(gcs_emulator.bucket)
     root = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
     for name in (
@@ -158,9 +192,11 @@ def test_a_gcs_tree_is_listed_by_folder_without_nested_objects_or_neighbours(gcs
         [
             InputRecord(f"{gcs_dir}/raw/cat/1.jpg", "cat", size=1, md5=hashlib.md5(b"x").hexdigest()),
             InputRecord(f"{gcs_dir}/raw/cat/2.jpg", "cat", size=1, md5=hashlib.md5(b"x").hexdigest()),
+            InputRecord(f"{gcs_dir}/raw/cat/nested/3.jpg", "cat", size=1, md5=hashlib.md5(b"x").hexdigest()),
             InputRecord(f"{gcs_dir}/raw/dog/1.jpg", "dog", size=1, md5=hashlib.md5(b"x").hexdigest()),
         ],
         [],
+        skipped=[SkippedFile(f"{gcs_dir}/raw/loose.jpg", ".jpg", at_root=True)],
     )
 
 
@@ -248,8 +284,15 @@ def _varied_names(count: int) -> list[str]:
 
 
 def _listed_in_ranges(ranges) -> list[InputRecord]:
+    """The images the ranges list (each range's SkippedFiles left out)."""
     return sorted(
-        (record for listing_range in ranges for record in list_range(listing_range)), key=lambda r: r.uri
+        (
+            record
+            for listing_range in ranges
+            for record in list_range(listing_range)
+            if isinstance(record, InputRecord)
+        ),
+        key=lambda r: r.uri,
     )
 
 
@@ -261,7 +304,7 @@ def test_a_large_local_folder_is_listed_in_ranges_that_together_list_each_file_o
     ranges = list(plan_listing_ranges(("cat", str(folder)), split_above=1000))
     assert len(ranges) >= 4
     whole = sorted(list_class_files(("cat", str(folder))), key=lambda record: record.uri)
-    assert len(whole) == 3000
+    assert len(whole) == 3000 - 4  # x, x1, x10, x1~: no image extension
     assert _listed_in_ranges(ranges) == whole
     # A folder under the threshold is one range.
     assert list(plan_listing_ranges(("cat", str(folder)), split_above=3000)) == [
@@ -295,7 +338,10 @@ def test_a_large_gcs_folder_is_listed_in_ranges_by_separate_elements_each_file_o
     ranges = list(plan_listing_ranges(("cat", folder), split_above=50))
     assert len(ranges) >= 8
     whole = sorted(list_class_files(("cat", folder)), key=lambda record: record.uri)
-    assert [record.uri for record in whole] == sorted(f"{folder}/{name}" for name in names)
+    # x, x1, x10, x1~ have no image extension; sub/ is a sub-folder of the class, listed with it.
+    assert [record.uri for record in whole] == sorted(
+        [f"{folder}/{name}" for name in names if is_image_name(name)] + [f"{folder}/sub/deep.jpg"]
+    )
     assert _listed_in_ranges(ranges) == whole
     # The job lists each range as an element of its own.
     pipeline = TestPipeline()

@@ -54,7 +54,9 @@ def test_a_run_whose_failed_inputs_exceed_the_max_fraction_publishes_nothing_and
     assert DEFAULT_MAX_FAILED_FRACTION < 0.5
     with pytest.raises(SystemExit) as exited:
         pipeline.main(["--input", str(inputs), "--output", str(output), *STAGE1_ARGS])
-    message = str(exited.value)
+    # The input's fault, not the code's: a user's mistake, exit 2, the message on stderr.
+    assert exited.value.code == 2
+    message = capsys.readouterr().err
     # Stopped while decoding, once the failures seen made it certain (preprocess/failure_budget.py).
     assert f"of the {num_rows} inputs found fail (certain)" in message
     assert f"--max-failed-fraction {DEFAULT_MAX_FAILED_FRACTION:g}" in message
