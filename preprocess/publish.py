@@ -279,7 +279,7 @@ def write_marker(path: str, run_id: str):
 
 
 def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _timestamp(moment: datetime.datetime) -> str:
@@ -287,7 +287,7 @@ def _timestamp(moment: datetime.datetime) -> str:
 
 
 def _parse_timestamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
 
 
 def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:

@@ -116,7 +116,7 @@ class TestCertificates:
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
         hosts = list(hosts)
-        now = datetime.datetime.now(datetime.UTC)
+        now = datetime.datetime.now(datetime.timezone.utc)
         not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
 
         ca_key = ec.generate_private_key(ec.SECP256R1())

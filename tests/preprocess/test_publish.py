@@ -342,7 +342,7 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
     # A run that never published has no reader to keep: it goes at once.
     assert not os.path.exists(RunPaths(output, never_published["run"]["id"]).run_dir)
     superseded_at = datetime.datetime.fromisoformat(published[publish.RETAINED_RUNS][0]["superseded_at"])
-    assert abs(datetime.datetime.now(datetime.UTC) - superseded_at) < datetime.timedelta(minutes=5)
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - superseded_at) < datetime.timedelta(minutes=5)
 
     # A later run publishes within the period: both earlier runs stay, recorded in its manifest.
     later = clone_run(output, staged.new, new_run_id())
