@@ -9,6 +9,10 @@ run here: ~4 min to install, ~1 min to train).
 
 GPU and training-only CPU: the CUDA wheels are gigabytes, so those lines are
 only resolved (`pip install --dry-run --report`) and the report is checked.
+
+Every venv and resolution here uses this interpreter: scripts/test.sh runs this
+file on Python 3.11 (the main suite) and on Python 3.10 (scripts/test_py310.sh,
+the Python of Cloud TPU VM images), where the extras pin other Keras and NumPy.
 """
 
 import importlib.metadata
