@@ -30,6 +30,9 @@ import pytest
 
 from train import install_lines
 
+# The Python 3.10 leg (scripts/test_py310.sh) runs these, slow ones included: TPU VMs have Python 3.10.
+pytestmark = pytest.mark.py310
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")
 NOT_SOURCE = (
