@@ -5,7 +5,8 @@
 # the subset of tests/train marked `py310` with it (`-m py310`; the whole of tests/train again would add
 # too much to CI's time): the `[tpu]` install-and-train test (tests/train/test_install.py), which builds
 # its venv from this interpreter, `python -m train --help`, the dataset pin (datetime.UTC crashed it on
-# 3.10), and what drives Keras' own hooks (freeze, resume with EMA, optimizer, strategy). Stage 1's stack does not install on 3.10, so the datasets these
+# 3.10), training to an export, and what drives Keras' own hooks (freeze, resume with EMA, the recipe,
+# the optimizer, the strategy). Stage 1's stack does not install on 3.10, so the datasets these
 # tests read are written by stage 1 in the quick start's .venv (STAGE1_PYTHON, tests/stage1.py).
 #
 # Run by scripts/test.sh after the main suite, or alone: `bash scripts/test_py310.sh [pytest args]`
