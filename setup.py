@@ -69,9 +69,10 @@ setuptools.setup(
         "pillow>=10,<14",
     ],
     extras_require={
-        lines.ALL: ["apache-beam[gcp]>=2.77.0,<3", *lines.STAGE1_REQUIREMENTS],
-        lines.TRAIN: [lines.TENSORFLOW_REQUIREMENT],
-        lines.GPU: [lines.TENSORFLOW_GPU_REQUIREMENT],
-        lines.TPU: list(lines.TPU_REQUIREMENTS),
+        # Each also pins Keras and NumPy per Python version (3.10 on TPU VMs: Keras 3.12, NumPy 2.2).
+        lines.ALL: ["apache-beam[gcp]>=2.77.0,<3", *lines.STAGE1_REQUIREMENTS, *lines.TRAINING_PINS],
+        lines.TRAIN: [lines.TENSORFLOW_REQUIREMENT, *lines.TRAINING_PINS],
+        lines.GPU: [lines.TENSORFLOW_GPU_REQUIREMENT, *lines.TRAINING_PINS],
+        lines.TPU: [*lines.TPU_REQUIREMENTS, *lines.TRAINING_PINS],
     },
 )

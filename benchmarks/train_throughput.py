@@ -325,7 +325,7 @@ def main(argv=None) -> dict:
     manifest = checks.read_manifest(data_dir)
     image = manifest["image"]
     strategy = strategy_lib.resolve_strategy("tpu" if args.tpu else "auto", args.tpu)
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m benchmarks.train_throughput " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: {command}")
     print(f"date: {when}; machine: {machine_description()}; {machine_load()}")

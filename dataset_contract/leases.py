@@ -40,7 +40,7 @@ def run_leases_dir(run_id: str) -> str:
 
 def lease_name(run_id: str, holder: str, expires_at: datetime.datetime) -> str:
     """`leases/<run id>/<holder>.<expiry>.json`, relative to the dataset directory."""
-    stamp = expires_at.astimezone(datetime.timezone.utc).strftime(_EXPIRY_FORMAT)  # noqa: UP017 - Python 3.10
+    stamp = expires_at.astimezone(datetime.timezone.utc).strftime(_EXPIRY_FORMAT)
     return posixpath.join(run_leases_dir(run_id), f"{holder}.{stamp}.json")
 
 
@@ -50,7 +50,7 @@ def parse_lease(name: str) -> tuple[str, datetime.datetime] | None:
     if match is None:
         return None
     expiry = datetime.datetime.strptime(match.group("expiry"), _EXPIRY_FORMAT)
-    return match.group("holder"), expiry.replace(tzinfo=datetime.timezone.utc)  # noqa: UP017 - Python 3.10
+    return match.group("holder"), expiry.replace(tzinfo=datetime.timezone.utc)
 
 
 def live_holders(names, now: datetime.datetime) -> set[str]:

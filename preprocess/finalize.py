@@ -66,7 +66,7 @@ def build_manifest(
     mean, std = stats
     return {
         "format_version": manifest_lib.FORMAT_VERSION,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),  # noqa: UP017 - Python 3.10
+        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "run": {"id": run_id, "started_at": run_started_at(run_id), "dir": run.relative_dir},
         "source": {"input": config["input"], "kind": config["input_kind"]},
         "image": {

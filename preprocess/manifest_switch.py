@@ -46,7 +46,7 @@ from apache_beam.io.filesystems import FileSystems
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 
-_UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is Python 3.11+
+_UTC = datetime.timezone.utc
 LOCK_FILE = manifest_lib.MANIFEST_FILE + ".lock"
 # A writer that loses the race this many times in a row gives up (the runner retries the step).
 _MAX_GCS_ATTEMPTS = 20

@@ -309,11 +309,11 @@ def write_marker(path: str, run_id: str):
         handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
-_UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is Python 3.11+
+_UTC = datetime.timezone.utc
 
 
 def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(_UTC)
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _timestamp(moment: datetime.datetime) -> str:
@@ -321,7 +321,7 @@ def _timestamp(moment: datetime.datetime) -> str:
 
 
 def _parse_timestamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_UTC)
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
 
 
 def retain_until(entry: dict, retention_days: float) -> datetime.datetime:

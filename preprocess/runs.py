@@ -46,7 +46,7 @@ def new_run_id(now: datetime.datetime | None = None) -> str:
     Ids of runs started at different times sort by start time (as strings);
     the random part keeps two runs started in the same microsecond apart.
     """
-    now = now or datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 - Python 3.10
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     return f"{now.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(4)}"
 
 

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# Sets up .venv (if needed), lints, and runs the whole test suite, slow tests included.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+# Sets up .venv (if needed), lints, and runs the whole test suite, slow tests included; then the Python 3.10
+# leg (scripts/test_py310.sh): the train tests and the `[tpu]` install-and-train test on Python 3.10, the
+# Python of Cloud TPU VMs. Extra arguments go to the main suite's pytest, e.g.
+# `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 ruff check .
 ruff format --check .
-python -m pytest "$@"
+status=0
+python -m pytest "$@" || status=$?
+py310_status=0
+bash scripts/test_py310.sh -v --durations=15 || py310_status=$?
+if [ "$status" != 0 ] || [ "$py310_status" != 0 ]; then
+  echo "failed: main suite exit status $status, Python 3.10 leg exit status $py310_status" >&2
+  exit 1
+fi

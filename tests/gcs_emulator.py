@@ -123,7 +123,7 @@ class TestCertificates:
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
         hosts = list(hosts)
-        now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017 - Python 3.10
+        now = datetime.datetime.now(datetime.timezone.utc)
         not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
 
         ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -730,8 +730,8 @@ class FaultInjectingForwarder:
             until = (
                 "its event-based hold is released"
                 if period == float("inf")
-                else datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()  # noqa: UP017
-            )  # noqa: UP017 - Python 3.10
+                else datetime.datetime.fromtimestamp(created + period, datetime.timezone.utc).isoformat()
+            )
             message = (
                 f"Object '{bucket}/{name}' is subject to bucket's retention policy or object retention and "
                 f"cannot be deleted or overwritten until {until}"

@@ -4,8 +4,11 @@ Shared by the preprocess, train and pipelines tests. Reading uses plain
 tf.data on the files the manifest lists, nothing from `train`.
 """
 
+import importlib.util
 import json
 import os
+import subprocess
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -13,7 +16,12 @@ import tensorflow as tf
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import write_sample_corpus
-from preprocess import pipeline as preprocess_pipeline
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# An interpreter with stage 1's stack, for a test environment without it: the Python 3.10 leg of
+# scripts/test.sh, where Beam 2.77 and tf.Transform 1.21 cannot install together (requirements-py310.txt),
+# sets it to the quick start's .venv, as production writes datasets on Dataflow and reads them on a TPU VM.
+STAGE1_PYTHON_VARIABLE = "STAGE1_PYTHON"
 
 
 def write_corpus(root, images_per_class=10, seed=0, include_broken=True):
@@ -48,7 +56,34 @@ def run_stage1(input_spec, output_dir, *extra_args, image_size=32, encoding="flo
         str(min_shards),
         *extra_args,
     ]
+    if importlib.util.find_spec("apache_beam") is None and os.environ.get(STAGE1_PYTHON_VARIABLE):
+        return _run_stage1_in(os.environ[STAGE1_PYTHON_VARIABLE], argv)
+    from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - needs Beam and tf.Transform
+
     return preprocess_pipeline.run(argv)
+
+
+def _run_stage1_in(python: str, argv: list[str]) -> dict:
+    """`preprocess.pipeline.run(argv)` in a process of `python` (this checkout first on its path)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest_path = os.path.join(scratch, "manifest.json")
+        code = (
+            "import json, sys\n"
+            "from preprocess import pipeline\n"
+            "with open(sys.argv[1], 'w') as out:\n"
+            "    json.dump(pipeline.run(sys.argv[2:]), out)\n"
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+        }
+        result = subprocess.run(
+            [python, "-c", code, manifest_path, *argv], env=env, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"stage 1 under {python} failed:\n{result.stderr[-5000:]}")
+        with open(manifest_path) as handle:
+            return json.load(handle)
 
 
 def read_manifest(dataset_dir):

@@ -33,7 +33,7 @@ from dataset_contract import manifest as manifest_lib
 LEASE_SECONDS = 24 * 3600
 REFRESH_SECONDS = 3600
 
-_UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is Python 3.11+
+_UTC = datetime.timezone.utc
 
 log = logging.getLogger(__name__)
 

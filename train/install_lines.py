@@ -41,6 +41,25 @@ LIBTPU_VERSION = "0.0.14"
 TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"
 TENSORFLOW_GPU_REQUIREMENT = f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"
 TPU_REQUIREMENTS = (f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}", f"libtpu=={LIBTPU_VERSION}")
+# Keras and NumPy per Python version, at the versions the test suite runs on that Python
+# (constraints.txt on 3.11, constraints-py310.txt on 3.10; tests/train/test_install.py holds them equal).
+# The trainer relies on private Keras hooks, so a Keras the suite never ran is a risk; and left free, the
+# training-only extras resolve a NumPy no Beam install allows (2.5 on 3.11+). Keras 3.13+ and NumPy 2.3+
+# require Python 3.11, and a Cloud TPU VM image (Ubuntu 22.04) has Python 3.10: it gets the last releases
+# that support 3.10.
+KERAS_VERSIONS = {"3.10": "3.12.4", "3.11+": "3.15.1"}
+NUMPY_VERSIONS = {"3.10": "2.2.6", "3.11+": "2.4.6"}
+
+
+def _per_python(package: str, versions: dict[str, str]) -> tuple[str, ...]:
+    return (
+        f'{package}=={versions["3.10"]}; python_version < "3.11"',
+        f'{package}=={versions["3.11+"]}; python_version >= "3.11"',
+    )
+
+
+TRAINING_PINS = _per_python("keras", KERAS_VERSIONS) + _per_python("numpy", NUMPY_VERSIONS)
+
 # What stage 1 needs besides Beam (which a Dataflow worker's container already has). Dataflow
 # installs a `--setup_file` package without extras, so a launch without the worker image must hand
 # these to the workers itself (e.g. `--requirements_file` with `--requirements_cache skip`).

@@ -265,7 +265,7 @@ def test_a_publish_with_retention_0_after_30_keeps_the_runs_retained_for_30(publ
     assert retained_ids(manifest_c) == [a_id]
     (entry,) = manifest_c[publish.RETAINED_RUNS]
     until = datetime.datetime.fromisoformat(entry["retain_until"].replace("Z", "+00:00"))
-    assert until - datetime.datetime.now(datetime.timezone.utc) > datetime.timedelta(days=29)  # noqa: UP017
+    assert until - datetime.datetime.now(datetime.timezone.utc) > datetime.timedelta(days=29)
     assert publish.missing_run_files(output, a_id, published.manifest) == []
     assert not os.path.exists(RunPaths(output, b_id).run_dir)
     assert retained_ids(assert_complete_dataset(output)) == [a_id]
@@ -297,10 +297,10 @@ def test_a_run_with_a_live_training_lease_is_kept_whatever_its_age_and_goes_once
     assert retained_ids(manifest_b) == [a_id]
 
     # The job stopped refreshing: its lease expired a minute ago.
-    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=lease.lease_seconds + 60)  # noqa: UP017
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=lease.lease_seconds + 60)
     lease.refresh(now=past)  # a new, expired lease; the live one stays (it expires later)...
     for name in os.listdir(lease.directory):
-        if leases.parse_lease(name)[1] > datetime.datetime.now(datetime.timezone.utc):  # noqa: UP017
+        if leases.parse_lease(name)[1] > datetime.datetime.now(datetime.timezone.utc):
             os.remove(os.path.join(lease.directory, name))  # ...so it is removed, as if it had run out
     c_id = new_run_id()
     manifest_c = publish.publish_run(
@@ -322,7 +322,7 @@ def test_a_training_lease_is_refreshed_with_a_new_object_and_the_older_one_remov
             time.sleep(0.05)
         later = set(os.listdir(lease.directory))
     assert len(first) == 1 and len(later) == 1 and later != first
-    assert leases.live_holders(later, datetime.datetime.now(datetime.timezone.utc)) == {lease.holder}  # noqa: UP017
+    assert leases.live_holders(later, datetime.datetime.now(datetime.timezone.utc)) == {lease.holder}
 
 
 # ------------------------------------------------------------------ published, then superseded: exit 0

@@ -2,8 +2,13 @@
 
 import os
 
+import pytest
+
 from tests.cli_probe import probe_module
 from train import console
+
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): `python -m train --help` and the start-up on a TPU VM's Python.
+pytestmark = pytest.mark.py310
 
 
 def test_help_prints_before_tensorflow_or_keras_is_imported(tmp_path):

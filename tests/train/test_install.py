@@ -9,11 +9,17 @@ run here: ~4 min to install, ~1 min to train).
 
 GPU and training-only CPU: the CUDA wheels are gigabytes, so those lines are
 only resolved (`pip install --dry-run --report`) and the report is checked.
+
+Every venv and resolution here uses this interpreter: scripts/test.sh runs this
+file on Python 3.11 (the main suite) and on Python 3.10 (scripts/test_py310.sh,
+the Python of Cloud TPU VM images), where the extras pin other Keras and NumPy.
 """
 
+import importlib.metadata
 import json
 import mmap
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,9 +30,22 @@ import pytest
 
 from train import install_lines
 
+# The Python 3.10 leg (scripts/test_py310.sh) runs these, slow ones included: TPU VMs have Python 3.10.
+pytestmark = pytest.mark.py310
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")
-NOT_SOURCE = (".git", ".venv", "__pycache__", "build", "dist", "*.egg-info", ".pytest_cache", ".ruff_cache")
+NOT_SOURCE = (
+    ".git",
+    ".venv",
+    ".venv-py310",
+    "__pycache__",
+    "build",
+    "dist",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ruff_cache",
+)
 NOT_SOURCE += ("demo-output", "workdir", "dry-run")
 TPU_LINE = install_lines.INSTALL_LINES["Cloud TPU VM (training)"]
 
@@ -84,6 +103,33 @@ def resolve(line: str, source: str, report) -> dict:
     }
 
 
+def pinned_for(python: tuple[int, int], versions: dict[str, str]) -> str:
+    """The version train/install_lines.py pins for `python` (KERAS_VERSIONS or NUMPY_VERSIONS)."""
+    return versions["3.10"] if python < (3, 11) else versions["3.11+"]
+
+
+def constraint(path: str, package: str) -> str:
+    text = open(os.path.join(REPO, path), encoding="utf-8").read()
+    (version,) = re.findall(rf"^{re.escape(package)}==(\S+)$", text, flags=re.MULTILINE)
+    return version
+
+
+@pytest.mark.parametrize(
+    ("constraints", "python"), [("constraints.txt", (3, 11)), ("constraints-py310.txt", (3, 10))]
+)
+def test_the_extras_pin_the_keras_and_numpy_that_the_suite_installs_on_each_python(constraints, python):
+    # The suite's environments (scripts/bootstrap.sh on 3.11, scripts/test_py310.sh on 3.10) install
+    # these constraints; a user's `pip install '.[tpu]'` gets the extras' pins. They must agree.
+    assert constraint(constraints, "keras") == pinned_for(python, install_lines.KERAS_VERSIONS)
+    assert constraint(constraints, "numpy") == pinned_for(python, install_lines.NUMPY_VERSIONS)
+
+
+def test_this_python_runs_the_keras_and_numpy_the_extras_pin_for_it():
+    python = sys.version_info[:2]
+    assert importlib.metadata.version("keras") == pinned_for(python, install_lines.KERAS_VERSIONS)
+    assert importlib.metadata.version("numpy") == pinned_for(python, install_lines.NUMPY_VERSIONS)
+
+
 def test_the_readme_gives_one_install_line_per_machine_kind():
     readme = open(README, encoding="utf-8").read()
     for kind, line in install_lines.INSTALL_LINES.items():
@@ -114,11 +160,15 @@ def test_the_tpu_line_installs_tensorflow_tpu_and_its_libtpu_and_no_generic_tens
     python, _ = tpu_venv
     found = installed(
         python, "tensorflow", "tensorflow-tpu", "libtpu", "tensorflow-serving-api", "tensorflow-transform",
-        "tfx-bsl", "apache-beam", "tf-image-pipeline",
+        "tfx-bsl", "apache-beam", "tf-image-pipeline", "keras", "numpy",
     )  # fmt: skip
     assert found["tensorflow"] is None, "generic tensorflow was installed: it overwrites tensorflow-tpu"
     assert found["tensorflow-tpu"] == install_lines.TENSORFLOW_TPU_VERSION
     assert found["libtpu"] == install_lines.LIBTPU_VERSION
+    # The venv's Python is this one (3.10 in scripts/test_py310.sh, as on a TPU VM): the Keras and NumPy
+    # the extra pins for it, which the rest of this session's train tests run with.
+    assert found["keras"] == pinned_for(sys.version_info[:2], install_lines.KERAS_VERSIONS)
+    assert found["numpy"] == pinned_for(sys.version_info[:2], install_lines.NUMPY_VERSIONS)
     for absent in ("tensorflow-serving-api", "tensorflow-transform", "tfx-bsl", "apache-beam"):
         assert found[absent] is None, f"{absent} {found[absent]} was installed"
     assert found["tf-image-pipeline"] is not None

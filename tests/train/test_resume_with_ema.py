@@ -20,6 +20,9 @@ from train.config import TrainConfig, TrainingPlan
 from train.serving import export
 from train.trainer import fit_from_step, use_final_weights
 
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): checkpoint, resume and EMA through Keras' own hooks.
+pytestmark = pytest.mark.py310
+
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 4
 
 

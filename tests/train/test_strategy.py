@@ -10,6 +10,9 @@ import pytest
 from train import checks, strategy
 from train.errors import ConfigError
 
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): the strategy choice, with two logical devices.
+pytestmark = pytest.mark.py310
+
 V4_32_WORKERS = [{"ipAddress": f"10.130.0.{index}", "port": "8470"} for index in range(2, 6)]
 
 

@@ -16,6 +16,9 @@ from train.config import TrainConfig
 from train.evaluation import build_evaluation_model, exact_logs
 from train.serving import export
 
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): the whole recipe (schedule, EMA, evaluation) through Keras' hooks.
+pytestmark = pytest.mark.py310
+
 MODEL = models.SMALL_CNN
 
 

@@ -37,6 +37,9 @@ from train.config import TrainConfig
 from train.serving import decode, export
 from train.trainer import train_and_evaluate
 
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): training to a SavedModel export under the Keras pinned for 3.10.
+pytestmark = pytest.mark.py310
+
 ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
 INPUT_MEAN_LEVELS = {"bfloat16": 1.0, "float32": 1.0, "uint8": 1.0, "jpeg": 8.0}
 PROBABILITY_TOLERANCE = {"bfloat16": 0.01, "float32": 0.01, "uint8": 0.01, "jpeg": 0.1}
