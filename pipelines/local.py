@@ -125,7 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
     )
     training = parser.add_argument_group("stage 2 (python -m train)")
-    training.add_argument("--model", choices=MODELS, default=train_defaults.model, help="The classifier.")
+    # Not argparse's choices: a misspelt name gets a "did you mean" before stage 1 (precheck_problem).
+    training.add_argument(
+        "--model", metavar="{" + ",".join(MODELS) + "}", default=train_defaults.model, help="The classifier."
+    )
     training.add_argument(
         "--epochs",
         type=int,
