@@ -56,7 +56,7 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from dataset_contract import features
+from dataset_contract import features, native_logs
 from dataset_contract import manifest as manifest_lib
 from preprocess import (
     dataflow_job,
@@ -612,6 +612,14 @@ def main(argv=None):
         exit_without_teardown(130)
 
 
+def import_tensorflow_quietly(enabled: bool = True) -> None:
+    """Import TensorFlow, its devices probed, with its native start-up lines filtered (native_logs.py)."""
+    with native_logs.filtered_native_stderr(enabled=enabled):
+        import tensorflow as tf  # noqa: PLC0415 - only where the job runs here
+
+        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
+
+
 def _run_and_report(argv, args, options):
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
@@ -626,6 +634,9 @@ def _run_and_report(argv, args, options):
         if args.verbose:
             raise
         refuse(str(exc))
+    if progress.runs_locally(options):
+        # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
+        import_tensorflow_quietly(enabled=not args.verbose)
     from preprocess.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
 
     try:

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from dataset_contract import native_logs
 from preprocess import logs
 from tests.cli_probe import REPO
 from tests.stage1 import write_corpus
@@ -42,6 +43,11 @@ def _run_preprocess(corpus, output, *flags) -> str:
     return output_text
 
 
+def native_noise(text: str) -> list[str]:
+    """TensorFlow's native start-up lines ("I0000 ...", absl's banner, "failed call to cuInit") in `text`."""
+    return [line for line in text.splitlines() if native_logs.is_native_noise(line)]
+
+
 def _assert_progress_and_summary(text, output):
     assert "] done: " in text and "decoded" in text, text[-3000:]
     assert f"Dataset {output}" in text and f"manifest: {output}/dataset.json" in text, text[-3000:]
@@ -52,6 +58,7 @@ def test_a_run_in_this_process_prints_progress_and_summary_without_library_info_
     text = _run_preprocess(corpus, tmp_path / "dataset")
     _assert_progress_and_summary(text, tmp_path / "dataset")
     assert [line for line in LIBRARY_INFO_LINES if line in text] == [], text[-4000:]
+    assert native_noise(text) == []
 
 
 @pytest.mark.slow
@@ -60,6 +67,7 @@ def test_worker_processes_forward_no_info_lines(corpus, tmp_path):
     _assert_progress_and_summary(text, tmp_path / "dataset")
     assert [line for line in (*LIBRARY_INFO_LINES, WORKER_INFO_LINE) if line in text] == [], text[-4000:]
     assert "Worker: severity: INFO" not in text
+    assert native_noise(text) == []  # the workers' TensorFlow too (preprocess/local_worker.py)
 
 
 @pytest.mark.slow

@@ -1,0 +1,89 @@
+"""TensorFlow's native start-up chatter, filtered out of stderr as it is written.
+
+The lines TensorFlow's native libraries print while they load, before
+TF_CPP_MIN_LOG_LEVEL takes effect ("All log messages before
+absl::InitializeLog() ...", glog-style INFO lines, "failed call to cuInit"
+on a machine without a GPU) reach the terminal of every command that imports
+TensorFlow: `python -m train`, `python -m preprocess` and its local worker
+processes. Shared by both stages (no TensorFlow here): warnings and errors
+from the native side are kept, and a fatal error that aborts the process
+(a libtpu or driver abort) still reaches the log before it dies.
+"""
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+
+# glog-style INFO lines ("I0000 00:00:...") and absl's banner about them; the
+# CUDA probe's complaint on a machine that has no GPU driver at all; and oneDNN's
+# note, logged as an error, that it leaves uint8 ops to Eigen on a CPU without
+# AVX-512 (the first uint8 image a SavedModel decodes there).
+NATIVE_NOISE = re.compile(
+    r"^(I\d{4} |WARNING: All log messages before absl::InitializeLog\(\)|"
+    r"E\d{4} .*failed call to cuInit: .*(UNKNOWN ERROR \(303\)|CUDA_ERROR_NO_DEVICE)|"
+    r"E\d{4} .*oneDNN supports DT_UINT8 only on platforms with AVX-512)"
+)
+
+
+def is_native_noise(line: str) -> bool:
+    """Whether a line TensorFlow's native start-up printed is INFO chatter (dropped unless --verbose)."""
+    return bool(NATIVE_NOISE.match(line))
+
+
+# The filter between native code and the real stderr, in its own process: a native abort (a libtpu or
+# driver fatal error during `import tensorflow`) kills this process at once, threads included, but the
+# filter reads on to the end of the pipe, so the fatal lines reach the log as they were written.
+_FILTER_PROGRAM = """
+import re, signal, sys
+for name in ("SIGINT", "SIGHUP", "SIGTERM"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)  # it ends when the pipe does, after the last line
+noise = re.compile(sys.argv[1].encode())
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if not noise.match(line):
+        out.write(line)
+        out.flush()
+"""
+# How long the end of the block waits for the filter to pass on the last lines.
+_FILTER_DRAIN_SECONDS = 10.0
+
+
+@contextlib.contextmanager
+def filtered_native_stderr(enabled: bool = True):
+    """Pass what native code writes to stderr (fd 2) meanwhile through a filter that drops the noise.
+
+    Each line goes on as soon as it is written, through a small filter
+    process: if the process dies meanwhile (SIGABRT from a fatal native
+    error), the lines it wrote, the fatal one included, still reach the log.
+    Python exceptions are not affected: only the file descriptor is redirected.
+    """
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        filter_process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER_PROGRAM, NATIVE_NOISE.pattern],
+            stdin=subprocess.PIPE,
+            stdout=saved,
+            stderr=saved,
+        )
+    except OSError:
+        os.close(saved)
+        yield  # no filter to be had: the noise stays, nothing is lost
+        return
+    os.dup2(filter_process.stdin.fileno(), 2)
+    filter_process.stdin.close()  # fd 2 is now the pipe's only write end here
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's write end: the filter drains it and exits
+        os.close(saved)
+        try:
+            filter_process.wait(timeout=_FILTER_DRAIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass  # a process started meanwhile still holds the pipe: the filter ends with it
