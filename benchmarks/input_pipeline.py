@@ -60,7 +60,7 @@ def limit(data_dir: str, manifest: dict, batch: int) -> tf.data.Dataset:
     files = tf.data.Dataset.from_tensor_slices(paths).repeat()
     records = files.interleave(
         lambda path: tf.data.TFRecordDataset(path, buffer_size=dataset_lib.READ_BUFFER_BYTES),
-        cycle_length=max(1, min(len(paths), dataset_lib.MAX_PARALLEL_FILES)),
+        cycle_length=max(1, min(len(paths), dataset_lib.DEFAULT_PARALLEL_FILES)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=False,
     )
