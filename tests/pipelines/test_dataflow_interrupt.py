@@ -2,6 +2,8 @@
 and exits 130 without a traceback. (Dataflow cannot run here: stage 1's launcher is stood in for by
 what it raises then, preprocess.dataflow_job.JobContinuesError; the workflow around it is real.)"""
 
+from google.cloud import storage
+
 from pipelines import dataflow
 from preprocess import dataflow_job
 from preprocess import pipeline as preprocess_pipeline
@@ -16,13 +18,18 @@ def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
             "  to cancel it: gcloud dataflow jobs cancel J --region europe-west4"
         )
 
+    # Two classes of images: the workflow checks its input before stage 1 (preprocess/input_checks.py).
+    raw = f"{gcs_dir}/raw".removeprefix(f"gs://{gcs_emulator.bucket}/")
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    for name in ("cat/1.jpg", "dog/1.jpg"):
+        bucket.blob(f"{raw}/{name}").upload_from_string(b"\xff\xd8 bytes are not read before stage 1")
     monkeypatch.setattr(preprocess_pipeline, "run", interrupted)
     trained = []
     monkeypatch.setattr(dataflow, "build_package", lambda uri: trained.append(uri))
     code = dataflow.main(
         [
             "--input",
-            gcs_emulator.url("raw"),
+            f"{gcs_dir}/raw",
             "--workdir",
             f"{gcs_dir}/work",
             "--project",

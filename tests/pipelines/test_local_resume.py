@@ -26,9 +26,11 @@ def test_stage1_flags_with_skip_preprocess_are_refused(tmp_path, capsys):
 
 def test_weights_that_cannot_load_are_refused_before_stage1(tmp_path, capsys, monkeypatch):
     workdir = tmp_path / "work"
-    with pytest.raises(SystemExit) as unknown_model:
-        local.main(["--workdir", str(workdir), "--model", "resnet"])
-    assert unknown_model.value.code == 2 and "invalid choice: 'resnet'" in capsys.readouterr().err
+    unknown_model = local.main(["--workdir", str(workdir), "--model", "resnet"])
+    assert (
+        unknown_model == 2
+        and "--model resnet: no such model (did you mean resnet50?)" in capsys.readouterr().err
+    )
     missing = local.main(["--workdir", str(workdir), "--weights", str(tmp_path / "nope.weights.h5")])
     assert missing == 2 and "no such file" in capsys.readouterr().err
     # ImageNet weights neither in Keras' cache nor downloadable (the network is what cannot run here).
