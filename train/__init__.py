@@ -19,12 +19,19 @@ Training, one job per module:
   errors.py        SetupError and its kinds: problems found before the first step
   checks.py        reading dataset.json and checking the dataset before training
   dataset_pin.py   the dataset run a model dir trains on: pinned at the first start, kept by resumes
+  dataset_lease.py the lease a training job holds on its dataset run, so that stage 1's cleanup keeps it
   dataset.py       the tf.data input pipeline (train and evaluation)
   augment.py       crops of a crop-margin dataset: random (training), center (evaluation, serving)
   strategy.py      resolving the tf.distribute strategy (TPU local or a multi-host slice), hosts, chief
   accelerator.py   per-device defaults: mixed precision, XLA, steps per execution (a pure function)
+  device_defaults.py  the global batch per replica, and the files each host reads at once, by device
+  lr_scaling.py    the learning rate's scaling with the batch: linear, or by the square root (AdamW)
+  multi_step.py    several steps per execution on multi-replica GPUs: a tf.range loop around strategy.run
+  cuda_cache.py    the CUDA JIT cache, persisted and sized before TensorFlow loads
   models.py        the model zoo (a small CNN and keras.applications backbones) with one head
   pretrained.py    the applications, their input conventions, ImageNet / file weights for the backbone
+  weights_flag.py  --weights: imagenet, none, or a file, checked before TensorFlow is imported
+  preflight.py     the weights checked against the dataset before anything is built
   user_model.py    --model module:function: a user's network with the same input, head and export
   recipe.py        the optimization numbers (learning rate x batch / 256, warmup, weight decay, EMA)
   optimization.py  the Keras optimizer of a recipe: warmup + cosine, decoupled weight decay, EMA
@@ -32,6 +39,8 @@ Training, one job per module:
   freeze.py        --freeze-backbone-epochs: the head alone first, then the whole model
   metrics.py       weighted evaluation metrics (padding-proof) and the example counter
   checkpoints.py   step checkpoints (interval, epoch ends, SIGTERM), resume from the latest
+  resume_check.py  a resume keeps the checkpoint's batch, length and schedule, or says what differs
+  progress_lines.py  what a run prints: its plan, a line per epoch with an ETA, where the export went
   evaluation.py    exact evaluation at epoch ends and every N steps
   summaries.py     TensorBoard scalars (per epoch and per step) and profiles, progress lines
   plots.py         learning_curves.png and confusion_matrix.png
