@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import train
 import train.models  # noqa: F401 - registers the package's layers with Keras (load_model needs them)
+from dataset_contract import native_logs
 from train.__main__ import main as train_main
 from train.evaluate.__main__ import main as evaluate_main
 from train.predict.__main__ import main as predict_main
@@ -186,6 +187,8 @@ def test_predict_prints_a_line_per_file_with_its_top_classes_or_its_error(
     assert lines[-2]["error"].startswith("not_an_image: ")
     assert lines[-1]["error"].startswith("unreadable: ")
     assert "Traceback" not in result.stderr
+    # TensorFlow's native notes (oneDNN's on uint8 decoding, on CPUs without AVX-512) are not for the user.
+    assert [line for line in result.stderr.splitlines() if native_logs.is_native_noise(line)] == []
 
 
 def test_predict_text_lines_and_a_missing_export(user_run, sample_corpus, tmp_path, capsys):
