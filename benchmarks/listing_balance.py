@@ -47,6 +47,8 @@ class Numbered:
 
 
 class Concatenated:
+    """Sorted parts, each sorting after the one before, as one sorted sequence."""
+
     def __init__(self, *parts):
         self.parts = parts
 
@@ -61,14 +63,15 @@ class Concatenated:
         raise IndexError(index)
 
 
-def _hashed(count, length=24):
+def hashed_names(count, length=24):
+    """`count` distinct hex names, sorted: names with no shared prefix to plan by."""
     return sorted(hashlib.sha256(str(i).encode()).hexdigest()[:length] + ".jpg" for i in range(count))
 
 
 def patterns(bulk: int) -> dict:
     return {
         "20 hashed names, then photos_2024_07_batch_NNNNNNN.jpg": Concatenated(
-            _hashed(20), Numbered("photos_2024_07_batch_%07d.jpg", bulk)
+            hashed_names(20), Numbered("photos_2024_07_batch_%07d.jpg", bulk)
         ),
         "a_NNNNN.jpg (10K), then b_NNNNNNN.jpg": Concatenated(
             Numbered("a_%05d.jpg", 10_000), Numbered("b_%07d.jpg", bulk)
@@ -76,7 +79,7 @@ def patterns(bulk: int) -> dict:
         "README.jpg, a.jpg, b.jpg, then img_NNNNNNN.jpg": Concatenated(
             ["README.jpg", "a.jpg", "b.jpg"], Numbered("img_%07d.jpg", bulk)
         ),
-        "hashed names (1M)": _hashed(min(bulk, 1_000_000), length=32),
+        "hashed names (1M)": hashed_names(min(bulk, 1_000_000), length=32),
     }
 
 

@@ -68,7 +68,8 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
 
     log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
     try:
-        return preprocess_pipeline.run(preprocess_argv)
+        # Both workflows check the input before stage 1 (local.precheck_problem, dataflow.precheck_problem).
+        return preprocess_pipeline.run(preprocess_argv, inputs_checked=True)
     except SupersededRunError as exc:
         raise WorkflowError(
             f"stage 1 (preprocess) was superseded, so training will not start: {exc}"

@@ -28,5 +28,5 @@ if __name__ == "__main__":
     from preprocess.pipeline import main
     from preprocess.process_exit import exit_without_teardown
 
-    main()
+    main(inputs_checked=True)
     exit_without_teardown(0)

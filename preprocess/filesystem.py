@@ -263,23 +263,27 @@ def write_concatenation(
         found = _gcs_object_checksum(destination)
         if found is not None and found[0] == expected_bytes:
             sha256, md5, num_bytes = hashlib.sha256(), hashlib.md5(), 0  # noqa: S324 - GCS's checksum
-            for source in sources:
-                with FileSystems.open(source) as handle:
-                    while chunk := handle.read(_COPY_CHUNK_BYTES):
-                        sha256.update(chunk)
-                        md5.update(chunk)
-                        num_bytes += len(chunk)
+            for chunk in _chunks_of(sources):
+                sha256.update(chunk)
+                md5.update(chunk)
+                num_bytes += len(chunk)
             if already_written(destination, num_bytes, _md5_base64(md5)):
                 return num_bytes, sha256.hexdigest()
     sha256, num_bytes = hashlib.sha256(), 0
     with write_atomically(destination, tmp_dir=tmp_dir) as out:
-        for source in sources:
-            with FileSystems.open(source) as handle:
-                while chunk := handle.read(_COPY_CHUNK_BYTES):
-                    sha256.update(chunk)
-                    out.write(chunk)
-                    num_bytes += len(chunk)
+        for chunk in _chunks_of(sources):
+            sha256.update(chunk)
+            out.write(chunk)
+            num_bytes += len(chunk)
     return num_bytes, sha256.hexdigest()
+
+
+def _chunks_of(sources):
+    """The bytes of `sources`, one after the other, a chunk at a time."""
+    for source in sources:
+        with FileSystems.open(source) as handle:
+            while chunk := handle.read(_COPY_CHUNK_BYTES):
+                yield chunk
 
 
 def read_bytes(path: str) -> bytes:

@@ -445,8 +445,11 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     return EmptyTrainSplitError("\n".join(lines))
 
 
-def run(argv=None) -> dict | None:
+def run(argv=None, inputs_checked: bool = False) -> dict | None:
     """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
+
+    `inputs_checked`: the caller already ran input_checks.check_inputs on these flags (on GCS it lists
+    a page per class folder: once per launch is enough).
 
     Raises SupersededRunError, naming both runs, if a run that started later
     has published: whether this run then failed (it publishes nothing) or
@@ -464,7 +467,8 @@ def run(argv=None) -> dict | None:
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
     # A wrong path, a folder without images or classes, an output inside the input: said before Beam starts.
-    input_checks.check_inputs(args.input, output_dir, args.labels, template=template)
+    if not inputs_checked:
+        input_checks.check_inputs(args.input, output_dir, args.labels, template=template)
     # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
     # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
     never_overwrite = check_publishable(output_dir)
@@ -597,11 +601,12 @@ def _interrupted_message(output_dir: str) -> str:
     return f"preprocess: interrupted, nothing published: {where} {state}"
 
 
-def main(argv=None):
+def main(argv=None, inputs_checked: bool = False):
+    """`inputs_checked`: as run()'s (python -m preprocess checks them before this module is imported)."""
     argv = sys.argv[1:] if argv is None else argv
     args, beam_args = parse_args(argv)
     try:
-        _run_and_report(argv, args, PipelineOptions(beam_args))
+        _run_and_report(argv, args, PipelineOptions(beam_args), inputs_checked)
     except KeyboardInterrupt:
         # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
         if args.verbose:
@@ -620,7 +625,7 @@ def import_tensorflow_quietly(enabled: bool = True) -> None:
         tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
 
 
-def _run_and_report(argv, args, options):
+def _run_and_report(argv, args, options, inputs_checked: bool):
     # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
     logs.configure_launcher(args.verbose, local=progress.runs_locally(options))
@@ -629,7 +634,8 @@ def _run_and_report(argv, args, options):
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     try:
         # Before TensorFlow and tf.Transform are imported (seconds): a mistake here is said at once.
-        input_checks.check_inputs(args.input, output_dir_of(args), args.labels, template=template)
+        if not inputs_checked:
+            input_checks.check_inputs(args.input, output_dir_of(args), args.labels, template=template)
     except input_checks.InputError as exc:
         if args.verbose:
             raise
@@ -640,7 +646,7 @@ def _run_and_report(argv, args, options):
     from preprocess.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
 
     try:
-        manifest = run(argv)
+        manifest = run(argv, inputs_checked=True)
     except PublishedThenSuperseded as exc:
         # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
         print(f"preprocess: run published, then superseded by a newer run: {exc}")

@@ -8,62 +8,26 @@ are the real ones, and each range's names are counted.
 """
 
 import bisect
-import hashlib
 import types
 
 import pytest
 
+from benchmarks.listing_balance import Concatenated, Numbered, hashed_names
 from preprocess import inputs
 
 FOLDER = "gs://bucket/raw/cat"
 PREFIX = "raw/cat/"
 
 
-class Numbered:
-    """`format % i` for i in range(count): a sorted sequence (zero-padded numbers) held in no memory."""
-
-    def __init__(self, format_, count):
-        self.format, self.count = format_, count
-
-    def __len__(self):
-        return self.count
-
-    def __getitem__(self, index):
-        if not 0 <= index < self.count:
-            raise IndexError(index)
-        return self.format % index
-
-
-class Concatenated:
-    """Sorted parts, each sorting after the one before, as one sorted sequence."""
-
-    def __init__(self, *parts):
-        self.parts = parts
-
-    def __len__(self):
-        return sum(len(part) for part in self.parts)
-
-    def __getitem__(self, index):
-        for part in self.parts:
-            if index < len(part):
-                return part[index]
-            index -= len(part)
-        raise IndexError(index)
-
-
-def _hashed(count, length=24):
-    return sorted(hashlib.sha256(str(i).encode()).hexdigest()[:length] + ".jpg" for i in range(count))
-
-
 SKEWED = {
     # A few odd names, then the bulk under one long prefix: the old planning left it in one range.
     "odd names, then a bulk prefix": Concatenated(
-        _hashed(20), Numbered("photos_2024_07_batch_%07d.jpg", 300_000)
+        hashed_names(20), Numbered("photos_2024_07_batch_%07d.jpg", 300_000)
     ),
     "a small bulk, then a large one": Concatenated(
         Numbered("a_%05d.jpg", 10_000), Numbered("b_%07d.jpg", 300_000)
     ),
-    "hashed names": _hashed(100_000, length=32),
+    "hashed names": hashed_names(100_000, length=32),
     "numbers without padding": sorted(f"{i}.jpg" for i in range(150_000)),
 }
 
