@@ -30,10 +30,12 @@ from PIL import Image, ImageDraw, ImageFont
 
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
+from preprocess.report import build as report_build
 from preprocess.summary import format_bytes, format_summary, read_error_examples, read_manifest_or_explain
 
 # Without --classes, a sheet of a 1000-class dataset would be 1000 rows tall.
 MAX_DEFAULT_CLASSES = 64
+DEFAULT_MAX_GROUPS = 50
 BORDER = 2
 _PADDING = 6
 _MAX_LABEL_WIDTH = 200
@@ -139,6 +141,31 @@ def sample_examples(
         sample.warnings.append(
             f"stopped after {format_bytes(sample.num_bytes)} (--max-read-mb) with too few examples of: "
             + ", ".join(short_in_budget)
+        )
+    return sample
+
+
+def sample_classes(
+    data_dir: str,
+    manifest: dict,
+    split: str,
+    per_class: int,
+    classes: list[str] | None = None,
+    max_bytes: int = 512 << 20,
+) -> Sample:
+    """`sample_examples` of the named `classes`, or of the first MAX_DEFAULT_CLASSES; ValueError for a wrong name."""
+    names = manifest["labels"]
+    if classes:
+        unknown = [name for name in classes if name not in names]
+        if unknown:
+            raise ValueError(f"classes {unknown} are not in the dataset's labels {names}")
+        labels = [names.index(name) for name in classes]
+    else:
+        labels = list(range(min(len(names), MAX_DEFAULT_CLASSES)))
+    sample = sample_examples(data_dir, manifest, split, per_class, labels, max_bytes)
+    if len(labels) < len(names) and not classes:
+        sample.warnings.append(
+            f"showing the first {len(labels)} of {len(names)} classes (choose with --classes)"
         )
     return sample
 
@@ -250,18 +277,8 @@ def contact_sheet(
 ) -> tuple[Image.Image, SheetLayout, Sample]:
     """Sample `split` and render its sheet; rows in label order (of `classes`, if given)."""
     names = manifest["labels"]
-    if classes:
-        unknown = [name for name in classes if name not in names]
-        if unknown:
-            raise ValueError(f"classes {unknown} are not in the dataset's labels {names}")
-        labels = [names.index(name) for name in classes]
-    else:
-        labels = list(range(min(len(names), MAX_DEFAULT_CLASSES)))
-    sample = sample_examples(data_dir, manifest, split, per_class, labels, max_bytes)
-    if len(labels) < len(names) and not classes:
-        sample.warnings.append(
-            f"showing the first {len(labels)} of {len(names)} classes (choose with --classes)"
-        )
+    sample = sample_classes(data_dir, manifest, split, per_class, classes, max_bytes)
+    labels = list(sample.examples)
     image = manifest["image"]
     cell_size = cell_size or default_cell_size(image["height"])
     title = (
@@ -297,7 +314,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--cell-size", type=int, default=None, help="Cell size in pixels (default: from the image size)."
     )
     parser.add_argument(
-        "--max-read-mb", type=int, default=512, help="Stop reading shards after this many MB (default 512)."
+        "--max-read-mb",
+        type=int,
+        default=512,
+        help="Stop reading shards after this many MB (default 512); with --report, also the most the "
+        "near-duplicate thumbnails read from the source files.",
+    )
+    parser.add_argument(
+        "--report",
+        default=None,
+        metavar="PATH",
+        help="Write a self-contained HTML report (local or gs://): examples per split and class, failures, "
+        "source image sizes, a contact sheet per class of --split, the near-duplicate groups. The PNG sheet "
+        "is then written only if --out is given.",
+    )
+    parser.add_argument(
+        "--max-groups",
+        type=int,
+        default=DEFAULT_MAX_GROUPS,
+        help=f"Near-duplicate groups the report shows, those with more than one label first "
+        f"(default {DEFAULT_MAX_GROUPS}).",
     )
     return parser
 
@@ -309,6 +345,10 @@ def main(argv=None) -> int:
     if manifest is None:
         return 2
     print(format_summary(manifest, data_dir, read_error_examples(data_dir, manifest)))
+    if args.report:
+        status = write_report(args, data_dir, manifest)
+        if status or not args.out:
+            return status
     if args.split not in manifest["splits"] or not manifest["splits"][args.split]["shards"]:
         print(f"split {args.split!r} has no shards; no contact sheet", file=sys.stderr)
         return 1
@@ -335,6 +375,28 @@ def main(argv=None) -> int:
     )
     for warning in sample.warnings:
         print(f"  note: {warning}")
+    return 0
+
+
+def write_report(args, data_dir: str, manifest: dict) -> int:
+    """--report: sample the split's classes and write the HTML page; the exit status."""
+    sample = None
+    if args.split in manifest["splits"] and manifest["splits"][args.split]["shards"]:
+        try:
+            sample = sample_classes(
+                data_dir, manifest, args.split, args.per_class, args.classes, args.max_read_mb << 20
+            )
+        except ValueError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+    data = report_build.write_report(
+        data_dir, manifest, args.report, args.split, sample, args.max_groups, args.max_read_mb << 20
+    )
+    groups = data.groups
+    print(
+        f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "
+        f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups)"
+    )
     return 0
 
 
