@@ -5,6 +5,19 @@
 # `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
+# The HTML report's test (tests/preprocess/test_report.py) opens the page in a real headless Chromium:
+# Debian's package, installed here when missing (CI runs this script as root on a fresh Debian 12).
+if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+  else
+    echo "error: the tests need Chromium (/usr/bin/chromium). Install it as root:" >&2
+    echo "  apt-get update && apt-get install -y --no-install-recommends chromium" >&2
+    echo "  (or set CHROMIUM=/path/to/chromium)" >&2
+    exit 2
+  fi
+fi
 ruff check .
 ruff format --check .
 status=0

@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from dataset_contract import manifest as manifest_lib
+from preprocess import image_decode
 from preprocess import inspect as inspect_lib
 from preprocess.report import near_duplicate_groups, thumbnails
 from tests import chromium
@@ -120,7 +121,10 @@ def add_near_duplicate_fields(data_dir: str, groups: list[str], summary: dict):
 def make_sources(corpus, root) -> dict[str, str]:
     """Members' source files: an altered copy of a circle, and a square saved under `cross`."""
     os.makedirs(root / "cross")
-    circle = Image.open(corpus / "circle" / "circle_0000.png").convert("RGB")
+    # As stage 1 decodes it (the sample corpus's circle_0000 is RGBA on a transparent background).
+    circle = Image.fromarray(
+        image_decode.decode_image((corpus / "circle" / "circle_0000.png").read_bytes(), max_pixels=1 << 30)
+    )
     circle.resize((circle.width * 3 // 4, circle.height * 3 // 4)).save(root / "circle_small.jpg", quality=70)
     shutil.copy(corpus / "square" / "square_0000.png", root / "cross" / "square_0000.png")
     return {
