@@ -15,6 +15,14 @@ model learns), so a mislabelled image sits in the wrong row.
 Records are read in manifest order only until every row is full (or
 `--max-read-mb` is spent): a few megabytes, whatever the size of the
 dataset. All file access is through `tf.io.gfile`: local paths and gs://.
+
+`--report report.html` (local or gs://) writes one self-contained HTML page
+instead of the PNG (both with `--out`): examples per split and class,
+failures with examples, the source images' sizes, a contact sheet per class,
+and the near-duplicate groups with thumbnails of their source files (read
+through Beam's FileSystems; see preprocess/report/).
+
+    python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
 """
 
 import argparse
