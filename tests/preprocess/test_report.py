@@ -319,3 +319,18 @@ def test_a_missing_chromium_fails_with_the_install_step(monkeypatch):
     monkeypatch.setenv("CHROMIUM", "/nonexistent/chromium")
     with pytest.raises(chromium.ChromiumMissing, match="apt-get install -y --no-install-recommends chromium"):
         chromium.chromium_binary()
+
+
+def test_the_browser_harness_sees_console_errors_exceptions_and_broken_images(browser, tmp_path):
+    """So that the report's 'no problem' above is not vacuous."""
+    page = tmp_path / "broken.html"
+    page.write_text(
+        '<!DOCTYPE html><html><body><img src="missing.png" alt="missing">'
+        "<script>console.error('logged'); undefinedFunction();</script></body></html>"
+    )
+    state = page_state(browser, page)
+    problems = browser.problems()
+    assert any("console.error" in problem and "logged" in problem for problem in problems), problems
+    assert any("exception" in problem and "undefinedFunction" in problem for problem in problems), problems
+    assert any("missing.png" in problem for problem in problems), problems
+    assert [(image["complete"], image["width"]) for image in state["images"]] == [(True, 0)]
