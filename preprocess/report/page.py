@@ -207,7 +207,7 @@ def _group(group, group_thumbnails) -> str:
     if group.several_labels:
         badges += (
             '<span class="badge bad">likely label error: labels '
-            + escape(", ".join(group.labels))
+            + escape(", ".join(sorted(group.labels)))
             + "</span>"
         )
     members = "".join(

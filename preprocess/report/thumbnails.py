@@ -1,9 +1,10 @@
 """Small embedded images for the report: pixels, or a source file, as a data: URI.
 
 A stored image (the contact sheet) is shown as training sees it; a source
-image (a near-duplicate group's member) is read through the project's
-filesystem layer (local or gs://), decoded as stage 1 decodes it (orientation,
-CMYK, transparency, decompression bombs) and shrunk. A source that cannot be
+image (a near-duplicate group's member) is read by stage 1's own reader
+(`preprocess.reading`: local or gs://, through Beam's filesystems), decoded
+as stage 1 decodes it (orientation, CMYK, transparency, decompression bombs)
+and shrunk. A source that cannot be
 read or decoded gives the reason instead, for a placeholder.
 """
 
@@ -12,12 +13,10 @@ import dataclasses
 import io
 
 import numpy as np
-from apache_beam.io.filesystem import BeamIOError
-from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
 from dataset_contract import geometry, image_errors
-from preprocess import errors, image_decode
+from preprocess import errors, image_decode, reading
 
 # Thumbnails are drawn at most this many pixels on their longest side.
 THUMBNAIL_SIZE = 128
@@ -75,12 +74,6 @@ def pixels_thumbnail(pixels: np.ndarray) -> Thumbnail:
     return Thumbnail(data_uri=data_uri(shrink(Image.fromarray(pixels, "RGB"))))
 
 
-def _read_at_most(uri: str, limit: int) -> bytes:
-    """The file's first `limit` + 1 bytes at most: more than `limit` means it is larger (not read further)."""
-    with FileSystems.open(uri) as handle:
-        return handle.read(limit + 1)
-
-
 def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
     """The source image at `uri`, decoded and shrunk, or the reason it cannot be shown."""
     spent = Thumbnail(problem="not read: the report's read budget for sources (--max-read-mb) is spent")
@@ -88,15 +81,16 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
         return spent
     limit = min(MAX_SOURCE_BYTES, budget.remaining)
     try:
-        data = _read_at_most(uri, limit)
-    except FileNotFoundError:
-        return Thumbnail(problem="cannot read the source: not found")
-    except (OSError, BeamIOError) as exc:  # a denied or failed read; Beam wraps some in BeamIOError
-        return Thumbnail(problem=f"cannot read the source: {_first_line(exc)}")
-    if len(data) > limit:
+        # Stage 1's own reader: gs:// through the thread's one client, reading no further than the limit.
+        data = reading.read_file_bytes(uri, max_bytes=limit)
+    except errors.ImageError as exc:
+        if exc.reason != errors.TOO_LARGE:
+            return Thumbnail(problem=f"cannot read the source: {_first_line(exc.detail)}")
         if limit < MAX_SOURCE_BYTES:
             return spent
         return Thumbnail(problem=f"larger than {MAX_SOURCE_BYTES >> 20} MB: not read for a thumbnail")
+    except Exception as exc:  # noqa: BLE001 - a source failing after the client's retries costs its thumbnail, not the page
+        return Thumbnail(problem=f"cannot read the source: {type(exc).__name__}: {_first_line(exc)}")
     budget.spend(len(data))
     try:
         pixels = image_decode.decode_image(

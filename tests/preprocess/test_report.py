@@ -19,6 +19,7 @@ import os
 import shutil
 
 import pytest
+import tensorflow as tf
 from PIL import Image
 
 from dataset_contract import manifest as manifest_lib
@@ -214,7 +215,7 @@ def test_report_renders_in_chromium_with_every_image_loaded_and_no_console_error
     assert len(state["images"]) == sheet + 6
     text = state["text"]
     assert "Showing 3 of 4 groups (1 left out; raise --max-groups to see more)" in text
-    assert "likely label error: labels square, cross" in text
+    assert "likely label error: labels cross, square" in text
     assert "cannot read the source" in text and "deleted.png" in text
     assert "largest distance 5" in text
     assert "≤ 64 px" in text and "> 8,192 px" in text and "largest 9000×120" in text
@@ -334,3 +335,15 @@ def test_the_browser_harness_sees_console_errors_exceptions_and_broken_images(br
     assert any("exception" in problem and "undefinedFunction" in problem for problem in problems), problems
     assert any("missing.png" in problem for problem in problems), problems
     assert [(image["complete"], image["width"]) for image in state["images"]] == [(True, 0)]
+
+
+def test_source_thumbnails_read_gs_through_beam_and_say_why_a_missing_object_is_not_shown(corpus, gcs_dir):
+    source = corpus / "square" / "square_0000.png"
+    uri = f"{gcs_dir}/sources/square_0000.png"
+    with tf.io.gfile.GFile(uri, "wb") as handle:
+        handle.write(source.read_bytes())
+    budget = thumbnails.ReadBudget(remaining=1 << 20)
+    shown = thumbnails.source_thumbnail(uri, budget)
+    assert shown.data_uri.startswith("data:image/") and budget.bytes_read == source.stat().st_size
+    missing = thumbnails.source_thumbnail(f"{gcs_dir}/sources/gone.png", budget)
+    assert missing.data_uri is None and missing.problem.startswith("cannot read the source"), missing
