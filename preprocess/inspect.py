@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.max_groups < 0:
+        print(f"--max-groups must be 0 or more, not {args.max_groups}", file=sys.stderr)
+        return 2
     data_dir = args.data_dir.rstrip("/")
     manifest = read_manifest_or_explain(data_dir)
     if manifest is None:

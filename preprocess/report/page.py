@@ -78,7 +78,7 @@ figure { margin: 0; width: 140px; }
 figure img, .placeholder { width: 140px; height: 140px; object-fit: contain; background: #eef0f4;
                            border: 1px solid var(--line); border-radius: 4px; display: block; }
 .placeholder { background: #f7e9e8; color: var(--bad); font-size: 11px; line-height: 1.3; padding: 8px;
-               overflow: auto; overflow-wrap: anywhere; }
+               overflow: hidden; overflow-wrap: anywhere; }
 figcaption { font-size: 12px; margin-top: 3px; }
 figcaption .name { display: block; overflow-wrap: anywhere; }
 figcaption .uri { display: block; color: var(--muted); font-size: 11px; max-height: 2.8em; overflow: hidden; }
@@ -187,7 +187,9 @@ def _member(member, thumbnail) -> str:
     if thumbnail.data_uri:
         picture = f'<img src="{thumbnail.data_uri}" alt="{escape(member.uri)}" title="{escape(member.uri)}">'
     else:
-        picture = f'<div class="placeholder">{escape(thumbnail.problem)}</div>'
+        picture = (
+            f'<div class="placeholder" title="{escape(thumbnail.problem)}">{escape(thumbnail.problem)}</div>'
+        )
     kept = "" if member.kept else ' <span class="badge">dropped</span>'
     return (
         f'<figure class="{"" if member.kept else "dropped"}">{picture}<figcaption><b>{escape(member.label)}</b>'

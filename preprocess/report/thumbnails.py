@@ -85,7 +85,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
         data = reading.read_file_bytes(uri, max_bytes=limit)
     except errors.ImageError as exc:
         if exc.reason != errors.TOO_LARGE:
-            return Thumbnail(problem=f"cannot read the source: {_first_line(exc.detail)}")
+            return Thumbnail(problem=f"cannot read the source: {_why_unreadable(exc)}")
         if limit < MAX_SOURCE_BYTES:
             return spent
         return Thumbnail(problem=f"larger than {MAX_SOURCE_BYTES >> 20} MB: not read for a thumbnail")
@@ -102,6 +102,16 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
     except errors.ImageError as exc:
         return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {_first_line(exc.detail)}")
     return Thumbnail(data_uri=data_uri(shrink(Image.fromarray(pixels, "RGB"))))
+
+
+def _why_unreadable(error: errors.ImageError) -> str:
+    """A few words for a placeholder: 'not found', 'access denied', or the reader's first line."""
+    cause = error.__cause__
+    if isinstance(cause, FileNotFoundError) or type(cause).__name__ == "NotFound":
+        return "not found"
+    if isinstance(cause, PermissionError) or type(cause).__name__ == "Forbidden":
+        return "access denied"
+    return _first_line(error.detail)
 
 
 def _first_line(error) -> str:

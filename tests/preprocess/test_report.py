@@ -216,7 +216,7 @@ def test_report_renders_in_chromium_with_every_image_loaded_and_no_console_error
     text = state["text"]
     assert "Showing 3 of 4 groups (1 left out; raise --max-groups to see more)" in text
     assert "likely label error: labels cross, square" in text
-    assert "cannot read the source" in text and "deleted.png" in text
+    assert "cannot read the source: not found" in text and "deleted.png" in text
     assert "largest distance 5" in text
     assert "≤ 64 px" in text and "> 8,192 px" in text and "largest 9000×120" in text
 
@@ -337,7 +337,7 @@ def test_the_browser_harness_sees_console_errors_exceptions_and_broken_images(br
     assert [(image["complete"], image["width"]) for image in state["images"]] == [(True, 0)]
 
 
-def test_source_thumbnails_read_gs_through_beam_and_say_why_a_missing_object_is_not_shown(corpus, gcs_dir):
+def test_source_thumbnails_read_gs_and_say_why_a_missing_object_is_not_shown(corpus, dataset, gcs_dir):
     source = corpus / "square" / "square_0000.png"
     uri = f"{gcs_dir}/sources/square_0000.png"
     with tf.io.gfile.GFile(uri, "wb") as handle:
@@ -346,4 +346,20 @@ def test_source_thumbnails_read_gs_through_beam_and_say_why_a_missing_object_is_
     shown = thumbnails.source_thumbnail(uri, budget)
     assert shown.data_uri.startswith("data:image/") and budget.bytes_read == source.stat().st_size
     missing = thumbnails.source_thumbnail(f"{gcs_dir}/sources/gone.png", budget)
-    assert missing.data_uri is None and missing.problem.startswith("cannot read the source"), missing
+    assert (missing.data_uri, missing.problem) == (None, "cannot read the source: not found")
+    report = f"{gcs_dir}/reports/report.html"
+    assert inspect_lib.main([dataset, "--report", report]) == 0
+    with tf.io.gfile.GFile(report, "r") as handle:
+        assert "<h2>Near-duplicate groups</h2>" in handle.read()
+
+
+def test_a_source_that_is_not_an_image_says_so(corpus):
+    text = corpus / "not-an-image.png"
+    text.write_text("hello")
+    shown = thumbnails.source_thumbnail(str(text), thumbnails.ReadBudget(remaining=1 << 20))
+    assert shown.data_uri is None and shown.problem.startswith("cannot decode the source: not_an_image")
+
+
+def test_a_negative_max_groups_is_refused_in_a_few_lines(dataset, tmp_path, capsys):
+    assert inspect_lib.main([dataset, "--report", str(tmp_path / "r.html"), "--max-groups", "-1"]) == 2
+    assert "--max-groups must be 0 or more" in capsys.readouterr().err
