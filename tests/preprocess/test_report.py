@@ -28,6 +28,7 @@ from preprocess import inspect as inspect_lib
 from preprocess.report import near_duplicate_groups, thumbnails
 from tests import chromium
 from tests.stage1 import read_manifest, run_stage1, write_corpus
+from tests.user_mistakes import assert_refused, run_command
 
 SCREENSHOT_COPY = os.environ.get("REPORT_SCREENSHOT")  # a path: also save the screenshot there, to look at
 HEADINGS = [
@@ -284,10 +285,10 @@ def test_text_from_the_data_shows_as_text(dataset, browser, tmp_path):
     assert browser.problems() == []
 
 
-def test_a_directory_without_a_manifest_is_refused_in_a_few_lines(tmp_path, capsys):
+def test_a_directory_without_a_manifest_is_refused_in_a_few_lines(tmp_path):
     out = tmp_path / "report.html"
-    assert inspect_lib.main([str(tmp_path), "--report", str(out)]) == 2
-    assert "dataset.json: not found" in capsys.readouterr().err
+    result = run_command("preprocess.inspect", [tmp_path, "--report", out], cwd=tmp_path)
+    assert_refused(result, "not a dataset", "dataset.json: not found")
     assert not out.exists()
 
 
