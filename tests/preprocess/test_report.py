@@ -25,7 +25,7 @@ from PIL import Image
 from dataset_contract import manifest as manifest_lib
 from preprocess import image_decode
 from preprocess import inspect as inspect_lib
-from preprocess.report import near_duplicate_groups, thumbnails
+from preprocess.report import figures, near_duplicate_groups, thumbnails
 from tests import chromium
 from tests.stage1 import read_manifest, run_stage1, write_corpus
 from tests.user_mistakes import assert_refused, run_command
@@ -364,3 +364,17 @@ def test_a_source_that_is_not_an_image_says_so(corpus):
 def test_a_negative_max_groups_is_refused_in_a_few_lines(dataset, tmp_path, capsys):
     assert inspect_lib.main([dataset, "--report", str(tmp_path / "r.html"), "--max-groups", "-1"]) == 2
     assert "--max-groups must be 0 or more" in capsys.readouterr().err
+
+
+def test_many_classes_show_the_smallest_and_the_largest():
+    labels = [f"class{index:03d}" for index in range(100)]
+    manifest = {
+        "labels": labels,
+        "splits": {
+            "train": {"num_examples": 0, "num_examples_per_class": {n: i for i, n in enumerate(labels)}}
+        },
+    }
+    shown, note = figures.shown_classes(manifest)
+    assert shown == labels[:30] + labels[70:]
+    assert note == "100 classes: showing the 30 smallest and the 30 largest (all splits together)"
+    assert figures.examples_per_class(manifest).count("<tr>") == 1 + 60  # the head and 60 classes
