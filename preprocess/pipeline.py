@@ -78,7 +78,8 @@ from preprocess.failure_budget import known_outcomes
 from preprocess.finalize import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
-from preprocess.options import parse_args, refuse
+from preprocess.near_duplicates.stage import NearDuplicateAudit
+from preprocess.options import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF, parse_args, refuse
 from preprocess.publish import (
     RETAINED_RUNS,
     SupersededRunError,
@@ -87,7 +88,8 @@ from preprocess.publish import (
     superseded_message,
 )
 from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
-from preprocess.shards import WriteErrorLog, WriteShards
+from preprocess.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
+from preprocess.source_sizes import SourceImageSizesFn, source_size
 from preprocess.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
@@ -135,6 +137,8 @@ def job_config(args, build_id: str) -> dict:
         "split_fractions": args.split,
         "max_failed_fraction": args.max_failed_fraction,
         "retention_days": args.retention_days,
+        "near_duplicates": args.near_duplicates,
+        "near_duplicate_distance": args.near_duplicate_distance,
     }
 
 
@@ -213,6 +217,29 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     )
 
 
+def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
+    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
+
+    Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
+    preprocess/near_duplicates/stage.py.
+    """
+    near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
+        output_dir, run_id, args.near_duplicate_distance, drop=args.near_duplicates == NEAR_DUPLICATES_DROP
+    )
+    # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
+    files = (
+        near["groups"]
+        | "GroupsToJson" >> beam.Map(lambda group: group.to_json().encode("utf-8"))
+        | "WriteNearDuplicates"
+        >> WriteErrorLog(output_dir, run_id, prefix=NEAR_DUPLICATES, count_key="num_groups")
+    )
+    manifest_inputs = {
+        "near_duplicate_stats": beam.pvalue.AsSingleton(near["stats"]),
+        "near_duplicate_files": beam.pvalue.AsSingleton(files),
+    }
+    return near["examples"], near["summary"], near["dropped"], manifest_inputs
+
+
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | None = None):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest.
 
@@ -233,13 +260,13 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
     unique = deduplicated["unique"]
-    summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
-    vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
-    # Decoding, encoding and writing must run in one fused stage, so that no decoded image ever
-    # crosses a stage boundary (the local runner would hold every one in memory). The encoder's side
-    # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
-    # `unique` could not also wait for them: the runner would split decode from encode. The reshuffle
-    # (of small metadata) ends the deduplication's stage here; it also spreads the decoding evenly.
+    audit = args.near_duplicates != NEAR_DUPLICATES_OFF
+    # Without the audit, decoding, encoding and writing must run in one fused stage, so that no decoded
+    # image ever crosses a stage boundary (the local runner would hold every one in memory). The
+    # encoder's side inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage
+    # that made `unique` could not also wait for them: the runner would split decode from encode. The
+    # reshuffle (of small metadata) ends the deduplication's stage here; it also spreads the decoding
+    # evenly. With the audit, the decoding stage ends in a spill to disk instead (near_duplicates/).
     known = known_outcomes(
         listed.records,
         listed.errors,
@@ -259,6 +286,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
                 args.max_pixels,
                 args.max_file_bytes,
                 args.max_failed_fraction,
+                signatures=audit,
             ),
             # What is settled before decoding: the decoding fails the job early once
             # --max-failed-fraction is sure to be crossed (failure_budget.py).
@@ -266,24 +294,38 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
+    source_image_sizes = (
+        decoded.examples
+        | "SourceSizes" >> beam.Map(source_size)
+        | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
+    )
+    if audit:
+        # Every image in its final split: no group of near-duplicates straddles train and evaluation.
+        examples, summary, dropped, near_duplicate_inputs = audit_near_duplicates(
+            decoded.examples, args, output_dir, run_id
+        )
+    else:
+        examples, dropped, near_duplicate_inputs = decoded.examples, None, {}
+        summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+    vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            decoded.examples
+            examples
             | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.image_size, args.encoding))
         transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
         if one_pass:
-            encoded = encode_in_one_pass(decoded.examples, vocabulary, args)
+            encoded = encode_in_one_pass(examples, vocabulary, args)
             encoded_examples, encode_errors = encoded.examples, encoded.errors
             labels = vocabulary
         else:
             # The transform loads the graph from the run's copy (written once, where it stays).
             encoded_examples, encode_errors = encode_after_transform(
-                decoded.examples, (transform_written, transform_fn[1]), args, output_dir, run_id
+                examples, (transform_written, transform_fn[1]), args, output_dir, run_id
             )
             labels = transform_written | "ReadVocabulary" >> beam.Map(read_label_vocabulary)
     error_collections.append(encode_errors)
@@ -313,18 +355,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
     )
     # Every input's fate, counted in one combine (each global count would add its own stages).
+    fates = [
+        listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
+        listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
+        listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
+        deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
+        all_errors | "Failed" >> beam.Map(outcomes.failed),
+        encoded_examples
+        | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+    ]
+    if dropped is not None:
+        fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))
     outcome_counts = (
-        (
-            listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
-            listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
-            listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
-            deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
-            all_errors | "Failed" >> beam.Map(outcomes.failed),
-            encoded_examples
-            | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
-        )
-        | "Outcomes" >> beam.Flatten()
-        | "CountOutcomes" >> beam.combiners.Count.PerElement()
+        fates | "Outcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()
     )
 
     return (
@@ -340,6 +383,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             shards=beam.pvalue.AsList(shards),
             errors_log=beam.pvalue.AsSingleton(errors_log),
             outcome_counts=beam.pvalue.AsList(outcome_counts),
+            source_image_sizes=beam.pvalue.AsSingleton(source_image_sizes),
+            **near_duplicate_inputs,
         )
     )
 
