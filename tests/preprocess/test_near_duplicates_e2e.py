@@ -18,6 +18,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess.content import assign_split
 from preprocess.options import parse_args
 from preprocess.reading import content_key
+from preprocess.summary import format_summary
 from tests.stage1 import read_split, run_stage1
 
 pytestmark = pytest.mark.slow
@@ -173,6 +174,13 @@ def test_keep_mode_accounts_for_every_input_and_lists_the_planted_groups(corpus,
     assert near["groups_with_several_labels"] == 1
     assert near["dropped"] == 0
     assert sum(entry["num_groups"] for entry in manifest["near_duplicate_files"]) == len(corpus.groups)
+    summary = format_summary(manifest, dataset_dir)
+    images_in_groups = sum(len(group) for group in corpus.groups)
+    assert (
+        f"near-duplicates (keep, distance <= {near['max_distance']}): 5 groups, {images_in_groups} images"
+        in summary
+    )
+    assert "1 group with more than one label: likely label errors" in summary
     sizes = manifest["source_image_sizes"]
     assert sizes["count"] == corpus.num_images
     assert sizes["smallest"] == [80, 60] and sizes["largest"] == [160, 120]
@@ -203,6 +211,8 @@ def test_drop_mode_keeps_one_image_per_group_and_counts_the_others(corpus, tmp_p
     assert len(split_of) == corpus.num_images - dropped
     lines = _group_lines(str(tmp_path), manifest)
     assert all(line["kept"].count(True) == 1 for line in lines)
+    summary = format_summary(manifest, str(tmp_path))
+    assert f"+ {dropped} near-duplicates dropped" in summary and f"dropped: {dropped} (all but" in summary
 
 
 def test_off_mode_is_the_one_pass_job_without_signatures(corpus, tmp_path):
@@ -211,3 +221,6 @@ def test_off_mode_is_the_one_pass_job_without_signatures(corpus, tmp_path):
     assert manifest["near_duplicate_files"] == []
     assert manifest["inputs"]["num_written"] == corpus.num_images
     assert manifest["source_image_sizes"]["count"] == corpus.num_images
+    assert "near-duplicates: not looked for (--near-duplicates off)" in format_summary(
+        manifest, str(tmp_path)
+    )
