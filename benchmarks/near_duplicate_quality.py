@@ -473,6 +473,11 @@ def main(argv=None):
     )
     parser.add_argument("--tiny", action="store_true", help="4 photos at one scale, for the smoke test")
     parser.add_argument(
+        "--scales",
+        default=",".join(map(str, SCALES)),
+        help=f"tile sides in pixels, comma-separated (default {','.join(map(str, SCALES))})",
+    )
+    parser.add_argument(
         "--no-grouping",
         action="store_true",
         help="skip the run of FindNearDuplicateGroups (Beam) on the held-out half",
@@ -487,9 +492,8 @@ def main(argv=None):
     tuning = TINY_TUNING_PHOTOS if args.tiny else TUNING_PHOTOS
     signer = Signer()
     start = time.perf_counter()
-    files, kept, left_out, sweep = build_corpus(
-        photo_paths(photos), TINY_SCALES if args.tiny else SCALES, signer
-    )
+    scales = TINY_SCALES if args.tiny else tuple(int(side) for side in args.scales.split(","))
+    files, kept, left_out, sweep = build_corpus(photo_paths(photos), scales, signer)
     build_seconds = time.perf_counter() - start
     halves = {
         "tuning": [f for f in files if f.photo in tuning],
@@ -503,7 +507,7 @@ def main(argv=None):
     distinct = {half: len({f.tile for f in half_files}) for half, half_files in halves.items()}
     print(
         f"distinct images: {sum(distinct.values())} ({distinct['tuning']} tuning, {distinct['held-out']} held out), "
-        f"files signed: {len(files)} (each with {len(KINDS)} altered copies), scales {TINY_SCALES if args.tiny else SCALES}"
+        f"files signed: {len(files)} (each with {len(KINDS)} altered copies), scales {scales}"
     )
     ratio = signer.signature_seconds / signer.load_seconds
     print(
