@@ -16,8 +16,9 @@ what), so a re-run gives the same groups, splits and kept members.
    within `bands - 1` bits has a band with no differing bit, so it always
    shares a bucket. Beyond that it is found with the probability that at
    least one band is clean (`band_detection_probability`; 4 x 16 bits, if
-   the differing bits fall uniformly: 0.99 at 4 bits, 0.75 at 6, 0.35 at
-   8, 0.16 at 10). Why 16-bit bands: a bucket's expected size is
+   the differing bits fall uniformly: 0.90 at 4 bits, 0.74 at 5, 0.58 at
+   6, 0.33 at 8, 0.17 at 10; a group of several copies is also joined
+   through any of its pairs). Why 16-bit bands: a bucket's expected size is
    N / 2**16, 153 images at 10M images, so a bucket's pairs (153**2 / 2)
    are checked in milliseconds and the whole corpus costs about 3 billion
    XOR-and-popcounts at 10M (0.2 us each); 8-bit bands (8 x 8) would
@@ -85,7 +86,7 @@ import math
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from preprocess.near_duplicates._stand_in_signature import SIGNATURE_BITS, hamming
+from preprocess.near_duplicates.signature import SIGNATURE_BITS, hamming
 
 # 16-bit bands: see the module docstring (bucket sizes at 10M images).
 BITS_PER_BAND = 16
