@@ -5,9 +5,10 @@
 
 The corpus is cut from the real photographs that installed packages ship
 (scikit-image's `skimage/data`, matplotlib's `grace_hopper.jpg`), read from
-the installed packages, never downloaded. Each photo is cut into
-non-overlapping square tiles at several scales (a grid per scale, each tile of
-one scale a quadrant of one of the next); a tile with no structure at the
+the installed packages, never downloaded. Each photo is cut into square
+tiles at several scales, on a grid per scale (tiles of one scale do not
+overlap; a tile of one scale is a quadrant of one of the next, a different
+picture: a quarter of it, twice as large); a tile with no structure at the
 thumbnail's scale (a flat background, black sky, the corners of a fundus
 photo) is left out. Each kept tile is a distinct image, saved as a JPEG at
 quality 95 (the "original"), and each original gets one altered copy per kind:
@@ -27,9 +28,10 @@ decode and resize (`load_image` at 224, crop, the default pixel limit) and is
 signed as stage 1 signs it.
 
 The photos are split in two halves by name (TUNING_PHOTOS): the threshold is
-chosen on the tuning half only, as the middle of the range of thresholds where
-every kind meets recall >= 0.9 and precision >= 0.99 there, and the figures
-are reported on the held-out half, which nothing was tuned on. Per kind, the
+chosen on the tuning half only (`choose_threshold`: the middle of the
+thresholds where every kind meets recall >= 0.9 and precision >= 0.99, or,
+when none does, the largest where every kind keeps precision >= 0.99), and the
+figures are reported on the held-out half, which nothing was tuned on. Per kind, the
 corpus is the originals plus that kind's copies: recall is the share of
 planted (original, copy) pairs within the threshold, precision the share of
 reported pairs (all pairs within it) that are planted. `all` is the whole
@@ -48,6 +50,7 @@ Also printed: the time of `image_signature` per image over the time of
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.resources
 import io
 import json
@@ -115,16 +118,30 @@ class SignedFile:
 
 
 def photo_paths(names=None) -> dict[str, str]:
-    """{name: path} of the source photos, from the installed scikit-image and matplotlib."""
-    skimage_data = importlib.resources.files("skimage.data")
-    import matplotlib  # noqa: PLC0415 - only to locate its sample data
+    """{name: path} of the source photos, from the installed scikit-image and matplotlib.
 
+    Without them: a line saying what to install, and exit 2.
+    """
+    try:
+        skimage_data = importlib.resources.files("skimage.data")
+        import matplotlib  # noqa: PLC0415 - only to locate its sample data
+    except ModuleNotFoundError as error:
+        print(
+            f"cannot import {error.name}: this benchmark's photographs come with scikit-image and matplotlib; "
+            "`pip install -r requirements.txt -c constraints.txt` installs them",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     sample_data = os.path.join(matplotlib.get_data_path(), "sample_data")
     paths = {name: str(skimage_data / name) for name in SKIMAGE_PHOTOS}
     paths.update({name: os.path.join(sample_data, name) for name in MATPLOTLIB_PHOTOS})
     missing = [path for path in paths.values() if not os.path.exists(path)]
     if missing:
-        raise SystemExit(f"source photos missing (is scikit-image==0.26.0 installed?): {missing}")
+        print(
+            f"source photos missing from the installed packages (scikit-image==0.26.0?): {missing}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     return {name: path for name, path in paths.items() if names is None or name in names}
 
 
@@ -162,14 +179,7 @@ def alter(kind: str, original: Image.Image, rng: random.Random) -> bytes:
         factor = rng.uniform(0.4, 0.7)
         return _encode(original.resize((round(width * factor), round(height * factor))), quality=90)
     if kind == "crop":
-        left, top, right, bottom = (rng.uniform(0.02, 0.05) for _ in range(4))
-        box = (
-            round(width * left),
-            round(height * top),
-            width - round(width * right),
-            height - round(height * bottom),
-        )
-        return _encode(original.crop(box), quality=90)
+        return _encode(_cropped(original, [rng.uniform(0.02, 0.05) for _ in range(4)]), quality=90)
     if kind == "png":
         return _encode(original, "PNG")
     if kind == "brightness":
@@ -238,8 +248,6 @@ def build_corpus(paths: dict[str, str], scales, signer: Signer):
     The crop sweep: (photo, share cut from each side, distance to the
     original's signature) for symmetric crops of each tile (CROP_SWEEP).
     """
-    import hashlib  # noqa: PLC0415
-
     files, kept, left_out, sweep = [], {}, {}, []
     for name, path in sorted(paths.items()):
         with Image.open(path) as source:
@@ -532,6 +540,8 @@ def main(argv=None):
         f"\nthresholds meeting every target on the tuning half: {feasible or 'none'}; chosen: {chosen} ({rule}); "
         f"signature.DEFAULT_MAX_DISTANCE = {signature.DEFAULT_MAX_DISTANCE}"
     )
+    if chosen != signature.DEFAULT_MAX_DISTANCE and not args.tiny and scales == SCALES:
+        print("the default corpus chose another threshold than DEFAULT_MAX_DISTANCE: the signature changed?")
     print_threshold_table("held-out half", evaluated["held-out"], thresholds)
     print_scores("held-out half, at the default", evaluated["held-out"], signature.DEFAULT_MAX_DISTANCE)
     crop_recall = {}
