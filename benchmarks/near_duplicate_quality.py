@@ -397,7 +397,7 @@ def print_threshold_table(title, histograms_by_kind, thresholds):
         )
 
 
-def group_with_beam(files, max_distance: int, workdir: str) -> tuple[list[list[int]], dict]:
+def group_with_beam(files, max_distance: int, workdir: str, bands=None) -> tuple[list[list[int]], dict]:
     """(the groups as lists of file indexes, the transform's stats): FindNearDuplicateGroups over `files`.
 
     A DirectRunner pipeline, in process; the groups come back through a text
@@ -424,7 +424,7 @@ def group_with_beam(files, max_distance: int, workdir: str) -> tuple[list[list[i
         found = (
             pipeline
             | "Create" >> beam.Create(images, reshuffle=False)
-            | grouping.FindNearDuplicateGroups(max_distance)
+            | grouping.FindNearDuplicateGroups(max_distance, bands=bands)
         )
         groups = found["groups"] | "Keys" >> beam.Map(
             lambda group: json.dumps([m.image.key for m in group.members])
@@ -493,6 +493,9 @@ def main(argv=None):
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument(
         "--workdir", help="where the Beam run writes its groups (default: a temporary directory)"
+    )
+    parser.add_argument(
+        "--bands", type=int, help="the grouping's LSH bands (default: FindNearDuplicateGroups' own)"
     )
     args = parser.parse_args(argv)
 
@@ -572,7 +575,7 @@ def main(argv=None):
         },
     }
     if not args.no_grouping:
-        report["grouping"] = run_grouping(halves["held-out"], args.workdir)
+        report["grouping"] = run_grouping(halves["held-out"], args.workdir, args.bands)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
@@ -580,7 +583,7 @@ def main(argv=None):
     return report
 
 
-def run_grouping(files, workdir) -> dict:
+def run_grouping(files, workdir, bands=None) -> dict:
     """FindNearDuplicateGroups once over the held-out half; scored per kind on the groups it found.
 
     Per kind, the pairs are those the groups make among the originals and that
@@ -589,11 +592,12 @@ def run_grouping(files, workdir) -> dict:
     """
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="near-duplicate-quality-") as temporary:
-        groups, stats = group_with_beam(files, signature.DEFAULT_MAX_DISTANCE, workdir or temporary)
+        groups, stats = group_with_beam(files, signature.DEFAULT_MAX_DISTANCE, workdir or temporary, bands)
     seconds = time.perf_counter() - start
     print(
         f"\nheld-out half through FindNearDuplicateGroups (DirectRunner, max_distance "
-        f"{signature.DEFAULT_MAX_DISTANCE}; two files in one group are a reported pair; {seconds:.1f} s)"
+        f"{signature.DEFAULT_MAX_DISTANCE}, bands {bands or 'default'}; two files in one group are a reported pair; "
+        f"{seconds:.1f} s)"
     )
     print(
         f"{'kind':<11} {'recall':>7} {'precision':>9} {'planted':>8} {'found':>6} {'reported':>8} {'false':>6}"
