@@ -16,8 +16,9 @@ what), so a re-run gives the same groups, splits and kept members.
    within `bands - 1` bits has a band with no differing bit, so it always
    shares a bucket. Beyond that it is found with the probability that at
    least one band is clean (`band_detection_probability`; 4 x 16 bits, if
-   the differing bits fall uniformly: 0.99 at 4 bits, 0.75 at 6, 0.35 at
-   8, 0.16 at 10). Why 16-bit bands: a bucket's expected size is
+   the differing bits fall uniformly: 0.90 at 4 bits, 0.74 at 5, 0.58 at
+   6, 0.33 at 8, 0.17 at 10; a group of several copies is also joined
+   through any of its pairs). Why 16-bit bands: a bucket's expected size is
    N / 2**16, 153 images at 10M images, so a bucket's pairs (153**2 / 2)
    are checked in milliseconds and the whole corpus costs about 3 billion
    XOR-and-popcounts at 10M (0.2 us each); 8-bit bands (8 x 8) would
@@ -27,14 +28,22 @@ what), so a re-run gives the same groups, splits and kept members.
    inside the bucket's one call; only verified edges leave it, and an edge
    found by several bands is kept once (a combine per pair).
 3. Hot buckets: a bucket of more than `max_bucket_size` images (100k
-   near-blank images share their band bits) is skipped: none of its pairs is
-   checked. The bucket's images are streamed past (never held: at most
-   `max_bucket_size + 1` are, to decide) and counted in stats (`hot_buckets`,
-   `images_in_hot_buckets`, distinct images). Whether a bucket is hot depends
-   on its size alone, so the result does not depend on which images arrived
-   first. Their pairs may still be found through another band whose bucket is
-   not hot; a pair sharing only hot buckets is not grouped (and may straddle
-   splits): that is the cost of a bounded step, and it is counted.
+   near-blank images share their band bits) is hot. Its pairs are not
+   checked, and its images are left out of grouping altogether: their edges
+   found in other bands are dropped too. They are streamed past (at most
+   `max_bucket_size + 1` are ever held, to decide) and counted in stats
+   (`hot_buckets`, `images_in_hot_buckets`, distinct images). Why all of an
+   image's edges: near-identical images in a hot bucket also fill the other
+   bands' buckets just under the cap, and through them would form one
+   component of all of them (measured in the tests: 3,000 near-blank
+   signatures gave 47,000 edges), whose one `groups` line and whose rounds
+   would grow with the popular signature. Whether a bucket is hot depends on
+   its size alone, so the result does not depend on which images arrived
+   first. A hot image keeps its own split (a function of its content), and so
+   may straddle splits with its near-duplicates: that is the cost of a
+   bounded step, and it is counted. At 10M uniformly spread signatures a
+   bucket averages 153 images, so a legitimate image lands in a hot bucket
+   (2,000) only where signatures are popular.
 4. Connected components of the verified edges, in a fixed number of `rounds`
    of min-label propagation with hooking and pointer jumping (Shiloach-Vishkin
    style) over the images that have an edge: each round, every image takes the
@@ -74,12 +83,10 @@ import itertools
 import json
 import math
 
-import typing
-
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from preprocess.near_duplicates._stand_in_signature import SIGNATURE_BITS, hamming
+from preprocess.near_duplicates.signature import SIGNATURE_BITS, hamming
 
 # 16-bit bands: see the module docstring (bucket sizes at 10M images).
 BITS_PER_BAND = 16
@@ -177,11 +184,11 @@ def band_detection_probability(distance: int, bands: int, bits: int = SIGNATURE_
     """
     widths = [width for _, width in band_ranges(bands, bits)]
     total = math.comb(bits, distance)
-    probability = 0.0
+    probability = 0  # an exact integer count of placements, divided once
     for size in range(1, bands + 1):
         for chosen in itertools.combinations(widths, size):
-            probability += (-1) ** (size + 1) * math.comb(bits - sum(chosen), distance) / total
-    return probability
+            probability += (-1) ** (size + 1) * math.comb(bits - sum(chosen), distance)
+    return probability / total
 
 
 def _band_entries(image: SignedImage, ranges):
@@ -191,7 +198,7 @@ def _band_entries(image: SignedImage, ranges):
 
 
 # Declared, because Beam infers a union with TaggedOutput from a DoFn that yields tagged outputs too.
-@beam.typehints.with_output_types(typing.Tuple[typing.Tuple[str, str], int])
+@beam.typehints.with_output_types(tuple[tuple[str, str], int])
 class VerifyBucketFn(beam.DoFn):
     """((band, bits), [(key, signature), ...]) -> verified edges ((key_a, key_b), distance), key_a < key_b.
 
@@ -311,7 +318,7 @@ class _LabelRound(beam.PTransform):
         return _join("Jump", proposed, children) | "JumpToRoot" >> beam.FlatMap(_jump)
 
 
-@beam.typehints.with_output_types(typing.Tuple[str, str])
+@beam.typehints.with_output_types(tuple[str, str])
 class SendLabelsAndDistancesFn(beam.DoFn):
     """(node, [own label, neighbours...]) -> (neighbour, node's label); 'distances': (label, distance)."""
 
@@ -531,6 +538,26 @@ class SumStatsFn(beam.CombineFn):
         return dict(accumulator)
 
 
+def _edges_of_cool_images(element):
+    """(node, [hot mark?, (other end, distance)...]) -> (other end, (node, distance)), unless node is hot."""
+    node, tagged = element
+    if _own(tagged) is None:
+        for other, distance in _others(tagged):
+            yield other, (node, distance)
+
+
+def _without_hot_images(edges, hot_images):
+    """((a, b), distance) -> the same, without the edges that touch an image of a hot bucket."""
+    hot = hot_images | "MarkHot" >> beam.Map(lambda key: (key, True))
+    from_a = edges | "ByFirst" >> beam.MapTuple(lambda pair, distance: (pair[0], (pair[1], distance)))
+    from_b = _join("HotFirst", hot, from_a) | "FirstNotHot" >> beam.FlatMap(_edges_of_cool_images)
+    return (
+        _join("HotSecond", hot, from_b)
+        | "SecondNotHot" >> beam.FlatMap(_edges_of_cool_images)
+        | "AsPairs" >> beam.MapTuple(lambda a, b_and_distance: ((a, b_and_distance[0]), b_and_distance[1]))
+    )
+
+
 def _count_distinct(keys, name: str, label: str):
     return keys | f"{label}Distinct" >> beam.Distinct() | f"{label}Count" >> beam.Map(lambda _: (name, 1))
 
@@ -580,7 +607,8 @@ class FindNearDuplicateGroups(beam.PTransform):
                 "hot", "stats", main="edges"
             )
         )
-        edges = verified.edges | "OncePerPair" >> beam.CombinePerKey(min)
+        hot_images = verified.hot | "HotImages" >> beam.Distinct()
+        edges = _without_hot_images(verified.edges | "OncePerPair" >> beam.CombinePerKey(min), hot_images)
         adjacency = edges | "BothWays" >> beam.FlatMapTuple(
             lambda pair, distance: ((pair[0], (pair[1], distance)), (pair[1], (pair[0], distance)))
         )
@@ -618,7 +646,7 @@ class FindNearDuplicateGroups(beam.PTransform):
             assigned.stats,
             decisions | "GroupStats" >> beam.FlatMapTuple(lambda _, decision: _group_stats(decision, drop)),
             edges | "VerifiedPairs" >> beam.Map(lambda _: ("verified_pairs", 1)),
-            _count_distinct(verified.hot, "images_in_hot_buckets", "HotImages"),
+            hot_images | "CountHotImages" >> beam.Map(lambda _: ("images_in_hot_buckets", 1)),
             _count_distinct(checked["not_converged"], "images_not_converged", "NotConverged"),
         ) | "AllCounts" >> beam.Flatten()
         stats = counts | "Stats" >> beam.CombineGlobally(SumStatsFn())

@@ -186,3 +186,13 @@ def test_a_table_entry_at_a_rounding_boundary_is_refused():
     with pytest.raises(AssertionError, match="rounding boundary"):
         signature._rounded(np.array([0.25, 2.5 / 4096]), 12)
     assert signature._rounded(np.array([0.25, 2.4 / 4096]), 12).tolist() == [1024, 2]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (8, 8, 3), (16, 16, 3), (224, 100, 3), (2000, 10, 3)])
+def test_any_stored_size_signs(shape):
+    # Stage 1 signs what it stores: --image-size and --crop-margin make any square, and the thumbnail is
+    # boxed from whatever is there (a 1-pixel image is flat: 0).
+    pixels = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    value = image_signature(pixels)
+    assert 0 <= value < 2**SIGNATURE_BITS
+    assert (value == 0) == (shape[:2] == (1, 1))
