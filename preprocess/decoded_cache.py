@@ -15,6 +15,10 @@ split, rolled over at `part_bytes`), and the transform reads them back
 crosses the stage boundary. The cost is one write and one read of the raw
 pixels, small next to decoding a JPEG.
 
+The near-duplicate audit spills decoded examples to the same kind of part
+files (`ArrowPartFile`, `new_part_path`; preprocess/near_duplicates/routing.py),
+a row's part path and index being its locator.
+
 Retry-safe: every attempt writes files of its own (a uuid in the name), only
 the committed attempt's paths are read back, and nothing is deleted here;
 the run's staging goes after the run has published (preprocess/publish.py).

@@ -17,16 +17,27 @@ Dockerfile, or install the package from setup.py at boot with
 Data flow: list inputs -> content key of each file (from its MD5, which a GCS
 listing gives) -> split by key, dedup by key, and by full hash where keys are shared
 (only keys, hashes and URIs are grouped; content.py) -> read each image whole,
-once: hash, decode, orient, RGB, resize ->
+once: hash, decode, orient, RGB, resize; with --near-duplicates keep or drop
+(keep is the default), also its perceptual signature and source size ->
+near-duplicates (keep, drop): each decoded example is spilled to an Arrow part
+file in the run's staging as it is decoded, and only a small SignedImage
+(signature, key, label, split, where its row is) goes on; the groups of altered
+copies are found (near_duplicates/grouping.py), the members whose split
+changes or that drop mode drops become overrides keyed by part, and each part
+is read back once, its rows in their final splits (near_duplicates/stage.py);
+the label vocabulary and the split sizes come from counts over the
+SignedImages plus the overrides ->
 then, for uint8 and jpeg (the default is uint8), one pass: each image is
-encoded and its record appended to a shard file as it is decoded, while
-tf.Transform's analysis takes the train split's decoded batches in the same
-step; for bfloat16 and float32, whose records are normalized with the
-statistics, the decoded batches are spilled to disk and read back through
-tf.Transform's transform after the analysis -> shard files written once, in
-place (the small remainders packed into shards) -> finalize (the manifest,
-published by one atomic replacement of dataset.json). Every input that is
-not written is an error record or a counted duplicate.
+encoded and its record appended to a shard file as it is decoded (with
+--near-duplicates off) or read back (keep, drop), while tf.Transform's
+analysis takes the final train split's batches in the same step; for
+bfloat16 and float32, whose records are normalized with the statistics, the
+batches are spilled to disk and read back through tf.Transform's transform
+after the analysis -> shard files written once, in place (the small
+remainders packed into shards) -> finalize (the manifest, with the
+near-duplicate groups' files and the source sizes, published by one atomic
+replacement of dataset.json). Every input that is not written is an error
+record, a counted duplicate or (drop) a counted near-duplicate.
 
 On Dataflow, Ctrl-C on the launcher leaves the job running (and its
 tf.Transform directory in place) and says how to cancel it; a launch of a
