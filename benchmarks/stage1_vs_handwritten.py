@@ -98,6 +98,7 @@ def contender_argv(name: str, corpus: str, output: str, args, extra_args=()) -> 
     workers = {BEAM_2: 2, BEAM_1: 1, BEAM_2_OFF: 2}[name]
     if name == BEAM_2_OFF:
         extra_args = ("--near-duplicates", "off", *extra_args)
+    extra_args = (*getattr(args, "stage1_args", ()), *extra_args)
     return python_module(
         "preprocess",
         *common,
@@ -213,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"Run only {BEAM_2!r} (with the audit) and {BEAM_2_OFF!r} (--near-duplicates off), and report "
         "the audit's CPU cost per image.",
+    )
+    parser.add_argument(
+        "--stage1-arg",
+        dest="stage1_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more word for every beam contender's command line (repeat it): e.g. "
+        "--stage1-arg=--in-process-below --stage1-arg=0 runs a small corpus in worker processes.",
     )
     return parser
 
