@@ -243,10 +243,9 @@ class VerifyBucketFn(beam.DoFn):
 
 # Every reduction per key below is a group-by and then a fold of the streamed values, never a lifted
 # CombinePerKey: a lifted combine pre-combines in each worker in a table of up to 1,000,000 keys (builtin
-# min/max/sum) or 100,000 (other CombineFns) per bundle (Beam's PGBKCVOperation), so a worker's memory
-# grows with its bundles, hence with the corpus, until that cap (measured: the largest worker's peak RSS
-# went from 452 to 882 MiB for 4x the images; benchmarks/near_duplicate_grouping_memory.py). The keys here
-# (pairs, images, groups) are nearly all distinct, so pre-combining would save little shuffle anyway.
+# min/max/sum) or 100,000 (other CombineFns) per bundle (Beam's PGBKCVOperation): with keys of two
+# sha256 hex strings, a table of a million pairs is hundreds of MB in one worker. The keys here (pairs,
+# images, groups) are nearly all distinct, so pre-combining would save little shuffle anyway.
 class _FoldPerKey(beam.PTransform):
     """(key, value) -> (key, `combine_fn` over the key's values): GroupByKey, then CombineValues (not lifted)."""
 
