@@ -197,37 +197,52 @@ def _band_entries(image: SignedImage, ranges):
         yield (band, (image.signature >> shift) & ((1 << width) - 1)), point
 
 
+def _band_keys(image: SignedImage, ranges):
+    for bucket, (key, _) in _band_entries(image, ranges):
+        yield bucket, key
+
+
+class FindHotImagesFn(beam.DoFn):
+    """((band, bits), [key, ...]) -> the keys of a hot bucket (more than `max_bucket_size` images), streamed.
+
+    The bucket is read twice, never held: once to count (up to the cap + 1),
+    once to stream its keys out if it is hot. Its count goes to the 'stats'
+    output as ("hot_buckets", 1).
+    """
+
+    def __init__(self, max_bucket_size: int):
+        self._max_bucket_size = max_bucket_size
+        self._hot = Metrics.counter("near_duplicates", "hot_buckets")
+
+    def process(self, element):
+        _, keys = element
+        if sum(1 for _ in itertools.islice(keys, self._max_bucket_size + 1)) <= self._max_bucket_size:
+            return
+        self._hot.inc()
+        yield beam.pvalue.TaggedOutput("stats", ("hot_buckets", 1))
+        yield from keys
+
+
 # Declared, because Beam infers a union with TaggedOutput from a DoFn that yields tagged outputs too.
 @beam.typehints.with_output_types(tuple[tuple[str, str], int])
 class VerifyBucketFn(beam.DoFn):
     """((band, bits), [(key, signature), ...]) -> verified edges ((key_a, key_b), distance), key_a < key_b.
 
-    A bucket of at most `max_bucket_size` images is held and its pairs are
-    checked; a larger one is hot: each of its images goes to the 'hot' output
-    (its key) as it streams past, and no pair is checked. At most
-    `max_bucket_size + 1` images are ever held. Counts go to the 'stats' output
-    as (name, count).
+    The buckets here hold no image of a hot bucket (FindHotImagesFn ran
+    first on the same buckets), so at most `max_bucket_size` images: they are
+    held and every pair is checked. The count of pairs checked goes to the
+    'stats' output.
     """
 
-    def __init__(self, max_distance: int, max_bucket_size: int):
+    def __init__(self, max_distance: int):
         self._max_distance = max_distance
-        self._max_bucket_size = max_bucket_size
         self._candidates = Metrics.counter("near_duplicates", "candidate_pairs")
-        self._hot = Metrics.counter("near_duplicates", "hot_buckets")
 
     def process(self, element):
         _, points = element
-        points = iter(points)
-        held = list(itertools.islice(points, self._max_bucket_size + 1))
-        if len(held) > self._max_bucket_size:
-            self._hot.inc()
-            yield beam.pvalue.TaggedOutput("stats", ("hot_buckets", 1))
-            for key, _ in itertools.chain(held, points):
-                yield beam.pvalue.TaggedOutput("hot", key)
-            return
+        held = sorted(points)
         if len(held) < 2:
             return
-        held.sort()
         candidates = len(held) * (len(held) - 1) // 2
         self._candidates.inc(candidates)
         yield beam.pvalue.TaggedOutput("stats", ("candidate_pairs", candidates))
@@ -577,24 +592,11 @@ class SumStatsFn(beam.CombineFn):
         return dict(accumulator)
 
 
-def _edges_of_cool_images(element):
-    """(node, [hot mark?, (other end, distance)...]) -> (other end, (node, distance)), unless node is hot."""
-    node, tagged = element
+def _cool_images(element):
+    """(key, [hot marks..., images...]) -> the images, unless the key is in a hot bucket."""
+    _, tagged = element
     if _own(tagged) is None:
-        for other, distance in _others(tagged):
-            yield other, (node, distance)
-
-
-def _without_hot_images(edges, hot_images):
-    """((a, b), distance) -> the same, without the edges that touch an image of a hot bucket."""
-    hot = hot_images | "MarkHot" >> beam.Map(lambda key: (key, True))
-    from_a = edges | "ByFirst" >> beam.MapTuple(lambda pair, distance: (pair[0], (pair[1], distance)))
-    from_b = _join("HotFirst", hot, from_a) | "FirstNotHot" >> beam.FlatMap(_edges_of_cool_images)
-    return (
-        _join("HotSecond", hot, from_b)
-        | "SecondNotHot" >> beam.FlatMap(_edges_of_cool_images)
-        | "AsPairs" >> beam.MapTuple(lambda a, b_and_distance: ((a, b_and_distance[0]), b_and_distance[1]))
-    )
+        yield from _others(tagged)
 
 
 def _count_distinct(keys, name: str, label: str):
@@ -637,17 +639,23 @@ class FindNearDuplicateGroups(beam.PTransform):
         self._rounds = rounds
 
     def expand(self, images):
-        verified = (
+        hot = (
             images
+            | "BandKeys" >> beam.FlatMap(_band_keys, self._ranges)
+            | "BucketSizes" >> beam.GroupByKey()
+            | "FindHot"
+            >> beam.ParDo(FindHotImagesFn(self._max_bucket_size)).with_outputs("stats", main="keys")
+        )
+        hot_marks = hot.keys | "MarkHot" >> beam.Map(lambda key: (key, True))
+        keyed_images = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
+        cool_images = _join("Hot", hot_marks, keyed_images) | "NotHot" >> beam.FlatMap(_cool_images)
+        verified = (
+            cool_images
             | "Bands" >> beam.FlatMap(_band_entries, self._ranges)
             | "Buckets" >> beam.GroupByKey()
-            | "Verify"
-            >> beam.ParDo(VerifyBucketFn(self._max_distance, self._max_bucket_size)).with_outputs(
-                "hot", "stats", main="edges"
-            )
+            | "Verify" >> beam.ParDo(VerifyBucketFn(self._max_distance)).with_outputs("stats", main="edges")
         )
-        hot_images = verified.hot | "HotImages" >> _Distinct()
-        edges = _without_hot_images(verified.edges | "OncePerPair" >> _SmallestPerKey(), hot_images)
+        edges = verified.edges | "OncePerPair" >> _SmallestPerKey()
         adjacency = edges | "BothWays" >> beam.FlatMapTuple(
             lambda pair, distance: ((pair[0], (pair[1], distance)), (pair[1], (pair[0], distance)))
         )
@@ -660,7 +668,6 @@ class FindNearDuplicateGroups(beam.PTransform):
             labels = labels | f"Round{round_number}" >> _LabelRound(adjacency)
         checked = labels | "CheckConvergence" >> _CheckConvergence(adjacency)
 
-        keyed_images = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
         grouped_images = _join("Images", keyed_images, labels) | "ByGroup" >> beam.FlatMap(_images_by_label)
         decisions = grouped_images | "Decide" >> _FoldPerKey(DecideGroupFn())
         assigned = _join("Members", decisions, grouped_images) | "Assign" >> beam.ParDo(
@@ -679,11 +686,12 @@ class FindNearDuplicateGroups(beam.PTransform):
 
         drop = self._drop
         counts = (
+            hot.stats,
             verified.stats,
             assigned.stats,
             decisions | "GroupStats" >> beam.FlatMapTuple(lambda _, decision: _group_stats(decision, drop)),
             edges | "VerifiedPairs" >> beam.Map(lambda _: ("verified_pairs", 1)),
-            hot_images | "CountHotImages" >> beam.Map(lambda _: ("images_in_hot_buckets", 1)),
+            _count_distinct(hot.keys, "images_in_hot_buckets", "HotImages"),
             _count_distinct(checked["not_converged"], "images_not_converged", "NotConverged"),
         ) | "AllCounts" >> beam.Flatten()
         stats = counts | "Stats" >> beam.CombineGlobally(SumStatsFn())

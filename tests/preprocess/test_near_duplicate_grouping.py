@@ -19,9 +19,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from preprocess.near_duplicates.grouping import (
     DEFAULT_MAX_BUCKET_SIZE,
     STATS_KEYS,
+    FindHotImagesFn,
     FindNearDuplicateGroups,
     SignedImage,
-    VerifyBucketFn,
     band_detection_probability,
     band_ranges,
 )
@@ -341,22 +341,29 @@ def test_a_hot_band_is_skipped_and_counted_and_the_result_does_not_depend_on_ord
 
 
 def test_a_hot_bucket_is_streamed_past_and_never_held():
-    """At most max_bucket_size + 1 points of a hot bucket are ever held: the rest stream to 'hot'."""
+    """Its keys are counted up to the cap, then streamed out one by one: no pass holds them."""
+
+    class Bucket:
+        def __init__(self, size):
+            self.size, self.passes, self.pulled = size, 0, 0
+
+        def __iter__(self):
+            self.passes += 1
+            self.pulled = 0
+            for index in range(self.size):
+                self.pulled += 1
+                yield _key(index)
+
     cap = 10
-    pulled = 0
-
-    def points():
-        nonlocal pulled
-        for index in range(5000):
-            pulled += 1
-            yield _key(index), 0
-
-    outputs = 0
-    for output in VerifyBucketFn(max_distance=3, max_bucket_size=cap).process(((0, 0), points())):
-        if output.tag == "hot":
-            outputs += 1
-            assert pulled - outputs <= cap + 1
-    assert outputs == 5000
+    bucket = Bucket(5000)
+    keys = 0
+    for output in FindHotImagesFn(cap).process(((0, 0), bucket)):
+        if isinstance(output, str):
+            keys += 1
+            assert bucket.pulled == keys  # each key out as it is read
+    assert keys == 5000 and bucket.passes == 2
+    small = Bucket(cap)
+    assert list(FindHotImagesFn(cap).process(((0, 0), small))) == [] and small.pulled == cap
 
 
 def test_bands_guarantee_pairs_within_bands_minus_one_bits():
