@@ -90,8 +90,37 @@ def synthetic_images(chunk: int, size: int, seed: int = 0):
             yield image(rng.getrandbits(64))
 
 
-def run_grouping(num_images: int, output: str, workers: int) -> None:
-    """In this process: the grouping over `num_images` synthetic images, on the local runner's worker processes."""
+GROUPING = "grouping"
+BARE_SHUFFLE = "bare shuffle"
+CONTENDERS = (GROUPING, BARE_SHUFFLE)
+
+
+def _bare_shuffle(images):
+    """The least a bucketing transform does: each image's band entries through one GroupByKey, counted."""
+    import apache_beam as beam
+
+    from preprocess.near_duplicates.grouping import _band_entries, band_ranges, default_bands
+
+    sizes = (
+        images
+        | "Bands" >> beam.FlatMap(_band_entries, band_ranges(default_bands()))
+        | "Buckets" >> beam.GroupByKey()
+        | "Sizes" >> beam.MapTuple(lambda bucket, points: sum(1 for _ in points))
+    )
+    stats = sizes | "Stats" >> beam.combiners.Count.Globally()
+    return stats | "AsStats" >> beam.Map(
+        lambda buckets: {
+            "groups": 0,
+            "images_in_groups": 0,
+            "hot_buckets": 0,
+            "images_in_hot_buckets": 0,
+            "buckets": buckets,
+        }
+    )
+
+
+def run_grouping(num_images: int, output: str, workers: int, contender: str = GROUPING) -> None:
+    """In this process: `contender` over `num_images` synthetic images, on the local runner's worker processes."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -102,16 +131,20 @@ def run_grouping(num_images: int, output: str, workers: int) -> None:
     options = PipelineOptions(["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"])
     sizes = [min(CHUNK, num_images - start) for start in range(0, num_images, CHUNK)]
     with beam.Pipeline(runner=fn_api_runner(options), options=options) as pipeline:
-        result = (
+        images = (
             pipeline
             | "Chunks" >> beam.Create(list(enumerate(sizes)))
             | "Spread" >> beam.Reshuffle()
             | "Make" >> beam.FlatMapTuple(synthetic_images)
-            | "Group" >> FindNearDuplicateGroups(DEFAULT_MAX_DISTANCE)
         )
-        members = result["members"] | "CountMembers" >> beam.combiners.Count.Globally()
+        if contender == BARE_SHUFFLE:
+            stats, members = _bare_shuffle(images), pipeline | "NoMembers" >> beam.Create([0])
+        else:
+            result = images | "Group" >> FindNearDuplicateGroups(DEFAULT_MAX_DISTANCE)
+            stats = result["stats"]
+            members = result["members"] | "CountMembers" >> beam.combiners.Count.Globally()
         _ = (
-            result["stats"]
+            stats
             | "WithMembers"
             >> beam.Map(
                 lambda stats, members: {**stats, "members": members}, beam.pvalue.AsSingleton(members)
@@ -121,12 +154,14 @@ def run_grouping(num_images: int, output: str, workers: int) -> None:
         )
 
 
-def measure(num_images: int, args, workdir: str, log_name: str) -> dict:
+def measure(num_images: int, contender: str, args, workdir: str, log_name: str) -> dict:
     output = os.path.join(workdir, f"stats-{num_images}.json")
     argv = python_module(
         "benchmarks.near_duplicate_grouping_memory",
         "--run-grouping",
         str(num_images),
+        "--contender",
+        contender,
         "--output",
         output,
         "--workers",
@@ -164,17 +199,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-grouping", type=int, default=None, help=argparse.SUPPRESS
     )  # the measured child
     parser.add_argument("--output", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="Comma-separated, of: "
+        + ", ".join(CONTENDERS)
+        + " (the bare shuffle: the same images' band entries "
+        "through one GroupByKey, what the local runner's own plumbing costs a worker).",
+    )
+    parser.add_argument("--contender", default=GROUPING, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv=None) -> dict | None:
     args = build_parser().parse_args(argv)
     if args.run_grouping is not None:
-        run_grouping(args.run_grouping, args.output, args.workers)
+        run_grouping(args.run_grouping, args.output, args.workers, args.contender)
         return None
     if args.tiny:
         args.images, args.factor, args.repeats = 300, 2, 1
     sizes = {1: args.images, args.factor: args.images * args.factor}
+    contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
     print(f"machine: {machine_description()}; {machine_load()}")
     print(
         f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; {args.workers} SDK workers",
@@ -184,39 +229,44 @@ def main(argv=None) -> dict | None:
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
             order = list(sizes) if repeat % 2 == 0 else list(reversed(sizes))
-            for factor in order:
+            for factor, contender in [(f, c) for f in order for c in contenders]:
+                log = f"log-{repeat}-{factor}x-{contender.replace(' ', '-')}.txt"
                 run = {
                     "repeat": repeat,
                     "factor": factor,
-                    **measure(sizes[factor], args, workdir, f"log-{repeat}-{factor}x.txt"),
+                    "contender": contender,
+                    **measure(sizes[factor], contender, args, workdir, log),
                 }
                 runs.append(run)
                 stats = run["stats"]
                 print(
-                    f"  repeat {repeat} {factor}x: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
+                    f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
                     f"worker {mib(run['peak_rss_sdk_worker_bytes'])} MiB, main process "
                     f"{mib(run['peak_rss_main_bytes'])} MiB; {stats['groups']:,} groups, "
                     f"{stats['images_in_hot_buckets']:,} images in {stats['hot_buckets']} hot buckets",
                     flush=True,
                 )
 
-    def figure(factor, name):
-        return median(run[name] for run in runs if run["factor"] == factor)
+    def figure(contender, factor, name):
+        return median(run[name] for run in runs if run["factor"] == factor and run["contender"] == contender)
 
     rows = [
         [
+            contender,
             f"{factor}x",
             f"{sizes[factor]:,}",
-            f"{figure(factor, 'seconds'):.0f}",
-            mib(figure(factor, "peak_rss_sdk_worker_bytes")),
-            mib(figure(factor, "peak_rss_main_bytes")),
+            f"{figure(contender, factor, 'seconds'):.0f}",
+            mib(figure(contender, factor, "peak_rss_sdk_worker_bytes")),
+            mib(figure(contender, factor, "peak_rss_main_bytes")),
         ]
+        for contender in contenders
         for factor in sizes
     ]
     print()
     print(
         format_table(
             [
+                "contender",
                 "corpus",
                 "images",
                 "seconds",
@@ -226,22 +276,32 @@ def main(argv=None) -> dict | None:
             rows,
         )
     )
-    ratios = []
-    for repeat in range(args.repeats):
-        peaks = {r["factor"]: r["peak_rss_sdk_worker_bytes"] for r in runs if r["repeat"] == repeat}
-        ratios.append(peaks[args.factor] / peaks[1])
-    main_ratio = figure(args.factor, "peak_rss_main_bytes") / figure(1, "peak_rss_main_bytes")
-    verdict = "met" if median(ratios) <= TARGET_RATIO else "NOT met"
-    print(
-        f"\nlargest SDK worker's peak RSS, {args.factor}x / 1x: median {median(ratios):.3f} "
-        f"({', '.join(f'{r:.3f}' for r in ratios)}); target <= {TARGET_RATIO}: {verdict}. "
-        f"The runner's main process (holds PCollections between stages; not a Dataflow worker): {main_ratio:.2f}"
-    )
+    ratios = {}
+    for contender in contenders:
+        ratios[contender] = []
+        for repeat in range(args.repeats):
+            peaks = {
+                r["factor"]: r["peak_rss_sdk_worker_bytes"]
+                for r in runs
+                if r["repeat"] == repeat and r["contender"] == contender
+            }
+            ratios[contender].append(peaks[args.factor] / peaks[1])
+        main_ratio = figure(contender, args.factor, "peak_rss_main_bytes") / figure(
+            contender, 1, "peak_rss_main_bytes"
+        )
+        mine = ratios[contender]
+        verdict = "met" if median(mine) <= TARGET_RATIO else "NOT met"
+        print(
+            f"\n{contender}: largest SDK worker's peak RSS, {args.factor}x / 1x: median {median(mine):.3f} "
+            f"({', '.join(f'{r:.3f}' for r in mine)})"
+            + (f"; target <= {TARGET_RATIO}: {verdict}" if contender == GROUPING else "")
+            + f". The runner's main process (holds PCollections between stages; not a Dataflow worker): {main_ratio:.2f}"
+        )
     return finish_report(
         {
             "sizes": {str(k): v for k, v in sizes.items()},
             "runs": runs,
-            "ratio": {"values": ratios, "median": median(ratios)},
+            "ratios": {name: {"values": values, "median": median(values)} for name, values in ratios.items()},
         },
         args.json,
     )

@@ -24,26 +24,30 @@ what), so a re-run gives the same groups, splits and kept members.
    XOR-and-popcounts at 10M (0.2 us each); 8-bit bands (8 x 8) would
    guarantee 7 bits but put 39,000 images in every bucket at 10M, 250x
    the pairs, and every bucket would be hot.
-2. Verification: each pair of a bucket is checked, `hamming <= max_distance`,
-   inside the bucket's one call; only verified edges leave it, and an edge
-   found by several bands is kept once (a combine per pair).
-3. Hot buckets: a bucket of more than `max_bucket_size` images (100k
-   near-blank images share their band bits) is hot. Its pairs are not
-   checked, and its images are left out of grouping altogether: their edges
-   found in other bands are dropped too. They are streamed past (at most
-   `max_bucket_size + 1` are ever held, to decide) and counted in stats
-   (`hot_buckets`, `images_in_hot_buckets`, distinct images). Why all of an
-   image's edges: near-identical images in a hot bucket also fill the other
-   bands' buckets just under the cap, and through them would form one
-   component of all of them (measured in the tests: 3,000 near-blank
-   signatures gave 47,000 edges), whose one `groups` line and whose rounds
-   would grow with the popular signature. Whether a bucket is hot depends on
-   its size alone, so the result does not depend on which images arrived
-   first. A hot image keeps its own split (a function of its content), and so
-   may straddle splits with its near-duplicates: that is the cost of a
-   bounded step, and it is counted. At 10M uniformly spread signatures a
-   bucket averages 153 images, so a legitimate image lands in a hot bucket
-   (2,000) only where signatures are popular.
+2. Hot buckets, first: a bucket of more than `max_bucket_size` images (100k
+   near-blank images share their band bits) is hot, and its images are left
+   out of grouping altogether, before any pair is checked. A first pass
+   groups only the images' keys by bucket and streams a hot bucket's keys
+   out (read twice, never held: once to count up to the cap, once to emit);
+   the images are then joined with those keys. Why all of a hot image's
+   buckets: near-identical images also fill the other bands' buckets just
+   under the cap, and their pairs there would form one component of all of
+   them, with edges quadratic in the popular signature's count (3,000
+   near-blank signatures in the tests gave 47,000 edges; with 60,000 among
+   400,000 images one worker reached 5.3 GB, when only the hot buckets
+   themselves were skipped). Counted in stats:
+   `hot_buckets`, `images_in_hot_buckets` (distinct images). Whether a
+   bucket is hot depends on its size alone, so the result does not depend
+   on which images arrived first. A hot image keeps its own split (a
+   function of its content), and so may straddle splits with its
+   near-duplicates: that is the cost of a bounded step, and it is counted.
+   At 10M uniformly spread signatures a bucket averages 153 images, so a
+   legitimate image lands in a hot bucket (over 2,000) only where
+   signatures are popular.
+3. Verification: the other images are bucketed again and each pair of a
+   bucket (now at most `max_bucket_size` images) is checked,
+   `hamming <= max_distance`, inside the bucket's one call; only verified
+   edges leave it, and an edge found by several bands is kept once.
 4. Connected components of the verified edges, in a fixed number of `rounds`
    of min-label propagation with hooking and pointer jumping (Shiloach-Vishkin
    style) over the images that have an edge: each round, every image takes the
