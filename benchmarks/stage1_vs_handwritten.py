@@ -30,6 +30,18 @@ job costs whatever the corpus (imports, graph construction, stage scheduling). I
 twice: as the product runs it (in process: `--in-process-below`), and with the two
 worker processes forced (`--in-process-below 0`), which then add their start-up and
 shutdown.
+
+The beam contenders run as the product does by default, with the near-duplicate audit
+(`--near-duplicates keep`). `--near-duplicate-audit` measures what the audit costs
+instead: beam x2 with it and beam x2 with `--near-duplicates off` ("beam x2 off") on the
+same corpus, in turns, and prints the CPU per image of both and their ratio (issue 24's
+target: the audit adds at most 10%):
+
+    python -m benchmarks.stage1_vs_handwritten --near-duplicate-audit --num-images 600 \
+        --unique 600 --repeats 2 --workdir /tmp/bench-audit
+
+(`--unique` below `--num-images` makes every further file a variant of a pool photo with
+the same pixels: a near-duplicate the audit groups.)
 """
 
 import argparse
@@ -54,9 +66,15 @@ HANDWRITTEN_2 = "handwritten x2"
 HANDWRITTEN_1 = "handwritten x1"
 BEAM_2 = "beam x2"
 BEAM_1 = "beam x1"
+# beam x2 without the near-duplicate audit (--near-duplicates off): what the audit costs.
+BEAM_2_OFF = "beam x2 off"
 CONTENDERS = (HANDWRITTEN_2, BEAM_2, BEAM_1)
-# Not run by default: the scaling the machine allows a plain Pool, to read target 2 against.
-OPTIONAL_CONTENDERS = (HANDWRITTEN_1,)
+# Not run by default: the scaling the machine allows a plain Pool, to read target 2 against; beam x2
+# without the audit (--near-duplicate-audit runs it against beam x2).
+OPTIONAL_CONTENDERS = (HANDWRITTEN_1, BEAM_2_OFF)
+AUDIT_CONTENDERS = (BEAM_2, BEAM_2_OFF)
+# Issue 24: the near-duplicate audit adds at most 10% CPU per image.
+AUDIT_CPU_TARGET = 1.10
 HANDWRITTEN = (HANDWRITTEN_2, HANDWRITTEN_1)
 
 # Stage 1's files, as paths relative to its output directory.
@@ -77,7 +95,10 @@ def contender_argv(name: str, corpus: str, output: str, args, extra_args=()) -> 
     if name in HANDWRITTEN:
         processes = "2" if name == HANDWRITTEN_2 else "1"
         return python_module("benchmarks.handwritten_stage1", *common, "--processes", processes)
-    workers = {BEAM_2: 2, BEAM_1: 1}[name]
+    workers = {BEAM_2: 2, BEAM_1: 1, BEAM_2_OFF: 2}[name]
+    if name == BEAM_2_OFF:
+        extra_args = ("--near-duplicates", "off", *extra_args)
+    extra_args = (*getattr(args, "stage1_args", ()), *extra_args)
     return python_module(
         "preprocess",
         *common,
@@ -188,7 +209,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", default="/tmp/bench-stage1")
     parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
     parser.add_argument("--tiny", action="store_true", help="Smoke test: 12 tiny photos, 32 px, 1 repeat.")
+    parser.add_argument(
+        "--near-duplicate-audit",
+        action="store_true",
+        help=f"Run only {BEAM_2!r} (with the audit) and {BEAM_2_OFF!r} (--near-duplicates off), and report "
+        "the audit's CPU cost per image.",
+    )
+    parser.add_argument(
+        "--stage1-arg",
+        dest="stage1_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more word for every beam contender's command line (repeat it): e.g. "
+        "--stage1-arg=--in-process-below --stage1-arg=0 runs a small corpus in worker processes.",
+    )
     return parser
+
+
+def audit_cpu_ratios(runs: list[dict]) -> list[float]:
+    """CPU ms per image with the near-duplicate audit / without it, per repetition (whole process tree)."""
+    ratios = []
+    for repeat in sorted({run["repeat"] for run in runs}):
+        by_name = {run["contender"]: run for run in runs if run["repeat"] == repeat}
+        if BEAM_2 in by_name and BEAM_2_OFF in by_name:
+            ratios.append(by_name[BEAM_2]["cpu_ms_per_image"] / by_name[BEAM_2_OFF]["cpu_ms_per_image"])
+    return ratios
 
 
 def _ratio(runs: list[dict], numerator: str, denominator: str, per_cpu_second: bool = False) -> list[float]:
@@ -217,6 +263,8 @@ def main(argv=None) -> dict:
         args.cache, args.num_images, unique=args.unique, megapixels=megapixels
     )
     contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
+    if args.near_duplicate_audit:
+        contenders = list(AUDIT_CONTENDERS)
     unknown = set(contenders) - set(CONTENDERS + OPTIONAL_CONTENDERS)
     if unknown:
         raise SystemExit(
@@ -354,6 +402,19 @@ def main(argv=None) -> dict:
             f"images per CPU-second, beam x2 / handwritten x2: median {median(cpu_ratio):.2f} "
             "(what the job costs in CPU, whatever share of the machine it got)"
         )
+    audit_ratios = audit_cpu_ratios(runs)
+    if audit_ratios:
+        per_image = {
+            name: median(run["cpu_ms_per_image"] for run in runs if run["contender"] == name)
+            for name in AUDIT_CONTENDERS
+        }
+        verdict = "met" if median(audit_ratios) <= AUDIT_CPU_TARGET else "NOT met"
+        print(
+            f"near-duplicate audit, CPU ms per image (whole tree, medians): with it ({BEAM_2}) "
+            f"{per_image[BEAM_2]:.1f}, without it ({BEAM_2_OFF}) {per_image[BEAM_2_OFF]:.1f}; "
+            f"with / without: median {median(audit_ratios):.3f} "
+            f"({', '.join(f'{v:.3f}' for v in audit_ratios)}); target <= {AUDIT_CPU_TARGET}: {verdict}"
+        )
     if fixed is not None:
         print(
             f"beam x2 fixed cost (8 tiny images, in process): {fixed['seconds']:.1f} s, "
@@ -370,6 +431,7 @@ def main(argv=None) -> dict:
         "cpu_per_image_ratio": {"values": cpu_per_image, "median": median(cpu_per_image)},
         "fixed_cost": fixed,
         "fixed_cost_with_workers": fixed_workers,
+        "near_duplicate_audit_cpu_ratio": {"values": audit_ratios, "median": median(audit_ratios)},
     }
     return finish_report(figures, args.json)
 

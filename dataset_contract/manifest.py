@@ -215,6 +215,13 @@ def error_file_paths(manifest: dict) -> list[str]:
     return [manifest.get("errors", ERRORS_FILE)]
 
 
+def near_duplicate_file_paths(manifest: dict) -> list[str]:
+    """The near-duplicate groups' files, relative to the dataset directory: one JSON line per group
+    (`near_duplicate_files`, a list of {path, num_groups, num_bytes, sha256}; absent or empty when the
+    audit was off or found no group)."""
+    return [entry["path"] for entry in manifest.get("near_duplicate_files") or []]
+
+
 def describe_error_files(manifest: dict, data_dir: str = "") -> str:
     """Where the error log is, for a person: its one file, or how many files where."""
     paths = [join(data_dir, path) for path in error_file_paths(manifest)]
@@ -230,9 +237,11 @@ def describe_error_files(manifest: dict, data_dir: str = "") -> str:
 def other_required_files(manifest: dict) -> list[str]:
     """Besides the shards: the files (relative paths) a complete dataset has where its manifest says.
 
-    The error log, and the files `tft.TFTransformOutput` cannot load without.
+    The error log, the near-duplicate groups' files, and the files `tft.TFTransformOutput` cannot load
+    without.
     """
     required = error_file_paths(manifest) if "error_files" in manifest or "errors" in manifest else []
+    required += near_duplicate_file_paths(manifest)
     transform = manifest.get("transform") or {}
     if TRANSFORM_FN_DIR in transform:
         required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
@@ -287,6 +296,16 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             if key not in entry:
                 raise ManifestError(f"{where}: an entry of error_files has no {key!r}")
         _check_path(entry["path"], "error file path", where)
+    for entry in manifest.get("near_duplicate_files") or []:
+        for key in ("path", "num_groups", "num_bytes", "sha256"):
+            if key not in entry:
+                raise ManifestError(f"{where}: an entry of near_duplicate_files has no {key!r}")
+        _check_path(entry["path"], "near-duplicate file path", where)
+    near_duplicates = manifest.get("near_duplicates")
+    if near_duplicates is not None and not (isinstance(near_duplicates, dict) and "mode" in near_duplicates):
+        raise ManifestError(
+            f"{where}: near_duplicates must be an object with a mode, got {near_duplicates!r}"
+        )
     for name, path in (manifest.get("transform") or {}).items():
         _check_path(path, f"transform.{name}", where)
     if version >= 2:
@@ -297,8 +316,15 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             )
     inputs = manifest["inputs"]
     found = inputs.get("num_found")
-    accounted = inputs.get("num_written", 0) + inputs.get("num_failed", 0) + inputs.get("num_duplicates", 0)
+    # Near-duplicates dropped (--near-duplicates drop) are counted apart from the exact copies.
+    accounted = (
+        inputs.get("num_written", 0)
+        + inputs.get("num_failed", 0)
+        + inputs.get("num_duplicates", 0)
+        + inputs.get("num_near_duplicates", 0)
+    )
     if found != accounted:
         raise ManifestError(
-            f"{where}: inputs do not add up: num_found={found} but written+failed+duplicates={accounted}"
+            f"{where}: inputs do not add up: num_found={found} but "
+            f"written+failed+duplicates+near_duplicates={accounted}"
         )

@@ -63,6 +63,8 @@ class UniqueInput:
     split: str
     # Bytes, as keyed: the decode's read allocates the file's buffer once, at this size (reading.py).
     size: int | None = dataclasses.field(default=None, compare=False)
+    # Whether the input manifest named the split (near-duplicate grouping never changes it then).
+    split_given: bool = dataclasses.field(default=False, compare=False)
 
 
 def _digest_or_error(read, record: InputRecord):
@@ -118,7 +120,10 @@ class KeyContentFn(beam.DoFn):
         self._keyed.inc()
         self._progress.inc()
         record = dataclasses.replace(
-            record, size=size, split=record.split or assign_split(key, self._fractions)
+            record,
+            size=size,
+            split=record.split or assign_split(key, self._fractions),
+            split_given=bool(record.split),
         )
         yield key, record
 
@@ -302,7 +307,9 @@ class ResolveDuplicatesFn(beam.DoFn):
                 )
             return
         kept = copies.kept
-        yield UniqueInput(uri=kept.uri, label=kept.label, split=kept.split, size=kept.size)
+        yield UniqueInput(
+            uri=kept.uri, label=kept.label, split=kept.split, size=kept.size, split_given=kept.split_given
+        )
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
         for record in records:
@@ -357,7 +364,13 @@ class SeparateSharedKeysFn(beam.DoFn):
         records = (value for tag, value in tagged if tag == _COPY)
         if count == 1:
             record = next(records)
-            yield UniqueInput(uri=record.uri, label=record.label, split=record.split, size=record.size)
+            yield UniqueInput(
+                uri=record.uri,
+                label=record.label,
+                split=record.split,
+                size=record.size,
+                split_given=record.split_given,
+            )
             return
         for record in records:
             yield beam.pvalue.TaggedOutput("shared", record)

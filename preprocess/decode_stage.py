@@ -1,8 +1,11 @@
 """The per-image step of the job: read, decode, orient, to RGB, resize.
 
 Turns each UniqueInput into a raw example for tf.Transform (the resized
-pixels as bytes plus label, hash, uri, split) or into an error record with a
-reason. The file is read whole once, here, into one buffer of its size
+pixels as bytes plus label, hash, uri, split, and the source image's width
+and height) or into an error record with a reason. With `signatures`, the
+example also carries the perceptual signature of the resized pixels
+(near_duplicates/signature.py), the file's size and whether its split was
+given: what near-duplicate grouping needs, from the one decode. The file is read whole once, here, into one buffer of its size
 (reading.read_file_bytes; the decoder reads it in place): its sha256 is
 computed from the bytes that are decoded (content.py found duplicates by
 their MD5, from the listing where GCS gave one).
@@ -18,7 +21,7 @@ from apache_beam.metrics import Metrics
 from preprocess import errors
 from preprocess.content import UniqueInput
 from preprocess.failure_budget import FailureBudget
-from preprocess.image_decode import load_image
+from preprocess.image_decode import load_image_and_source_size
 from preprocess.progress import ProgressCounter
 from preprocess.reading import read_file_bytes
 
@@ -33,7 +36,9 @@ class DecodeImagesFn(beam.DoFn):
         max_pixels: int,
         max_file_bytes: int | None = None,
         max_failed_fraction: float | None = None,
+        signatures: bool = False,
     ):
+        self._signatures = signatures
         self._image_size = image_size
         self._resize_method = resize_method
         self._max_pixels = max_pixels
@@ -62,7 +67,7 @@ class DecodeImagesFn(beam.DoFn):
 
     def _load(self, data: bytes | bytearray):
         try:
-            return load_image(
+            return load_image_and_source_size(
                 data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
             )
         except (errors.ImageError, MemoryError):
@@ -75,7 +80,7 @@ class DecodeImagesFn(beam.DoFn):
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
             data = read_file_bytes(item.uri, self._max_file_bytes, getattr(item, "size", None))
-            pixels = self._load(data)
+            pixels, (width, height) = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
             self._budget.record(exc.reason, known)
@@ -84,10 +89,19 @@ class DecodeImagesFn(beam.DoFn):
         self._budget.record(None, known)
         self._decoded.inc()
         self._progress.inc()
-        yield {
+        example = {
             "image_raw": pixels.tobytes(),
             "label": item.label,
             "sha256": hashlib.sha256(data).hexdigest(),
             "uri": item.uri,
             "split": item.split,
+            "source_width": width,
+            "source_height": height,
         }
+        if self._signatures:
+            from preprocess.near_duplicates.signature import image_signature  # noqa: PLC0415 - only when on
+
+            example["signature"] = image_signature(pixels)
+            example["num_bytes"] = len(data)
+            example["split_given"] = bool(getattr(item, "split_given", False))
+        yield example

@@ -15,6 +15,10 @@ split, rolled over at `part_bytes`), and the transform reads them back
 crosses the stage boundary. The cost is one write and one read of the raw
 pixels, small next to decoding a JPEG.
 
+The near-duplicate audit spills decoded examples to the same kind of part
+files (`ArrowPartFile`, `new_part_path`; preprocess/near_duplicates/routing.py),
+a row's part path and index being its locator.
+
 Retry-safe: every attempt writes files of its own (a uuid in the name), only
 the committed attempt's paths are read back, and nothing is deleted here;
 the run's staging goes after the run has published (preprocess/publish.py).
@@ -33,6 +37,39 @@ from preprocess.runs import RunPaths
 DEFAULT_PART_BYTES = 64 << 20
 
 
+def new_part_path(output_dir: str, run_id: str, prefix: str) -> str:
+    """A fresh part file's path in the run's staging: `staging/<run id>/decoded/<prefix>-<uuid>.arrow`.
+
+    A uuid per file, so that every bundle attempt writes files of its own.
+    """
+    return RunPaths(output_dir, run_id).staging("decoded", f"{prefix}-{uuid.uuid4().hex}.arrow")
+
+
+class ArrowPartFile:
+    """One Arrow IPC stream file being written, kept only by `close()`: a failed attempt's part, dropped
+    or aborted, never appears on GCS."""
+
+    def __init__(self, path: str, schema: pa.Schema):
+        self.path = path
+        self._handle = UncommittedFile(path)
+        self._writer = pa.ipc.new_stream(pa.PythonFile(self._handle, mode="w"), schema)
+        self.num_bytes = 0
+        self.num_rows = 0
+
+    def write(self, batch: pa.RecordBatch):
+        self._writer.write_batch(batch)
+        self.num_bytes += batch.nbytes
+        self.num_rows += batch.num_rows
+
+    def close(self) -> str:
+        self._writer.close()
+        self._handle.commit()
+        return self.path
+
+    def abort(self):
+        self._handle.abort()
+
+
 class WriteBatchPartsFn(beam.DoFn):
     """Arrow record batches of one split -> paths of Arrow IPC files holding them."""
 
@@ -42,27 +79,19 @@ class WriteBatchPartsFn(beam.DoFn):
         self._part_bytes = part_bytes
 
     def start_bundle(self):
-        self._handle = None
+        self._part = None
 
     def _close(self) -> str | None:
-        if self._handle is None:
+        if self._part is None:
             return None
-        self._writer.close()
-        self._handle.commit()
-        self._handle = None
-        return self._path
+        path, self._part = self._part.close(), None
+        return path
 
     def process(self, batch: pa.RecordBatch, run_id: str):
-        if self._handle is None:
-            name = f"{self._split}-{uuid.uuid4().hex}.arrow"
-            self._path = RunPaths(self._output_dir, run_id).staging("decoded", name)
-            # Kept only by commit(): a failed attempt's part, dropped, never appears on GCS.
-            self._handle = UncommittedFile(self._path)
-            self._writer = pa.ipc.new_stream(pa.PythonFile(self._handle, mode="w"), batch.schema)
-            self._written = 0
-        self._writer.write_batch(batch)
-        self._written += batch.nbytes
-        if self._written >= self._part_bytes:
+        if self._part is None:
+            self._part = ArrowPartFile(new_part_path(self._output_dir, run_id, self._split), batch.schema)
+        self._part.write(batch)
+        if self._part.num_bytes >= self._part_bytes:
             yield self._close()
 
     def finish_bundle(self):

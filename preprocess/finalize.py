@@ -13,9 +13,9 @@ import logging
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
-from preprocess import outcomes
+from preprocess import outcomes, source_sizes
 from preprocess.fingerprint import compute_fingerprint
-from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS
+from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.publish import publish_run
 from preprocess.runs import RunPaths, run_started_at
 from preprocess.transform_output import read_label_vocabulary
@@ -34,16 +34,23 @@ def build_manifest(
     num_found,
     failures,
     num_duplicates,
+    num_near_duplicates=0,
     error_files=(),
     skipped_by_extension=None,
     skipped_at_root=0,
+    near_duplicates=None,
+    near_duplicate_files=(),
+    source_image_sizes=None,
 ):
     """The manifest dict, from the job's config and the facts the pipeline gathered.
 
     `shards` are the entries shards.WriteShards yields, `error_files` the
     list shards.WriteErrorLog yields: paths relative to the output directory,
     inside the run's directory. `skipped_by_extension` and `skipped_at_root`
-    count a tree's files that are not inputs (outcomes.tally).
+    count a tree's files that are not inputs (outcomes.tally). `near_duplicates` is the
+    manifest's near-duplicate summary (near_duplicate_summary), `near_duplicate_files` the
+    list shards.WriteErrorLog yields for the groups, `source_image_sizes` the dict of
+    source_sizes.SourceImageSizesFn.
     """
     run = RunPaths(config["output"], run_id)
     splits = {}
@@ -98,6 +105,8 @@ def build_manifest(
             "num_written": num_written,
             "num_failed": num_failed,
             "num_duplicates": num_duplicates,
+            # Dropped by --near-duplicates drop: every member of a group but the one kept.
+            "num_near_duplicates": num_near_duplicates,
             "failures_by_reason": dict(sorted(failures.items())),
             # Not inputs, so not in num_found: a tree's files without an image extension, by extension
             # ("" for none), and the files directly in its root (no class folder).
@@ -108,6 +117,30 @@ def build_manifest(
         "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
         # Every input that failed, one JSON line each, in these files (none when nothing failed).
         "error_files": sorted(error_files, key=lambda entry: entry["path"]),
+        # Altered copies of one image (preprocess/near_duplicates/): the counts, and one JSON line per group.
+        "near_duplicates": near_duplicates or {"mode": "off"},
+        "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
+        "source_image_sizes": source_image_sizes or empty_source_sizes(),
+    }
+
+
+def empty_source_sizes() -> dict:
+    """`source_image_sizes` when no image was decoded."""
+    return source_sizes.SourceImageSizesFn().extract_output(
+        source_sizes.SourceImageSizesFn().create_accumulator()
+    )
+
+
+def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
+    """The manifest's `near_duplicates`: the mode, the distance and the grouping's counts ({"mode": "off"}
+    when the audit was off)."""
+    mode = config.get("near_duplicates", NEAR_DUPLICATES_OFF)
+    if mode == NEAR_DUPLICATES_OFF:
+        return {"mode": NEAR_DUPLICATES_OFF}
+    return {
+        "mode": mode,
+        "max_distance": config["near_duplicate_distance"],
+        **dict(sorted((stats or {}).items())),
     }
 
 
@@ -163,6 +196,9 @@ def finalize_dataset(
     shards,
     errors_log,
     outcome_counts,
+    near_duplicate_stats=None,
+    near_duplicate_files=(),
+    source_image_sizes=None,
 ):
     """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
 
@@ -171,7 +207,9 @@ def finalize_dataset(
     of it, so the graph is written when this runs). `outcome_counts` are the
     (outcome, count) pairs of outcomes.py. `errors_log` is the list of the
     error log's files (shards.WriteErrorLog), already written: the manifest
-    names them, nothing is copied here.
+    names them, nothing is copied here. `near_duplicate_stats` are the grouping's counts (None when
+    --near-duplicates is off), `near_duplicate_files` the groups' files (written as the error log's),
+    `source_image_sizes` the decoded sources' sizes (source_sizes.py).
     """
     run = RunPaths(config["output"], run_id)
     counts = outcomes.tally(outcome_counts)
@@ -198,6 +236,9 @@ def finalize_dataset(
         stats=stats,
         shards=shards,
         error_files=errors_log,
+        near_duplicates=near_duplicate_summary(config, near_duplicate_stats),
+        near_duplicate_files=near_duplicate_files,
+        source_image_sizes=source_image_sizes,
         **counts,
     )
     manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}

@@ -104,12 +104,23 @@ def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.nd
     open, anything over 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 megapixels by
     default) as TOO_MANY_PIXELS; raise that attribute to allow larger images.
     """
+    return load_image_and_source_size(data, size=size, method=method, max_pixels=max_pixels)[0]
+
+
+def load_image_and_source_size(
+    data: bytes, *, size: int, method: str, max_pixels: int
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """As `load_image`, plus the upright source image's (width, height), from the same decode.
+
+    The source size feeds the manifest's `source_image_sizes` and, for
+    near-duplicates, which copy of a group `--near-duplicates drop` keeps.
+    """
     image, (height, width) = _decode(data, size, method, max_pixels)
     # The geometry comes from the full-resolution size, not the DCT-scaled one
     # (whose sides are rounded up to whole pixels), so it is the same with or
     # without scaling, and the same as the serving signature computes.
     target_shape = geometry.resized_shape(height, width, size, method)
-    return _resize_to_target(image, target_shape, size, method)
+    return _resize_to_target(image, target_shape, size, method), (width, height)
 
 
 def exif_orientation(image: Image.Image) -> int:

@@ -7,6 +7,7 @@ import sys
 from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
+from preprocess.near_duplicates import signature
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
 # A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
@@ -15,6 +16,12 @@ DEFAULT_MAX_FAILED_FRACTION = 0.05
 # How long a superseded run's files stay for the readers that opened its manifest (preprocess/publish.py):
 # a training job reads its dataset for days.
 DEFAULT_RETENTION_DAYS = 7.0
+# --near-duplicates: report altered copies and keep them in one split, drop all but one of each group, or
+# skip the audit (preprocess/near_duplicates/).
+NEAR_DUPLICATES_KEEP = "keep"
+NEAR_DUPLICATES_DROP = "drop"
+NEAR_DUPLICATES_OFF = "off"
+NEAR_DUPLICATE_MODES = (NEAR_DUPLICATES_KEEP, NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF)
 
 
 def parse_split_fractions(text: str) -> dict[str, float]:
@@ -38,6 +45,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
     return value
 
 
@@ -160,6 +177,25 @@ def build_parser() -> argparse.ArgumentParser:
         "the exported model refuses larger requests too).",
     )
     parser.add_argument(
+        "--near-duplicates",
+        choices=NEAR_DUPLICATE_MODES,
+        default=NEAR_DUPLICATES_KEEP,
+        help="Altered copies of one image (re-encoded, resized, brightened, ...), found by a perceptual "
+        "signature of each decoded image: keep (default) keeps every copy, puts all of a group in one "
+        "split (so none straddles train and evaluation) and lists the groups in the manifest's "
+        "near_duplicate_files; drop also keeps only the largest image of each group (the others are "
+        "counted as near_duplicates); off skips the audit (the job is one pass, as before it existed).",
+    )
+    parser.add_argument(
+        "--near-duplicate-distance",
+        type=_non_negative_int,
+        default=signature.DEFAULT_MAX_DISTANCE,
+        metavar="N",
+        help="Two images whose signatures differ in at most N of their "
+        f"{signature.SIGNATURE_BITS} bits are near-duplicates (default {signature.DEFAULT_MAX_DISTANCE}, "
+        "measured: benchmarks/RESULTS.md). Larger finds more altered copies and more false pairs.",
+    )
+    parser.add_argument(
         "--transform-batch-size",
         type=_positive_int,
         default=64,
@@ -205,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--max-pixels", "--max-file-mb",
             ),
             "dataset": ("--split", "--shard-size-mb", "--min-shards", "--max-failed-fraction", "--retention-days"),
+            "near-duplicates": ("--near-duplicates", "--near-duplicate-distance"),
             "running": ("--transform-batch-size", "--in-process-below", "--verbose"),
         },
     )  # fmt: skip

@@ -1,17 +1,19 @@
 """What became of the inputs, as the keys of one count (pipeline.py, "CountOutcomes").
 
 Stage 1 accounts for every input: found (a listed file or a listing error),
-dropped as a copy of another, failed (with its reason), or written (to a
+dropped as a copy of another, dropped as a near-duplicate of another
+(`--near-duplicates drop`: preprocess/near_duplicates/), failed (with its reason), or written (to a
 split, under a class). A tree's files that are not inputs (not images by
 their extension, or directly in the root) are counted apart, as skipped by
 extension: they are not found inputs, so found = written + failed +
-duplicates holds over the images. The job counts all of them in one combine, keyed by
+duplicates + near-duplicates holds over the images. The job counts all of them in one combine, keyed by
 these tuples, instead of one combine per figure (each would add its own
 stages), and `tally` turns the counts into the manifest's figures.
 """
 
 FOUND = ("found",)
 DUPLICATE = ("duplicate",)
+NEAR_DUPLICATE = ("near_duplicate",)
 _FAILED = "failed"
 _WRITTEN = "written"
 _SKIPPED = "skipped"
@@ -33,18 +35,21 @@ def skipped(item) -> tuple:
 
 
 def tally(outcome_counts) -> dict:
-    """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, failures, class_counts,
+    """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, num_near_duplicates,
+    failures, class_counts,
     skipped_by_extension (files in class folders that are not images) and skipped_at_root.
 
     An outcome nothing had is absent from the counts, and counts 0.
     """
-    num_found = num_duplicates = skipped_at_root = 0
+    num_found = num_duplicates = num_near_duplicates = skipped_at_root = 0
     failures, class_counts, skipped_by_extension = {}, [], {}
     for outcome, count in outcome_counts:
         if outcome == FOUND:
             num_found += count
         elif outcome == DUPLICATE:
             num_duplicates += count
+        elif outcome == NEAR_DUPLICATE:
+            num_near_duplicates += count
         elif outcome[0] == _FAILED:
             failures[outcome[1]] = failures.get(outcome[1], 0) + count
         elif outcome[0] == _WRITTEN:
@@ -59,6 +64,7 @@ def tally(outcome_counts) -> dict:
     return {
         "num_found": num_found,
         "num_duplicates": num_duplicates,
+        "num_near_duplicates": num_near_duplicates,
         "failures": failures,
         "class_counts": class_counts,
         "skipped_by_extension": skipped_by_extension,

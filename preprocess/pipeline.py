@@ -17,16 +17,27 @@ Dockerfile, or install the package from setup.py at boot with
 Data flow: list inputs -> content key of each file (from its MD5, which a GCS
 listing gives) -> split by key, dedup by key, and by full hash where keys are shared
 (only keys, hashes and URIs are grouped; content.py) -> read each image whole,
-once: hash, decode, orient, RGB, resize ->
+once: hash, decode, orient, RGB, resize; with --near-duplicates keep or drop
+(keep is the default), also its perceptual signature and source size ->
+near-duplicates (keep, drop): each decoded example is spilled to an Arrow part
+file in the run's staging as it is decoded, and only a small SignedImage
+(signature, key, label, split, where its row is) goes on; the groups of altered
+copies are found (near_duplicates/grouping.py), the members whose split
+changes or that drop mode drops become overrides keyed by part, and each part
+is read back once, its rows in their final splits (near_duplicates/stage.py);
+the label vocabulary and the split sizes come from counts over the
+SignedImages plus the overrides ->
 then, for uint8 and jpeg (the default is uint8), one pass: each image is
-encoded and its record appended to a shard file as it is decoded, while
-tf.Transform's analysis takes the train split's decoded batches in the same
-step; for bfloat16 and float32, whose records are normalized with the
-statistics, the decoded batches are spilled to disk and read back through
-tf.Transform's transform after the analysis -> shard files written once, in
-place (the small remainders packed into shards) -> finalize (the manifest,
-published by one atomic replacement of dataset.json). Every input that is
-not written is an error record or a counted duplicate.
+encoded and its record appended to a shard file as it is decoded (with
+--near-duplicates off) or read back (keep, drop), while tf.Transform's
+analysis takes the final train split's batches in the same step; for
+bfloat16 and float32, whose records are normalized with the statistics, the
+batches are spilled to disk and read back through tf.Transform's transform
+after the analysis -> shard files written once, in place (the small
+remainders packed into shards) -> finalize (the manifest, with the
+near-duplicate groups' files and the source sizes, published by one atomic
+replacement of dataset.json). Every input that is not written is an error
+record, a counted duplicate or (drop) a counted near-duplicate.
 
 On Dataflow, Ctrl-C on the launcher leaves the job running (and its
 tf.Transform directory in place) and says how to cancel it; a launch of a
@@ -78,7 +89,8 @@ from preprocess.failure_budget import known_outcomes
 from preprocess.finalize import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError, finalize_dataset
 from preprocess.inputs import ListInputs, input_kind
 from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
-from preprocess.options import parse_args, refuse
+from preprocess.near_duplicates.stage import NearDuplicateAudit
+from preprocess.options import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF, parse_args, refuse
 from preprocess.publish import (
     RETAINED_RUNS,
     SupersededRunError,
@@ -87,7 +99,8 @@ from preprocess.publish import (
     superseded_message,
 )
 from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
-from preprocess.shards import WriteErrorLog, WriteShards
+from preprocess.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
+from preprocess.source_sizes import SourceImageSizesFn, source_size
 from preprocess.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
@@ -135,6 +148,8 @@ def job_config(args, build_id: str) -> dict:
         "split_fractions": args.split,
         "max_failed_fraction": args.max_failed_fraction,
         "retention_days": args.retention_days,
+        "near_duplicates": args.near_duplicates,
+        "near_duplicate_distance": args.near_duplicate_distance,
     }
 
 
@@ -213,6 +228,29 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     )
 
 
+def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
+    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
+
+    Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
+    preprocess/near_duplicates/stage.py.
+    """
+    near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
+        output_dir, run_id, args.near_duplicate_distance, drop=args.near_duplicates == NEAR_DUPLICATES_DROP
+    )
+    # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
+    files = (
+        near["groups"]
+        | "GroupsToJson" >> beam.Map(lambda group: group.to_json().encode("utf-8"))
+        | "WriteNearDuplicates"
+        >> WriteErrorLog(output_dir, run_id, prefix=NEAR_DUPLICATES, count_key="num_groups")
+    )
+    manifest_inputs = {
+        "near_duplicate_stats": beam.pvalue.AsSingleton(near["stats"]),
+        "near_duplicate_files": beam.pvalue.AsSingleton(files),
+    }
+    return near["examples"], near["summary"], near["dropped"], manifest_inputs
+
+
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | None = None):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest.
 
@@ -233,13 +271,13 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
     unique = deduplicated["unique"]
-    summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
-    vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
-    # Decoding, encoding and writing must run in one fused stage, so that no decoded image ever
-    # crosses a stage boundary (the local runner would hold every one in memory). The encoder's side
-    # inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage that made
-    # `unique` could not also wait for them: the runner would split decode from encode. The reshuffle
-    # (of small metadata) ends the deduplication's stage here; it also spreads the decoding evenly.
+    audit = args.near_duplicates != NEAR_DUPLICATES_OFF
+    # Without the audit, decoding, encoding and writing must run in one fused stage, so that no decoded
+    # image ever crosses a stage boundary (the local runner would hold every one in memory). The
+    # encoder's side inputs (the vocabulary, the split sizes) are computed from `unique`, so a stage
+    # that made `unique` could not also wait for them: the runner would split decode from encode. The
+    # reshuffle (of small metadata) ends the deduplication's stage here; it also spreads the decoding
+    # evenly. With the audit, the decoding stage ends in a spill to disk instead (near_duplicates/).
     known = known_outcomes(
         listed.records,
         listed.errors,
@@ -259,6 +297,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
                 args.max_pixels,
                 args.max_file_bytes,
                 args.max_failed_fraction,
+                signatures=audit,
             ),
             # What is settled before decoding: the decoding fails the job early once
             # --max-failed-fraction is sure to be crossed (failure_budget.py).
@@ -266,24 +305,38 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
+    source_image_sizes = (
+        decoded.examples
+        | "SourceSizes" >> beam.Map(source_size)
+        | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
+    )
+    if audit:
+        # Every image in its final split: no group of near-duplicates straddles train and evaluation.
+        examples, summary, dropped, near_duplicate_inputs = audit_near_duplicates(
+            decoded.examples, args, output_dir, run_id
+        )
+    else:
+        examples, dropped, near_duplicate_inputs = decoded.examples, None, {}
+        summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+    vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            decoded.examples
+            examples
             | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.image_size, args.encoding))
         transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
         if one_pass:
-            encoded = encode_in_one_pass(decoded.examples, vocabulary, args)
+            encoded = encode_in_one_pass(examples, vocabulary, args)
             encoded_examples, encode_errors = encoded.examples, encoded.errors
             labels = vocabulary
         else:
             # The transform loads the graph from the run's copy (written once, where it stays).
             encoded_examples, encode_errors = encode_after_transform(
-                decoded.examples, (transform_written, transform_fn[1]), args, output_dir, run_id
+                examples, (transform_written, transform_fn[1]), args, output_dir, run_id
             )
             labels = transform_written | "ReadVocabulary" >> beam.Map(read_label_vocabulary)
     error_collections.append(encode_errors)
@@ -313,18 +366,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
     )
     # Every input's fate, counted in one combine (each global count would add its own stages).
+    fates = [
+        listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
+        listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
+        listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
+        deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
+        all_errors | "Failed" >> beam.Map(outcomes.failed),
+        encoded_examples
+        | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+    ]
+    if dropped is not None:
+        fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))
     outcome_counts = (
-        (
-            listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
-            listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
-            listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
-            deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
-            all_errors | "Failed" >> beam.Map(outcomes.failed),
-            encoded_examples
-            | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
-        )
-        | "Outcomes" >> beam.Flatten()
-        | "CountOutcomes" >> beam.combiners.Count.PerElement()
+        fates | "Outcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()
     )
 
     return (
@@ -340,6 +394,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             shards=beam.pvalue.AsList(shards),
             errors_log=beam.pvalue.AsSingleton(errors_log),
             outcome_counts=beam.pvalue.AsList(outcome_counts),
+            source_image_sizes=beam.pvalue.AsSingleton(source_image_sizes),
+            **near_duplicate_inputs,
         )
     )
 

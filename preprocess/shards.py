@@ -60,6 +60,7 @@ TFRECORD = "tfrecord"
 LINES = "lines"
 _SUFFIX = {TFRECORD: manifest_lib.SHARD_SUFFIX, LINES: ".jsonl"}
 ERRORS = "errors"  # the `split` of the error log's files
+NEAR_DUPLICATES = "near-duplicates"  # the `split` of the near-duplicate groups' files (written alike)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,13 +278,13 @@ ERROR_FILE_BYTES = 16 << 20
 MAX_SOURCES_PER_ERROR_FILE = 32
 
 
-def plan_error_files(files: list[WrittenFile]) -> list[ShardPlan]:
+def plan_error_files(files: list[WrittenFile], prefix: str = ERRORS) -> list[ShardPlan]:
     """The error log's files (plan_split): the bundle attempts' error files, the small ones packed by up to 32.
 
-    No file when nothing failed.
+    No file when nothing failed. `prefix`: the files' name prefix (their `split`), ERRORS or NEAR_DUPLICATES.
     """
     return plan_split(
-        ERRORS,
+        prefix,
         files,
         ERROR_FILE_BYTES,
         min_shards=1,
@@ -292,11 +293,12 @@ def plan_error_files(files: list[WrittenFile]) -> list[ShardPlan]:
     )
 
 
-def error_file_entry(entry: dict) -> dict:
-    """WriteShardFn's entry of an error file -> its manifest entry (`error_files` in dataset.json)."""
+def error_file_entry(entry: dict, count_key: str = "num_errors") -> dict:
+    """WriteShardFn's entry of an error file -> its manifest entry (`error_files` in dataset.json; with
+    `count_key` "num_groups", `near_duplicate_files`)."""
     return {
         "path": entry["path"],
-        "num_errors": entry["num_examples"],
+        count_key: entry["num_examples"],
         "num_bytes": entry["num_bytes"],
         "sha256": entry["sha256"],
     }
@@ -380,25 +382,32 @@ class WriteErrorLog(beam.PTransform):
     (`error_files`); nothing is concatenated into one file, so no step does
     work proportional to the number of errors. The output is a singleton:
     the list of manifest entries (sorted by path; empty when nothing failed).
+
+    Other JSON-line logs are written the same way under another file
+    `prefix` and manifest `count_key`: the near-duplicate groups
+    (NEAR_DUPLICATES, "num_groups": the manifest's `near_duplicate_files`).
     """
 
-    def __init__(self, output_dir, run_id):
+    def __init__(self, output_dir, run_id, prefix: str = ERRORS, count_key: str = "num_errors"):
         super().__init__()
         self._output_dir = output_dir
         self._run_id = run_id
+        self._prefix = prefix
+        self._count_key = count_key
 
     def expand(self, lines):
         run_id = beam.pvalue.AsSingleton(self._run_id)
         writer = WriteShardFilesFn(self._output_dir, framing=LINES)
+        prefix = self._prefix
         return (
             lines
-            | "KeyErrors" >> beam.Map(lambda line: (ERRORS, line))
-            | "WriteFiles" >> beam.ParDo(writer, {ERRORS: ERROR_FILE_BYTES}, run_id)
+            | "KeyErrors" >> beam.Map(lambda line: (prefix, line))
+            | "WriteFiles" >> beam.ParDo(writer, {prefix: ERROR_FILE_BYTES}, run_id)
             | "AllFiles" >> beam.combiners.ToList()
-            | "Plan" >> beam.FlatMap(plan_error_files)
+            | "Plan" >> beam.FlatMap(plan_error_files, prefix=prefix)
             | "Spread" >> beam.Reshuffle()
             | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
-            | "ManifestEntry" >> beam.Map(error_file_entry)
+            | "ManifestEntry" >> beam.Map(error_file_entry, count_key=self._count_key)
             | "AllEntries" >> beam.combiners.ToList()
             | "Sorted" >> beam.Map(lambda entries: sorted(entries, key=lambda entry: entry["path"]))
         )

@@ -124,6 +124,52 @@ def format_skipped(inputs: dict) -> str | None:
     return f"skipped, not inputs: {'; '.join(parts)}" if parts else None
 
 
+def _plural(count: int, word: str, plural: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (plural or word + 's')}"
+
+
+def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
+    """The summary's lines on near-duplicates (preprocess/near_duplicates/): none for a manifest without
+    them (written before the audit existed)."""
+    near = manifest.get("near_duplicates")
+    if not near:
+        return []
+    mode = near.get("mode")
+    if mode == "off":
+        return ["  near-duplicates: not looked for (--near-duplicates off)"]
+    groups = near.get("groups", 0)
+    head = f"  near-duplicates ({mode}, distance <= {near.get('max_distance')}): "
+    if not groups:
+        return [head + "none found"]
+    lines = [
+        head + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them; each group "
+        "is in one split"
+    ]
+    several = near.get("groups_with_several_labels", 0)
+    if several:
+        lines.append(
+            f"    {_plural(several, 'group')} with more than one label: likely label errors, look at them"
+        )
+    across = near.get("groups_across_splits", 0)
+    if across:
+        lines.append(
+            f"    {_plural(across, 'group')} across splits (the input manifest named the members' splits)"
+        )
+    if mode == "drop":
+        lines.append(f"    dropped: {near.get('dropped', 0)} (all but the largest image of each group)")
+    hot = near.get("hot_buckets", 0)
+    if hot:
+        lines.append(
+            f"    hot buckets: {hot} ({near.get('images_in_hot_buckets', 0)} images share a popular signature "
+            "band, e.g. near-blank images; capped, counted)"
+        )
+    files = [manifest_lib.join(output_dir, path) for path in manifest_lib.near_duplicate_file_paths(manifest)]
+    if files:
+        where = files[0] if len(files) == 1 else f"{len(files)} files, listed in near_duplicate_files"
+        lines.append(f"    groups, one JSON line each: {where}")
+    return lines
+
+
 def _crop_note(image: dict) -> str:
     crop = manifest_lib.crop_size(image)
     if crop == image["height"]:
@@ -145,7 +191,12 @@ def format_summary(
     lines = [
         f"Dataset {output_dir}" + (f" ({', '.join(origin)})" if origin else ""),
         f"  images: {inputs['num_found']} found = {inputs['num_written']} written"
-        f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates",
+        f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates"
+        + (
+            f" + {inputs['num_near_duplicates']} near-duplicates dropped"
+            if inputs.get("num_near_duplicates")
+            else ""
+        ),
     ]
     skipped = format_skipped(inputs)
     lines += [f"  {skipped}"] if skipped else []
@@ -182,6 +233,7 @@ def format_summary(
             examples = (error_examples or {}).get(reason, [])
             more = ", ..." if examples and count > len(examples) else ""
             lines.append(f"    {reason} {count}" + (f": {', '.join(examples)}{more}" if examples else ""))
+    lines += format_near_duplicates(manifest, output_dir)
     # The runs this one superseded whose files stay for their readers (preprocess/publish.py).
     for entry in manifest.get("retained_runs", []):
         lines.append(

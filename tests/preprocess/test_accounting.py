@@ -17,8 +17,10 @@ def _failure(reason: str) -> errors.ErrorRecord:
 
 def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
     events = (
-        [outcomes.FOUND] * 7
+        [outcomes.FOUND] * 8
         + [outcomes.DUPLICATE] * 2
+        # A near-duplicate left out by --near-duplicates drop: counted apart from the exact copies.
+        + [outcomes.NEAR_DUPLICATE]
         + [outcomes.failed(_failure("not_an_image")), outcomes.failed(_failure("not_an_image"))]
         + [outcomes.failed(_failure("too_many_pixels"))]
         + [
@@ -47,8 +49,9 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
             equal_to(
                 [
                     {
-                        "num_found": 7,
+                        "num_found": 8,
                         "num_duplicates": 2,
+                        "num_near_duplicates": 1,
                         "failures": {"not_an_image": 2, "too_many_pixels": 1},
                         "class_counts": [(("test", "dog"), 1), (("train", "cat"), 2)],
                         "skipped_by_extension": {".json": 2, "": 1},
@@ -63,6 +66,7 @@ def test_an_outcome_nothing_had_counts_zero():
     assert outcomes.tally([]) == {
         "num_found": 0,
         "num_duplicates": 0,
+        "num_near_duplicates": 0,
         "failures": {},
         "class_counts": [],
         "skipped_by_extension": {},

@@ -47,3 +47,17 @@ def test_the_end_of_a_job_skips_only_the_teardown_exit_handlers_still_run_and_ou
     assert result.returncode == 0
     assert result.stdout == "summaryexit handler ran\n"
     assert "logged" in result.stderr
+
+
+def test_a_wrong_near_duplicates_mode_or_distance_is_refused_with_exit_2(tmp_path):
+    for flags, said in (
+        (("--near-duplicates", "maybe"), "--near-duplicates: invalid choice: 'maybe'"),
+        (("--near-duplicate-distance", "-1"), "--near-duplicate-distance: expected a whole number >= 0"),
+        (
+            ("--near-duplicate-distance", "ten"),
+            "--near-duplicate-distance: expected a whole number, got 'ten'",
+        ),
+    ):
+        result = _probe(tmp_path, "--input", "x", "--output", "y", *flags)
+        assert said in result.stderr, result.stderr[-2000:]
+        assert "EXIT 2 HEAVY []" in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]

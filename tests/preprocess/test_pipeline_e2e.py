@@ -103,14 +103,31 @@ def test_labels_are_the_class_names_sorted(corpus, dataset):
     assert manifest["labels"] == sorted(corpus.class_names)
 
 
+def _near_duplicate_groups(output, manifest) -> list[dict]:
+    groups = []
+    for entry in manifest["near_duplicate_files"]:
+        with open(os.path.join(output, entry["path"])) as handle:
+            groups += [json.loads(line) for line in handle if line.strip()]
+    return groups
+
+
 def test_splits_follow_the_content_key_and_never_share_an_image(dataset):
     output, manifest = dataset
+    # A near-duplicate group's members all take the split of its smallest key's member (--near-duplicates).
+    split_of_uri = {}
+    for group in _near_duplicate_groups(output, manifest):
+        first_uri = group["uris"][group["sha256"].index(group["group"])]
+        group_split = assign_split(content_key(first_uri)[0], manifest["split_fractions"])
+        split_of_uri.update(dict.fromkeys(group["uris"], group_split))
     seen = {}
     for split in manifest_lib.SPLITS:
         for row in read_split(output, split, manifest):
             assert row["sha256"] not in seen
             seen[row["sha256"]] = split
-            assert assign_split(content_key(row["uri"])[0], manifest["split_fractions"]) == split
+            expected = split_of_uri.get(row["uri"]) or assign_split(
+                content_key(row["uri"])[0], manifest["split_fractions"]
+            )
+            assert expected == split
             with open(row["uri"], "rb") as source:
                 assert hashlib.sha256(source.read()).hexdigest() == row["sha256"]
     assert set(seen.values()) == set(manifest_lib.SPLITS)
@@ -172,7 +189,9 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     }
     assert f"{run_dir}/transform_fn/saved_model.pb" in transform
     assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
-    assert _files_below(output) == {"dataset.json", *errors} | listed | transform
+    near_duplicates = manifest_lib.near_duplicate_file_paths(manifest)
+    assert all(path.startswith(f"{run_dir}/near-duplicates-") for path in near_duplicates)
+    assert _files_below(output) == {"dataset.json", *errors, *near_duplicates} | listed | transform
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;
@@ -288,47 +307,81 @@ def test_a_pipeline_built_once_and_run_twice_gets_its_run_id_and_files_at_each_r
     assert verification.verify_shards(str(output), second, check_sha256=True) == []
 
 
-def _graph(encoding: str, tmp_path):
+def _graph(encoding: str, tmp_path, *flags):
     args, beam_args = parse_args(
-        ["--input", str(tmp_path), "--output", str(tmp_path / "out"), "--encoding", encoding]
+        ["--input", str(tmp_path), "--output", str(tmp_path / "out"), "--encoding", encoding, *flags]
     )
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
     build_pipeline(pipeline, args, build_id="graph-only")
     return pipeline.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
 
 
-def _step_names(encoding: str, tmp_path) -> set[str]:
-    return {transform.unique_name for transform in _graph(encoding, tmp_path).components.transforms.values()}
+def _step_names(encoding: str, tmp_path, *flags) -> set[str]:
+    graph = _graph(encoding, tmp_path, *flags)
+    return {transform.unique_name for transform in graph.components.transforms.values()}
+
+
+DECODE = "Decode/ParDo(DecodeImagesFn)"
+NEAR_DUPLICATE_SPILL = "NearDuplicates/Spill/ParDo(SpillDecodedFn)"
+NEAR_DUPLICATE_ROUTE = "NearDuplicates/Route"
 
 
 @pytest.mark.parametrize(
-    "encoding,same_stage",
+    "encoding,mode,stages_together",
     [
+        ("uint8", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}]),
+        ("jpeg", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}]),
+        ("bfloat16", "off", [{DECODE, "Spill[train]/WriteParts", "Spill[test]/WriteParts"}]),
+        # With the near-duplicate audit: decoded pixels go to the audit's spill where they are decoded, and
+        # from there, where each part is read back, to the shards (or the second pass's spill).
         (
             "uint8",
-            {"Decode/ParDo(DecodeImagesFn)", "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"},
+            "keep",
+            [
+                {DECODE, NEAR_DUPLICATE_SPILL},
+                {NEAR_DUPLICATE_ROUTE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"},
+            ],
         ),
-        ("jpeg", {"Decode/ParDo(DecodeImagesFn)", "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}),
-        ("bfloat16", {"Decode/ParDo(DecodeImagesFn)", "Spill[train]/WriteParts", "Spill[test]/WriteParts"}),
+        (
+            "bfloat16",
+            "drop",
+            [
+                {DECODE, NEAR_DUPLICATE_SPILL},
+                {NEAR_DUPLICATE_ROUTE, "Spill[train]/WriteParts", "Spill[test]/WriteParts"},
+            ],
+        ),
     ],
 )
-def test_no_decoded_image_crosses_a_stage_boundary(encoding, same_stage, tmp_path):
+def test_no_decoded_image_crosses_a_stage_boundary(encoding, mode, stages_together, tmp_path):
     """Decoded pixels go to disk (shards, or the spill) in the stage that decodes them, as the local runner
     fuses the graph: whatever crosses a stage boundary, it holds in memory."""
-    _, stages = fn_runner.FnApiRunner().create_stages(_graph(encoding, tmp_path))
-    (decoding,) = [
-        stage
-        for stage in stages
-        if "Decode/ParDo(DecodeImagesFn)" in {t.unique_name for t in stage.transforms}
-    ]
-    assert same_stage <= {transform.unique_name for transform in decoding.transforms}
+    _, stages = fn_runner.FnApiRunner().create_stages(_graph(encoding, tmp_path, "--near-duplicates", mode))
+    for together in stages_together:
+        first = sorted(together)[0]
+        (stage,) = [stage for stage in stages if first in {t.unique_name for t in stage.transforms}]
+        assert together <= {transform.unique_name for transform in stage.transforms}
 
 
 @pytest.mark.parametrize("encoding", ["uint8", "jpeg"])
 def test_pixel_encodings_are_written_in_one_pass_without_a_spill_or_a_transform(encoding, tmp_path):
-    steps = _step_names(encoding, tmp_path)
+    steps = _step_names(encoding, tmp_path, "--near-duplicates", "off")
     assert "Encode" in steps and "AnalyzeTrain" in steps and "WriteShards" in steps
-    assert not {step for step in steps if step.startswith(("Spill[", "Transform[", "Encode["))}
+    assert not {
+        step for step in steps if step.startswith(("Spill[", "Transform[", "Encode[", "NearDuplicates"))
+    }
+
+
+def test_near_duplicates_off_builds_no_audit_and_keep_is_the_default(tmp_path):
+    assert not {
+        step for step in _step_names("uint8", tmp_path, "--near-duplicates", "off") if "NearDuplicate" in step
+    }
+    default = _step_names("uint8", tmp_path)
+    assert {
+        "NearDuplicates",
+        "NearDuplicates/Spill",
+        "NearDuplicates/Group",
+        "WriteNearDuplicates",
+    } <= default
 
 
 def test_normalized_encodings_take_a_second_pass_through_the_spill_and_the_transform(tmp_path):

@@ -140,7 +140,7 @@ def test_memory_error_while_decoding_is_raised(tmp_path, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("preprocess.decode_stage.load_image", out_of_memory)
+    monkeypatch.setattr("preprocess.decode_stage.load_image_and_source_size", out_of_memory)
     with pytest.raises(MemoryError):
         _outputs(_decode_fn(), _unique(str(path)))
 
@@ -152,7 +152,7 @@ def test_an_unexpected_decoder_exception_on_bytes_in_memory_is_a_decode_error(tm
     def broken_decoder(*args, **kwargs):
         raise ValueError("tile cannot extend outside image")
 
-    monkeypatch.setattr("preprocess.decode_stage.load_image", broken_decoder)
+    monkeypatch.setattr("preprocess.decode_stage.load_image_and_source_size", broken_decoder)
     failed, _ = _outputs(_decode_fn(), _unique(str(path)))
     assert [(reason, detail) for _, reason, detail in failed] == [
         (errors.DECODE_ERROR, "ValueError: tile cannot extend outside image")

@@ -1,0 +1,620 @@
+"""How well the near-duplicate signature finds altered copies: recall and precision per kind of alteration.
+
+    python -m benchmarks.near_duplicate_quality
+    python -m benchmarks.near_duplicate_quality --no-grouping   # without the Beam run
+
+The corpus is cut from the real photographs that installed packages ship
+(scikit-image's `skimage/data`, matplotlib's `grace_hopper.jpg`), read from
+the installed packages, never downloaded. Each photo is cut into square
+tiles at several scales, on a grid per scale (tiles of one scale do not
+overlap; a tile of one scale is a quadrant of one of the next, a different
+picture: a quarter of it, twice as large); a tile with no structure at the
+thumbnail's scale (a flat background, black sky, the corners of a fundus
+photo) is left out. Each kept tile is a distinct image, saved as a JPEG at
+quality 95 (the "original"), and each original gets one altered copy per kind:
+
+- `jpeg`: the original re-encoded at quality 15-35;
+- `downscale`: 40-70% of its size (JPEG q90);
+- `crop`: 2-5% cut from each side, each side its own (JPEG q90);
+- `png`: the original's pixels as a PNG;
+- `brightness`: x0.7-0.85 or x1.15-1.4 (JPEG q90);
+- `blur`: Gaussian, radius 0.5-1.5% of the short side (JPEG q90);
+- `caption`: a band of 10-15% of the height across the top or bottom, white
+  or black, with a line of text in PIL's default font (JPEG q90).
+
+The parameters are drawn per tile from a generator seeded by the tile's name,
+so every run builds the same corpus. Every file goes through stage 1's own
+decode and resize (`load_image` at 224, crop, the default pixel limit) and is
+signed as stage 1 signs it.
+
+The photos are split in two halves by name (TUNING_PHOTOS): the threshold is
+chosen on the tuning half only (`choose_threshold`: the middle of the
+thresholds where every kind meets recall >= 0.9 and precision >= 0.99, or,
+when none does, the largest where every kind keeps precision >= 0.99), and the
+figures are reported on the held-out half, which nothing was tuned on. Per kind, the
+corpus is the originals plus that kind's copies: recall is the share of
+planted (original, copy) pairs within the threshold, precision the share of
+reported pairs (all pairs within it) that are planted. `all` is the whole
+half: recall over every planted pair, precision counting any two files of the
+same tile as correct.
+
+Then it runs the real `FindNearDuplicateGroups` (DirectRunner, in
+process) over the held-out half's SignedImages at the default threshold and
+scores its groups the same way (two files are reported as a pair when they are
+in one group), which includes the losses of its candidate stage and the
+pairs its connected components add.
+
+Also printed: the time of `image_signature` per image over the time of
+`load_image` per image, both measured on the same files in the same run.
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.resources
+import io
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageFont
+
+from dataset_contract import geometry, image_errors
+from preprocess import image_decode
+from preprocess.near_duplicates import signature
+
+KINDS = ("jpeg", "downscale", "crop", "png", "brightness", "blur", "caption")
+ORIGINAL = "original"
+SCALES = (128, 256, 512)
+TINY_SCALES = (256,)
+IMAGE_SIZE = 224
+# Real photographs and scans (and two graphics) from the installed packages.
+# Left out: the chessboards (their tiles are exact repeats, not distinct
+# images), phantom and horse (flat synthetic shapes), microaneurysms (102 px).
+SKIMAGE_PHOTOS = (
+    "astronaut.png", "brick.png", "camera.png", "cell.png", "chelsea.png", "clock_motion.png", "coffee.png",
+    "coins.png", "color.png", "grass.png", "gravel.png", "hubble_deep_field.jpg", "ihc.png", "logo.png",
+    "moon.png", "motorcycle_left.png", "motorcycle_right.png", "page.png", "retina.jpg", "rocket.jpg", "text.png",
+)  # fmt: skip
+MATPLOTLIB_PHOTOS = ("grace_hopper.jpg",)
+# The threshold is chosen on these; the others are held out. Each half has a
+# portrait, an object, textures, a document, scientific images and a graphic;
+# the stereo pair (motorcycle_left/right, a hard negative) is held out together.
+TUNING_PHOTOS = (
+    "astronaut.png", "brick.png", "camera.png", "cell.png", "coffee.png", "coins.png", "grass.png",
+    "hubble_deep_field.jpg", "logo.png", "moon.png", "page.png",
+)  # fmt: skip
+TINY_PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg")
+TINY_TUNING_PHOTOS = ("astronaut.png", "coffee.png")
+# A tile whose 32x32 grey thumbnail varies less than this (standard deviation,
+# grey levels) has no structure a signature could hold: it is left out.
+MIN_THUMBNAIL_STD = 8.0
+# Symmetric crops (the share cut from each side) whose recall is printed, to show how much crop the
+# threshold tolerates; not part of the scores.
+CROP_SWEEP = (0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10)
+RECALL_TARGET = 0.9
+PRECISION_TARGET = 0.99
+CAPTIONS = (
+    "Summer 2019",
+    "All rights reserved",
+    "www.example.com",
+    "Photo: J. Smith",
+    "Sale -50% today only",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SignedFile:
+    tile: str  # the distinct image it shows: photo/scale/row/col
+    photo: str
+    kind: str  # ORIGINAL or one of KINDS
+    signature: int
+    sha256: str
+
+
+def photo_paths(names=None) -> dict[str, str]:
+    """{name: path} of the source photos, from the installed scikit-image and matplotlib.
+
+    Without them: a line saying what to install, and exit 2.
+    """
+    try:
+        skimage_data = importlib.resources.files("skimage.data")
+        import matplotlib  # noqa: PLC0415 - only to locate its sample data
+    except ModuleNotFoundError as error:
+        print(
+            f"cannot import {error.name}: this benchmark's photographs come with scikit-image and matplotlib; "
+            "`pip install -r requirements.txt -c constraints.txt` installs them",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    sample_data = os.path.join(matplotlib.get_data_path(), "sample_data")
+    paths = {name: str(skimage_data / name) for name in SKIMAGE_PHOTOS}
+    paths.update({name: os.path.join(sample_data, name) for name in MATPLOTLIB_PHOTOS})
+    missing = [path for path in paths.values() if not os.path.exists(path)]
+    if missing:
+        print(
+            f"source photos missing from the installed packages (scikit-image==0.26.0?): {missing}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return {name: path for name, path in paths.items() if names is None or name in names}
+
+
+def tiles(image: Image.Image, scales):
+    """(scale, row, col, tile) over non-overlapping grids, one per scale, aligned at the top left."""
+    width, height = image.size
+    for scale in scales:
+        for row in range(height // scale):
+            for col in range(width // scale):
+                yield (
+                    scale,
+                    row,
+                    col,
+                    image.crop((col * scale, row * scale, (col + 1) * scale, (row + 1) * scale)),
+                )
+
+
+def has_structure(tile: Image.Image) -> bool:
+    thumbnail = np.asarray(tile.convert("L").resize((32, 32), Image.Resampling.BOX), dtype=np.float64)
+    return thumbnail.std() >= MIN_THUMBNAIL_STD
+
+
+def _encode(image: Image.Image, fmt="JPEG", **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def alter(kind: str, original: Image.Image, rng: random.Random) -> bytes:
+    """The file of one altered copy of `original` (the decoded original file)."""
+    width, height = original.size
+    if kind == "jpeg":
+        return _encode(original, quality=rng.randint(15, 35))
+    if kind == "downscale":
+        factor = rng.uniform(0.4, 0.7)
+        return _encode(original.resize((round(width * factor), round(height * factor))), quality=90)
+    if kind == "crop":
+        return _encode(_cropped(original, [rng.uniform(0.02, 0.05) for _ in range(4)]), quality=90)
+    if kind == "png":
+        return _encode(original, "PNG")
+    if kind == "brightness":
+        factor = rng.choice((rng.uniform(0.7, 0.85), rng.uniform(1.15, 1.4)))
+        return _encode(ImageEnhance.Brightness(original).enhance(factor), quality=90)
+    if kind == "blur":
+        radius = rng.uniform(0.005, 0.015) * min(width, height)
+        return _encode(original.filter(ImageFilter.GaussianBlur(radius)), quality=90)
+    if kind == "caption":
+        return _encode(_captioned(original, rng), quality=90)
+    raise ValueError(f"unknown alteration {kind!r}")
+
+
+def _cropped(image: Image.Image, shares) -> Image.Image:
+    """`image` with the shares (left, top, right, bottom) of its width or height cut from each side."""
+    width, height = image.size
+    left, top, right, bottom = shares
+    return image.crop(
+        (
+            round(width * left),
+            round(height * top),
+            width - round(width * right),
+            height - round(height * bottom),
+        )
+    )
+
+
+def _captioned(original: Image.Image, rng: random.Random) -> Image.Image:
+    width, height = original.size
+    band = round(height * rng.uniform(0.10, 0.15))
+    top = rng.choice((0, height - band))
+    background, ink = rng.choice((((255, 255, 255), (0, 0, 0)), ((0, 0, 0), (255, 255, 255))))
+    captioned = original.copy()
+    draw = ImageDraw.Draw(captioned)
+    draw.rectangle((0, top, width, top + band), fill=background)
+    font = ImageFont.load_default(size=max(6, round(band * 0.7)))
+    draw.text((round(width * 0.03), top + band * 0.1), rng.choice(CAPTIONS), fill=ink, font=font)
+    return captioned
+
+
+class Signer:
+    """Stage 1's decode and resize, then the signature; keeps the time of each."""
+
+    def __init__(self):
+        self.load_seconds = 0.0
+        self.signature_seconds = 0.0
+        self.count = 0
+
+    def __call__(self, data: bytes, timed: bool = True) -> int:
+        start = time.perf_counter()
+        pixels = image_decode.load_image(
+            data, size=IMAGE_SIZE, method=geometry.CROP, max_pixels=image_errors.DEFAULT_MAX_PIXELS
+        )
+        loaded = time.perf_counter()
+        value = signature.image_signature(pixels)
+        if timed:
+            self.signature_seconds += time.perf_counter() - loaded
+            self.load_seconds += loaded - start
+            self.count += 1
+        return value
+
+
+def build_corpus(paths: dict[str, str], scales, signer: Signer):
+    """(the signed files, {photo: tiles kept}, {photo: tiles left out as structureless}, the crop sweep).
+
+    The crop sweep: (photo, share cut from each side, distance to the
+    original's signature) for symmetric crops of each tile (CROP_SWEEP).
+    """
+    files, kept, left_out, sweep = [], {}, {}, []
+    for name, path in sorted(paths.items()):
+        with Image.open(path) as source:
+            photo = source.convert("RGB")
+        kept[name] = left_out[name] = 0
+        for scale, row, col, tile in tiles(photo, scales):
+            if not has_structure(tile):
+                left_out[name] += 1
+                continue
+            kept[name] += 1
+            tile_name = f"{name}/{scale}/{row}/{col}"
+            rng = random.Random(zlib.crc32(tile_name.encode()))
+            original_bytes = _encode(tile, quality=95)
+            with Image.open(io.BytesIO(original_bytes)) as decoded:
+                original = decoded.convert("RGB")
+            for kind in (ORIGINAL, *KINDS):
+                data = original_bytes if kind == ORIGINAL else alter(kind, original, rng)
+                files.append(
+                    SignedFile(tile_name, name, kind, signer(data), hashlib.sha256(data).hexdigest())
+                )
+            original_signature = files[-1 - len(KINDS)].signature
+            for share in CROP_SWEEP:
+                cropped = _encode(_cropped(original, (share,) * 4), quality=90)
+                sweep.append(
+                    (name, share, signature.hamming(original_signature, signer(cropped, timed=False)))
+                )
+    return files, kept, left_out, sweep
+
+
+def time_source_photos(paths: dict[str, str], repeats: int = 5) -> Signer:
+    """Stage 1's decode and the signature, timed on the whole source photos (larger than the tiles)."""
+    signer = Signer()
+    for path in paths.values():
+        with Image.open(path) as source:
+            data = _encode(source.convert("RGB"), quality=95)
+        for _ in range(repeats):
+            signer(data)
+    return signer
+
+
+def distances(files) -> np.ndarray:
+    """All pairwise Hamming distances, uint8 [n, n]."""
+    values = np.array([f.signature for f in files], dtype=np.uint64)
+    return np.bitwise_count(values[:, None] ^ values[None, :]).astype(np.uint8)
+
+
+def pair_histograms(files, matrix, kind: str | None):
+    """(planted, reported-but-wrong, same-tile-not-planted) pair counts per distance, for one kind or all."""
+    chosen = np.array([f.kind in (ORIGINAL, kind) or kind is None for f in files])
+    index = np.flatnonzero(chosen)
+    sub = matrix[np.ix_(index, index)]
+    tile_ids = np.array([f.tile for f in files])[index]
+    kinds = np.array([f.kind for f in files])[index]
+    upper = np.triu(np.ones(sub.shape, dtype=bool), k=1)
+    same = tile_ids[:, None] == tile_ids[None, :]
+    one_original = (kinds[:, None] == ORIGINAL) != (kinds[None, :] == ORIGINAL)
+    length = signature.SIGNATURE_BITS + 1
+    planted = np.bincount(sub[upper & same & one_original], minlength=length)
+    wrong = np.bincount(sub[upper & ~same], minlength=length)
+    other_same = np.bincount(sub[upper & same & ~one_original], minlength=length)
+    return planted, wrong, other_same
+
+
+def scores(histograms, threshold: int) -> dict:
+    planted, wrong, other_same = (np.cumsum(h)[threshold] for h in histograms)
+    total_planted = int(histograms[0].sum())
+    reported = planted + wrong + other_same
+    return {
+        "recall": float(planted / total_planted) if total_planted else 1.0,
+        "precision": float((planted + other_same) / reported) if reported else 1.0,
+        "planted": total_planted,
+        "found": int(planted),
+        "reported": int(reported),
+        "false": int(wrong),
+    }
+
+
+def evaluate(files) -> dict:
+    """{kind or 'all': histograms} over one half's files."""
+    matrix = distances(files)
+    return {kind: pair_histograms(files, matrix, kind) for kind in KINDS} | {
+        "all": pair_histograms(files, matrix, None)
+    }
+
+
+def meets_targets(histograms_by_kind, threshold) -> bool:
+    return all(
+        s["recall"] >= RECALL_TARGET and s["precision"] >= PRECISION_TARGET
+        for s in (scores(h, threshold) for h in histograms_by_kind.values())
+    )
+
+
+def choose_threshold(histograms_by_kind) -> tuple[int, list[int], str]:
+    """(the threshold, the thresholds meeting every target, how it was chosen) from one half's pairs.
+
+    The middle of the thresholds meeting every target (rounded down), so that
+    neither target sits at its edge; when none meets every target, the largest
+    at which every kind still meets the precision target: a false pair joins
+    two distinct images in a group (and in drop mode deletes one), a missed
+    one is what the audit exists to catch, so recall is what gives way. Then
+    lowered while a smaller threshold reports exactly the same pairs (two
+    signatures with 32 one bits each differ in an even number of bits, so
+    t and t + 1 often do): a smaller one costs the grouping's candidate
+    stage less.
+    """
+    thresholds = range(signature.SIGNATURE_BITS + 1)
+    feasible = [t for t in thresholds if meets_targets(histograms_by_kind, t)]
+    if feasible:
+        chosen, rule = feasible[(len(feasible) - 1) // 2], "the middle of those meeting every target"
+    else:
+        chosen = max(
+            t
+            for t in thresholds
+            if all(scores(h, t)["precision"] >= PRECISION_TARGET for h in histograms_by_kind.values())
+        )
+        rule = f"none meets every target: the largest with precision >= {PRECISION_TARGET} for every kind"
+    while chosen > 0 and all(scores(h, chosen - 1) == scores(h, chosen) for h in histograms_by_kind.values()):
+        chosen -= 1
+    return chosen, feasible, rule
+
+
+def print_scores(title, histograms_by_kind, threshold):
+    print(f"\n{title} (threshold {threshold})")
+    print(
+        f"{'kind':<11} {'recall':>7} {'precision':>9} {'planted':>8} {'found':>6} {'reported':>8} {'false':>6}"
+    )
+    for kind, histograms in histograms_by_kind.items():
+        s = scores(histograms, threshold)
+        print(
+            f"{kind:<11} {s['recall']:>7.3f} {s['precision']:>9.4f} {s['planted']:>8} {s['found']:>6} "
+            f"{s['reported']:>8} {s['false']:>6}"
+        )
+
+
+def print_threshold_table(title, histograms_by_kind, thresholds):
+    print(f"\n{title}: recall / precision per threshold")
+    print(f"{'t':>3} " + " ".join(f"{kind:>13}" for kind in histograms_by_kind))
+    for t in thresholds:
+        cells = []
+        for histograms in histograms_by_kind.values():
+            s = scores(histograms, t)
+            cells.append(f"{s['recall']:.3f}/{s['precision']:.3f}")
+        print(
+            f"{t:>3} "
+            + " ".join(f"{cell:>13}" for cell in cells)
+            + ("  <- all met" if meets_targets(histograms_by_kind, t) else "")
+        )
+
+
+def group_with_beam(files, max_distance: int, workdir: str, bands=None) -> tuple[list[list[int]], dict]:
+    """(the groups as lists of file indexes, the transform's stats): FindNearDuplicateGroups over `files`.
+
+    A DirectRunner pipeline, in process; the groups come back through a text
+    file, as any Beam output.
+    """
+    import apache_beam as beam  # noqa: PLC0415 - only this part needs Beam
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
+
+    from preprocess.near_duplicates import grouping  # noqa: PLC0415
+
+    images = [
+        grouping.SignedImage(
+            key=f.sha256,
+            signature=f.signature,
+            uri=f"{f.tile}/{f.kind}",
+            label=f.photo,
+            split="train",
+            split_given=False,
+        )
+        for f in files
+    ]
+    output = os.path.join(workdir, "groups.jsonl")
+    with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])) as pipeline:
+        found = (
+            pipeline
+            | "Create" >> beam.Create(images, reshuffle=False)
+            | grouping.FindNearDuplicateGroups(max_distance, bands=bands)
+        )
+        groups = found["groups"] | "Keys" >> beam.Map(
+            lambda group: json.dumps([m.image.key for m in group.members])
+        )
+        stats = found["stats"] | "Stats" >> beam.Map(lambda stats: json.dumps({"stats": stats}))
+        _ = (
+            (groups, stats)
+            | beam.Flatten()
+            | beam.io.WriteToText(output, num_shards=1, shard_name_template="")
+        )
+    index_of = {f.sha256: i for i, f in enumerate(files)}
+    groups, stats = [], {}
+    with open(output) as handle:
+        for line in handle:
+            value = json.loads(line)
+            if isinstance(value, dict):
+                stats = value["stats"]
+            else:
+                groups.append([index_of[key] for key in value])
+    return groups, stats
+
+
+def group_scores(files, indexes, groups) -> dict:
+    """Recall of the planted pairs among `indexes` and precision of the pairs that share a group."""
+    chosen = set(indexes)
+    originals = {files[i].tile: i for i in indexes if files[i].kind == ORIGINAL}
+    group_of = {i: number for number, members in enumerate(groups) for i in members}
+    planted = [
+        (originals[files[i].tile], i)
+        for i in indexes
+        if files[i].kind != ORIGINAL and files[i].tile in originals
+    ]
+    found = sum(1 for a, b in planted if a in group_of and group_of[a] == group_of.get(b))
+    reported = correct = 0
+    for members in groups:
+        members = [i for i in members if i in chosen]
+        for position, a in enumerate(members):
+            for b in members[position + 1 :]:
+                reported += 1
+                correct += files[a].tile == files[b].tile
+    return {
+        "recall": found / len(planted) if planted else 1.0,
+        "precision": correct / reported if reported else 1.0,
+        "planted": len(planted),
+        "found": found,
+        "reported": reported,
+        "false": reported - correct,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.near_duplicate_quality", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--tiny", action="store_true", help="4 photos at one scale, for the smoke test")
+    parser.add_argument(
+        "--scales",
+        default=",".join(map(str, SCALES)),
+        help=f"tile sides in pixels, comma-separated (default {','.join(map(str, SCALES))})",
+    )
+    parser.add_argument(
+        "--no-grouping",
+        action="store_true",
+        help="skip the run of FindNearDuplicateGroups (Beam) on the held-out half",
+    )
+    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument(
+        "--workdir", help="where the Beam run writes its groups (default: a temporary directory)"
+    )
+    parser.add_argument(
+        "--bands", type=int, help="the grouping's LSH bands (default: FindNearDuplicateGroups' own)"
+    )
+    args = parser.parse_args(argv)
+
+    photos = TINY_PHOTOS if args.tiny else None
+    tuning = TINY_TUNING_PHOTOS if args.tiny else TUNING_PHOTOS
+    signer = Signer()
+    start = time.perf_counter()
+    scales = TINY_SCALES if args.tiny else tuple(int(side) for side in args.scales.split(","))
+    files, kept, left_out, sweep = build_corpus(photo_paths(photos), scales, signer)
+    build_seconds = time.perf_counter() - start
+    halves = {
+        "tuning": [f for f in files if f.photo in tuning],
+        "held-out": [f for f in files if f.photo not in tuning],
+    }
+    print(f"{'photo':<24} {'half':<8} {'tiles':>5} {'left out':>8}")
+    for name in sorted(kept):
+        print(
+            f"{name:<24} {'tuning' if name in tuning else 'held-out':<8} {kept[name]:>5} {left_out[name]:>8}"
+        )
+    distinct = {half: len({f.tile for f in half_files}) for half, half_files in halves.items()}
+    print(
+        f"distinct images: {sum(distinct.values())} ({distinct['tuning']} tuning, {distinct['held-out']} held out), "
+        f"files signed: {len(files)} (each with {len(KINDS)} altered copies), scales {scales}"
+    )
+    ratio = signer.signature_seconds / signer.load_seconds
+    print(
+        f"per image: load_image {1e3 * signer.load_seconds / signer.count:.3f} ms, image_signature "
+        f"{1e3 * signer.signature_seconds / signer.count:.3f} ms: signature / load = {ratio:.3f} "
+        f"(corpus built and signed in {build_seconds:.1f} s)"
+    )
+
+    photo_signer = time_source_photos(photo_paths(photos))
+    print(
+        f"per source photo ({len(photo_paths(photos))} photos, 0.07-2.0 megapixels, as JPEG q95): load_image "
+        f"{1e3 * photo_signer.load_seconds / photo_signer.count:.3f} ms, image_signature "
+        f"{1e3 * photo_signer.signature_seconds / photo_signer.count:.3f} ms: signature / load = "
+        f"{photo_signer.signature_seconds / photo_signer.load_seconds:.3f}"
+    )
+
+    evaluated = {half: evaluate(half_files) for half, half_files in halves.items()}
+    chosen, feasible, rule = choose_threshold(evaluated["tuning"])
+    thresholds = list(range(0, 25))
+    print_threshold_table("tuning half", evaluated["tuning"], thresholds)
+    print(
+        f"\nthresholds meeting every target on the tuning half: {feasible or 'none'}; chosen: {chosen} ({rule}); "
+        f"signature.DEFAULT_MAX_DISTANCE = {signature.DEFAULT_MAX_DISTANCE}"
+    )
+    if chosen != signature.DEFAULT_MAX_DISTANCE and not args.tiny and scales == SCALES:
+        print("the default corpus chose another threshold than DEFAULT_MAX_DISTANCE: the signature changed?")
+    print_threshold_table("held-out half", evaluated["held-out"], thresholds)
+    print_scores("held-out half, at the default", evaluated["held-out"], signature.DEFAULT_MAX_DISTANCE)
+    crop_recall = {}
+    for share in CROP_SWEEP:
+        found = [
+            d <= signature.DEFAULT_MAX_DISTANCE for name, s, d in sweep if s == share and name not in tuning
+        ]
+        crop_recall[share] = sum(found) / len(found)
+    print(
+        "\nheld-out half, symmetric crops, recall at the default: "
+        + ", ".join(f"{100 * share:g}% per side {recall:.3f}" for share, recall in crop_recall.items())
+    )
+    report = {
+        "distinct_images": distinct,
+        "files": len(files),
+        "signature_over_load": ratio,
+        "load_ms": 1e3 * signer.load_seconds / signer.count,
+        "signature_ms": 1e3 * signer.signature_seconds / signer.count,
+        "source_photos_signature_over_load": photo_signer.signature_seconds / photo_signer.load_seconds,
+        "chosen_threshold": chosen,
+        "feasible_thresholds": feasible,
+        "default_max_distance": signature.DEFAULT_MAX_DISTANCE,
+        "held_out": {
+            kind: scores(h, signature.DEFAULT_MAX_DISTANCE) for kind, h in evaluated["held-out"].items()
+        },
+        "tuning": {
+            kind: scores(h, signature.DEFAULT_MAX_DISTANCE) for kind, h in evaluated["tuning"].items()
+        },
+    }
+    if not args.no_grouping:
+        report["grouping"] = run_grouping(halves["held-out"], args.workdir, args.bands)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    sys.stdout.flush()
+    return report
+
+
+def run_grouping(files, workdir, bands=None) -> dict:
+    """FindNearDuplicateGroups once over the held-out half; scored per kind on the groups it found.
+
+    Per kind, the pairs are those the groups make among the originals and that
+    kind's copies (a copy may join its original through another copy: the
+    groups are connected components, and that is what stage 1 acts on).
+    """
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="near-duplicate-quality-") as temporary:
+        groups, stats = group_with_beam(files, signature.DEFAULT_MAX_DISTANCE, workdir or temporary, bands)
+    seconds = time.perf_counter() - start
+    print(
+        f"\nheld-out half through FindNearDuplicateGroups (DirectRunner, max_distance "
+        f"{signature.DEFAULT_MAX_DISTANCE}, bands {bands or 'default'}; two files in one group are a reported pair; "
+        f"{seconds:.1f} s)"
+    )
+    print(
+        f"{'kind':<11} {'recall':>7} {'precision':>9} {'planted':>8} {'found':>6} {'reported':>8} {'false':>6}"
+    )
+    subsets = {kind: [i for i, f in enumerate(files) if f.kind in (ORIGINAL, kind)] for kind in KINDS}
+    subsets["all"] = list(range(len(files)))
+    report = {}
+    for name, indexes in subsets.items():
+        report[name] = s = group_scores(files, indexes, groups)
+        print(
+            f"{name:<11} {s['recall']:>7.3f} {s['precision']:>9.4f} {s['planted']:>8} {s['found']:>6} "
+            f"{s['reported']:>8} {s['false']:>6}"
+        )
+    print("stats: " + ", ".join(f"{key} {value}" for key, value in sorted(stats.items())))
+    report["stats"] = stats
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Near-duplicate images: signatures, groups, and the split they share."""

@@ -1,0 +1,170 @@
+"""Decoded images spilled once, then each routed to the split its near-duplicate group gives it.
+
+Near-duplicate groups are known only once every image is decoded and signed,
+and no runner may hold the decoded images meanwhile (Beam's local runner
+keeps whatever crosses a stage boundary in memory). So the step that decodes
+them writes each decoded example to an Arrow part file in the run's staging
+(`staging/<run id>/decoded/near-<uuid>.arrow`, decoded_cache.py's part files),
+and passes on only a small SignedImage whose `locator` is (part path, row).
+
+After grouping, the few images whose split changes, or that drop mode drops,
+become overrides keyed by their part's path; the parts and their overrides
+are grouped by path (CoGroupByKey), and each part is read back once, in one
+element, its rows routed to their final split. What one element holds is a
+part's overrides: bounded by the part's rows, whatever the corpus.
+
+Retry-safe: every bundle attempt writes parts of its own (a uuid in the
+name), committed at the end of the bundle; a SignedImage and a part path are
+outputs of the attempt that wrote the row, so only a committed attempt's
+locators reach the grouping and the routing. Nothing is deleted here: the
+run's staging goes after it has published (preprocess/publish.py).
+"""
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
+
+from preprocess.decoded_cache import DEFAULT_PART_BYTES, ArrowPartFile, new_part_path
+from preprocess.near_duplicates.grouping import SignedImage
+
+PART_PREFIX = "near"
+# The spill's output of part paths, and CoGroupByKey's tags: each part's path, and the overrides of its rows.
+PARTS = "parts"
+OVERRIDES = "overrides"
+# Rows per Arrow record batch in a part: what a writer or a reader holds at once.
+ROWS_PER_BATCH = 32
+
+# The spilled columns: the raw example as DecodeImagesFn made it, without the signature's extras.
+_BINARY_COLUMNS = ("image_raw",)
+_STRING_COLUMNS = ("label", "sha256", "uri", "split")
+PART_SCHEMA = pa.schema(
+    [(name, pa.large_binary()) for name in _BINARY_COLUMNS]
+    + [(name, pa.string()) for name in _STRING_COLUMNS]
+)
+
+
+def signed_image(example: dict, locator: tuple) -> SignedImage:
+    """What grouping needs of a decoded example (DecodeImagesFn with signatures), with its locator."""
+    return SignedImage(
+        key=example["sha256"],
+        signature=example["signature"],
+        uri=example["uri"],
+        label=example["label"],
+        split=example["split"],
+        split_given=example.get("split_given", False),
+        source_pixels=example["source_width"] * example["source_height"],
+        num_bytes=example.get("num_bytes", 0),
+        locator=locator,
+    )
+
+
+class SpillDecodedFn(beam.DoFn):
+    """Decoded example -> SignedImage (main output), the example written to a part file; the paths of the
+    committed parts on the 'parts' output."""
+
+    def __init__(self, output_dir: str, part_bytes: int = DEFAULT_PART_BYTES):
+        self._output_dir = output_dir
+        self._part_bytes = part_bytes
+        self._spilled = Metrics.counter("preprocess", "near_duplicates_spilled")
+
+    def start_bundle(self):
+        self._abort()
+        self._part = None
+        self._rows = []
+
+    def _abort(self):
+        # A bundle that failed on this instance left its part open: discarded, never committed.
+        part = getattr(self, "_part", None)
+        if part is not None:
+            part.abort()
+        self._part = None
+
+    def teardown(self):
+        self._abort()
+
+    def _flush(self):
+        if self._rows:
+            columns = [
+                pa.array([row[name] for row in self._rows], type=pa.large_binary())
+                for name in _BINARY_COLUMNS
+            ]
+            columns += [
+                pa.array([row[name] for row in self._rows], type=pa.string()) for name in _STRING_COLUMNS
+            ]
+            self._part.write(pa.RecordBatch.from_arrays(columns, schema=PART_SCHEMA))
+            self._rows = []
+
+    def _close(self) -> str | None:
+        if self._part is None:
+            return None
+        self._flush()
+        path, self._part = self._part.close(), None
+        return path
+
+    def process(self, example: dict, run_id: str):
+        try:
+            yield from self._process(example, run_id)
+        except BaseException:
+            self._abort()
+            raise
+
+    def _process(self, example: dict, run_id: str):
+        if self._part is None:
+            self._part = ArrowPartFile(new_part_path(self._output_dir, run_id, PART_PREFIX), PART_SCHEMA)
+        row = self._part.num_rows + len(self._rows)
+        self._rows.append(example)
+        self._spilled.inc()
+        yield signed_image(example, (self._part.path, row))
+        if len(self._rows) >= ROWS_PER_BATCH:
+            self._flush()
+            if self._part.num_bytes >= self._part_bytes:
+                yield beam.pvalue.TaggedOutput(PARTS, self._close())
+
+    def finish_bundle(self):
+        path = self._close()
+        if path is not None:
+            yield beam.pvalue.TaggedOutput(PARTS, GlobalWindows.windowed_value(path))
+
+
+def read_part(path: str):
+    """Yield (row index, example dict) for every row of a part file, a record batch at a time."""
+    row = 0
+    with FileSystems.open(path) as handle:
+        for batch in pa.ipc.open_stream(pa.PythonFile(handle, mode="r")):
+            columns = {name: batch.column(name).to_pylist() for name in PART_SCHEMA.names}
+            for index in range(batch.num_rows):
+                yield row, {name: values[index] for name, values in columns.items()}
+                row += 1
+
+
+def override_of(member):
+    """GroupMember -> [(part path, (row, final split or None if dropped))]; none when nothing changes."""
+    if member.kept and member.split == member.image.split:
+        return []
+    path, row = member.image.locator
+    return [(path, (row, member.split if member.kept else None))]
+
+
+class RoutePartFn(beam.DoFn):
+    """(part path, {PARTS: [...], OVERRIDES: [(row, split or None), ...]}) -> the part's examples, each with
+    its final split; the rows of dropped members are left out (they are counted from the groups)."""
+
+    def __init__(self):
+        self._moved = Metrics.counter("preprocess", "near_duplicates_moved")
+
+    def process(self, element):
+        path, grouped = element
+        if not list(grouped[PARTS]):
+            # Overrides for a part no committed attempt wrote: a locator that escaped a failed attempt.
+            raise ValueError(f"near-duplicate overrides name {path}, which is not a committed part")
+        overrides = dict(grouped[OVERRIDES])
+        for row, example in read_part(path):
+            if row in overrides:
+                split = overrides[row]
+                if split is None:
+                    continue
+                self._moved.inc()
+                example["split"] = split
+            yield example

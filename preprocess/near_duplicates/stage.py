@@ -1,0 +1,64 @@
+"""Stage 1's near-duplicate audit: decoded examples in, the same examples in their final splits out.
+
+    decoded examples (with signatures) -> spill to part files, a SignedImage each (routing.py)
+      -> FindNearDuplicateGroups (grouping.py) -> overrides by part path
+      -> CoGroupByKey(part paths, overrides) -> each part read back once, rows routed (routing.py)
+
+The label vocabulary and the split sizes the encoder and the shard writer need
+come from small counts over the SignedImages plus the overrides' deltas
+(split_counts.py). Each image is decoded once, before; nothing here decodes.
+"""
+
+import apache_beam as beam
+
+from preprocess.near_duplicates import routing, split_counts
+from preprocess.near_duplicates.grouping import FindNearDuplicateGroups
+
+
+class NearDuplicateAudit(beam.PTransform):
+    """Decoded examples (DecodeImagesFn with signatures) -> a dict of PCollections:
+
+    - "examples": the decoded examples, each with its final split (drop mode: one per group)
+    - "summary": a singleton {"labels": train's class names, "per_split": {split: images}}
+    - "groups": NearDuplicateGroups; "stats": a singleton dict of counts (grouping.py)
+    - "dropped": the GroupMembers drop mode left out (none in keep mode)
+
+    `run_id` is the singleton of preprocess.runs.MakeRunId.
+    """
+
+    def __init__(self, output_dir: str, run_id, max_distance: int, drop: bool):
+        super().__init__()
+        self._output_dir = output_dir
+        self._run_id = run_id
+        self._max_distance = max_distance
+        self._drop = drop
+
+    def expand(self, decoded):
+        spilled = decoded | "Spill" >> beam.ParDo(
+            routing.SpillDecodedFn(self._output_dir), beam.pvalue.AsSingleton(self._run_id)
+        ).with_outputs(routing.PARTS, main="signed")
+        found = spilled.signed | "Group" >> FindNearDuplicateGroups(self._max_distance, drop=self._drop)
+        members = found["members"]
+        overrides = members | "Overrides" >> beam.FlatMap(routing.override_of)
+        parts = spilled[routing.PARTS] | "KeyParts" >> beam.Map(lambda path: (path, None))
+        examples = (
+            {routing.PARTS: parts, routing.OVERRIDES: overrides}
+            | "OverridesPerPart" >> beam.CoGroupByKey()
+            | "Route" >> beam.ParDo(routing.RoutePartFn())
+        )
+        summary = (
+            (
+                spilled.signed | "CountImages" >> beam.Map(split_counts.image_count),
+                members | "CountMoves" >> beam.FlatMap(split_counts.member_deltas),
+            )
+            | "Counts" >> beam.Flatten()
+            | "SplitLabelCounts" >> beam.CombineGlobally(split_counts.SplitLabelCountsFn())
+        )
+        dropped = members | "Dropped" >> beam.Filter(lambda member: not member.kept)
+        return {
+            "examples": examples,
+            "summary": summary,
+            "groups": found["groups"],
+            "stats": found["stats"],
+            "dropped": dropped,
+        }

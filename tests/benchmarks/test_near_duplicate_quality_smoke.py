@@ -1,0 +1,27 @@
+"""benchmarks/near_duplicate_quality.py runs at a tiny size: every kind is scored, the threshold is chosen on
+the tuning half, and the held-out half goes through FindNearDuplicateGroups. No figure is asserted beyond
+what a tiny corpus must give: the full-size ones are in benchmarks/RESULTS.md."""
+
+import pytest
+
+from benchmarks import near_duplicate_quality
+
+
+@pytest.mark.slow
+def test_near_duplicate_quality_runs_at_tiny_size(capsys):
+    report = near_duplicate_quality.main(["--tiny"])
+    kinds = {*near_duplicate_quality.KINDS, "all"}
+    assert set(report["held_out"]) == set(report["tuning"]) == kinds
+    assert report["distinct_images"]["tuning"] > 0 and report["distinct_images"]["held-out"] > 0
+    # Each held-out original has one planted copy per kind.
+    assert all(
+        report["held_out"][kind]["planted"] == report["distinct_images"]["held-out"]
+        for kind in kinds - {"all"}
+    )
+    assert report["chosen_threshold"] is not None and report["signature_over_load"] > 0
+    assert set(report["grouping"]) == kinds | {"stats"}
+    assert report["grouping"]["stats"]["images_not_converged"] == 0
+    # PNG keeps the original's pixels: its pairs are found, by the signature and by the groups.
+    assert report["held_out"]["png"]["recall"] == report["grouping"]["png"]["recall"] == 1.0
+    out = capsys.readouterr().out
+    assert "signature / load" in out and "FindNearDuplicateGroups" in out
