@@ -9,7 +9,8 @@ or however popular a signature, and every decision is a function of the set
 of images alone (never of their order, their bundles or which worker saw
 what), so a re-run gives the same groups, splits and kept members.
 
-1. Candidates: the signature's bits are cut into `bands` contiguous bands
+1. Candidates: the signature's candidate bits (`signature.CANDIDATE_BITS`, its grey
+   hash) are cut into `bands` contiguous bands
    (16 bits each by default: 4 bands for a 64-bit signature) and each image
    goes to one bucket per band, keyed by (band, the band's bits). Two images
    are candidates when they share a bucket. Guarantee (pigeonhole): a pair
@@ -24,7 +25,7 @@ what), so a re-run gives the same groups, splits and kept members.
    XOR-and-popcounts at 10M (0.2 us each); 8-bit bands (8 x 8) would
    guarantee 7 bits but put 39,000 images in every bucket at 10M, 250x
    the pairs, and every bucket would be hot.
-2. Verification: each pair of a bucket is checked, `hamming <= max_distance`,
+2. Verification: each pair of a bucket is checked, `signature.distance <= max_distance`,
    inside the bucket's one call; only verified edges leave it, and an edge
    found by several bands is kept once (a combine per pair).
 3. Hot buckets: a bucket of more than `max_bucket_size` images (100k
@@ -86,7 +87,8 @@ import math
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from preprocess.near_duplicates.signature import SIGNATURE_BITS, hamming
+from preprocess.near_duplicates.signature import CANDIDATE_BITS
+from preprocess.near_duplicates.signature import distance as signature_distance
 
 # 16-bit bands: see the module docstring (bucket sizes at 10M images).
 BITS_PER_BAND = 16
@@ -161,7 +163,7 @@ class NearDuplicateGroup:
         )
 
 
-def band_ranges(bands: int, bits: int = SIGNATURE_BITS) -> list[tuple[int, int]]:
+def band_ranges(bands: int, bits: int = CANDIDATE_BITS) -> list[tuple[int, int]]:
     """(shift, width) of each band: `bits` cut into `bands` contiguous bands whose widths differ by at most one."""
     if not 1 <= bands <= bits:
         raise ValueError(f"bands must be between 1 and {bits} (the signature's bits), not {bands}")
@@ -173,11 +175,11 @@ def band_ranges(bands: int, bits: int = SIGNATURE_BITS) -> list[tuple[int, int]]
     return ranges
 
 
-def default_bands(bits: int = SIGNATURE_BITS) -> int:
+def default_bands(bits: int = CANDIDATE_BITS) -> int:
     return max(1, bits // BITS_PER_BAND)
 
 
-def band_detection_probability(distance: int, bands: int, bits: int = SIGNATURE_BITS) -> float:
+def band_detection_probability(distance: int, bands: int, bits: int = CANDIDATE_BITS) -> float:
     """The chance that a pair `distance` bits apart shares a bucket, if its differing bits are placed uniformly.
 
     1.0 up to `bands - 1` bits (pigeonhole). Inclusion-exclusion over the sets of clean bands.
@@ -236,9 +238,9 @@ class VerifyBucketFn(beam.DoFn):
             for key_b, signature_b in held[index + 1 :]:
                 if key_a == key_b:
                     continue  # one image listed twice: not a pair
-                distance = hamming(signature_a, signature_b)
-                if distance <= limit:
-                    yield (key_a, key_b), distance
+                pair_distance = signature_distance(signature_a, signature_b)
+                if pair_distance <= limit:
+                    yield (key_a, key_b), pair_distance
 
 
 # Tags of what is grouped under one key in the joins below.
@@ -582,7 +584,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         bands: int | None = None,
         max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
         rounds: int = DEFAULT_ROUNDS,
-        signature_bits: int = SIGNATURE_BITS,
+        signature_bits: int = CANDIDATE_BITS,
     ):
         super().__init__()
         if max_distance < 0:
