@@ -243,6 +243,45 @@ class VerifyBucketFn(beam.DoFn):
                     yield (key_a, key_b), pair_distance
 
 
+# Every reduction per key below is a group-by and then a fold of the streamed values, never a lifted
+# CombinePerKey: a lifted combine pre-combines in each worker in a table of up to 1,000,000 keys (builtin
+# min/max/sum) or 100,000 (other CombineFns) per bundle (Beam's PGBKCVOperation): with keys of two
+# sha256 hex strings, a table of a million pairs is hundreds of MB in one worker. The keys here (pairs,
+# images, groups) are nearly all distinct, so pre-combining would save little shuffle anyway.
+class _FoldPerKey(beam.PTransform):
+    """(key, value) -> (key, `combine_fn` over the key's values): GroupByKey, then CombineValues (not lifted)."""
+
+    def __init__(self, combine_fn: beam.CombineFn):
+        super().__init__()
+        self._combine_fn = combine_fn
+
+    def expand(self, pairs):
+        return pairs | "Group" >> beam.GroupByKey() | "Fold" >> beam.CombineValues(self._combine_fn)
+
+
+class _SmallestPerKey(beam.PTransform):
+    """(key, value) -> (key, the smallest value), without a pre-combining table (see _FoldPerKey)."""
+
+    def expand(self, pairs):
+        return (
+            pairs
+            | "Group" >> beam.GroupByKey()
+            | "Smallest" >> beam.MapTuple(lambda key, values: (key, min(values)))
+        )
+
+
+class _Distinct(beam.PTransform):
+    """Elements -> each distinct one once, without a pre-combining table (see _FoldPerKey)."""
+
+    def expand(self, elements):
+        return (
+            elements
+            | "AsKeys" >> beam.Map(lambda element: (element, None))
+            | "Group" >> beam.GroupByKey()
+            | "Keys" >> beam.MapTuple(lambda element, _: element)
+        )
+
+
 # Tags of what is grouped under one key in the joins below.
 _OWN = 0  # the key's own label (or image, or decision)
 _OTHER = 1  # a neighbour, a proposed label, a child, a member
@@ -314,7 +353,7 @@ class _LabelRound(beam.PTransform):
         proposed = (
             _join("Proposals", labels, received)
             | "ProposeAndHook" >> beam.FlatMap(_propose_and_hook)
-            | "Smallest" >> beam.CombinePerKey(min)
+            | "Smallest" >> _SmallestPerKey()
         )
         children = proposed | "ToParent" >> beam.MapTuple(lambda node, label: (label, node))
         return _join("Jump", proposed, children) | "JumpToRoot" >> beam.FlatMap(_jump)
@@ -561,7 +600,7 @@ def _without_hot_images(edges, hot_images):
 
 
 def _count_distinct(keys, name: str, label: str):
-    return keys | f"{label}Distinct" >> beam.Distinct() | f"{label}Count" >> beam.Map(lambda _: (name, 1))
+    return keys | f"{label}Distinct" >> _Distinct() | f"{label}Count" >> beam.Map(lambda _: (name, 1))
 
 
 class FindNearDuplicateGroups(beam.PTransform):
@@ -609,15 +648,15 @@ class FindNearDuplicateGroups(beam.PTransform):
                 "hot", "stats", main="edges"
             )
         )
-        hot_images = verified.hot | "HotImages" >> beam.Distinct()
-        edges = _without_hot_images(verified.edges | "OncePerPair" >> beam.CombinePerKey(min), hot_images)
+        hot_images = verified.hot | "HotImages" >> _Distinct()
+        edges = _without_hot_images(verified.edges | "OncePerPair" >> _SmallestPerKey(), hot_images)
         adjacency = edges | "BothWays" >> beam.FlatMapTuple(
             lambda pair, distance: ((pair[0], (pair[1], distance)), (pair[1], (pair[0], distance)))
         )
         labels = (
             edges
             | "OwnAndSmaller" >> beam.FlatMapTuple(lambda pair, _: ((pair[0], pair[0]), (pair[1], pair[0])))
-            | "FirstLabels" >> beam.CombinePerKey(min)
+            | "FirstLabels" >> _SmallestPerKey()
         )
         for round_number in range(1, self._rounds + 1):
             labels = labels | f"Round{round_number}" >> _LabelRound(adjacency)
@@ -625,7 +664,7 @@ class FindNearDuplicateGroups(beam.PTransform):
 
         keyed_images = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
         grouped_images = _join("Images", keyed_images, labels) | "ByGroup" >> beam.FlatMap(_images_by_label)
-        decisions = grouped_images | "Decide" >> beam.CombinePerKey(DecideGroupFn())
+        decisions = grouped_images | "Decide" >> _FoldPerKey(DecideGroupFn())
         assigned = _join("Members", decisions, grouped_images) | "Assign" >> beam.ParDo(
             AssignMembersFn(self._drop)
         ).with_outputs("stats", main="members")
@@ -637,9 +676,7 @@ class FindNearDuplicateGroups(beam.PTransform):
             | "DistanceByGroup" >> beam.MapTuple(lambda group, d: (group, ("distance", d))),
         ) | "MembersAndDistances" >> beam.Flatten()
         groups = (
-            listed
-            | "ListGroups" >> beam.CombinePerKey(ListGroupFn())
-            | "ToGroups" >> beam.FlatMapTuple(_to_group)
+            listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
 
         drop = self._drop

@@ -1,0 +1,251 @@
+"""The near-duplicate grouping's memory per worker: peak RSS on 4x the images vs. 1x.
+
+    python -m benchmarks.near_duplicate_grouping_memory --images 20000 --factor 4 --repeats 2
+
+Runs `FindNearDuplicateGroups` (preprocess/near_duplicates/grouping.py) alone
+in a fresh process per run, on the local runner with 2 SDK worker processes
+(`--direct_running_mode=multi_processing`, the workers of
+preprocess/local_worker.py, as `python -m preprocess` runs them), over
+synthetic SignedImages made inside the workers (never held by the runner
+before the first stage): random 64-bit signatures, planted near-duplicate
+groups (chains of 2-6 images, 1-4 bits apart per step, 5% of the images) and
+a hot band (15% of the images: one near-blank signature with 0-2 bits
+flipped, so every band has a bucket over the cap at both sizes, 3,000 and
+12,000 images at the default sizes). The Nx and
+factor*N corpora are runs in turns, and the process tree is sampled every
+0.25 s (benchmarks/measure.py).
+
+The figure is the largest peak RSS of one SDK worker process: what each SDK
+process of a Dataflow worker needs for the same work. The local runner keeps
+every PCollection that crosses a stage in its own (main) process, so the
+main process grows with the corpus where a Dataflow worker does not (its
+shuffle is a service): its peak is printed for information. The target
+(issue 24): peak RSS of a worker (factor x corpus) / (1x corpus) <= 1.1.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+
+from benchmarks.measure import (
+    finish_report,
+    format_table,
+    machine_description,
+    machine_load,
+    median,
+    mib,
+    python_module,
+    run_measured,
+)
+
+TARGET_RATIO = 1.1
+# Images made per element of the generating step: small enough that making them is no peak.
+CHUNK = 1000
+PLANTED_SHARE = 0.05
+# The hot band's share: 3,000 near-blank images at the default 1x (20,000), 12,000 at 4x, so that its buckets
+# are over the cap (grouping.DEFAULT_MAX_BUCKET_SIZE, 2,000) at both sizes and grow with the corpus.
+HOT_SHARE = 0.15
+
+
+def synthetic_images(chunk: int, size: int, seed: int = 0):
+    """The SignedImages of one chunk: random signatures, planted chains and near-blank ones (the hot band)."""
+    from preprocess.near_duplicates.grouping import SignedImage
+
+    rng = random.Random(f"{seed}-{chunk}")
+    blank = random.Random(f"{seed}-blank").getrandbits(64)
+    made = 0
+
+    def image(signature):
+        nonlocal made
+        name = f"{seed}-{chunk}-{made}"
+        made += 1
+        key = hashlib.sha256(name.encode()).hexdigest()
+        return SignedImage(
+            key=key,
+            signature=signature,
+            uri=f"gs://bench/images/{name}.jpg",
+            label=f"class{rng.randrange(10)}",
+            split=rng.choice(("train", "train", "train", "validation", "test")),
+            split_given=False,
+            source_pixels=rng.randrange(10_000, 4_000_000),
+            num_bytes=rng.randrange(5_000, 2_000_000),
+            locator=(f"staging/decoded/part-{chunk}.arrow", made),
+        )
+
+    while made < size:
+        draw = rng.random()
+        if draw < HOT_SHARE:
+            yield image(blank ^ sum(1 << bit for bit in rng.sample(range(64), rng.randint(0, 2))))
+        elif draw < HOT_SHARE + PLANTED_SHARE:
+            signature = rng.getrandbits(64)
+            for _ in range(min(rng.randint(2, 6), size - made)):
+                yield image(signature)
+                for bit in rng.sample(range(64), rng.randint(1, 4)):
+                    signature ^= 1 << bit
+        else:
+            yield image(rng.getrandbits(64))
+
+
+def run_grouping(num_images: int, output: str, workers: int) -> None:
+    """In this process: the grouping over `num_images` synthetic images, on the local runner's worker processes."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from preprocess.local_runner import fn_api_runner
+    from preprocess.near_duplicates.grouping import FindNearDuplicateGroups
+    from preprocess.near_duplicates.signature import DEFAULT_MAX_DISTANCE
+
+    options = PipelineOptions(["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"])
+    sizes = [min(CHUNK, num_images - start) for start in range(0, num_images, CHUNK)]
+    with beam.Pipeline(runner=fn_api_runner(options), options=options) as pipeline:
+        result = (
+            pipeline
+            | "Chunks" >> beam.Create(list(enumerate(sizes)))
+            | "Spread" >> beam.Reshuffle()
+            | "Make" >> beam.FlatMapTuple(synthetic_images)
+            | "Group" >> FindNearDuplicateGroups(DEFAULT_MAX_DISTANCE)
+        )
+        members = result["members"] | "CountMembers" >> beam.combiners.Count.Globally()
+        _ = (
+            result["stats"]
+            | "WithMembers"
+            >> beam.Map(
+                lambda stats, members: {**stats, "members": members}, beam.pvalue.AsSingleton(members)
+            )
+            | "Json" >> beam.Map(json.dumps, sort_keys=True)
+            | "Write" >> beam.io.WriteToText(output, shard_name_template="")
+        )
+
+
+def measure(num_images: int, args, workdir: str, log_name: str) -> dict:
+    output = os.path.join(workdir, f"stats-{num_images}.json")
+    argv = python_module(
+        "benchmarks.near_duplicate_grouping_memory",
+        "--run-grouping",
+        str(num_images),
+        "--output",
+        output,
+        "--workers",
+        str(args.workers),
+    )
+    # The benchmarks package is not installed: the child and its workers find it in this checkout.
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pythonpath = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TPU_LOAD_LIBRARY": "0"}
+    result = run_measured(argv, interval=args.interval, log_path=os.path.join(workdir, log_name), env=env)
+    with open(output) as handle:
+        stats = json.loads(handle.read())
+    return {
+        "images": num_images,
+        "seconds": result.wall_seconds,
+        "peak_rss_sdk_worker_bytes": result.peak_rss_sdk_worker_bytes,
+        "peak_rss_main_bytes": result.peak_rss_main_bytes,
+        "peak_rss_bytes": result.peak_rss_bytes,
+        "stats": stats,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.near_duplicate_grouping_memory", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--images", type=int, default=20_000, help="The 1x corpus.")
+    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=0.25, help="Seconds between memory samples.")
+    parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
+    parser.add_argument("--tiny", action="store_true", help="Smoke test: 300 and 600 images, 1 repeat.")
+    parser.add_argument(
+        "--run-grouping", type=int, default=None, help=argparse.SUPPRESS
+    )  # the measured child
+    parser.add_argument("--output", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> dict | None:
+    args = build_parser().parse_args(argv)
+    if args.run_grouping is not None:
+        run_grouping(args.run_grouping, args.output, args.workers)
+        return None
+    if args.tiny:
+        args.images, args.factor, args.repeats = 300, 2, 1
+    sizes = {1: args.images, args.factor: args.images * args.factor}
+    print(f"machine: {machine_description()}; {machine_load()}")
+    print(
+        f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; {args.workers} SDK workers",
+        flush=True,
+    )
+    runs = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for repeat in range(args.repeats):
+            order = list(sizes) if repeat % 2 == 0 else list(reversed(sizes))
+            for factor in order:
+                run = {
+                    "repeat": repeat,
+                    "factor": factor,
+                    **measure(sizes[factor], args, workdir, f"log-{repeat}-{factor}x.txt"),
+                }
+                runs.append(run)
+                stats = run["stats"]
+                print(
+                    f"  repeat {repeat} {factor}x: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
+                    f"worker {mib(run['peak_rss_sdk_worker_bytes'])} MiB, main process "
+                    f"{mib(run['peak_rss_main_bytes'])} MiB; {stats['groups']:,} groups, "
+                    f"{stats['images_in_hot_buckets']:,} images in {stats['hot_buckets']} hot buckets",
+                    flush=True,
+                )
+
+    def figure(factor, name):
+        return median(run[name] for run in runs if run["factor"] == factor)
+
+    rows = [
+        [
+            f"{factor}x",
+            f"{sizes[factor]:,}",
+            f"{figure(factor, 'seconds'):.0f}",
+            mib(figure(factor, "peak_rss_sdk_worker_bytes")),
+            mib(figure(factor, "peak_rss_main_bytes")),
+        ]
+        for factor in sizes
+    ]
+    print()
+    print(
+        format_table(
+            [
+                "corpus",
+                "images",
+                "seconds",
+                "peak RSS MiB (largest SDK worker)",
+                "peak RSS MiB (main: the runner)",
+            ],
+            rows,
+        )
+    )
+    ratios = []
+    for repeat in range(args.repeats):
+        peaks = {r["factor"]: r["peak_rss_sdk_worker_bytes"] for r in runs if r["repeat"] == repeat}
+        ratios.append(peaks[args.factor] / peaks[1])
+    main_ratio = figure(args.factor, "peak_rss_main_bytes") / figure(1, "peak_rss_main_bytes")
+    verdict = "met" if median(ratios) <= TARGET_RATIO else "NOT met"
+    print(
+        f"\nlargest SDK worker's peak RSS, {args.factor}x / 1x: median {median(ratios):.3f} "
+        f"({', '.join(f'{r:.3f}' for r in ratios)}); target <= {TARGET_RATIO}: {verdict}. "
+        f"The runner's main process (holds PCollections between stages; not a Dataflow worker): {main_ratio:.2f}"
+    )
+    return finish_report(
+        {
+            "sizes": {str(k): v for k, v in sizes.items()},
+            "runs": runs,
+            "ratio": {"values": ratios, "median": median(ratios)},
+        },
+        args.json,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
