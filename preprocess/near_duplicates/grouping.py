@@ -9,8 +9,8 @@ or however popular a signature, and every decision is a function of the set
 of images alone (never of their order, their bundles or which worker saw
 what), so a re-run gives the same groups, splits and kept members.
 
-1. Candidates: the signature's bits are cut into `bands` contiguous bands
-   (16 bits each by default: 4 bands for a 64-bit signature) and each image
+1. Candidates: the signature's candidate bits (`signature.CANDIDATE_BITS`, its
+   grey hash) are cut into `bands` contiguous bands (16 bits each by default: 4 bands for a 64-bit signature) and each image
    goes to one bucket per band, keyed by (band, the band's bits). Two images
    are candidates when they share a bucket. Guarantee (pigeonhole): a pair
    within `bands - 1` bits has a band with no differing bit, so it always
@@ -46,7 +46,7 @@ what), so a re-run gives the same groups, splits and kept members.
    signatures are popular.
 3. Verification: the other images are bucketed again and each pair of a
    bucket (now at most `max_bucket_size` images) is checked,
-   `hamming <= max_distance`, inside the bucket's one call; only verified
+   `signature.distance <= max_distance`, inside the bucket's one call; only verified
    edges leave it, and an edge found by several bands is kept once.
 4. Connected components of the verified edges, in a fixed number of `rounds`
    of min-label propagation with hooking and pointer jumping (Shiloach-Vishkin
@@ -90,7 +90,8 @@ import math
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from preprocess.near_duplicates.signature import SIGNATURE_BITS, hamming
+from preprocess.near_duplicates.signature import CANDIDATE_BITS
+from preprocess.near_duplicates.signature import distance as signature_distance
 
 # 16-bit bands: see the module docstring (bucket sizes at 10M images).
 BITS_PER_BAND = 16
@@ -165,7 +166,7 @@ class NearDuplicateGroup:
         )
 
 
-def band_ranges(bands: int, bits: int = SIGNATURE_BITS) -> list[tuple[int, int]]:
+def band_ranges(bands: int, bits: int = CANDIDATE_BITS) -> list[tuple[int, int]]:
     """(shift, width) of each band: `bits` cut into `bands` contiguous bands whose widths differ by at most one."""
     if not 1 <= bands <= bits:
         raise ValueError(f"bands must be between 1 and {bits} (the signature's bits), not {bands}")
@@ -177,11 +178,11 @@ def band_ranges(bands: int, bits: int = SIGNATURE_BITS) -> list[tuple[int, int]]
     return ranges
 
 
-def default_bands(bits: int = SIGNATURE_BITS) -> int:
+def default_bands(bits: int = CANDIDATE_BITS) -> int:
     return max(1, bits // BITS_PER_BAND)
 
 
-def band_detection_probability(distance: int, bands: int, bits: int = SIGNATURE_BITS) -> float:
+def band_detection_probability(distance: int, bands: int, bits: int = CANDIDATE_BITS) -> float:
     """The chance that a pair `distance` bits apart shares a bucket, if its differing bits are placed uniformly.
 
     1.0 up to `bands - 1` bits (pigeonhole). Inclusion-exclusion over the sets of clean bands.
@@ -255,9 +256,9 @@ class VerifyBucketFn(beam.DoFn):
             for key_b, signature_b in held[index + 1 :]:
                 if key_a == key_b:
                     continue  # one image listed twice: not a pair
-                distance = hamming(signature_a, signature_b)
-                if distance <= limit:
-                    yield (key_a, key_b), distance
+                pair_distance = signature_distance(signature_a, signature_b)
+                if pair_distance <= limit:
+                    yield (key_a, key_b), pair_distance
 
 
 # Every reduction per key below is a group-by and then a fold of the streamed values, never a lifted
@@ -627,7 +628,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         bands: int | None = None,
         max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
         rounds: int = DEFAULT_ROUNDS,
-        signature_bits: int = SIGNATURE_BITS,
+        signature_bits: int = CANDIDATE_BITS,
     ):
         super().__init__()
         if max_distance < 0:

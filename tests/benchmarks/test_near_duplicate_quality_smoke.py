@@ -1,5 +1,6 @@
 """benchmarks/near_duplicate_quality.py runs at a tiny size: every kind is scored, the threshold is chosen on
-the tuning half, and the held-out half goes through FindNearDuplicateGroups. No figure is asserted beyond
+the tuning half, the held-out half goes through FindNearDuplicateGroups, and the sample shape corpus's
+distinct images are checked for false pairs. No figure is asserted beyond
 what a tiny corpus must give: the full-size ones are in benchmarks/RESULTS.md."""
 
 import pytest
@@ -23,5 +24,11 @@ def test_near_duplicate_quality_runs_at_tiny_size(capsys):
     assert report["grouping"]["stats"]["images_not_converged"] == 0
     # PNG keeps the original's pixels: its pairs are found, by the signature and by the groups.
     assert report["held_out"]["png"]["recall"] == report["grouping"]["png"]["recall"] == 1.0
+    # The crop of 2-5% per side that `crop` was before signature version 2: scored apart, not a target.
+    assert set(report["held_out_information"]) == {near_duplicate_quality.OLD_CROP}
+    # The sample shape corpus: distinct flat-coloured shapes, many of one grey structure; colour keeps them apart.
+    shapes = report["shape_corpus"]
+    assert shapes["images"] == 100 and shapes["pairs"] == 100 * 99 // 2
+    assert shapes["false_pairs"] == 0, shapes["listed"]
     out = capsys.readouterr().out
-    assert "signature / load" in out and "FindNearDuplicateGroups" in out
+    assert "signature / load" in out and "FindNearDuplicateGroups" in out and "sample shape corpus" in out

@@ -6,6 +6,7 @@ stage 1's own decode and resize (`load_image` at 224, crop), as stage 1 signs th
 kind of alteration, on hundreds of images, are benchmarks/near_duplicate_quality.py's (RESULTS.md).
 """
 
+import dataclasses
 import io
 import itertools
 
@@ -15,14 +16,19 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageFont
 
 from benchmarks.near_duplicate_quality import photo_paths
 from dataset_contract import geometry, image_errors
+from pipelines.sample_corpus import ShapeImageParams, render_shape_image
 from preprocess.image_decode import load_image
 from preprocess.near_duplicates import signature
 from preprocess.near_duplicates.signature import (
+    CANDIDATE_BITS,
     DEFAULT_MAX_DISTANCE,
     SIGNATURE_BITS,
+    distance,
     hamming,
     image_signature,
 )
+
+GREY_MASK = (1 << CANDIDATE_BITS) - 1
 
 PHOTOS = (
     "astronaut.png",
@@ -106,7 +112,7 @@ def signatures(originals):
 @pytest.mark.parametrize("alteration", ALTERATIONS)
 def test_altered_copies_are_within_the_default_distance(originals, signatures, alteration):
     distances = {
-        name: hamming(signatures[name], _sign(ALTERATIONS[alteration](image)))
+        name: distance(signatures[name], _sign(ALTERATIONS[alteration](image)))
         for name, (_, image) in originals.items()
         if name in PHOTOS
     }
@@ -116,7 +122,7 @@ def test_altered_copies_are_within_the_default_distance(originals, signatures, a
 def test_distinct_photos_are_far_apart(signatures):
     # Twice the threshold: a distinct pair is not one noisy copy away from being grouped.
     distances = {
-        (a, b): hamming(signatures[a], signatures[b]) for a, b in itertools.combinations(signatures, 2)
+        (a, b): distance(signatures[a], signatures[b]) for a, b in itertools.combinations(signatures, 2)
     }
     assert min(distances.values()) > 2 * DEFAULT_MAX_DISTANCE, sorted(
         distances.items(), key=lambda item: item[1]
@@ -124,14 +130,14 @@ def test_distinct_photos_are_far_apart(signatures):
 
 
 def test_the_stereo_pair_is_not_a_near_duplicate(signatures):
-    assert hamming(*(signatures[name] for name in STEREO_PAIR)) > DEFAULT_MAX_DISTANCE
+    assert distance(*(signatures[name] for name in STEREO_PAIR)) > DEFAULT_MAX_DISTANCE
 
 
-def test_a_signature_is_an_int_of_signature_bits_with_half_of_them_set(signatures):
+def test_a_signature_is_an_int_of_signature_bits_with_half_of_its_grey_bits_set(signatures):
     for value in signatures.values():
         assert type(value) is int and 0 <= value < 2**SIGNATURE_BITS
-        # One bit per coefficient above the median: half of them, when no coefficient ties with it.
-        assert value.bit_count() == SIGNATURE_BITS // 2
+        # One grey bit per coefficient above the median: half of them, when no coefficient ties with it.
+        assert (value & GREY_MASK).bit_count() == CANDIDATE_BITS // 2
 
 
 def test_the_same_pixels_give_the_same_signature_whatever_their_memory_layout(originals):
@@ -159,12 +165,72 @@ def test_a_fixed_image_has_a_pinned_signature():
     # the first attempt), so any change to this value must be deliberate: it changes every dataset's groups.
     # The image is made from integers alone, so only the signature itself (PIL's grey conversion and box
     # resize, the integer tables) can move it.
-    assert image_signature(_synthetic_image()) == 0x0AA5FFAC04ADCBC8
+    # Version 2 (grey hash + colour layout) changed it deliberately from version 1's 0x0AA5FFAC04ADCBC8, which
+    # is still its grey hash, the low 64 bits.
+    value = image_signature(_synthetic_image())
+    assert value & GREY_MASK == 0x0AA5FFAC04ADCBC8
+    assert value == PINNED_SIGNATURE
 
 
-def test_a_flat_image_signs_to_zero_and_its_brightness_does_not_matter():
-    for level in (0, 37, 255):
-        assert image_signature(np.full((224, 224, 3), level, np.uint8)) == 0
+PINNED_SIGNATURE = 0x87817F83827B80837A788183817E8384807D7A74817C7D76807C837A898486800AA5FFAC04ADCBC8
+
+
+def test_a_flat_grey_image_signs_alike_whatever_its_brightness():
+    values = {image_signature(np.full((224, 224, 3), level, np.uint8)) for level in (0, 37, 255)}
+    assert len(values) == 1 and values.pop() & GREY_MASK == 0
+
+
+def _shape_image(**colours):
+    """A star on a gentle gradient, as the sample corpus draws them: mid-tone colours, so brightening does not clip."""
+    params = ShapeImageParams(
+        shape="star",
+        width=240,
+        height=200,
+        center=(110.0, 100.0),
+        radius=70.0,
+        angle_degrees=10.0,
+        shape_color=(40, 150, 30),
+        background_colors=((180, 110, 130), (200, 120, 150)),
+        gradient_angle_degrees=30.0,
+        noise_std=4.0,
+        noise_seed=1,
+    )
+    return render_shape_image(dataclasses.replace(params, **colours))
+
+
+def test_distinct_images_of_the_same_grey_structure_but_other_colours_are_far():
+    # The sample corpus's failure of a grey-only hash: a green star on pink and a yellow star on blue, of the
+    # same luminances, are one grey picture. Colour must count.
+    green_on_pink = _sign(_encode(_shape_image(), quality=90))
+    yellow_on_blue = _sign(
+        _encode(
+            _shape_image(shape_color=(120, 110, 10), background_colors=((100, 130, 220), (115, 140, 245))),
+            quality=90,
+        )
+    )
+    assert hamming(green_on_pink & GREY_MASK, yellow_on_blue & GREY_MASK) <= DEFAULT_MAX_DISTANCE
+    assert distance(green_on_pink, yellow_on_blue) > DEFAULT_MAX_DISTANCE
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.3])
+def test_a_brightness_copy_of_a_colour_image_is_near_and_a_recoloured_one_is_not(originals, factor):
+    # Brightness scales R, G and B alike: the chromaticities of the colour layout are ratios, so they hold.
+    for image in (_shape_image(), originals["astronaut.png"][1]):
+        original = _sign(_encode(image, quality=95))
+        brighter = _sign(_encode(ImageEnhance.Brightness(image).enhance(factor), quality=90))
+        # Red and blue swapped: the grey picture barely moves (a grey hash keeps it near), the colours do not.
+        swapped = _sign(_encode(Image.merge("RGB", image.split()[::-1]), quality=95))
+        assert distance(original, brighter) <= DEFAULT_MAX_DISTANCE
+        assert distance(original, swapped) > DEFAULT_MAX_DISTANCE
+
+
+def test_distance_is_the_grey_hamming_distance_when_colours_agree_and_the_vectorized_one_agrees(signatures):
+    values = list(signatures.values())
+    values.append(values[0] ^ 0b1011)  # 3 grey bits away, same colours
+    assert distance(values[0], values[-1]) == 3
+    matrix = signature.pairwise_distances(values)
+    for a, b in itertools.product(range(len(values)), repeat=2):
+        assert matrix[a, b] == distance(values[a], values[b])
 
 
 def test_pixels_that_are_not_uint8_rgb_are_refused():
@@ -195,4 +261,4 @@ def test_any_stored_size_signs(shape):
     pixels = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
     value = image_signature(pixels)
     assert 0 <= value < 2**SIGNATURE_BITS
-    assert (value == 0) == (shape[:2] == (1, 1))
+    assert (value & GREY_MASK == 0) == (shape[:2] == (1, 1))
