@@ -58,6 +58,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _near_duplicate_distance(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > signature.MAX_COLOUR_CHECKED_DISTANCE:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {signature.MAX_COLOUR_CHECKED_DISTANCE} (of the {signature.CANDIDATE_BITS} grey "
+            f"bits; farther pairs are not near at any useful threshold), got {value}"
+        )
+    return value
+
+
 def _positive_megabytes(text: str) -> float:
     try:
         value = float(text)
@@ -188,11 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--near-duplicate-distance",
-        type=_non_negative_int,
+        type=_near_duplicate_distance,
         default=signature.DEFAULT_MAX_DISTANCE,
         metavar="N",
-        help="Two images whose signatures differ in at most N of their "
-        f"{signature.SIGNATURE_BITS} bits are near-duplicates (default {signature.DEFAULT_MAX_DISTANCE}, "
+        help="Two images whose grey hashes differ in at most N of their "
+        f"{signature.CANDIDATE_BITS} bits, and whose colour layouts agree, are near-duplicates (default {signature.DEFAULT_MAX_DISTANCE}, "
         "measured: benchmarks/RESULTS.md). Larger finds more altered copies and more false pairs.",
     )
     parser.add_argument(

@@ -67,8 +67,8 @@ COLOUR_TOLERANCE = 40
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
 # Pairs whose grey hashes differ in more bits than this are not near at any sensible threshold (version 1's
 # precision at 16 was 0.65 on the benchmark): their colour is not compared and their grey distance is
-# returned. That keeps `distance` cheap for the grouping's candidate pairs, most of which are 20-30 bits apart.
-_COLOUR_COMPARED_UPTO = CANDIDATE_BITS // 4
+# returned. That keeps `distance` cheap (and --near-duplicate-distance is at most this) for the grouping's candidate pairs, most of which are 20-30 bits apart.
+MAX_COLOUR_CHECKED_DISTANCE = CANDIDATE_BITS // 4
 # Chromaticity = difference * scale // (R + G + B + damping): the damping keeps dark cells' noise small.
 _CHROMA_DAMPING = 96
 _CHROMA_OFFSET = 128  # stored as a byte: value + 128
@@ -190,11 +190,11 @@ def colour_difference(a: int, b: int) -> int:
 def distance(a: int, b: int) -> int:
     """The grey hashes' Hamming distance, or COLOUR_MISMATCH when the colour layouts disagree.
 
-    Pairs more than half the grey bits apart keep their grey distance without
+    Pairs more than a quarter of the grey bits apart keep their grey distance without
     their colour being compared (they are not near at any sensible threshold).
     """
     grey = ((a ^ b) & _CANDIDATE_MASK).bit_count()
-    if grey > _COLOUR_COMPARED_UPTO or colour_difference(a, b) <= COLOUR_TOLERANCE:
+    if grey > MAX_COLOUR_CHECKED_DISTANCE or colour_difference(a, b) <= COLOUR_TOLERANCE:
         return grey
     return COLOUR_MISMATCH
 
@@ -214,5 +214,5 @@ def pairwise_distances(signatures) -> np.ndarray:
     difference = np.zeros(result.shape, dtype=np.int32)
     for lane in range(_COLOUR_VALUES):
         difference += np.abs(colours[:, None, lane] - colours[None, :, lane])
-    result[(difference > COLOUR_TOLERANCE) & (result <= _COLOUR_COMPARED_UPTO)] = COLOUR_MISMATCH
+    result[(difference > COLOUR_TOLERANCE) & (result <= MAX_COLOUR_CHECKED_DISTANCE)] = COLOUR_MISMATCH
     return result

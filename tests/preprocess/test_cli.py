@@ -57,6 +57,10 @@ def test_a_wrong_near_duplicates_mode_or_distance_is_refused_with_exit_2(tmp_pat
             ("--near-duplicate-distance", "ten"),
             "--near-duplicate-distance: expected a whole number, got 'ten'",
         ),
+        (
+            ("--near-duplicate-distance", "17"),
+            "--near-duplicate-distance: expected at most 16 (of the 64 grey bits",
+        ),
     ):
         result = _probe(tmp_path, "--input", "x", "--output", "y", *flags)
         assert said in result.stderr, result.stderr[-2000:]
