@@ -1,14 +1,12 @@
 """`python -m preprocess.inspect DIR --report report.html`, opened in a real headless Chromium.
 
 The dataset is written by the real stage 1 (the sample corpus, broken files
-included, so that the page has failures to show). Stage 1 does not write the
-near-duplicate fields yet (branch i24-pipeline): `add_near_duplicate_fields`
-writes them into a copy of that dataset in the exact format of
-docs/dataset_format.md (`near_duplicates`, `near_duplicate_files` and its
-JSONL, `source_image_sizes`), with members' source files this module makes
-(an altered copy of a corpus image, one image under another label, one
-missing file). Once stage 1 writes them, a real `--near-duplicates keep` run
-can replace it.
+included, so that the page has failures to show). One real run also audits
+planted altered copies (`near_duplicate_dataset`): its groups are what the page
+shows. The cases a run cannot be made to show on demand (a member whose source
+is gone, more groups than --max-groups, an older dataset without the fields)
+are written into copies of a dataset by `add_near_duplicate_fields`, in the
+exact format of docs/dataset_format.md.
 
 Chromium (tests/chromium.py) is started once for the module.
 """
@@ -17,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -174,6 +173,37 @@ def audited_dataset(dataset, corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def near_duplicate_dataset(corpus, tmp_path_factory):
+    """A real `--near-duplicates keep` run over the corpus plus two altered copies: a smaller JPEG of a
+    circle, and a square re-encoded as a JPEG under `cross` (a likely label error)."""
+    planted = tmp_path_factory.mktemp("planted") / "corpus"
+    shutil.copytree(corpus, planted)
+    sources = make_sources(corpus, tmp_path_factory.mktemp("sources"))
+    shutil.copy(sources["circle_copy"], planted / "circle" / "circle_0000_small.jpg")
+    # As stage 1 decodes it (a transparent background is composited), then re-encoded.
+    square = image_decode.decode_image(Path(sources["square"]).read_bytes(), max_pixels=1 << 30)
+    Image.fromarray(square).save(planted / "cross" / "square_0000.jpg", quality=90)
+    output = tmp_path_factory.mktemp("near_duplicate_dataset")
+    run_stage1(planted, output, "--near-duplicates", "keep", image_size=32, encoding="uint8")
+    return str(output)
+
+
+def test_a_real_runs_groups_show_with_their_thumbnails(near_duplicate_dataset, browser, tmp_path):
+    manifest = read_manifest(near_duplicate_dataset)
+    assert manifest["near_duplicates"]["groups"] == 2, manifest["near_duplicates"]
+    assert manifest["near_duplicates"]["groups_with_several_labels"] == 1
+    state = page_state(browser, write_report(near_duplicate_dataset, tmp_path / "report.html"))
+    assert browser.problems() == []
+    not_loaded = [image["alt"] for image in state["images"] if not (image["complete"] and image["width"] > 0)]
+    assert not_loaded == []
+    groups = state["sections"]["groups"]
+    assert "likely label error: labels cross, square" in groups
+    assert "circle_0000_small.jpg" in groups and "square_0000.jpg" in groups
+    assert "cannot read" not in groups
+    assert "Showing 2 of 2 groups" in groups or "2 groups" in groups
+
+
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     try:
         binary = chromium.chromium_binary()
@@ -235,7 +265,12 @@ def test_failures_show_each_reason_with_example_uris_and_details(audited_dataset
 
 
 def test_a_dataset_without_the_fields_says_they_were_not_recorded(dataset, browser, tmp_path):
-    state = page_state(browser, write_report(dataset, tmp_path / "report.html"))
+    data_dir = copy_dataset(dataset, tmp_path / "dataset")
+    manifest = read_manifest(data_dir)
+    for field in ("near_duplicates", "near_duplicate_files", "source_image_sizes"):
+        manifest.pop(field)  # as a dataset written before stage 1 recorded them
+    write_manifest(data_dir, manifest)
+    state = page_state(browser, write_report(data_dir, tmp_path / "report.html"))
     assert browser.problems() == []
     assert "Not recorded by this dataset's stage 1 run" in state["sections"]["sizes"]
     assert "Not recorded by this dataset's stage 1 run" in state["sections"]["groups"]
