@@ -167,3 +167,16 @@ def test_train_throughput_prints_both_rates_their_ratio_and_the_verdict(cache, c
     ):
         assert field in out
     assert "32x32 uint8" in out  # the dataset stage 1 wrote, in the encoding the benchmark is about
+
+
+@pytest.mark.slow
+def test_stage1_audit_cost_runs_at_tiny_size_with_its_margin(cache, tmp_path, capsys):
+    report = stage1_vs_handwritten.main(
+        ["--tiny", "--near-duplicate-audit", "--cache", cache, "--workdir", str(tmp_path)]
+    )
+    assert {run["contender"] for run in report["runs"]} == {"beam x2", "beam x2 off"}
+    assert {run["images"] for run in report["near_duplicate_audit_quarter_runs"]} == {3}
+    (margin,) = report["near_duplicate_audit_marginal"]
+    # At 12 images against 3 the margin is noise (it can come out negative): only that it is computed.
+    assert margin["ratio"] == margin["with_ms"] / margin["without_ms"]
+    assert "CPU ms per image at the margin" in capsys.readouterr().out
