@@ -10,7 +10,7 @@ when WORKDIR/dataset was built from the same inputs and stage 1 flags (the manif
 fingerprint, preprocess/fingerprint.py), and training resumes from WORKDIR/model's last checkpoint.
 
 Without --input it generates the sample corpus (shapes in five classes, with
-a few broken files) into WORKDIR/sample_corpus and uses that. Stage 1 runs
+a few broken files and altered copies) into WORKDIR/sample_corpus and uses that. Stage 1 runs
 with one DirectRunner worker process per core. Outputs: WORKDIR/dataset (the
 dataset directory) and WORKDIR/model (checkpoints, logs, metrics.json and
 the serving export). Paths may be gs:// URIs.
@@ -270,7 +270,8 @@ def sample_corpus_input(args) -> str:
     if "://" in input_spec:  # the generator writes local files; stage 1 reads them from here
         input_spec = os.path.join(tempfile.mkdtemp(prefix="sample_corpus_"), SAMPLE_SUBDIR)
     marker = os.path.join(os.path.dirname(input_spec), SAMPLE_CORPUS_MARKER)
-    made_with = {"images_per_class": args.sample_images_per_class}
+    # Altered copies too, so that the near-duplicate audit has groups to show (one across two labels).
+    made_with = {"images_per_class": args.sample_images_per_class, "near_duplicates": True}
     try:
         with open(marker) as handle:
             if json.load(handle) == made_with and os.path.isdir(input_spec):
@@ -278,7 +279,9 @@ def sample_corpus_input(args) -> str:
     except (OSError, ValueError):
         pass
     print(f"Generating the sample corpus in {input_spec} ...")
-    sample_corpus.write_sample_corpus(input_spec, images_per_class=args.sample_images_per_class)
+    sample_corpus.write_sample_corpus(
+        input_spec, images_per_class=args.sample_images_per_class, near_duplicates=True
+    )
     with open(marker, "w") as handle:
         json.dump(made_with, handle)
     return input_spec

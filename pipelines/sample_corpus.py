@@ -9,7 +9,8 @@ versions):
   cross, square, star, triangle) that a small CNN learns to >= 90% at 64x64,
   salted with what real corpora contain: JPEG, PNG, WebP, BMP and GIF files of
   varied sizes, grayscale, CMYK, RGBA with a transparent background, JPEGs
-  with an EXIF orientation, a PNG named `.jpg`, exact duplicates and, unless
+  with an EXIF orientation, a PNG named `.jpg`, exact duplicates, with
+  `near_duplicates=True` altered copies (one under another class) and, unless
   `include_broken=False`, one file of each kind of broken input (truncated,
   empty, not an image, a decompression bomb, identical content under two
   labels). The returned `CorpusInfo` says what each file is and how stage 1
@@ -40,7 +41,7 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 
 from preprocess import errors
 
@@ -64,6 +65,7 @@ TOO_MANY_PIXELS = "too_many_pixels"
 CONFLICTING_ORIGINAL = "conflicting_original"  # the copy of it sits under another class
 CONFLICTING_DUPLICATE = "conflicting_duplicate"
 PHOTO = "photo"  # write_photo_corpus: a photo-like RGB JPEG
+NEAR_DUPLICATE = "near_duplicate"  # an altered copy (resized, brightened, re-encoded) of another file
 
 USABLE_KINDS = (GOOD, GRAYSCALE, CMYK, RGBA, EXIF_ROTATED, PNG_NAMED_JPG)
 
@@ -132,6 +134,7 @@ class CorpusFile:
     sha256: str
     expected_error: str | None = None  # a reason code of preprocess/errors.py, for broken kinds
     duplicate_of: str | None = None  # path of the file with the same bytes
+    altered_from: str | None = None  # NEAR_DUPLICATE: path of the file it is an altered copy of
     exif_orientation: int | None = None
     params: ShapeImageParams | None = None  # how the upright image was rendered (shape corpora)
 
@@ -417,7 +420,12 @@ class _CorpusWriter:
 
 
 def write_sample_corpus(
-    root: str, *, images_per_class: int = 120, seed: int = 0, include_broken: bool = True
+    root: str,
+    *,
+    images_per_class: int = 120,
+    seed: int = 0,
+    include_broken: bool = True,
+    near_duplicates: bool = False,
 ) -> CorpusInfo:
     """Write the shape corpus under `root/<class>/` and say what was written.
 
@@ -470,9 +478,58 @@ def write_sample_corpus(
             params=source.params,
         )
 
+    if near_duplicates:
+        _write_altered_copies(
+            writer, class_names, originals, data_of, np.random.default_rng([seed, 2_000_000])
+        )
     if include_broken:
         _write_broken_files(writer, class_names, extras)
     return CorpusInfo(root=root, class_names=class_names, files=writer.files)
+
+
+# How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options, change).
+_ALTERATIONS = (
+    (
+        "jpg",
+        "JPEG",
+        {"quality": 75},
+        lambda image: image.resize((image.width * 3 // 4, image.height * 3 // 4)),
+    ),
+    ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1)),
+    ("jpg", "JPEG", {"quality": 85}, lambda image: image),
+)
+
+
+def _write_altered_copies(writer, class_names, originals, data_of, rng) -> None:
+    """Altered copies of three good images, for the near-duplicate audit to find: a smaller JPEG and a
+    brighter PNG in their originals' classes, and a re-encoded JPEG filed under the next class (a likely
+    label error). Stage 1 writes them all (--near-duplicates keep), each in its original's split."""
+    if len(originals) < len(_ALTERATIONS):
+        return
+    chosen = sorted(rng.choice(len(originals), size=len(_ALTERATIONS), replace=False))
+    for number, (source_index, (extension, image_format, options, change)) in enumerate(
+        zip(chosen, _ALTERATIONS, strict=True)
+    ):
+        source = originals[source_index]
+        with Image.open(io.BytesIO(data_of[source.path])) as opened:
+            altered = change(opened.convert("RGB"))
+        out = io.BytesIO()
+        altered.save(out, format=image_format, **options)
+        last = number == len(_ALTERATIONS) - 1
+        class_name = (
+            class_names[(class_names.index(source.class_name) + 1) % len(class_names)]
+            if last
+            else (source.class_name)
+        )
+        writer.write(
+            class_name,
+            extension,
+            out.getvalue(),
+            kind=NEAR_DUPLICATE,
+            format=image_format,
+            altered_from=source.path,
+            params=source.params,
+        )
 
 
 def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.random.Generator) -> None:

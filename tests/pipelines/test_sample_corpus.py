@@ -207,6 +207,29 @@ def test_without_broken_files_every_file_is_usable_or_a_duplicate(tmp_path):
     assert {f.kind for f in info.files} <= set(sc.USABLE_KINDS) | {sc.DUPLICATE}
 
 
+def test_altered_copies_are_other_bytes_of_the_same_picture_one_under_another_class(tmp_path):
+    info = sc.write_sample_corpus(str(tmp_path), images_per_class=6, near_duplicates=True)
+    copies = info.files_of_kind(sc.NEAR_DUPLICATE)
+    assert len(copies) == 3
+    by_path = {f.path: f for f in info.files}
+    for copy in copies:
+        original = by_path[copy.altered_from]
+        assert original.kind == sc.GOOD and copy.sha256 != original.sha256
+        with Image.open(info.uri(copy)) as altered, Image.open(info.uri(original)) as source:
+            # The same picture: at the copy's size, the two differ by little on average.
+            source = source.convert("RGB").resize(altered.size)
+            difference = np.abs(np.asarray(altered.convert("RGB"), np.int16) - np.asarray(source, np.int16))
+            assert difference.mean() < 20, (copy.path, difference.mean())
+    assert [copy.class_name == by_path[copy.altered_from].class_name for copy in copies] == [
+        True,
+        True,
+        False,
+    ]
+    # Without the flag, the corpus is what it was.
+    plain = sc.write_sample_corpus(str(tmp_path / "plain"), images_per_class=6)
+    assert not plain.files_of_kind(sc.NEAR_DUPLICATE)
+
+
 def test_csv_manifest_lists_every_file_with_a_header_and_content_split(corpus, tmp_path):
     sc.write_manifest_csv(corpus, str(tmp_path / "manifest.csv"), with_split=True)
     with open(tmp_path / "manifest.csv", newline="") as f:
