@@ -238,6 +238,9 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     ]
     for reason, count in inputs["failures_by_reason"].items():
         lines.append(f"    failed: {reason} x{count}")
+    from preprocess.summary import format_near_duplicates  # noqa: PLC0415 - TensorFlow, loaded by now
+
+    lines += format_near_duplicates(manifest, paths.dataset_dir)
     validation = metrics["validation"]
     speed = metrics.get("images_per_second")  # None when this run had nothing left to train
     lines.append(

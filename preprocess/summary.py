@@ -167,6 +167,8 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     if files:
         where = files[0] if len(files) == 1 else f"{len(files)} files, listed in near_duplicate_files"
         lines.append(f"    groups, one JSON line each: {where}")
+        # The groups are judged by eye: the page shows each one's members side by side.
+        lines.append(f"    see them: python -m preprocess.inspect {output_dir or 'DIR'} --report report.html")
     return lines
 
 

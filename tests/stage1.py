@@ -24,9 +24,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGE1_PYTHON_VARIABLE = "STAGE1_PYTHON"
 
 
-def write_corpus(root, images_per_class=10, seed=0, include_broken=True):
+def write_corpus(root, images_per_class=10, seed=0, include_broken=True, near_duplicates=False):
     return write_sample_corpus(
-        str(root), images_per_class=images_per_class, seed=seed, include_broken=include_broken
+        str(root),
+        images_per_class=images_per_class,
+        seed=seed,
+        include_broken=include_broken,
+        near_duplicates=near_duplicates,
     )
 
 

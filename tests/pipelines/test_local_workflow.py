@@ -18,7 +18,7 @@ def _run_local(*argv):
 
 
 def test_local_workflow_writes_a_dataset_a_model_and_an_export_that_agree(tmp_path, capsys):
-    corpus = write_corpus(tmp_path / "corpus", images_per_class=8)
+    corpus = write_corpus(tmp_path / "corpus", images_per_class=8, near_duplicates=True)
     workdir = tmp_path / "work"
     code = _run_local(
         "--input",
@@ -54,6 +54,11 @@ def test_local_workflow_writes_a_dataset_a_model_and_an_export_that_agree(tmp_pa
     assert "prediction by the exported model" in printed
     for reason in manifest["inputs"]["failures_by_reason"]:
         assert reason in printed
+    # The altered copies the corpus plants are found, and the summary says where to look at them.
+    groups = manifest["near_duplicates"]["groups"]
+    assert groups >= 1, manifest["near_duplicates"]
+    assert f"near-duplicates (keep, distance <= 8): {groups} group" in printed
+    assert f"see them: python -m preprocess.inspect {workdir / 'dataset'} --report report.html" in printed
 
 
 def test_workflow_does_not_train_when_stage1_fails(tmp_path, capsys):

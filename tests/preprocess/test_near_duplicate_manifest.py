@@ -69,6 +69,7 @@ def test_the_summary_says_groups_label_errors_drops_and_hot_buckets():
         "    dropped: 2 (all but the largest image of each group)",
         "    hot buckets: 1 (40 images share a popular signature band, e.g. near-blank images; capped, counted)",
         f"    groups, one JSON line each: /d/{GROUPS_FILE['path']}",
+        "    see them: python -m preprocess.inspect /d --report report.html",
     ]
     assert format_near_duplicates(_manifest(near_duplicates={"mode": "off"})) == [
         "  near-duplicates: not looked for (--near-duplicates off)"
