@@ -23,12 +23,14 @@ def bar(value: float, maximum: float, kind: str = "") -> str:
     return f'<span class="bar {escape(kind)}"><span style="width:{share:.2f}%"></span></span>'
 
 
-def bar_table(rows: list[tuple[str, int]], kind: str = "", head: tuple[str, str] = ("", "count")) -> str:
-    """A table of (label, count) rows, each with a bar."""
+def bar_table(
+    rows: list[tuple[str, int]], kind: str = "", head: tuple[str, str] = ("", "count"), kind_of=None
+) -> str:
+    """A table of (label, count) rows, each with a bar (coloured by `kind`, or by `kind_of(label)`)."""
     maximum = max([value for _, value in rows] or [0])
     body = "".join(
         f'<tr><th scope="row">{escape(label)}</th><td class="num">{value:,}</td>'
-        f'<td class="barcell">{bar(value, maximum, kind)}</td></tr>'
+        f'<td class="barcell">{bar(value, maximum, kind_of(label) if kind_of else kind)}</td></tr>'
         for label, value in rows
     )
     return (
@@ -47,16 +49,7 @@ def split_names(manifest: dict) -> list[str]:
 
 def examples_per_split(manifest: dict) -> str:
     rows = [(split, int(manifest["splits"][split]["num_examples"])) for split in split_names(manifest)]
-    maximum = max([value for _, value in rows] or [0])
-    body = "".join(
-        f'<tr><th scope="row">{escape(split)}</th><td class="num">{value:,}</td>'
-        f'<td class="barcell">{bar(value, maximum, "split-" + split)}</td></tr>'
-        for split, value in rows
-    )
-    return (
-        '<table class="bars"><thead><tr><th>split</th><th class="num">examples</th><th></th></tr></thead>'
-        f"<tbody>{body}</tbody></table>"
-    )
+    return bar_table(rows, head=("split", "examples"), kind_of=lambda split: "split-" + split)
 
 
 def shown_classes(manifest: dict) -> tuple[list[str], str | None]:
