@@ -15,7 +15,7 @@ read (.jpg .jpeg .png .bmp .gif; it has no WebP) go into a uri,label CSV,
 stage 1 makes our dataset from it (64x64, bfloat16, split by content hash),
 and the directory trees train/<class>/ and validation/<class>/ for Keras are
 symlinks to exactly the files listed in our train and validation shards
-(their `uri` feature). Both sides then train `train.models` small_cnn with
+(their `uri` feature). Both sides then train `train.model.models` small_cnn with
 Adam and a cosine decay over `--steps` steps of 64 images, no augmentation,
 from the same seed:
 
@@ -42,8 +42,8 @@ from benchmarks.measure import finish_report, format_table, machine_description,
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import write_sample_corpus
-from train import models
 from train.config import TrainConfig
+from train.model import models
 from train.trainer import train_and_evaluate
 
 KERAS_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")

@@ -6,7 +6,7 @@ For each encoding, stage 1 (the real job, cached) writes a dataset of the
 same photos at 224x224, and these pipelines are timed, all yielding batches
 of 64:
 
-  ours        train.dataset.make_train_dataset: the pipeline training uses (interleaved reads,
+  ours        train.data.dataset.make_train_dataset: the pipeline training uses (interleaved reads,
               shuffle, batch, parse, decode per encoding; uint8 and jpeg leave the host as
               uint8 pixels, which the model normalizes on the device)
   limit       tf.data.TFRecordDataset over the same shards with the same interleave and
@@ -39,7 +39,7 @@ import tensorflow as tf
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
 from dataset_contract import manifest as manifest_lib
-from train import dataset as dataset_lib
+from train.data import dataset as dataset_lib
 
 BATCH = 64
 ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")

@@ -68,7 +68,8 @@ def manifest_for(size: int) -> dict:
 
 
 def export_current(directory: str, size: int) -> str:
-    from train import dataset, models  # noqa: PLC0415 - TensorFlow only in this step
+    from train.data import dataset  # noqa: PLC0415 - TensorFlow only in this step
+    from train.model import models
     from train.serving import export  # noqa: PLC0415
 
     manifest = manifest_for(size)
@@ -96,7 +97,8 @@ def export_baseline(directory: str, size: int, commit: str, repository: str) -> 
     import serving_image_baseline  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    from train import dataset, models  # noqa: PLC0415
+    from train.data import dataset  # noqa: PLC0415
+    from train.model import models
 
     manifest = manifest_for(size)
     model = models.build_model_for_dataset(

@@ -7,15 +7,15 @@
 For each model (`resnet50`, `mobilenetv3small` by default) at 224x224 it
 trains with the device's defaults, resolved exactly as `python -m train`
 resolves them (train.trainer.setup_run: the strategy, mixed precision, XLA,
-steps per execution from train/accelerator.py), the model built and compiled
-by the training code itself (train.models, train.trainer.compile_model), and
+steps per execution from train/device/accelerator.py), the model built and compiled
+by the training code itself (train.model.models, train.trainer.compile_model), and
 times `model.fit` on two inputs:
 
   (a) on device   one synthetic batch of the training shape and dtype, made once and repeated
-                  (train.bench_input.synthetic_dataset, distributed like training's input): no file is
+                  (train.tools.bench_input.synthetic_dataset, distributed like training's input): no file is
                   read and nothing is decoded, so the step runs as fast as the device allows
   (b) real input  training's own input pipeline (train.trainer.distribute_train_input over
-                  train.dataset's reader) on a uint8 dataset written by stage 1
+                  train.data.dataset's reader) on a uint8 dataset written by stage 1
 
 and prints (b)/(a): 1.0 means the input pipeline keeps the device fed; below
 INPUT_BOUND_BELOW, training is input-bound. On a CPU-only machine the input
@@ -121,10 +121,11 @@ def time_window(model, data, warmup_steps: int, steps: int, global_batch_size: i
 
 
 def _build_model(config, setup, manifest, image_format):
-    """The model as train_and_evaluate builds and compiles it (train.models, train.trainer)."""
+    """The model as train_and_evaluate builds and compiles it (train.model.models, train.trainer)."""
     import keras
 
-    from train import models, trainer
+    from train import trainer
+    from train.model import models
 
     strategy, plan, choice = setup.strategy, setup.plan, setup.choice
     with strategy.scope():
@@ -146,8 +147,11 @@ def _build_model(config, setup, manifest, image_format):
 
 
 def measure_model(args, model_name: str, data_dir: str, manifest: dict, strategy) -> ModelResult:
-    from train import accelerator, bench_input, dataset, trainer
+    from train import trainer
     from train.config import TrainConfig
+    from train.data import dataset
+    from train.device import accelerator
+    from train.tools import bench_input
 
     config = TrainConfig(
         data_dir=data_dir,
@@ -318,8 +322,8 @@ def main(argv=None) -> dict:
     console.import_tensorflow(args.verbose)
     import tensorflow as tf
 
-    from train import checks
-    from train import strategy as strategy_lib
+    from train.data import checks
+    from train.device import strategy as strategy_lib
 
     data_dir = _dataset_dir(args)
     manifest = checks.read_manifest(data_dir)

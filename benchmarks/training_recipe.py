@@ -14,7 +14,7 @@ Two generated corpora (pipelines.sample_corpus), each through the real stage 1 (
                validation split), written twice: without and with `--crop-margin 0.14` (same
                photos in the same splits: the split is by content hash)
 
-The small CNN (train.models) is pretrained once on the shape corpus (`--pretrain-steps`), then
+The small CNN (train.model.models) is pretrained once on the shape corpus (`--pretrain-steps`), then
 every contender trains on the photo corpus for the same `--steps` steps of `--batch-size`, with the
 same recipe (AdamW, the same peak learning rate, warmup + cosine, weight decay), from the same seed:
 
@@ -44,8 +44,8 @@ from benchmarks import corpus as corpus_lib
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from train import models
 from train.config import TrainConfig
+from train.model import models
 from train.trainer import train_and_evaluate
 
 CROP_MARGIN = 0.14

@@ -3,7 +3,7 @@
 Run it on a single-host TPU VM itself and it does everything: stage 1 on
 Dataflow, the check, then training on this VM, started detached under the
 supervisor (below), in a venv of its own with this package's [tpu] extra
-(~/tf-image-pipeline/tpu-venv, made at the first run: pipelines/tpu_interpreter.py),
+(~/tf-image-pipeline/tpu-venv, made at the first run: pipelines/tpu/interpreter.py),
 since the launcher's install has Beam and generic TensorFlow:
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
@@ -21,14 +21,14 @@ commands that create the TPU and train there:
         --project PROJECT --region us-central1 --tpu my-tpu --zone us-central1-a \\
         --accelerator-type v4-32 --optimizer sgd --warmup-epochs 5 --label-smoothing 0.1
 
-The commands (pipelines/tpu_launch.py):
+The commands (pipelines/tpu/launch.py):
 - `gcloud compute tpus tpu-vm create NAME --accelerator-type TYPE --version RUNTIME`,
   the runtime chosen from the accelerator type and tensorflow-tpu 2.20.0 by the
-  table in pipelines/tpu_runtime.py, which cites the docs behind each entry
+  table in pipelines/tpu/runtime.py, which cites the docs behind each entry
   (`--runtime-version` overrides it; the choice and its reason are printed).
 - Single-host TPUs (up to 8 chips: v5litepod-8, v4-8, v5p-8, v6e-8): one ssh
   command that installs the staged package with its [tpu] extra and starts
-  `python3 -m train ... --tpu local` under `python3 -m train.supervisor`,
+  `python3 -m train ... --tpu local` under `python3 -m train.tools.supervisor`,
   detached from ssh (`setsid nohup`, log in ~/tf-image-pipeline/train.log),
   with the PJRT environment Google's TPU test harness sets for TensorFlow.
 - Multi-host slices (v4-32, v5litepod-16, v6e-16, ...): TPUStrategy is
@@ -45,8 +45,8 @@ SIGTERM; on a slice a peer's preemption reaches worker 0 as a runtime error)
 and stops after success, a setup error (exit 2), or failures that advance no
 checkpoint. Each restart resumes from the last checkpoint in --model-dir.
 
-What Cloud TPU does to the VM (pipelines/tpu_lifecycle.py): `--spot` creates
-a TPU Spot VM, which `python -m pipelines.tpu_restart --spec SPEC` (run on
+What Cloud TPU does to the VM (pipelines/tpu/lifecycle.py): `--spot` creates
+a TPU Spot VM, which `python -m pipelines.tpu.restart --spec SPEC` (run on
 your machine) deletes and recreates after a preemption; `--autocheckpoint`
 (default: on for single-host v2-v4 and v5e) makes maintenance wait for the
 SIGTERM checkpoint; every VM gets a boot script that resumes training after a
@@ -60,7 +60,7 @@ for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
 (--weights, --optimizer, --base-learning-rate, --warmup-epochs/--warmup-steps,
 --weight-decay, --label-smoothing, --ema, ...), --augment and
 --learning-rate are forwarded when given, and the global batch defaults to
-128 per chip, the learning rate following it (train/recipe.py).
+128 per chip, the learning rate following it (train/model/recipe.py).
 
 `--dry-run` builds both job descriptions and submits nothing: the Dataflow
 job as a template file (`--template_location`, which stages the package
@@ -93,7 +93,10 @@ import tempfile
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
-from pipelines import tpu_interpreter, tpu_launch, tpu_lifecycle, tpu_runtime
+from pipelines.tpu import interpreter as tpu_interpreter
+from pipelines.tpu import launch as tpu_launch
+from pipelines.tpu import lifecycle as tpu_lifecycle
+from pipelines.tpu import runtime as tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
 from preprocess.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
@@ -108,7 +111,7 @@ TEMPLATE_FILE = "dataflow_template.json"
 TRAINING_SPEC_FILE = "train_tpu_vm.json"
 DEFAULT_ACCELERATOR = "v5litepod-8"
 # Without --global-batch-size: 128 images per chip (Google's TPU harness gives ResNet-50 128 per unit of the
-# accelerator type's count: per chip on v5e). The learning rate follows the batch (train/recipe.py): none is set here.
+# accelerator type's count: per chip on v5e). The learning rate follows the batch (train/model/recipe.py): none is set here.
 BATCH_PER_CHIP = 128
 # Without --crop-margin: store 256 squares for 224 crops (crop fraction 0.875), the resize-then-crop of the
 # ImageNet recipes the keras.applications backbones were trained with; the small CNN takes the center crop.
@@ -130,14 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
         description="Preprocess on Dataflow, then train on a Cloud TPU VM. Unknown flags go to Dataflow.",
         epilog="The TPU VM's runtime comes from the accelerator type and tensorflow-tpu "
-        f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu_runtime.py). Training starts detached from "
-        "ssh under `python3 -m train.supervisor`, which restarts it after an interruption (exit 143, a slice "
+        f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu/runtime.py). Training starts detached from "
+        "ssh under `python3 -m train.tools.supervisor`, which restarts it after an interruption (exit 143, a slice "
         "peer's preemption) and stops after success or a setup error (exit 2); log: ~/tf-image-pipeline/train.log. "
         "Single host: one command installs and launches on the VM; a multi-host slice: install and TPU servers on "
         "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers. --spot: a TPU "
-        "Spot VM, recreated after a preemption by `python -m pipelines.tpu_restart --spec SPEC`; a boot script "
+        "Spot VM, recreated after a preemption by `python -m pipelines.tpu.restart --spec SPEC`; a boot script "
         "resumes training after a reboot. What an event can lose is bounded by --checkpoint-every, except "
-        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu_lifecycle.py). "
+        "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu/lifecycle.py). "
         "The defaults here (resnet50, 224 px, 30 epochs, 128 images per chip) are a TPU fine-tuning run's; "
         "python -m train's (small_cnn, 10 epochs, a per-device batch) are a first run on one machine's.",
     )
@@ -161,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--runtime-version",
         default=None,
-        help="TPU VM software version. Default: from the table in pipelines/tpu_runtime.py for the accelerator "
+        help="TPU VM software version. Default: from the table in pipelines/tpu/runtime.py for the accelerator "
         f"type and tensorflow-tpu {tpu_runtime.TENSORFLOW_TPU_VERSION} (--dry-run prints the choice and why).",
     )
     parser.add_argument(
@@ -378,7 +381,7 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         "runtime": choice.describe(),
         "environment": dict(tpu_launch.training_environment(multi_host)),
         "supervisor": {
-            "command": "python3 -m train.supervisor",
+            "command": "python3 -m train.tools.supervisor",
             "log": f"~/{tpu_launch.LOG_FILE}",
             "pid_file": f"~/{tpu_launch.PID_FILE}",
             "worker": "0" if multi_host else "all",
@@ -402,8 +405,8 @@ def spec_location(args) -> str:
 
 
 def restart_command(args) -> str:
-    """The off-VM loop that recreates a preempted spot TPU from the spec (pipelines/tpu_restart.py)."""
-    return f"python -m pipelines.tpu_restart --spec {spec_location(args)}"
+    """The off-VM loop that recreates a preempted spot TPU from the spec (pipelines/tpu/restart.py)."""
+    return f"python -m pipelines.tpu.restart --spec {spec_location(args)}"
 
 
 def build_sdist(dist_dir: str) -> str:
@@ -437,7 +440,7 @@ def write_json(path: str, content: dict) -> None:
 def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
     """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
 
-    In the [tpu] venv the launcher makes (pipelines/tpu_interpreter.py): this process has Beam and generic
+    In the [tpu] venv the launcher makes (pipelines/tpu/interpreter.py): this process has Beam and generic
     TensorFlow, which training on the TPU cannot use.
     """
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
@@ -446,7 +449,7 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.
     print(f"Training interpreter: {python} (this package with its [tpu] extra)")
     pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python)
     print(
-        f"Dataset ready. Training started under train.supervisor (pid {pid}); follow it with: tail -f {log_path}"
+        f"Dataset ready. Training started under train.tools.supervisor (pid {pid}); follow it with: tail -f {log_path}"
     )
     return pid
 

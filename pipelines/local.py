@@ -32,7 +32,7 @@ from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import logs
 from train.config import MODELS, TrainConfig
 from train.errors import SetupError
-from train.weights_flag import WeightsFlagError, check_weights_flag
+from train.model.weights_flag import WeightsFlagError, check_weights_flag
 
 # TensorFlow and the trainer (~8 s to import) are imported where they run: --help answers at once.
 
@@ -296,7 +296,8 @@ def check_before_stage1(args) -> None:
     args.weights = check_weights_flag(args.weights, args.model)
     if args.weights is None or ("://" not in args.weights and args.weights != "imagenet"):
         return
-    from train import console, pretrained  # noqa: PLC0415 - see the imports
+    from train import console  # noqa: PLC0415 - see the imports
+    from train.model import pretrained
 
     console.import_tensorflow(args.verbose)
     pretrained.check_weights(args.model, args.weights, (args.image_size, args.image_size, 3))

@@ -45,7 +45,7 @@ class WorkflowPaths:
 
 def check_stage1_output(dataset_dir: str) -> dict:
     """The manifest of a complete, usable dataset; WorkflowError otherwise."""
-    from train import checks  # noqa: PLC0415 - see the imports
+    from train.data import checks  # noqa: PLC0415 - see the imports
 
     try:
         manifest = checks.read_manifest(dataset_dir)
@@ -120,15 +120,15 @@ def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
 def check_model_dir_is_new(model_dir: str) -> None:
     """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
 
-    Training pins the dataset run a model dir started on (train/dataset_pin.py),
+    Training pins the dataset run a model dir started on (train/data/dataset_pin.py),
     and every run of stage 1 publishes a new run: a model dir from an earlier
     workflow would resume on that earlier run, never on the one this workflow
     is about to write. Asked before stage 1, so that nothing is spent first.
     """
     import tensorflow as tf  # noqa: PLC0415 - see the imports (a gs:// model dir needs its filesystem)
 
-    from train import dataset_pin  # noqa: PLC0415 - see the imports
-    from train.checkpoints import CHECKPOINT_DIR  # noqa: PLC0415 - see the imports
+    from train.data import dataset_pin  # noqa: PLC0415 - see the imports
+    from train.loop.checkpoints import CHECKPOINT_DIR  # noqa: PLC0415 - see the imports
 
     held = [
         name

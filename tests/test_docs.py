@@ -85,4 +85,4 @@ def test_the_checks_catch_a_broken_link_and_a_stale_command(tmp_path):
     assert links_of(page) == ["missing.md", "#title", "#nope"]
     assert "title" in anchors_of(page) and "nope" not in anchors_of(page)
     assert not module_exists("train.no_such_command")
-    assert module_exists("train.bench_input")
+    assert module_exists("train.tools.bench_input")

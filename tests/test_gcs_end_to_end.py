@@ -156,7 +156,7 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
         data = gcs_emulator.read_object(prefix + path)
         assert hashlib.sha256(data).hexdigest() == shard["sha256"], path
     # Nothing but the dataset: no staging leftovers, no stale or unlisted shard, no other run; and, once a
-    # training job has read it, that job's lease on the run (train/dataset_lease.py), which expires.
+    # training job has read it, that job's lease on the run (train/data/dataset_lease.py), which expires.
     leases_dir = f"{leases.run_leases_dir(manifest['run']['id'])}/"
     held = {name for name in objects if name.startswith(f"{leases.LEASES_DIR}/")}
     assert all(name.startswith(leases_dir) and leases.parse_lease(name) for name in held), sorted(held)

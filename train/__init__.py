@@ -46,10 +46,10 @@ Training, one job per module:
   plots.py         learning_curves.png and confusion_matrix.png
   trainer.py       train_and_evaluate, as its phases: dataset -> run -> model -> fit -> finish
   install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
-  bench_input.py   python -m train.bench_input: the input pipeline against the train step
-  supervisor.py    python -m train.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
+  bench_input.py   python -m train.tools.bench_input: the input pipeline against the train step
+  supervisor.py    python -m train.tools.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
   progress_file.py the last saved checkpoint step, for the supervisor's no-progress stop; no TensorFlow
-  tpu_servers.py   python -m train.tpu_servers: a slice's start waits for every worker's TPU server; no TensorFlow
+  tpu_servers.py   python -m train.tools.tpu_servers: a slice's start waits for every worker's TPU server; no TensorFlow
   __main__.py      python -m train: the command line
 
 Serving (serving/): the SavedModel that takes encoded image bytes

@@ -26,7 +26,7 @@ cluster (MultiWorkerMirroredStrategy).
 Running the same command again after an interruption resumes from the last
 checkpoint in --model-dir, at its step, on the dataset run it started on
 (MODEL_DIR/dataset_pin.json: a re-run of stage 1 in the meantime does not
-change what it reads; train/dataset_pin.py). SIGTERM (spot VM preemption, TPU
+change what it reads; train/data/dataset_pin.py). SIGTERM (spot VM preemption, TPU
 maintenance) or SIGHUP (the ssh session closed) saves a checkpoint at the
 next step boundary and exits with status 143; Ctrl-C (SIGINT) does the same and exits with status 130,
 and a second Ctrl-C stops at once, without saving. Both print the command that resumes. Problems with the
@@ -43,7 +43,7 @@ from dataset_contract.cli_help import DefaultsHelpFormatter
 from train import flags
 from train.config import TrainConfig
 
-# 128 + the signal, as a shell reports a process it ended (train.checkpoints.PREEMPTED_EXIT_CODE and
+# 128 + the signal, as a shell reports a process it ended (train.loop.checkpoints.PREEMPTED_EXIT_CODE and
 # INTERRUPTED_EXIT_CODE, without importing TensorFlow): supervisors restart after 143, a person pressed Ctrl-C for 130.
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130
@@ -169,9 +169,10 @@ def resume_command(argv) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and flag errors end here, before TensorFlow
-    from train import console, cuda_cache
+    from train import console
+    from train.device import cuda_cache
     from train.errors import SetupError
-    from train.weights_flag import WeightsFlagError, check_weights_flag
+    from train.model.weights_flag import WeightsFlagError, check_weights_flag
 
     console.configure(args.verbose, args.tpu)
     try:
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     except (SetupError, WeightsFlagError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cuda_cache.configure_cuda_cache()  # before TensorFlow initializes CUDA (train/cuda_cache.py)
+    cuda_cache.configure_cuda_cache()  # before TensorFlow initializes CUDA (train/device/cuda_cache.py)
     try:
         console.import_tensorflow(args.verbose)
         from train.errors import TrainingPreempted

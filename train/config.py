@@ -16,8 +16,8 @@ import re
 
 from train.errors import ConfigError
 
-# The names `--model` accepts (train.models builds them).
-# train.pretrained.APPLICATIONS holds the keras.applications ones (a test keeps the two in step).
+# The names `--model` accepts (train.model.models builds them).
+# train.model.pretrained.APPLICATIONS holds the keras.applications ones (a test keeps the two in step).
 SMALL_CNN = "small_cnn"
 RESNET50 = "resnet50"
 MOBILENET_V2 = "mobilenetv2"
@@ -25,7 +25,7 @@ MOBILENET_V3_SMALL = "mobilenetv3small"
 MOBILENET_V3_LARGE = "mobilenetv3large"
 EFFICIENTNET_B0 = "efficientnetb0"
 MODELS = (SMALL_CNN, RESNET50, MOBILENET_V2, MOBILENET_V3_SMALL, MOBILENET_V3_LARGE, EFFICIENTNET_B0)
-# Or your own network: `--model module:function` (train.user_model).
+# Or your own network: `--model module:function` (train.model.user_model).
 USER_MODEL_SEPARATOR = ":"
 
 
@@ -34,9 +34,9 @@ def is_user_model(name: str) -> bool:
     return USER_MODEL_SEPARATOR in name
 
 
-# `--strategy` (train.strategy resolves them).
+# `--strategy` (train.device.strategy resolves them).
 STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")
-# `--mixed-precision` and `--jit-compile` (train.accelerator decides what `auto` means per device).
+# `--mixed-precision` and `--jit-compile` (train.device.accelerator decides what `auto` means per device).
 MIXED_PRECISION_CHOICES = ("auto", "bfloat16", "float16", "off")
 JIT_COMPILE_CHOICES = ("auto", "on", "off")
 
@@ -59,8 +59,8 @@ class TrainConfig:
     learning_rate: float | None = None  # the peak; None: base_learning_rate scaled by the batch (recipe.py)
     strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
     tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
-    mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.accelerator)
-    steps_per_execution: int | None = None  # None: per device (train.accelerator)
+    mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.device.accelerator)
+    steps_per_execution: int | None = None  # None: per device (train.device.accelerator)
     jit_compile: str = "auto"  # auto|on|off: XLA on CPU/GPU (TPUs always compile)
     augment: bool = False
     verify_data: bool = False  # sha256 of every shard before training
@@ -284,7 +284,7 @@ def plan_training(
     TPU's or a CPU's at 224x224.
     """
     if defaults is None:
-        from train import device_defaults
+        from train.device import device_defaults
 
         kind = device_defaults.TPU if on_tpu else device_defaults.CPU
         defaults = device_defaults.device_defaults(kind, config.model, device_defaults.REFERENCE_IMAGE_SIZE)

@@ -1,4 +1,4 @@
-"""The flags `python -m train` and `python -m train.bench_input` share: what model runs, where, how.
+"""The flags `python -m train` and `python -m train.tools.bench_input` share: what model runs, where, how.
 
 Both commands must build the same training setup from the same flags (the
 benchmark measures the input and step that training would run), so the
@@ -8,8 +8,6 @@ imports TensorFlow or Keras: `--help` and flag errors come back at once.
 
 import argparse
 
-from train import device_defaults, lr_scaling
-from train import recipe as recipe_lib
 from train.config import (
     JIT_COMPILE_CHOICES,
     MIXED_PRECISION_CHOICES,
@@ -18,6 +16,9 @@ from train.config import (
     USER_MODEL_SEPARATOR,
     TrainConfig,
 )
+from train.device import device_defaults
+from train.model import lr_scaling
+from train.model import recipe as recipe_lib
 
 
 def positive_int(text: str) -> int:
@@ -53,7 +54,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         default=defaults.model,
         metavar="{" + ",".join(MODELS) + "} or module:function",
         help="A built-in model, or your own Keras network: module:function gets (input_shape, num_classes) "
-        "and returns a keras.Model from normalized float32 images to logits (train/user_model.py). "
+        "and returns a keras.Model from normalized float32 images to logits (train/model/user_model.py). "
         "Default %(default)s.",
     )
     group.add_argument(
@@ -92,7 +93,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="Training steps per device call (one host round trip per call). Default: 32 on TPU, 8 on GPUs "
-        "(several GPUs run them in a tf.range loop around strategy.run, train/multi_step.py), 1 on CPU.",
+        "(several GPUs run them in a tf.range loop around strategy.run, train/loop/multi_step.py), 1 on CPU.",
     )
     group.add_argument(
         "--jit-compile",
@@ -116,7 +117,7 @@ def add_setup_flags(parser: argparse.ArgumentParser) -> None:
         default=defaults.parallel_files,
         help=f"Shards each host reads at once. Default: {parallel['tpu']} on a TPU host, {parallel['gpu']} on a GPU "
         f"host, {parallel['cpu']} on a CPU; each open file holds an 8 MiB read buffer. On GCS every file is one read "
-        "stream, so this bounds a host's read bandwidth (train/device_defaults.py).",
+        "stream, so this bounds a host's read bandwidth (train/device/device_defaults.py).",
     )
     group.add_argument(
         "--shared-filesystem",
@@ -181,7 +182,7 @@ def _non_negative_int(text: str) -> int:
 
 def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
     """--weights, --freeze-backbone-epochs, --optimizer, --base-learning-rate, --warmup-epochs/--warmup-steps,
-    --weight-decay, --label-smoothing, --ema, --ema-momentum (see train/recipe.py)."""
+    --weight-decay, --label-smoothing, --ema, --ema-momentum (see train/model/recipe.py)."""
     defaults = TrainConfig(data_dir="", model_dir="")
     adamw, sgd = recipe_lib.DEFAULTS[recipe_lib.ADAMW], recipe_lib.DEFAULTS[recipe_lib.SGD]
     recipe = parser.add_argument_group("training recipe")

@@ -5,7 +5,7 @@
     val = train.load_dataset("/tmp/dataset", "validation", batch_size=64)     # one pass, padded
     model.fit(ds, steps_per_epoch=100, validation_data=val)
 
-It is `train.dataset`'s pipeline itself (make_train_dataset, make_eval_dataset),
+It is `train.data.dataset`'s pipeline itself (make_train_dataset, make_eval_dataset),
 not a copy: the same manifest-listed shards, parallel non-deterministic
 reads, static shapes, crops. What the images hold is documented on
 `load_dataset`.
@@ -14,7 +14,7 @@ reads, static shapes, crops. What the images hold is documented on
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset
+from train.data import checks, dataset
 
 
 def load_dataset(

@@ -6,10 +6,11 @@ Keras' cache or downloadable from here, pretrained.check_imagenet_available). A 
 dataset is left to train_and_evaluate's own checks, which name it better.
 """
 
-from train import checks, pretrained
 from train.config import TrainConfig
+from train.data import checks
 from train.errors import DatasetError
-from train.weights_flag import normalize_weights_flag
+from train.model import pretrained
+from train.model.weights_flag import normalize_weights_flag
 
 
 def check_weights_before_training(config: TrainConfig) -> None:

@@ -59,33 +59,6 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import (
-    accelerator,
-    checks,
-    dataset,
-    dataset_lease,
-    dataset_pin,
-    device_defaults,
-    losses,
-    metrics,
-    models,
-    multi_step,
-    optimization,
-    plots,
-    pretrained,
-    progress_lines,
-    resume_check,
-)
-from train import recipe as recipe_lib
-from train import strategy as strategy_lib
-from train.checkpoints import (
-    Checkpoints,
-    PreemptionNotice,
-    SaveCheckpoints,
-    StepCounter,
-    TrainingProgress,
-    make_worker_agreement,
-)
 from train.config import (
     CheckpointInterval,
     TrainConfig,
@@ -96,11 +69,25 @@ from train.config import (
     plan_training,
     requests_tpu,
 )
+from train.data import checks, dataset, dataset_lease, dataset_pin
+from train.device import accelerator, device_defaults
+from train.device import strategy as strategy_lib
 from train.errors import TrainingPreempted
-from train.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
-from train.freeze import FreezeBackbone
+from train.loop import metrics, multi_step, plots, progress_lines, resume_check
+from train.loop.checkpoints import (
+    Checkpoints,
+    PreemptionNotice,
+    SaveCheckpoints,
+    StepCounter,
+    TrainingProgress,
+    make_worker_agreement,
+)
+from train.loop.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
+from train.loop.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
+from train.model import losses, models, optimization, pretrained
+from train.model import recipe as recipe_lib
+from train.model.freeze import FreezeBackbone
 from train.serving import export
-from train.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 
 METRICS_FILE = "metrics.json"
 LOG_DIR = "logs"

@@ -16,7 +16,9 @@ import tarfile
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from pipelines import dataflow, tpu_launch, tpu_runtime
+from pipelines import dataflow
+from pipelines.tpu import launch as tpu_launch
+from pipelines.tpu import runtime as tpu_runtime
 from train import install_lines
 
 pytestmark = pytest.mark.slow
@@ -163,7 +165,7 @@ def test_the_written_training_command_runs_the_recipe_under_the_supervisor(dry_r
     _, spec, _, _ = dry_run
     _, run = (shlex.split(command) for command in spec["commands"])
     command = run[run.index("--command") + 1]
-    assert "setsid nohup python3 -m train.supervisor" in command and tpu_launch.LOG_FILE in command
+    assert "setsid nohup python3 -m train.tools.supervisor" in command and tpu_launch.LOG_FILE in command
     train_argv = shlex.split(command[command.index("python3 -m train ") : command.index(" >")])[3:]
     assert train_argv == spec["train_args"]
     assert train_argv[train_argv.index("--optimizer") + 1] == "sgd"

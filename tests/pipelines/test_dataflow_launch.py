@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from pipelines import dataflow, tpu_launch, tpu_runtime
+from pipelines import dataflow
+from pipelines.tpu import launch as tpu_launch
+from pipelines.tpu import runtime as tpu_runtime
 from pipelines.workflow import WorkflowPaths
-from train import supervisor
+from train.tools import supervisor
 
 
 def spec_for(accelerator_type, *extra):
@@ -35,10 +37,10 @@ def start_script_of(launch_command):
 
 
 def supervised_train_argv(launch_command):
-    """The `python3 -m train ...` argv inside `setsid nohup python3 -m train.supervisor ... -- python3 -m train ...`."""
+    """The `python3 -m train ...` argv inside `setsid nohup python3 -m train.tools.supervisor ... -- python3 -m train ...`."""
     words = shlex.split(start_script_of(launch_command), comments=True)
     start = words.index("setsid")
-    assert words[start : start + 5] == ["setsid", "nohup", "python3", "-m", "train.supervisor"]
+    assert words[start : start + 5] == ["setsid", "nohup", "python3", "-m", "train.tools.supervisor"]
     command = words[words.index("--", start) + 1 : words.index(">>", start)]
     assert command[:3] == ["python3", "-m", "train"]
     return command[3:]
@@ -94,8 +96,10 @@ def test_a_single_host_vm_installs_and_starts_supervised_training_in_one_command
     assert "NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in script and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH=" in script
     assert "TPU_LOAD_LIBRARY" not in command and "tpu-runtime" not in command
     # Detached from ssh: a new session, no terminal, every stream redirected, in the background.
-    assert "setsid nohup python3 -m train.supervisor" in script
-    assert script.index(f">> {tpu_launch.LOG_FILE} 2>&1 < /dev/null &") > script.index("train.supervisor")
+    assert "setsid nohup python3 -m train.tools.supervisor" in script
+    assert script.index(f">> {tpu_launch.LOG_FILE} 2>&1 < /dev/null &") > script.index(
+        "train.tools.supervisor"
+    )
     assert flag(supervised_train_argv(command), "--tpu") == "local"
 
 
@@ -196,7 +200,7 @@ def test_the_remote_launch_command_starts_the_supervisor_detached_for_real(tmp_p
     result = subprocess.run(
         ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0 and "training started under train.supervisor" in result.stdout
+    assert result.returncode == 0 and "training started under train.tools.supervisor" in result.stdout
     log = tmp_path / tpu_launch.LOG_FILE
     deadline = time.monotonic() + 120
     while "not restarting" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from pipelines import local, workflow
 from tests.stage1 import read_manifest, write_corpus
-from train import pretrained
+from train.model import pretrained
 
 
 def test_stage1_flags_with_skip_preprocess_are_refused(tmp_path, capsys):

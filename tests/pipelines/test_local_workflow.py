@@ -80,7 +80,7 @@ def test_workflow_does_not_train_when_stage1_fails(tmp_path, capsys):
 
 @pytest.mark.parametrize("held", ["dataset_pin.json", "checkpoints"])
 def test_workflow_refuses_before_stage1_a_model_dir_left_by_an_earlier_workflow(tmp_path, capsys, held):
-    # A model dir resumes on the dataset run it started on (train/dataset_pin.py); a new stage 1 run would
+    # A model dir resumes on the dataset run it started on (train/data/dataset_pin.py); a new stage 1 run would
     # publish another, which that model would never train on.
     workdir = tmp_path / "work"
     (workdir / "model").mkdir(parents=True)

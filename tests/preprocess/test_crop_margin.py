@@ -13,7 +13,7 @@ from preprocess.image_decode import load_image, resize_image
 from preprocess.options import parse_args
 from preprocess.summary import format_summary
 from tests.stage1 import read_manifest, read_split, run_stage1, write_corpus
-from train import dataset
+from train.data import dataset
 
 SIZE = 16
 MARGIN = 0.25

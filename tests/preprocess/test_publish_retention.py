@@ -167,7 +167,7 @@ def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_
     assert publish.read_published_manifest(gcs_dir)["run"]["id"] == b_id
     assert verification.read_manifest(gcs_dir)["run"]["id"] == b_id
     assert retained_ids(preprocess_pipeline.own_manifest(gcs_dir, b_id)) == [a_id]
-    from train import checks  # noqa: PLC0415 - stage 2's own reader
+    from train.data import checks  # noqa: PLC0415 - stage 2's own reader
 
     assert checks.read_manifest(gcs_dir)["run"]["id"] == b_id
     assert not verification.verify_named_files(gcs_dir, checks.read_manifest(gcs_dir))
@@ -284,7 +284,7 @@ def test_a_retained_run_whose_files_are_gone_is_no_longer_listed(published, outp
 def test_a_run_with_a_live_training_lease_is_kept_whatever_its_age_and_goes_once_the_lease_expires(
     published, output, tmp_path
 ):
-    from train.dataset_lease import DatasetLease  # noqa: PLC0415 - stage 2's side of the lease
+    from train.data.dataset_lease import DatasetLease  # noqa: PLC0415 - stage 2's side of the lease
 
     a_id = published.run_id
     lease = DatasetLease(output, a_id, str(tmp_path / "model"))
@@ -312,7 +312,7 @@ def test_a_run_with_a_live_training_lease_is_kept_whatever_its_age_and_goes_once
 
 
 def test_a_training_lease_is_refreshed_with_a_new_object_and_the_older_one_removed(published, tmp_path):
-    from train.dataset_lease import DatasetLease  # noqa: PLC0415
+    from train.data.dataset_lease import DatasetLease  # noqa: PLC0415
 
     data_dir = str(tmp_path / "data")
     with DatasetLease(data_dir, published.run_id, str(tmp_path / "model"), refresh_seconds=0.2) as lease:
@@ -384,7 +384,7 @@ def test_every_reader_follows_the_pointer_to_the_newest_manifest(published, outp
     """The same directory in format 3 (dataset.json a pointer, the manifests in manifests/), on local
     disk: verify, the pin of a training job and stage 1 all read the newest manifest."""
     from preprocess import verify as verify_cli  # noqa: PLC0415
-    from train import dataset_pin  # noqa: PLC0415
+    from train.data import dataset_pin  # noqa: PLC0415
 
     newer_id = new_run_id()
     newer = clone_run(output, published.manifest, newer_id)

@@ -15,7 +15,7 @@ def test_help_prints_before_tensorflow_or_keras_is_imported(tmp_path):
     result = probe_module("train", ["--help"], ("tensorflow", "keras", "numpy"), tmp_path)
     assert "EXIT 0 HEAVY []" in result.stderr, result.stderr[-2000:]
     assert "--checkpoint-every" in result.stdout and "--profile-steps" in result.stdout
-    # Several GPUs run several steps per execution, in train/multi_step.py's loop; the defaults per device.
+    # Several GPUs run several steps per execution, in train/loop/multi_step.py's loop; the defaults per device.
     assert "tf.range" in result.stdout and "--parallel-files" in result.stdout
     assert "--learning-rate-scaling" in result.stdout
     # Nothing from TensorFlow's native start-up either.

@@ -15,7 +15,7 @@ import pytest
 
 from dataset_contract import manifest as manifest_lib
 from tests.train.conftest import IMAGE_SIZE
-from train import checks
+from train.data import checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +27,8 @@ SCRIPT = textwrap.dedent(
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-    from train import checks, dataset, strategy
+    from train.data import checks, dataset
+    from train.device import strategy
     from train.config import TrainConfig
     from train.trainer import train_and_evaluate
 
@@ -80,7 +81,7 @@ def test_training_under_mirrored_strategy_on_two_logical_cpus(stage1_dataset, tm
     assert metrics["strategy"] == "mirrored" and metrics["num_replicas"] == 2
     assert metrics["per_replica_batch_size"] == 4 and metrics["global_step"] == 6
     # Keras' own loop cannot run several steps per call under a multi-replica MirroredStrategy
-    # (keras-team/keras#19246); train/multi_step.py's tf.range loop runs the 3 asked for.
+    # (keras-team/keras#19246); train/loop/multi_step.py's tf.range loop runs the 3 asked for.
     assert metrics["steps_per_execution"] == 3
     assert (metrics["mixed_precision"], metrics["xla"]) == ("float32", "off")  # auto, on CPUs
     # Evaluation across both replicas, padded to static batches, still counts every example exactly once.

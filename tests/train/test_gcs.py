@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks
 from train.config import TrainConfig
+from train.data import checks
 from train.trainer import train_and_evaluate
 
 

@@ -28,7 +28,7 @@ def test_a_child_that_aborts_while_importing_tensorflow_has_its_fatal_line_in_th
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{REPO}"}
     with open(log_path, "wb") as log:
         result = subprocess.run(
-            [sys.executable, "-m", "train.supervisor", "--restart-delay", "0", "--crash-loop-limit", "1", "--",
+            [sys.executable, "-m", "train.tools.supervisor", "--restart-delay", "0", "--crash-loop-limit", "1", "--",
              sys.executable, "-m", "train", "--data", str(tmp_path / "data"), "--model-dir", str(tmp_path / "m")],
             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=120,
         )  # fmt: skip

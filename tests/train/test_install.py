@@ -244,7 +244,7 @@ def test_the_tpu_install_refuses_xla_on_the_cpu_with_a_clear_error(tpu_venv, sta
 
 
 def test_generic_tensorflow_compiles_for_the_cpu_so_xla_is_let_through():
-    from train import accelerator
+    from train.device import accelerator
 
     cpu = accelerator.DeviceDescription(kind=accelerator.CPU)
     accelerator.check_cpu_xla_available(cpu, accelerator.choose_defaults(cpu, jit_compile="on"))

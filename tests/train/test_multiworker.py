@@ -19,8 +19,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.train.test_preemption import RunningTraining
-from train.checkpoints import PREEMPTED_EXIT_CODE
+from tests.train.loop.test_preemption import RunningTraining
+from train.loop.checkpoints import PREEMPTED_EXIT_CODE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS_PER_EPOCH = 3

@@ -11,9 +11,12 @@ import tensorflow as tf
 from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
 from tests.train.conftest import CROP_MARGIN
-from train import checks, dataset, models, plots, pretrained, trainer
+from train import trainer
 from train.config import TrainConfig
-from train.evaluation import build_evaluation_model, exact_logs
+from train.data import checks, dataset
+from train.loop import plots
+from train.loop.evaluation import build_evaluation_model, exact_logs
+from train.model import models, pretrained
 from train.serving import export
 
 # In the Python 3.10 leg's subset (scripts/test_py310.sh): the whole recipe (schedule, EMA, evaluation) through Keras' hooks.

@@ -4,7 +4,7 @@
 
 It reads MODEL_DIR/model.keras (the weights the run shipped: with --ema the
 moving average) and the split of the dataset run the model was trained on
-(MODEL_DIR/dataset_pin.json, train/dataset_pin.py; the data dir recorded in
+(MODEL_DIR/dataset_pin.json, train/data/dataset_pin.py; the data dir recorded in
 metrics.json unless --data), through the training's own evaluation pipeline
 (every example once, static shapes). It reports accuracy, loss (mean
 cross-entropy), per-class precision and recall, and the confusion matrix;

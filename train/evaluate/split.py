@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, dataset_pin
+from train.data import checks, dataset, dataset_pin
 from train.errors import ConfigError, DatasetError
 from train.evaluate import scores
 from train.serving import export

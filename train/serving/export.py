@@ -13,7 +13,7 @@
       assets.extra/serving_config.json        the same, plus the signature's names, for clients
       assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving/warmup.py)
       assets.extra/dataset_lineage.json       the dataset run trained on: run id, manifest sha256,
-                                              dataset dir, created_at (train/dataset_pin.py)
+                                              dataset dir, created_at (train/data/dataset_pin.py)
 
 The input is named `image_bytes` so that TF Serving's REST API takes
 base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train import augment, dataset
+from train.data import augment, dataset
 from train.serving import decode, image_header, warmup
 
 EXPORT_DIR = "export"

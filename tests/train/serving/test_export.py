@@ -32,8 +32,9 @@ import tensorflow as tf
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from train import checks, dataset, models
 from train.config import TrainConfig
+from train.data import checks, dataset
+from train.model import models
 from train.serving import decode, export
 from train.trainer import train_and_evaluate
 

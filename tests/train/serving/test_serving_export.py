@@ -19,7 +19,8 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.adversarial_images import ADVERSARIAL_IMAGES, ordinary_jpeg
-from train import dataset, models
+from train.data import dataset
+from train.model import models
 from train.serving import export, warmup
 
 SIZE = 224

@@ -1,0 +1,286 @@
+"""The commands that put this package on a TPU VM and start training there, supervised and detached from ssh.
+
+For a single-host TPU VM (one command, on the VM):
+
+    gcloud storage cp gs://BUCKET/run/packages/tf-image-pipeline.tar.gz /tmp/tf-image-pipeline.tar.gz \\
+      && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' \\
+      && mkdir -p tf-image-pipeline && printf '%s' '<start.sh>' > tf-image-pipeline/start.sh \\
+      && rm -f tf-image-pipeline/stopped && bash tf-image-pipeline/start.sh
+
+where start.sh (`start_script`) exports the PJRT environment and runs
+
+    { setsid nohup python3 -m train.tools.supervisor --pid-file tf-image-pipeline/supervisor.pid ... -- \\
+        python3 -m train ... --tpu local >> tf-image-pipeline/train.log 2>&1 < /dev/null & }
+
+unless training still runs or ended for good (the supervisor's `stopped`
+file). The VM is created with a boot script that runs start.sh again at
+every boot, so training resumes after a reboot (pipelines/tpu/lifecycle.py:
+the create command, spot, Autocheckpoint, and the off-VM loop that recreates
+a preempted spot TPU).
+
+For a multi-host slice: the install and `tpu_server_setup_command` on every
+worker (`--worker=all`), then the supervised launch on worker 0 only, with
+`--tpu NAME` (TPUStrategy is single-client: one process drives every host),
+once every worker's TPU server answers (`python3 -m train.tools.tpu_servers`:
+restarted servers take a while, and a client started before them fails to
+initialize the TPU and exits 2, which the supervisor does not retry).
+
+The environment is the one Google's TPU test harness gives TensorFlow
+(GoogleCloudPlatform/ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py,
+export_env_variables):
+
+    if is_pod: TPU_LOAD_LIBRARY=0
+    if not is_pod and is_pjrt: NEXT_PLUGGABLE_DEVICE_USE_C_API=true,
+        TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/home/$USER/.local/lib/python3.10/site-packages/libtpu/libtpu.so
+
+The library path is found where pip put libtpu rather than assumed (the
+harness's is one user's ~/.local under Python 3.10). The harness's other
+variables are for its own workloads and are not set: TF_USE_LEGACY_KERAS=1
+selects tf-keras (this project is Keras 3), PYTHONPATH points at its model
+garden checkout, and its TF_XLA_FLAGS configure SparseCore embedding tables.
+PJRT_DEVICE=TPU appears only in the harness's PyTorch/XLA configs.
+
+On a slice, worker 0's client and every worker's TPU server must run the
+same TensorFlow. The runtime images start the server as the `tpu-runtime`
+systemd service, a `grpc_tpu_worker` container named by TF_DOCKER_URL in
+/etc/systemd/system/tpu-runtime.service; the harness's set_up_pjrt points
+that at `grpc_tpu_worker:tf-X.Y.Z-pjrt` for the TensorFlow it installed and
+restarts the service, and `tpu_server_setup_command` does the same for
+tensorflow-tpu 2.20.0 (the version the install pins).
+
+Supervision: training runs under `python -m train.tools.supervisor` (see its
+docstring for the policy and why it is not a systemd unit), started with
+`setsid nohup ... &`: a new session with no controlling terminal, so the end
+of the ssh session sends it no SIGHUP, and every output goes to a log file,
+so ssh can close the connection at once.
+"""
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+
+from pipelines.tpu import lifecycle as tpu_lifecycle
+from pipelines.tpu import runtime as tpu_runtime
+from train import install_lines
+from train.device import device_defaults
+
+REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
+# Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
+RUN_DIR = "tf-image-pipeline"
+LOG_FILE = f"{RUN_DIR}/train.log"
+PID_FILE = f"{RUN_DIR}/supervisor.pid"
+START_SCRIPT = f"{RUN_DIR}/start.sh"  # the launch runs it; the VM's boot script runs it again after a reboot
+STOPPED_FILE = f"{RUN_DIR}/stopped"  # the supervisor's reason when training ended for good
+PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the supervisor's no-progress stop
+TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
+TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
+# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
+_LIBTPU_PATH_PYTHON = (
+    "import importlib.util, os; "
+    'print(os.path.join(importlib.util.find_spec("libtpu").submodule_search_locations[0], "libtpu.so"))'
+)
+
+
+# TPUStrategy's replicas per chip: one per TensorCore on v2 and v3 (two a chip); from v4 on one per chip
+# (v4 and v5p join a chip's two TensorCores into one megacore device; v5e and v6e have one TensorCore a chip).
+_REPLICAS_PER_CHIP = {"v2": 2, "v3": 2}
+
+
+def tpu_replicas(tpu: tpu_runtime.TpuType) -> int:
+    """The replicas TPUStrategy runs on `tpu` (its num_replicas_in_sync)."""
+    return tpu.chips * _REPLICAS_PER_CHIP.get(tpu.generation.name, 1)
+
+
+def default_global_batch_size(model: str, image_size: int, tpu: tpu_runtime.TpuType) -> int:
+    """The global batch `python -m train` picks on `tpu` without --global-batch-size (train/device/device_defaults.py).
+
+    128 per replica for the ResNet-50-class models at 224x224, less for larger
+    images: 1024 on a v5litepod-8, 2048 on a v4-32, 8192 on a v5litepod-64.
+    The launch passes it explicitly, so the printed commands show the batch
+    that will train.
+    """
+    per_replica = device_defaults.default_per_replica_batch(
+        device_defaults.TPU, model, image_size
+    ).per_replica
+    return per_replica * tpu_replicas(tpu)
+
+
+def pip_install_command(sdist_path: str) -> str:
+    """The TPU VM install line: the staged package with its [tpu] extra (tensorflow-tpu + the matching libtpu).
+
+    train/install_lines.py spells it, for the README and its install test as for this launch.
+    """
+    return install_lines.tpu_install_command(sdist_path)
+
+
+def install_command(package_uri: str) -> str:
+    """Copy the staged sdist from GCS and install it with the [tpu] extra."""
+    return f"gcloud storage cp {shlex.quote(package_uri)} {REMOTE_PACKAGE} && {pip_install_command(REMOTE_PACKAGE)}"
+
+
+def tpu_server_image(tensorflow_version: str) -> str:
+    return f"{TPU_SERVER_IMAGE}:tf-{tensorflow_version}-pjrt"
+
+
+def tpu_server_setup_command(tensorflow_version: str) -> str:
+    """Point this worker's TPU server (the tpu-runtime service) at `tensorflow_version` and restart it."""
+    image = tpu_server_image(tensorflow_version)
+    missing = (
+        f"echo 'no {TPU_RUNTIME_SERVICE} on this worker: the runtime image runs no TensorFlow TPU server, so "
+        "TensorFlow cannot drive this slice from worker 0; create the slice with the runtime "
+        "pipelines/tpu/runtime.py chooses' >&2"
+    )
+    # The service line reads Environment="TF_DOCKER_URL=...": the substitution ends with the closing quote.
+    return (
+        f"{{ test -f {TPU_RUNTIME_SERVICE} || {{ {missing}; exit 1; }}; }} && "
+        f"sudo sed -i 's|TF_DOCKER_URL=.*|TF_DOCKER_URL={image}\"|' {TPU_RUNTIME_SERVICE} && "
+        "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime"
+    )
+
+
+def training_environment(multi_host: bool) -> list[tuple[str, str]]:
+    """(name, shell value) pairs the training process gets, as the harness sets them (module docstring)."""
+    if multi_host:
+        # The client on worker 0 leaves the chips to the TPU servers (python -m train sets it too for --tpu NAME).
+        return [("TPU_LOAD_LIBRARY", "0")]
+    return [
+        ("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true"),
+        ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", f'"$(python3 -c {shlex.quote(_LIBTPU_PATH_PYTHON)})"'),
+    ]
+
+
+def supervisor_argv(
+    python: str, train_argv: list[str], pid_file: str = PID_FILE, run_dir: str = RUN_DIR
+) -> list[str]:
+    return [
+        python,
+        "-m",
+        "train.tools.supervisor",
+        "--pid-file",
+        pid_file,
+        "--stopped-file",
+        os.path.join(run_dir, os.path.basename(STOPPED_FILE)),
+        "--progress-file",
+        os.path.join(run_dir, os.path.basename(PROGRESS_FILE)),
+        "--",
+        python,
+        "-m",
+        "train",
+        *train_argv,
+    ]
+
+
+def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
+    """On a slice's worker 0: wait until every worker's TPU server answers (train/tools/tpu_servers.py)."""
+    return ["python3", "-m", "train.tools.tpu_servers", "--tpu", name, *location]
+
+
+def start_script(train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None) -> str:
+    """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh.
+
+    The launch runs it, and the VM's boot script (tpu_lifecycle.BOOT_SCRIPT) runs it again at every boot,
+    so it starts nothing when training ended for good (the supervisor's stopped file) or still runs.
+    """
+    exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
+    supervised = shlex.join(supervisor_argv("python3", train_argv))
+    wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""
+    # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
+    return (
+        "#!/bin/bash\n"
+        "# Written by the tf-image-pipeline launch (pipelines/tpu/launch.py); run again at every boot.\n"
+        'cd "$HOME" || exit 1\n'
+        f"if test -e {STOPPED_FILE}; then\n"
+        f'  echo "training ended for good ($(cat {STOPPED_FILE})); not starting it again"; exit 0\n'
+        "fi\n"
+        f"if test -f {PID_FILE} && grep -q train.tools.supervisor /proc/$(cat {PID_FILE})/cmdline 2>/dev/null; then\n"
+        f'  echo "training is already running under train.tools.supervisor (pid $(cat {PID_FILE}))"; exit 0\n'
+        "fi\n"
+        f"{wait}"
+        f"export {exports}\n"
+        f"{{ setsid nohup {supervised} >> {LOG_FILE} 2>&1 < /dev/null & }}\n"
+        f'echo "training started under train.tools.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"\n'
+    )
+
+
+def supervised_launch_command(
+    train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None
+) -> str:
+    """The ssh command: write start.sh (kept for the boot script), clear an earlier end, and run it."""
+    script = start_script(train_argv, multi_host, wait_argv)
+    return (
+        f"mkdir -p {RUN_DIR} && printf '%s' {shlex.quote(script)} > {START_SCRIPT} && "
+        f"rm -f {STOPPED_FILE} && bash {START_SCRIPT}"
+    )
+
+
+def start_detached(
+    train_argv: list[str], run_dir: str, multi_host: bool = False, python: str = sys.executable
+):
+    """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log.
+
+    Returns (pid, log path). The same environment as `supervised_launch_command`.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    env = dict(os.environ)
+    if multi_host:
+        env["TPU_LOAD_LIBRARY"] = "0"
+    else:
+        env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
+        spec = importlib.util.find_spec("libtpu")
+        if spec is not None and spec.submodule_search_locations:
+            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.path.join(
+                spec.submodule_search_locations[0], "libtpu.so"
+            )
+    log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
+    argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)), run_dir)
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return process.pid, log_path
+
+
+def training_commands(
+    name: str,
+    location: list[str],
+    choice: tpu_runtime.RuntimeChoice,
+    package_uri: str,
+    train_argv: list[str],
+    lifecycle: tpu_lifecycle.Lifecycle | None = None,
+) -> list[str]:
+    """create, then install (+ TPU servers on a slice) and the supervised launch, as gcloud commands."""
+    lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
+    create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
+    install = install_command(package_uri)
+    if choice.tpu.multi_host:
+        # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0,
+        # started once every worker's TPU server answers.
+        launch = supervised_launch_command(train_argv, True, tpu_servers_wait_argv(name, location))
+        setup = f"{install} && {tpu_server_setup_command(choice.tensorflow_version)}"
+        return [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", launch)]
+    launch = supervised_launch_command(train_argv, False)
+    return [create, _ssh(name, location, "all", f"{install} && {launch}")]
+
+
+def _ssh(name: str, location: list[str], worker: str, command: str) -> str:
+    return shlex.join(
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "ssh",
+            name,
+            *location,
+            f"--worker={worker}",
+            "--command",
+            command,
+        ]
+    )

@@ -1,0 +1,235 @@
+"""Which TPU VM software version ("runtime") a training run gets, from the accelerator type and TensorFlow.
+
+`gcloud compute tpus tpu-vm create --version` picks the image a TPU VM boots:
+the OS, the TPU driver, and on a multi-host slice the `tpu-runtime` service
+that runs TensorFlow's TPU server (a `grpc_tpu_worker` container) on every
+worker. `choose_runtime` decides it from a table, RUNTIMES, in which every
+entry names the documents it comes from:
+
+  RUNTIMES_DOC   https://cloud.google.com/tpu/docs/runtimes
+                 the base image per generation: "Trillium (v6e): v2-alpha-tpuv6e,
+                 v5p: v2-alpha-tpuv5, v5e: v2-alpha-tpuv5-lite, v4 and older:
+                 tpu-ubuntu2204-base"; TensorFlow images are named
+                 tpu-vm-tf-x.y.z[-pod][-{device_api}].
+  HARNESS_DAG    Google's own TPU test harness, GoogleCloudPlatform/ml-auto-solutions,
+                 dags/solutions_team/solutionsteam_tf_release_supported.py: its
+                 TensorFlow release tests create v4-8, v4-32, v5p-8 and v5p-32 with
+                 v2-alpha-tpuv5 and v5e-4, v5e-16 with v2-alpha-tpuv5-lite, then
+                 install `tensorflow-tpu==X.Y.Z -f libtpu-tf-releases` on top
+                 (configs/tensorflow/common.py, install_tf).
+  HARNESS_COMMON dags/solutions_team/configs/tensorflow/common.py: set_up_pjrt
+                 points every worker's tpu-runtime service at
+                 gcr.io/cloud-tpu-v2-images/grpc_tpu_worker:tf-X.Y.Z-pjrt (the
+                 client's TensorFlow version) and restarts it; export_env_variables
+                 sets the environment of the training process (tpu_launch.py).
+
+The TensorFlow is the TPU build, `tensorflow-tpu`, whose newest release on
+the registry is 2.20.0 (there is no 2.21). The docs list no
+`tpu-vm-tf-2.20.0-*` image (the newest named ones are 2.18/2.19, with
+hardware suffixes such as `-pjrt-v5e-and-v6` and `-pjrt-v5p-and-below`, see
+tensorflow/tensorflow#82208), so for 2.20.0 every entry is the base image the
+docs give for the generation, with tensorflow-tpu 2.20.0 installed on top,
+which is what the harness does for its release tests. On a multi-host slice
+the workers' TPU servers are moved to the same TensorFlow as the client
+(tpu_launch.tpu_server_setup_command), so the client on worker 0 and the
+servers it drives always agree.
+
+Accelerator types (https://cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e):
+v2, v3, v4 and v5p name TensorCores (two per chip) and hold 4 chips per host
+(v4-8: 4 chips, one host; v4-32: 16 chips, 4 hosts); v5e (`v5litepod-N`) and
+v6e (`v6e-N`) name chips and hold up to 8 per host (v5litepod-8: one host;
+v5litepod-16: a multi-host slice).
+"""
+
+import dataclasses
+import re
+
+from train import install_lines
+
+# The newest tensorflow-tpu on the registry (no 2.21 exists): the one the [tpu] extra installs.
+TENSORFLOW_TPU_VERSION = install_lines.TENSORFLOW_TPU_VERSION
+
+RUNTIMES_DOC = "https://cloud.google.com/tpu/docs/runtimes"
+HARNESS_REPO = "GoogleCloudPlatform/ml-auto-solutions"
+HARNESS_DAG = f"{HARNESS_REPO}:dags/solutions_team/solutionsteam_tf_release_supported.py"
+HARNESS_COMMON = f"{HARNESS_REPO}:dags/solutions_team/configs/tensorflow/common.py"
+TF_RUNTIME_NAMES = "https://github.com/tensorflow/tensorflow/issues/82208"
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """A TPU generation as its accelerator types name it."""
+
+    name: str  # v4, v5e, v5p, v6e, ...
+    prefix: str  # how accelerator types start: v4, v5litepod, v5p, v6e
+    cores_per_unit: int  # 2: the type's number counts TensorCores (two a chip); 1: it counts chips
+    chips_per_host: int
+    doc: str
+
+
+GENERATIONS = {
+    generation.prefix: generation
+    for generation in (
+        Generation("v2", "v2", 2, 4, "https://cloud.google.com/tpu/docs/v2"),
+        Generation("v3", "v3", 2, 4, "https://cloud.google.com/tpu/docs/v3"),
+        Generation("v4", "v4", 2, 4, "https://cloud.google.com/tpu/docs/v4"),
+        Generation("v5e", "v5litepod", 1, 8, "https://cloud.google.com/tpu/docs/v5e"),
+        Generation("v5p", "v5p", 2, 4, "https://cloud.google.com/tpu/docs/v5p"),
+        Generation("v6e", "v6e", 1, 8, "https://cloud.google.com/tpu/docs/v6e"),
+    )
+}
+EXAMPLE_TYPES = ("v4-8", "v4-32", "v5litepod-8", "v5litepod-16", "v5p-8", "v5p-32", "v6e-8", "v6e-16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuType:
+    """An accelerator type resolved: its generation, chips and hosts."""
+
+    name: str
+    generation: Generation
+    chips: int
+
+    @property
+    def hosts(self) -> int:
+        return -(-self.chips // self.generation.chips_per_host)
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the slice spans several TPU VMs (TensorFlow then drives it from worker 0, tpu_launch.py)."""
+        return self.chips > self.generation.chips_per_host
+
+
+def _unknown_type(accelerator_type: str, why: str) -> ValueError:
+    return ValueError(
+        f"--accelerator-type {accelerator_type!r}: {why}. Known TPU types are "
+        f"{', '.join(prefix + '-N' for prefix in GENERATIONS)}, for example {', '.join(EXAMPLE_TYPES)}"
+    )
+
+
+def parse_accelerator_type(accelerator_type: str) -> TpuType:
+    """v4-32 -> TpuType(v4, 16 chips, 4 hosts); ValueError listing the known types otherwise."""
+    match = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", accelerator_type.strip().lower())
+    if not match:
+        raise _unknown_type(accelerator_type, "not a TPU type")
+    prefix, number = match.group(1), int(match.group(2))
+    generation = GENERATIONS.get(prefix)
+    if generation is None:
+        raise _unknown_type(accelerator_type, f"unknown TPU generation {prefix!r}")
+    if number < 1 or number % generation.cores_per_unit:
+        raise _unknown_type(
+            accelerator_type, f"{prefix} types count TensorCores, two a chip, so the number must be even"
+        )
+    return TpuType(name=accelerator_type, generation=generation, chips=number // generation.cores_per_unit)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeEntry:
+    """One row of the runtime table: the `--version` to create the TPU VM with, and why."""
+
+    version: str
+    tensorflow_preinstalled: bool  # False: a base image; the launch installs tensorflow-tpu on every worker
+    sources: tuple[str, ...]
+    note: str
+
+
+_POD_NOTE = (
+    "; each worker's TPU server (the tpu-runtime service) is moved to grpc_tpu_worker:tf-{tf}-pjrt, the "
+    "client's TensorFlow, as the harness's set_up_pjrt does"
+)
+
+
+def _installed_on(version, image, tf, pod, *sources, extra=""):
+    """An entry for a runtime without TensorFlow: `image` says whose image it is; tensorflow-tpu goes on top."""
+    note = f"the docs name no tpu-vm-tf-{tf} image, so {image}, with tensorflow-tpu {tf} installed on top"
+    note += (_POD_NOTE.format(tf=tf) if pod else "") + extra
+    return RuntimeEntry(version, tensorflow_preinstalled=False, sources=sources, note=note)
+
+
+_TF = TENSORFLOW_TPU_VERSION
+# (TensorFlow version, generation, multi-host) -> the runtime.
+RUNTIMES: dict[tuple[str, str, bool], RuntimeEntry] = {
+    **{
+        (_TF, generation, False): _installed_on(
+            "tpu-ubuntu2204-base", f"the docs' base image for {generation} ('v4 and older')", _TF, False, RUNTIMES_DOC
+        )
+        for generation in ("v2", "v3", "v4")
+    },
+    **{
+        (_TF, generation, True): _installed_on(
+            "v2-alpha-tpuv5",
+            f"for a {generation} slice the image Google's TPU harness runs its TensorFlow v4-32 release test on "
+            "(the docs do not say that tpu-ubuntu2204-base has the tpu-runtime service a slice's TPU servers need)",
+            _TF,
+            True,
+            HARNESS_DAG,
+            HARNESS_COMMON,
+        )
+        for generation in ("v2", "v3", "v4")
+    },
+    (_TF, "v5e", False): _installed_on(
+        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-4)", _TF, False, RUNTIMES_DOC,
+        HARNESS_DAG,
+    ),
+    (_TF, "v5e", True): _installed_on(
+        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-16 slice)", _TF, True,
+        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
+    ),
+    (_TF, "v5p", False): _installed_on(
+        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-8)", _TF, False, RUNTIMES_DOC,
+        HARNESS_DAG,
+    ),
+    (_TF, "v5p", True): _installed_on(
+        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-32 slice)", _TF, True,
+        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
+    ),
+    (_TF, "v6e", False): _installed_on("v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, False, RUNTIMES_DOC),
+    (_TF, "v6e", True): _installed_on(
+        "v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, True, RUNTIMES_DOC, HARNESS_COMMON,
+        extra="; the harness runs no TensorFlow test on v6e, so this pairing of the docs' image and the "
+        "harness's slice procedure is unverified on v6e hardware",
+    ),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeChoice:
+    """What a training run on `tpu` gets: the runtime, the TensorFlow, and where that comes from."""
+
+    tpu: TpuType
+    tensorflow_version: str
+    runtime_version: str
+    entry: RuntimeEntry | None  # None: the user gave --runtime-version
+
+    def describe(self) -> str:
+        hosts = f"{self.tpu.hosts} hosts, multi-host" if self.tpu.multi_host else "single host"
+        why = (
+            f"{self.entry.note} ({'; '.join(self.entry.sources)})"
+            if self.entry
+            else "given by --runtime-version"
+        )
+        return (
+            f"{self.tpu.name}: {self.tpu.generation.name}, {self.tpu.chips} chips, {hosts}; runtime "
+            f"{self.runtime_version} for tensorflow-tpu {self.tensorflow_version}: {why}"
+        )
+
+
+def choose_runtime(
+    accelerator_type: str, tensorflow_version: str = TENSORFLOW_TPU_VERSION, override: str | None = None
+) -> RuntimeChoice:
+    """The runtime for `accelerator_type` and `tensorflow_version` from RUNTIMES (or `override`).
+
+    ValueError for an unknown accelerator type (listing the known ones) or a
+    TensorFlow version the table has no row for.
+    """
+    tpu = parse_accelerator_type(accelerator_type)
+    if override:
+        return RuntimeChoice(tpu, tensorflow_version, override, entry=None)
+    entry = RUNTIMES.get((tensorflow_version, tpu.generation.name, tpu.multi_host))
+    if entry is None:
+        known = sorted({tf for tf, _, _ in RUNTIMES})
+        raise ValueError(
+            f"no TPU runtime known for tensorflow-tpu {tensorflow_version} on {tpu.generation.name} "
+            f"({'multi-host' if tpu.multi_host else 'single host'}); the table (pipelines/tpu/runtime.py) covers "
+            f"tensorflow-tpu {', '.join(known)}. Pass --runtime-version to choose one yourself"
+        )
+    return RuntimeChoice(tpu, tensorflow_version, entry.version, entry)

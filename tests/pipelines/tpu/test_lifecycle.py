@@ -1,0 +1,203 @@
+"""Creation choices (spot, Autocheckpoint, boot script), the dry run that shows them, and start.sh for real."""
+
+import contextlib
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipelines import dataflow
+from pipelines.tpu import launch as tpu_launch
+from pipelines.tpu import lifecycle as tpu_lifecycle
+from pipelines.tpu import runtime as tpu_runtime
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def create_for(accelerator_type, spot=False, autocheckpoint=tpu_lifecycle.AUTO):
+    choice = tpu_runtime.choose_runtime(accelerator_type)
+    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, spot, autocheckpoint)
+    return tpu_lifecycle.create_command("t", ["--zone", "z"], choice, lifecycle), lifecycle
+
+
+@pytest.mark.parametrize(
+    "accelerator_type,enabled",
+    [("v2-8", True), ("v3-8", True), ("v4-8", True), ("v5litepod-8", True), ("v5p-8", False), ("v6e-8", False),
+     ("v4-32", False), ("v5litepod-16", False)],
+)  # fmt: skip
+def test_autocheckpoint_is_on_by_default_where_the_docs_allow_it_and_our_process_holds_the_tpu(
+    accelerator_type, enabled
+):
+    create, lifecycle = create_for(accelerator_type)
+    assert lifecycle.autocheckpoint is enabled
+    assert ("--autocheckpoint-enabled" in create) is enabled
+    # The Public Preview flag is created through `gcloud alpha`, as the docs do.
+    assert create[:2] == (["gcloud", "alpha"] if enabled else ["gcloud", "compute"])
+
+
+def test_spot_is_asked_for_and_autocheckpoint_can_be_forced_on_a_slice_or_turned_off():
+    create, _ = create_for("v5p-8", spot=True)
+    assert "--spot" in create and create.count("--spot") == 1
+    assert "--spot" not in create_for("v5p-8")[0]
+    assert "--autocheckpoint-enabled" in create_for("v4-32", autocheckpoint="on")[0]
+    assert "--autocheckpoint-enabled" not in create_for("v4-8", autocheckpoint="off")[0]
+    with pytest.raises(ValueError, match="offers Autocheckpoint on v2, v3, v4, v5e only"):
+        create_for("v6e-8", autocheckpoint="on")
+
+
+def test_only_a_single_host_vm_with_autocheckpoint_loses_nothing_to_maintenance():
+    lost = {
+        accelerator_type: create_for(accelerator_type, autocheckpoint=mode)[1].describe("")["at_most_lost"]
+        for accelerator_type, mode in (
+            ("v4-8", "auto"),
+            ("v4-32", "on"),
+            ("v6e-8", "auto"),
+            ("v5litepod-8", "off"),
+        )
+    }
+    assert lost["v4-8"]["maintenance"].startswith("nothing")
+    # A slice forced on: the SIGTERM reaches the TPU servers, not the client that saves.
+    assert lost["v4-32"]["maintenance"] == lost["v6e-8"]["maintenance"] == tpu_lifecycle.INTERVAL
+    assert lost["v5litepod-8"]["maintenance"] == tpu_lifecycle.INTERVAL
+    assert all(kind["crash_or_sigkill"] == tpu_lifecycle.INTERVAL for kind in lost.values())
+
+
+def test_the_vm_is_created_with_the_boot_script_that_reruns_start_sh_as_its_owner():
+    create, _ = create_for("v5litepod-8")
+    metadata = create[create.index("--metadata") + 1]
+    assert metadata == f"startup-script={tpu_lifecycle.BOOT_SCRIPT}"
+    assert "," not in tpu_lifecycle.BOOT_SCRIPT  # gcloud's --metadata splits on commas
+    assert "/home/*/tf-image-pipeline/start.sh" in tpu_lifecycle.BOOT_SCRIPT
+    assert 'su - "$(stat -c %U "$start")" -c "bash $start' in tpu_lifecycle.BOOT_SCRIPT
+    subprocess.run(["bash", "-n", "-c", tpu_lifecycle.BOOT_SCRIPT], check=True)  # it parses
+
+
+def test_the_dry_run_of_the_tpu_launch_shows_the_spot_autocheckpoint_and_restart_choices(tmp_path):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = dataflow.main(
+            ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
+             "--tpu", "my-tpu", "--accelerator-type", "v5litepod-8", "--spot", "--skip-preprocess", "--dry-run",
+             "--dry-run-dir", str(tmp_path)]
+        )  # fmt: skip
+    assert code == 0
+    text = printed.getvalue()
+    spec_path = tmp_path / dataflow.TRAINING_SPEC_FILE
+    assert "TPU VM: spot; Autocheckpoint on (v5e single host" in text
+    assert (
+        f"After a spot preemption: run on your machine: python -m pipelines.tpu.restart --spec {spec_path}"
+        in text
+    )
+    assert "After a reboot: the VM's startup script" in text
+    assert "At most lost: on maintenance nothing" in text and "--checkpoint-every" in text
+    spec = json.loads(spec_path.read_text())
+    assert spec["lifecycle"]["spot"] is True and spec["lifecycle"]["autocheckpoint"] is True
+    create = shlex.split(spec["commands"][0])
+    assert "--spot" in create and "--autocheckpoint-enabled" in create
+
+
+def test_autocheckpoint_on_where_cloud_tpu_has_none_is_a_message_and_exit_2(tmp_path, capsys):
+    code = dataflow.main(
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r", "--tpu", "t",
+         "--accelerator-type", "v6e-8", "--autocheckpoint", "on", "--skip-preprocess", "--dry-run",
+         "--dry-run-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 2 and "not on v6e" in capsys.readouterr().err
+
+
+@pytest.fixture
+def scratch_home(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": REPO, "HOME": str(tmp_path)}
+    return tmp_path, env
+
+
+def run_start_script(home, env):
+    """What the boot script does after a reboot: bash ~/tf-image-pipeline/start.sh, as the owner."""
+    return subprocess.run(
+        ["bash", str(home / tpu_launch.START_SCRIPT)],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def wait_for(path, text, count=1, seconds=120):
+    """The file's text once `text` occurs `count` times in it (or after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while (path.read_text() if path.exists() else "").count(text) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return path.read_text()
+
+
+def test_start_sh_resumes_after_a_reboot_skips_a_run_that_still_runs_and_one_that_ended_for_good(
+    scratch_home,
+):
+    home, env = scratch_home
+    # The launch writes start.sh and runs it; a setup error (--epochs 0) ends this supervised run for good.
+    launch = tpu_launch.supervised_launch_command(
+        ["--data", str(home), "--model-dir", str(home), "--epochs", "0"], multi_host=False
+    )
+    result = subprocess.run(
+        ["bash", "-c", launch], cwd=home, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "training started" in result.stdout, result.stderr
+    log = home / tpu_launch.LOG_FILE
+    wait_for(log, "not restarting")
+    wait_for(home / tpu_launch.STOPPED_FILE, "setup error")
+    # A reboot now leaves it alone: it ended for good.
+    result = run_start_script(home, env)
+    assert "training ended for good (setup error" in result.stdout and log.read_text().count("run 1:") == 1
+    # A run that was stopped by the shutdown (no stopped file) is resumed, its log kept.
+    (home / tpu_launch.STOPPED_FILE).unlink()
+    result = run_start_script(home, env)
+    assert "training started" in result.stdout
+    assert wait_for(log, "not restarting", count=2).count("run 1:") == 2  # appended: earlier lines stay
+    # While a supervisor runs, start.sh starts no second one.
+    wait_for(home / tpu_launch.STOPPED_FILE, "setup error")
+    (home / tpu_launch.STOPPED_FILE).unlink()
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "train.tools.supervisor"]
+    )
+    try:
+        (home / tpu_launch.PID_FILE).write_text(f"{sleeper.pid}\n")
+        result = run_start_script(home, env)
+        assert f"already running under train.tools.supervisor (pid {sleeper.pid})" in result.stdout
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_slice_start_sh_starts_no_training_while_a_tpu_server_does_not_answer(scratch_home):
+    home, env = scratch_home
+    bin_dir = home / "bin"
+    # A slice of one worker whose TPU server (127.0.0.1, a closed port) never answers.
+    (bin_dir / "gcloud").write_text(
+        '#!/bin/sh\necho \'{"networkEndpoints": [{"ipAddress": "127.0.0.1", "port": 9}]}\'\n'
+    )
+    (bin_dir / "gcloud").chmod(0o755)
+    wait_argv = [
+        *tpu_launch.tpu_servers_wait_argv("my-v4-32", ["--zone", "z", "--project", "p"]),
+        "--timeout",
+        "0.5",
+    ]
+    launch = tpu_launch.supervised_launch_command(["--data", str(home)], True, wait_argv)
+    result = subprocess.run(
+        ["bash", "-c", launch], cwd=home, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "does not answer" in result.stderr
+    assert "training started" not in result.stdout and not (home / tpu_launch.LOG_FILE).exists()
+    # The launch's own wait on a slice: before the supervisor, with the TPU's name and location.
+    script = tpu_launch.start_script(["--tpu", "my-v4-32"], True, wait_argv)
+    assert script.index(
+        "python3 -m train.tools.tpu_servers --tpu my-v4-32 --zone z --project p"
+    ) < script.index("setsid nohup")

@@ -1,0 +1,38 @@
+"""The child's side of the supervisor's no-progress stop: each saved checkpoint step reaches the progress file."""
+
+import os
+
+os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
+
+import tensorflow as tf  # noqa: E402
+
+from train.loop import checkpoints, progress_file  # noqa: E402
+
+
+def test_each_checkpoint_save_records_its_step_in_the_file_the_supervisor_names(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv(progress_file.PROGRESS_FILE_ENV, str(path))
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = checkpoints.Checkpoints(
+        tf.train.Checkpoint(step=step), step, str(tmp_path / "model"), worker=None
+    )
+    assert progress_file.read_saved_step(str(path)) is None
+    manager.save(40)
+    assert progress_file.read_saved_step(str(path)) == 40
+    manager.save(80)
+    assert progress_file.read_saved_step(str(path)) == 80
+    # Restoring is not progress: a run that restores 80 and saves nothing leaves 80 there.
+    path.unlink()
+    assert (
+        checkpoints.Checkpoints(
+            tf.train.Checkpoint(step=step), step, str(tmp_path / "model"), None
+        ).restore_latest()
+        == 80
+    )
+    assert not path.exists()
+
+
+def test_without_a_supervisor_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv(progress_file.PROGRESS_FILE_ENV, raising=False)
+    progress_file.record_saved_step(5)  # no file named: a no-op
+    assert progress_file.read_saved_step(str(tmp_path / "absent.json")) is None

@@ -1,0 +1,1 @@
+"""The training loop around Keras fit: steps, checkpoints, evaluation and telemetry."""

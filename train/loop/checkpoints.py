@@ -1,0 +1,397 @@
+"""Checkpoints at step boundaries, preemption (SIGTERM), and resuming from the latest checkpoint.
+
+A tf.train.CheckpointManager holds the model, the optimizer (with its
+iteration counter, so the learning-rate schedule resumes where it was) and
+the global step (training steps completed, counted on the host by
+StepCounter). Checkpoint numbers are global steps: `ckpt-1200`. The
+manager writes each checkpoint's files first and switches the `checkpoint`
+index file to it last, so a process killed mid-save leaves the previous
+checkpoint as the latest, never a half-written one; it writes to gs:// as
+well as to local disk.
+
+When a checkpoint is written (SaveCheckpoints):
+  - every `--checkpoint-every` steps or minutes, at the end of a step (an
+    execution of `steps_per_execution` steps), mid-epoch included;
+  - at every epoch end, after that epoch's evaluation;
+  - on SIGTERM (how spot VMs, preemptible capacity and TPU maintenance
+    events announce that the machine goes away, typically 30 s ahead),
+    SIGHUP (the ssh session that started training closed) or SIGINT
+    (Ctrl-C; `python -m train` then exits with status 130): the signal
+    handler only sets a flag (PreemptionNotice); at the next step boundary
+    the callback saves a checkpoint at that step and stops training, and
+    `python -m train` exits with status 143 (128 + SIGTERM), the code
+    supervisors treat as "terminated, restart me". A SIGKILL loses at most
+    one checkpoint interval.
+
+Why not tf.distribute.experimental.PreemptionCheckpointHandler: in TF 2.21
+it is a no-op on Google Cloud TPU and CPU VMs (its `run` and
+`save_checkpoint_if_preempted` return at once there, with a warning), on
+GCE GPU VMs it polls the metadata server for maintenance events instead of
+catching SIGTERM, and Keras 3's `model.fit` has no hook for it (it wants to
+wrap each step function). The protocol above is the same one, by hand:
+flag on signal, save at the next step boundary, exit.
+
+Under MultiWorkerMirroredStrategy a checkpoint save is a collective: every
+worker must save at the same step. A signal may reach one worker only, and
+time-based intervals depend on each worker's clock, so the workers agree
+(WorkerAgreement: a sum all-reduce of the flags, plus a host sync) before
+deciding. Not at every step: that would cost a collective per step. They
+agree every `--preemption-check-every` steps, by default about a second's
+worth of them (the step count re-derived at each agreement from the chief's
+measured step time, which the agreement itself carries, so that every worker
+computes the same next step). A signal is then acted on within about a
+second, well inside the ~30 s notice. Saves on a step interval need no
+agreement: every worker counts the same steps. Only the chief's checkpoint
+is kept; the other workers write theirs (the save is a collective) to a
+scratch directory on local disk that is deleted right after, never to the
+shared model dir.
+
+Resuming: the same command again restores the latest checkpoint and goes on
+from its global step, mid-epoch included (trainer.fit_from_step).
+"""
+
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from dataset_contract import manifest as manifest_lib
+from train.config import CheckpointInterval, TrainingPlan
+from train.device import strategy as strategy_lib
+from train.errors import ConfigError
+from train.loop import progress_file
+
+CHECKPOINT_DIR = "checkpoints"
+# The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,
+# as a shell reports a process that SIGTERM ended): supervisors restart it rather than call it done.
+PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
+# The exit status of a run stopped by Ctrl-C after saving its checkpoint (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+# What stops training with a save: preemption and maintenance (SIGTERM), the controlling terminal
+# going away (SIGHUP: an ssh session that closed), and Ctrl-C (SIGINT), whose second press stops at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# The most steps between two agreements of the workers, whatever the step time.
+MAX_STEPS_BETWEEN_AGREEMENTS = 1000
+
+log = logging.getLogger(__name__)
+
+
+class _DropShardingCallbackLines(logging.Filter):
+    """TF's checkpoint writer logs "Sharding callback duration: N microseconds" at INFO on every save."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Sharding callback duration")
+
+
+_DROP_SHARDING_LINES = _DropShardingCallbackLines()
+
+
+def silence_checkpoint_chatter() -> None:
+    """Drop TF's per-save INFO line (tensorflow/python/checkpoint/functional_saver.py logs it through absl)."""
+    absl_logger = logging.getLogger("absl")
+    if _DROP_SHARDING_LINES not in absl_logger.filters:
+        absl_logger.addFilter(_DROP_SHARDING_LINES)
+
+
+class TrainingProgress:
+    """The global step: training steps completed so far, counted on the host (no device read)."""
+
+    def __init__(self, step: int = 0):
+        self.step = step
+
+    def epoch_completed(self, epoch: int, plan: TrainingPlan) -> bool:
+        """Whether the epoch `epoch` (0-based) ran to its last step, rather than being stopped early."""
+        return self.step == (epoch + 1) * plan.steps_per_epoch
+
+
+class StepCounter(keras.callbacks.Callback):
+    """Advance TrainingProgress by the steps of each execution. Put it first among the callbacks.
+
+    Keras calls on_train_batch_begin/end once per execution of
+    `steps_per_execution` steps, with the indexes of its first and last step.
+    """
+
+    def __init__(self, progress: TrainingProgress):
+        super().__init__()
+        self._progress = progress
+        self._begin = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._progress.step += batch - self._begin + 1
+
+
+class Checkpoints:
+    """The checkpoints of one run: restore the latest, save at a global step.
+
+    `worker` names a non-chief worker of a multi-worker cluster (None for the
+    chief and single-process runs): its saves go to a local scratch directory.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, step: tf.Variable, model_dir: str, worker, keep=3):
+        silence_checkpoint_chatter()
+        self._checkpoint = checkpoint
+        self._step = step
+        self.directory = manifest_lib.join(model_dir, CHECKPOINT_DIR)
+        # Local disk, not the model dir: a copy nobody keeps should not travel to GCS and back.
+        self._scratch = None if worker is None else tempfile.mkdtemp(prefix=f"checkpoint-scratch-{worker}-")
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, self._scratch or self.directory, max_to_keep=keep
+        )
+        self.last_saved_step = None
+
+    def restore_latest(self) -> int:
+        """Restore the latest checkpoint, if any; return its global step (0 without one)."""
+        latest = tf.train.latest_checkpoint(self.directory)
+        if latest is None:
+            return 0
+        try:
+            self._checkpoint.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            raise ConfigError(
+                f"{latest}: cannot restore this checkpoint into the model being trained ({exc}). Was the model "
+                "dir used for another --model or dataset, or by an older version of train? Use a fresh --model-dir"
+            ) from exc
+        self.last_saved_step = int(self._step.numpy())
+        return self.last_saved_step
+
+    def save(self, step: int) -> str | None:
+        """Save at global step `step` (once: a second save at the same step does nothing)."""
+        if step == self.last_saved_step:
+            return None
+        self._step.assign(step)
+        path = self._manager.save(checkpoint_number=step)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)  # the next save makes it again
+        self.last_saved_step = step
+        progress_file.record_saved_step(step)  # for train.tools.supervisor's no-progress stop
+        return path
+
+    def close(self) -> None:
+        """Remove the scratch directory (non-chief workers)."""
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class PreemptionNotice:
+    """SIGTERM, SIGHUP or SIGINT sets a flag; training acts on it at the next step boundary. A context manager.
+
+    The handler does nothing else: a signal handler that saved a checkpoint
+    itself would run in the middle of whatever TensorFlow call the main
+    thread was in. Outside the `with` block the previous handler is back.
+
+    The first SIGINT (Ctrl-C) also gives SIGINT back to the system's default
+    action, so that a second Ctrl-C ends the process at once, even while the
+    main thread waits inside TensorFlow (a Python handler would only run once
+    that call returned). Nothing is lost that the first one did not already
+    give up: the last checkpoint stays the latest (the manager switches its
+    index file last).
+    """
+
+    def __init__(self, signals=STOP_SIGNALS):
+        self._signals = signals
+        self._event = threading.Event()
+        self._previous = {}
+        self.signal_name = None  # the first signal received, for the messages
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def request(self, signum=None, frame=None) -> None:
+        if not self._event.is_set():
+            self.signal_name = signal.Signals(signum).name if signum else "a stop request"
+            again = " (Ctrl-C again to stop at once, without saving)" if signum == signal.SIGINT else ""
+            log.warning(
+                "%s received: saving a checkpoint at the next step boundary, then stopping%s",
+                self.signal_name,
+                again,
+            )
+        self._event.set()
+        if signum == signal.SIGINT:
+            # After the line above is out: the second Ctrl-C (see the class docstring) ends the process.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            log.warning(
+                "training runs outside the main thread: SIGTERM/SIGHUP/SIGINT will not save a checkpoint"
+            )
+            return self
+        for signum in self._signals:
+            self._previous[signum] = signal.signal(signum, self.request)
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+        return False
+
+
+class WorkerAgreement:
+    """When the workers agree on what to do at a step boundary (stop for a signal, save on time), and how.
+
+    `combine` sums a list of numbers over the workers (a collective; None for
+    a single process, which needs no agreement and decides at every step).
+    Under several workers the agreement comes every `every.steps` steps, or,
+    with `every.seconds`, every "that much time's worth" of steps, K, derived
+    from the step time the chief measured (record_step_time) and carried by
+    the agreement itself: every worker computes the same K from the same sum,
+    so they all call the collective at the same steps. The next agreement is
+    at the next multiple of K. `count` is how many collectives ran.
+    """
+
+    def __init__(self, combine: Callable[[list[float]], list[float]] | None, every, start_step: int = 0):
+        self._combine = combine
+        self._every = every
+        self.count = 0
+        self.steps_between = every.steps or 1  # K
+        self._next_step = self._next_multiple(start_step)
+        self._steps_timed = 0
+        self._seconds = 0.0
+
+    @property
+    def multi_worker(self) -> bool:
+        return self._combine is not None
+
+    def _next_multiple(self, step: int) -> int:
+        return (step // self.steps_between + 1) * self.steps_between
+
+    def record_step_time(self, steps: int, seconds: float) -> None:
+        """Time spent in the train function for `steps` steps (only the chief's counts)."""
+        self._steps_timed += steps
+        self._seconds += seconds
+
+    def due(self, step: int) -> bool:
+        """Whether the workers agree at the end of global step `step`."""
+        return not self.multi_worker or step >= self._next_step
+
+    def agree(self, flags: list[bool], step: int) -> list[bool]:
+        """The flags OR-ed over the workers; schedules the next agreement after `step`."""
+        if not self.multi_worker:
+            return [bool(flag) for flag in flags]
+        seconds_per_step = self._seconds / self._steps_timed if self._steps_timed else 0.0
+        totals = self._combine([1.0 if flag else 0.0 for flag in flags] + [seconds_per_step])
+        self.count += 1
+        self._steps_timed, self._seconds = 0, 0.0
+        if self._every.seconds is not None:
+            chief_seconds_per_step = totals[-1]
+            steps = round(self._every.seconds / chief_seconds_per_step) if chief_seconds_per_step > 0 else 1
+            self.steps_between = max(1, min(MAX_STEPS_BETWEEN_AGREEMENTS, steps))
+        self._next_step = self._next_multiple(step)
+        return [total > 0 for total in totals[:-1]]
+
+    def describe(self) -> dict:
+        every = f"{self._every.steps} steps" if self._every.steps else f"{self._every.seconds:g} s of steps"
+        return {"every": every, "agreements": self.count, "last_steps_between": self.steps_between}
+
+
+def make_worker_agreement(strategy, every, start_step: int = 0) -> WorkerAgreement:
+    """The WorkerAgreement of `strategy`'s cluster: a sum all-reduce under MultiWorkerMirroredStrategy.
+
+    `every` is a CheckpointInterval (config.parse_preemption_check). The last
+    number summed is the step time, counted from the first replica only (the
+    chief's): a sum with zeros is exact, so every worker reads the same value.
+    """
+    if strategy_lib.strategy_kind(strategy) != strategy_lib.MULTIWORKER:
+        return WorkerAgreement(None, every, start_step)
+
+    @tf.function
+    def summed(values):
+        def replica_values():
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            # Flags from every replica; the step time from the first only.
+            mask = tf.concat([tf.ones_like(values[:-1]), tf.where(first, 1.0, 0.0)[None]], axis=0)
+            return values * mask
+
+        per_replica = strategy.run(replica_values)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def combine(values: list[float]) -> list[float]:
+        return [float(total) for total in summed(tf.constant(values, tf.float32)).numpy()]
+
+    return WorkerAgreement(combine, every, start_step)
+
+
+class SaveCheckpoints(keras.callbacks.Callback):
+    """Save on the interval, at epoch ends, and on preemption (then stop); see the module docstring.
+
+    Put it after StepCounter and after the epoch-end evaluation.
+    """
+
+    def __init__(
+        self,
+        checkpoints: Checkpoints,
+        progress: TrainingProgress,
+        plan: TrainingPlan,
+        interval: CheckpointInterval,
+        notice: PreemptionNotice,
+        agreement: WorkerAgreement,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__()
+        self._checkpoints = checkpoints
+        self._progress = progress
+        self._plan = plan
+        self._interval = interval
+        self._notice = notice
+        self._agreement = agreement
+        self._clock = clock
+        self._last_save_time = clock()
+        self._call = (0, 0.0)  # the first step index and the start time of the running execution
+        self.preempted_at_step = None
+
+    def _save(self, why: str) -> None:
+        step = self._progress.step
+        path = self._checkpoints.save(step)
+        self._last_save_time = self._clock()
+        if path:
+            log.debug("checkpoint at step %d (%s): %s", step, why, path)
+
+    def _stop_for_preemption(self) -> None:
+        self.preempted_at_step = self._progress.step
+        self.model.stop_training = True
+        log.warning(
+            "stopped at step %d with a checkpoint there; run the same command to resume", self._progress.step
+        )
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._call = (batch, time.perf_counter())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.preempted_at_step is not None:
+            return
+        first, started = self._call
+        self._agreement.record_step_time(batch - first + 1, time.perf_counter() - started)
+        step = self._progress.step
+        last = self._checkpoints.last_saved_step or 0
+        if self._interval.steps is not None and self._interval.due(step - last, 0.0):
+            self._save("interval")  # the same step on every worker: no agreement needed
+        if not self._agreement.due(step):
+            return
+        time_due = self._interval.seconds is not None and self._interval.due(
+            step - last, self._clock() - self._last_save_time
+        )
+        preempted, time_due = self._agreement.agree([self._notice.requested, time_due], step)
+        if preempted:
+            self._save("preemption")
+            self._stop_for_preemption()
+        elif time_due:
+            self._save("interval")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.preempted_at_step is not None or not self._progress.epoch_completed(epoch, self._plan):
+            return
+        self._save("epoch end")
+        (preempted,) = self._agreement.agree([self._notice.requested], self._progress.step)
+        if preempted:  # the signal came during the evaluation: the epoch's checkpoint is the one
+            self._stop_for_preemption()

@@ -1,0 +1,1 @@
+"""What is trained: the models, pretrained weights, and the optimization recipe."""

@@ -1,0 +1,1 @@
+"""Commands around training: the input benchmark, the supervisor, the slice's TPU server wait."""

@@ -1,0 +1,109 @@
+"""Wait until the TPU server of every worker of a multi-host slice answers, before training starts.
+
+    python3 -m train.tools.tpu_servers --tpu NAME --zone ZONE --project PROJECT [--timeout 900]
+
+On a slice, TensorFlow drives every worker's chips from worker 0 through the
+TPU server each worker runs (the `tpu-runtime` service's grpc_tpu_worker
+container, gRPC on port 8470). The launch restarts those servers on the
+client's TensorFlow (pipelines/tpu/launch.py), and after a reboot or a
+recreation they come up on their own time. A client started before they
+answer fails to initialize the TPU, exits 2, and a first run's exit 2 is a
+setup error the supervisor does not retry. So worker 0's start script runs
+this first: it asks Cloud TPU for the slice's workers (their network
+endpoints, as TensorFlow's TPUClusterResolver does) and waits until a TCP
+connection to each endpoint succeeds, or says which workers do not answer
+and exits 2 after --timeout.
+
+Plain Python and gcloud (on every TPU VM image, authenticated as the VM's
+service account); no TensorFlow import.
+"""
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+
+TPU_SERVER_PORT = 8470  # the gRPC port TPU servers listen on (Cloud TPU's networkEndpoints report it)
+CONNECT_SECONDS = 3.0
+
+
+def worker_endpoints(name: str, zone: str, project: str) -> list[tuple[str, int]]:
+    """(address, port) of each worker of TPU `name`, in worker order, from `gcloud ... describe`."""
+    result = subprocess.run(
+        ["gcloud", "compute", "tpus", "tpu-vm", "describe", name, "--zone", zone, "--project", project,
+         "--format=json"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"gcloud cannot describe TPU {name} in {zone}: {result.stderr.strip()}")
+    endpoints = json.loads(result.stdout).get("networkEndpoints") or []
+    if not endpoints:
+        raise RuntimeError(f"Cloud TPU reports no network endpoints for TPU {name}: is it READY?")
+    return [(endpoint["ipAddress"], int(endpoint.get("port") or TPU_SERVER_PORT)) for endpoint in endpoints]
+
+
+def answers(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=CONNECT_SECONDS):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_servers(endpoints, timeout: float, poll_seconds: float = 2.0, clock=time.monotonic) -> list[int]:
+    """Wait until each endpoint accepts a connection; return the worker indexes still silent at `timeout`."""
+    silent = list(range(len(endpoints)))
+    deadline = clock() + timeout
+    while True:
+        silent = [worker for worker in silent if not answers(*endpoints[worker])]
+        if not silent or clock() >= deadline:
+            return silent
+        time.sleep(poll_seconds)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m train.tools.tpu_servers",
+        description="Wait until every worker's TPU server of slice NAME answers (exit 0), or exit 2 after "
+        "--timeout naming the workers that do not.",
+    )
+    parser.add_argument("--tpu", required=True, help="The slice's name.")
+    parser.add_argument("--zone", required=True)
+    parser.add_argument("--project", required=True)
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="Seconds to wait at most (default %(default)s)."
+    )
+    parser.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        endpoints = worker_endpoints(args.tpu, args.zone, args.project)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    listed = ", ".join(f"{address}:{port}" for address, port in endpoints)
+    print(f"waiting for the TPU servers of {len(endpoints)} workers of {args.tpu} ({listed})", flush=True)
+    started = time.monotonic()
+    silent = wait_for_servers(endpoints, args.timeout, args.poll_seconds)
+    if silent:
+        where = ", ".join(
+            f"worker {worker} ({endpoints[worker][0]}:{endpoints[worker][1]})" for worker in silent
+        )
+        print(
+            f"error: after {args.timeout:g} s the TPU server of {where} does not answer, so training was not "
+            f"started. On that worker (gcloud compute tpus tpu-vm ssh {args.tpu} --zone {args.zone} "
+            f"--worker=N) see `sudo systemctl status tpu-runtime` and `sudo journalctl -u tpu-runtime`",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"all {len(endpoints)} TPU servers answer (after {time.monotonic() - started:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
