@@ -14,7 +14,7 @@
 #
 # The base image's Python and Beam versions must match the launcher's:
 # tests/pipelines/test_worker_container.py holds them to requirements.txt and
-# to preprocess/worker_image.py's IMAGE_PYTHON, with which the launchers
+# to preprocess/launch/worker_image.py's IMAGE_PYTHON, with which the launchers
 # refuse another Python.
 FROM apache/beam_python3.11_sdk:2.77.0
 

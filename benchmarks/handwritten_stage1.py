@@ -5,7 +5,7 @@
 What a careful user would write instead of a Beam job, with the same output
 (TFRecord shards of the same `tf.train.Example`s, normalized with exact
 per-channel statistics of the train split) and the same per-image work,
-through the same function (`preprocess.image_decode.load_image`: decode with
+through the same function (`preprocess.decode.image.load_image`: decode with
 DCT scaling, orient, RGB, resize):
 
   pass 1 (a Pool of N processes): read each file, sha256 it (the split key),
@@ -63,7 +63,7 @@ _readers: dict = {}
 
 
 def split_of(sha256: str) -> str:
-    """The split of an image from its content hash: the same rule as stage 1 (preprocess.content)."""
+    """The split of an image from its content hash: the same rule as stage 1 (preprocess.inputs.content)."""
     point = int(sha256[:16], 16) / float(1 << 64)
     cumulative = 0.0
     for split, fraction in _SPLIT_FRACTIONS:
@@ -76,8 +76,8 @@ def split_of(sha256: str) -> str:
 def _decoded_images(items, size, method, max_pixels):
     """Pass 1's per-image work: read each file once, sha256 it, decode it; yields (uri, class, sha256,
     split, pixels) for the images that decode."""
+    from preprocess.decode.image import load_image
     from preprocess.errors import ImageError
-    from preprocess.image_decode import load_image
 
     for uri, class_name in items:
         with open(uri, "rb") as handle:

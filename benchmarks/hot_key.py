@@ -2,7 +2,7 @@
 
     python -m benchmarks.hot_key --workdir /tmp/bench-hot-key --copies 4000 --file-kb 2048 --repeats 2
 
-Times stage 1's content step (`preprocess.content.DeduplicateByContent`:
+Times stage 1's content step (`preprocess.inputs.content.DeduplicateByContent`:
 content keys, then full hashes where keys are shared, then the decision per
 hash) on the local runner with 2 worker processes, as `python -m preprocess`
 runs it, in a fresh process per run, over three inputs of N files of the same
@@ -80,7 +80,7 @@ def _one_element_dedup(records, fractions):
     """DeduplicateByContent as it was before issue 20: the shared copies hashed where their group arrived."""
     import apache_beam as beam
 
-    from preprocess import content
+    from preprocess.inputs import content
 
     keyed = records | "KeyContent" >> beam.ParDo(content.KeyContentFn(fractions)).with_outputs(
         "errors", main="keyed"
@@ -105,8 +105,8 @@ def run_once(folder: str, variant: str, workers: int) -> tuple[float, int, int]:
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from preprocess.content import DeduplicateByContent
-    from preprocess.inputs import InputRecord
+    from preprocess.inputs.content import DeduplicateByContent
+    from preprocess.inputs.listing import InputRecord
 
     fractions = {"train": 1.0}
     names = sorted(name for name in os.listdir(folder) if name.endswith(".jpg"))

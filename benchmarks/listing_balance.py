@@ -7,7 +7,7 @@ a small bulk before a large one, hashed names, numbers without padding),
 each a sorted sequence held in no memory, and plans the listing ranges of
 one folder of them for 64 ranges (stage 1's GCS_LISTING_RANGES):
 
-- `after`: preprocess/listing_plan.py (pages of 1,000 names counted by prefix);
+- `after`: preprocess/inputs/listing_plan.py (pages of 1,000 names counted by prefix);
 - `before`: the planning before issue 23 (one probe of one name per next
   character after a prefix, breadth first, at most 256 probes; copied below).
 
@@ -25,7 +25,7 @@ import hashlib
 import json
 import time
 
-from preprocess import listing_plan
+from preprocess.inputs import listing_plan
 
 TARGET_RANGES = 64
 _OLD_MAX_PROBES = 256
@@ -103,7 +103,7 @@ def _next_character(character):
 
 
 def old_boundaries(page_of, target):
-    """The planning before issue 23 (preprocess/inputs.py at 91f7c33), over the same listing."""
+    """The planning before issue 23 (preprocess/inputs/listing.py at 91f7c33), over the same listing."""
 
     def first_at_or_after(start, other_than):
         names, _ = page_of(start, None, 2)

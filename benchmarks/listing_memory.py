@@ -6,7 +6,7 @@ Generates trees of N and factor*N tiny files (3 bytes each, 10 class folders:
 only listing matters) and lists each, in a fresh process per run, the way one
 worker runs the listing step of stage 1:
 
-- `streamed` (preprocess/inputs.py): the class folders (one element), then
+- `streamed` (preprocess/inputs/listing.py): the class folders (one element), then
   each folder's files streamed from `os.scandir` (one element per class;
   here one after the other in one process, more than a worker ever does);
 - `one element` (the listing before issue 10): `FileSystems.match(root/*/*)`
@@ -91,10 +91,10 @@ def _peak_rss_bytes() -> int:
 
 
 def _list_in_one_element(root: str):
-    """The listing as it was before issue 10 (preprocess/inputs.py at 1c70835), for comparison."""
+    """The listing as it was before issue 10 (preprocess/inputs/listing.py at 1c70835), for comparison."""
     from apache_beam.io.filesystems import FileSystems
 
-    from preprocess.inputs import InputRecord
+    from preprocess.inputs.listing import InputRecord
 
     root = root.rstrip("/")
     records = []
@@ -107,7 +107,7 @@ def _list_in_one_element(root: str):
 
 
 def _list_streamed(root: str):
-    from preprocess.inputs import list_class_files, list_class_folders
+    from preprocess.inputs.listing import list_class_files, list_class_folders
 
     for class_folder in list(list_class_folders(root)):  # one element's output: the classes
         yield from list_class_files(class_folder)
@@ -117,7 +117,7 @@ def measure_listing(approach: str, root: str) -> dict:
     """Run in the child process: list `root` one way, consuming each record; the memory figures."""
     import apache_beam  # noqa: F401 - imported before the baseline, as on a worker
 
-    import preprocess.inputs  # noqa: F401
+    import preprocess.inputs.listing  # noqa: F401
 
     # The imports' own peak would hide a listing that stays below it: the peak is measured from here.
     peak_since_imports = _reset_peak_rss()

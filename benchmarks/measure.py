@@ -118,7 +118,7 @@ def _cpu_seconds_and_name(pid: int) -> tuple[float, str] | None:
 
 
 def _role(pid: int, root_pid: int) -> str:
-    """From the command line: 'main', 'sdk worker' (Beam's harness, or preprocess/local_worker.py), 'pool worker' or 'other'."""
+    """From the command line: 'main', 'sdk worker' (Beam's harness, or preprocess/launch/local_worker.py), 'pool worker' or 'other'."""
     if pid == root_pid:
         return "main"
     try:
@@ -126,7 +126,7 @@ def _role(pid: int, root_pid: int) -> str:
             cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "other"
-    if "sdk_worker_main" in cmdline or "preprocess.local_worker" in cmdline:
+    if "sdk_worker_main" in cmdline or "preprocess.launch.local_worker" in cmdline:
         return "sdk worker"
     if "multiprocessing" in cmdline:
         return "pool worker"
@@ -161,7 +161,7 @@ class RunResult:
     # accounting of this process's children (getrusage, /proc/self/io), not from samples.
     tree_cpu_seconds: float = 0.0  # user + sys
     tree_io: dict[str, int] = dataclasses.field(default_factory=dict)  # rchar, wchar, read_bytes, write_bytes
-    # The largest RSS a single SDK worker process reached (Beam's harness, preprocess/local_worker.py):
+    # The largest RSS a single SDK worker process reached (Beam's harness, preprocess/launch/local_worker.py):
     # what each of a Dataflow worker's SDK processes, one per vCPU, needs for the same work.
     peak_rss_sdk_worker_bytes: int = 0
 

@@ -5,7 +5,7 @@
 Runs `FindNearDuplicateGroups` (preprocess/near_duplicates/grouping.py) alone
 in a fresh process per run, on the local runner with 2 SDK worker processes
 (`--direct_running_mode=multi_processing`, the workers of
-preprocess/local_worker.py, as `python -m preprocess` runs them), over
+preprocess/launch/local_worker.py, as `python -m preprocess` runs them), over
 synthetic SignedImages made inside the workers (never held by the runner
 before the first stage): random 64-bit signatures, planted near-duplicate
 groups (chains of 2-6 images, 1-4 bits apart per step, 5% of the images) and
@@ -124,7 +124,7 @@ def run_grouping(num_images: int, output: str, workers: int, contender: str = GR
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from preprocess.local_runner import fn_api_runner
+    from preprocess.launch.local_runner import fn_api_runner
     from preprocess.near_duplicates.grouping import FindNearDuplicateGroups
     from preprocess.near_duplicates.signature import DEFAULT_MAX_DISTANCE
 

@@ -67,7 +67,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageFont
 
 from dataset_contract import geometry, image_errors
-from preprocess import image_decode
+from preprocess.decode import image as image_decode
 from preprocess.near_duplicates import signature
 
 KINDS = ("jpeg", "downscale", "crop", "png", "brightness", "blur", "caption")

@@ -80,7 +80,7 @@ HANDWRITTEN = (HANDWRITTEN_2, HANDWRITTEN_1)
 # Stage 1's files, as paths relative to its output directory.
 BEAM_PHASE_FILES = {
     "spill": r"/decoded/",
-    # Written in place, in runs/<run id>/ (preprocess/shards.py).
+    # Written in place, in runs/<run id>/ (preprocess/write/shards.py).
     "shards": r"^runs/[^/]+/(train|validation|test)-[^/]+\.tfrecord$",
 }
 HANDWRITTEN_PHASE_FILES = {

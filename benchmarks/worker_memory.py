@@ -6,7 +6,7 @@ A Dataflow worker runs one SDK process per vCPU, and each process loads the
 code of the stages it runs. This builds the real stage-1 pipeline, fuses it
 into stages the way the local runner does (the FnApiRunner's fusion), and
 starts a fresh process that does what an SDK worker does before it runs a
-bundle of a stage: it imports Beam's harness (preprocess/local_worker.py),
+bundle of a stage: it imports Beam's harness (preprocess/launch/local_worker.py),
 then builds every step of the stage from the pipeline proto, as Beam's
 bundle processor does (unpickles its DoFn or CombineFn, builds the coders of
 its inputs and outputs). It reports the process's RSS (VmRSS) after
@@ -17,7 +17,7 @@ its inputs and outputs). It reports the process's RSS (VmRSS) after
   3. every other stage too (decoding, encoding, tf.Transform's analysis),
 
 and which of TensorFlow, tf.Transform and TFX-BSL each step loaded.
-tests/preprocess/test_lean_workers.py holds step 2 free of TensorFlow.
+tests/preprocess/launch/test_lean_workers.py holds step 2 free of TensorFlow.
 """
 
 import argparse
@@ -90,7 +90,7 @@ def load_stages_as_a_worker(path: str, groups: list[str]) -> list[dict]:
 
     Returns one figure per point: {"after", "rss_bytes", "heavy_modules", "steps_that_loaded_them"}.
     """
-    import preprocess.local_worker  # noqa: F401 - Beam's harness, as the local runner's workers start
+    import preprocess.launch.local_worker  # noqa: F401 - Beam's harness, as the local runner's workers start
 
     figures = [{"after": HARNESS, "rss_bytes": _rss_bytes(), "heavy_modules": _loaded(HEAVY_MODULES)}]
 

@@ -56,7 +56,7 @@ def shard_file_name(split: str, index: int, num_shards: int) -> str:
     """`train-00003-of-00016.tfrecord`: how format 1 named the shards of a split.
 
     Stage 1 now names a shard after the bundle attempt that wrote it
-    (preprocess/shards.py); readers never parse shard names, they read the
+    (preprocess/write/shards.py); readers never parse shard names, they read the
     manifest's list.
     """
     return f"{split}-{index:05d}-of-{num_shards:05d}{SHARD_SUFFIX}"

@@ -68,7 +68,7 @@ built from setup.py but does not start a job) and the training job spec,
 both written under `--dry-run-dir` (default ./dry-run).
 
 Stage 1's Dataflow job is named from the output directory and the request
-(preprocess/dataflow_job.py): re-running this command while that job runs
+(preprocess/launch/dataflow_job.py): re-running this command while that job runs
 waits for it instead of starting a second one. Ctrl-C stops this launcher,
 not the job: it prints the `gcloud dataflow jobs cancel` command and exits
 130 without starting training.
@@ -98,7 +98,7 @@ from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
-from preprocess.worker_image import LauncherPythonError, check_launcher_python
+from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train import install_lines
 from train.config import MODELS, RESNET50, SMALL_CNN, TrainConfig
@@ -459,7 +459,8 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
     A dry run builds a template, which may come before its input exists: only the output's place is checked.
     """
-    from preprocess import input_checks, options  # noqa: PLC0415 - Beam's options: not for --help
+    from preprocess import options  # noqa: PLC0415 - Beam's options: not for --help
+    from preprocess.inputs import checks as input_checks
 
     problem = options.beam_args_problem(dataflow_args, build_parser())
     if problem or args.skip_preprocess:
@@ -539,7 +540,7 @@ def main(argv=None) -> int:
             model_dir=paths.model_dir,
         )
     except WorkflowError as exc:
-        from preprocess.dataflow_job import JobContinuesError  # noqa: PLC0415 - Beam: not before --help
+        from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415 - Beam: not before --help
 
         if isinstance(exc.__cause__, JobContinuesError):
             # Ctrl-C while the Dataflow job runs on: say so and how to cancel it; training is not started.

@@ -7,7 +7,7 @@
 
 Run again with the same command (after Ctrl-C, a crash, or to finish), it resumes: stage 1 is skipped
 when WORKDIR/dataset was built from the same inputs and stage 1 flags (the manifest's build
-fingerprint, preprocess/fingerprint.py), and training resumes from WORKDIR/model's last checkpoint.
+fingerprint, preprocess/publish/fingerprint.py), and training resumes from WORKDIR/model's last checkpoint.
 
 Without --input it generates the sample corpus (shapes in five classes, with
 a few broken files and altered copies) into WORKDIR/sample_corpus and uses that. Stage 1 runs
@@ -29,7 +29,7 @@ from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import DefaultsHelpFormatter
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
-from preprocess import logs
+from preprocess.launch import logs
 from train.config import MODELS, TrainConfig
 from train.errors import SetupError
 from train.model.weights_flag import WeightsFlagError, check_weights_flag
@@ -238,7 +238,7 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
     ]
     for reason, count in inputs["failures_by_reason"].items():
         lines.append(f"    failed: {reason} x{count}")
-    from preprocess.summary import format_near_duplicates  # noqa: PLC0415 - TensorFlow, loaded by now
+    from preprocess.inspect.summary import format_near_duplicates  # noqa: PLC0415 - TensorFlow, loaded by now
 
     lines += format_near_duplicates(manifest, paths.dataset_dir)
     validation = metrics["validation"]
@@ -264,7 +264,7 @@ def _train_and_evaluate(config: TrainConfig):
 def sample_corpus_input(args) -> str:
     """The generated sample corpus's directory: made once per WORKDIR and size, then reused as it is.
 
-    Reused, not rewritten: stage 1's fingerprint (preprocess/fingerprint.py) holds the files' times,
+    Reused, not rewritten: stage 1's fingerprint (preprocess/publish/fingerprint.py) holds the files' times,
     so rewriting the same bytes would make the same command build its dataset again.
     """
     import json  # noqa: PLC0415
@@ -320,7 +320,7 @@ def precheck_problem(args, paths: WorkflowPaths) -> str | None:
     problem = unknown_model_problem(args.model)
     if problem or args.skip_preprocess or args.input is None:
         return problem
-    from preprocess import input_checks  # noqa: PLC0415 - only where stage 1 runs
+    from preprocess.inputs import checks as input_checks  # noqa: PLC0415 - only where stage 1 runs
 
     try:
         input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")

@@ -64,7 +64,7 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
     """Runs stage 1 and waits for it; returns its run's manifest. WorkflowError if it fails, or if a
     newer run of stage 1 into the same directory superseded it (training would not read this run)."""
     from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - see the imports
-    from preprocess.publish import SupersededRunError  # noqa: PLC0415 - see the imports
+    from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415 - see the imports
 
     log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
     try:
@@ -82,10 +82,10 @@ def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
     """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now.
 
     Computed from the job config stage 1 itself builds from those flags (pipeline.job_config), so
-    that the workflow and the manifest hash the same settings (preprocess/fingerprint.py).
+    that the workflow and the manifest hash the same settings (preprocess/publish/fingerprint.py).
     """
     from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
-    from preprocess.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
+    from preprocess.publish.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
 
     args, _ = options.parse_args(preprocess_argv)
     return compute_fingerprint(pipeline.job_config(args, build_id=""))
@@ -108,7 +108,7 @@ def published_manifest_or_none(dataset_dir: str) -> dict | None:
 
 def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
     """The published manifest when it was built from these stage 1 flags and these inputs, else None."""
-    from preprocess.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
+    from preprocess.publish.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
 
     manifest = published_manifest_or_none(dataset_dir)
     recorded = published_fingerprint(manifest)

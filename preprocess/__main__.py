@@ -2,8 +2,8 @@
 
 import sys
 
+from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from preprocess.options import build_parser, check_beam_args, parse_args, refuse
-from preprocess.worker_image import LauncherPythonError, check_launcher_python
 
 if __name__ == "__main__":
     # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
@@ -15,7 +15,7 @@ if __name__ == "__main__":
         sys.exit(f"preprocess: {exc}")
     # Beam's options are imported for this (a second or two), only when flags are left for Beam.
     check_beam_args(beam_args, build_parser())
-    from preprocess import input_checks
+    from preprocess.inputs import checks as input_checks
 
     # A template may be made before its input exists (input_checks.check_inputs).
     template = any(arg.split("=", 1)[0] == "--template_location" for arg in beam_args)
@@ -25,8 +25,8 @@ if __name__ == "__main__":
         if args.verbose:
             raise
         refuse(str(exc))
+    from preprocess.launch.process_exit import exit_without_teardown
     from preprocess.pipeline import main
-    from preprocess.process_exit import exit_without_teardown
 
     main(inputs_checked=True)
     exit_without_teardown(0)

@@ -181,7 +181,7 @@ class UncommittedFile:
     (a reader of the run's directory must not rely on them before the
     manifest names them); abort() deletes the file, and one dropped by a
     crashed attempt is removed with the run's other unnamed files when it
-    publishes (preprocess/publish.py).
+    publishes (preprocess/publish/commit.py).
     """
 
     def __init__(self, path: str):

@@ -36,7 +36,7 @@ class SortedLabelVocabulary(tft_beam.experimental.PTransformAnalyzer):
         if not labels:
             # tf.Transform would go on to fail on the empty vocabulary file with an OutOfRangeError
             # deep in its graph; the launcher names this error and tells the failures by reason.
-            from preprocess.finalize import EmptyTrainSplitError  # noqa: PLC0415 - publish's imports
+            from preprocess.publish.finalize import EmptyTrainSplitError  # noqa: PLC0415 - publish's imports
 
             raise EmptyTrainSplitError(
                 "no image reached the train split: tf.Transform has nothing to analyze"

@@ -13,7 +13,7 @@ DEFAULT_SPLIT = "0.8,0.1,0.1"
 # A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
 # without read access, a wrong manifest), which must not be published as a dataset.
 DEFAULT_MAX_FAILED_FRACTION = 0.05
-# How long a superseded run's files stay for the readers that opened its manifest (preprocess/publish.py):
+# How long a superseded run's files stay for the readers that opened its manifest (preprocess/publish/commit.py):
 # a training job reads its dataset for days.
 DEFAULT_RETENTION_DAYS = 7.0
 # --near-duplicates: report altered copies and keep them in one split, drop all but one of each group, or

@@ -42,7 +42,7 @@ record, a counted duplicate or (drop) a counted near-duplicate.
 On Dataflow, Ctrl-C on the launcher leaves the job running (and its
 tf.Transform directory in place) and says how to cancel it; a launch of a
 request whose job is still running attaches to that job instead of starting
-a second one (preprocess/dataflow_job.py).
+a second one (preprocess/launch/dataflow_job.py).
 
 Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the launcher
@@ -50,7 +50,7 @@ makes the run id, so that it reports its own run (or the newer run that
 superseded it), and a Dataflow template's runs each make theirs when they
 run. Publishing is crash-safe and retry-safe, a compare-and-swap of
 dataset.json that keeps superseded runs for --retention-days:
-preprocess/publish.py. Our flags:
+preprocess/publish/commit.py. Our flags:
 `python -m preprocess --help`; all other flags go to Beam's PipelineOptions
 untouched.
 """
@@ -69,41 +69,38 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dataset_contract import features, native_logs
 from dataset_contract import manifest as manifest_lib
-from preprocess import (
-    dataflow_job,
-    errors,
-    fault_logs,
-    filesystem,
-    input_checks,
-    local_runner,
-    logs,
-    outcomes,
-    progress,
-    worker_image,
-)
-from preprocess.content import DeduplicateByContent
-from preprocess.decode_stage import DecodeImagesFn
-from preprocess.decoded_cache import SpillAndReload
-from preprocess.encode import EncodeDecodedFn, EncodeExamplesFn
-from preprocess.failure_budget import known_outcomes
-from preprocess.finalize import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError, finalize_dataset
-from preprocess.inputs import ListInputs, input_kind
-from preprocess.manifest_switch import OverwriteRefusedError, check_publishable
+from preprocess import errors, filesystem
+from preprocess.decode import outcomes
+from preprocess.decode.failure_budget import known_outcomes
+from preprocess.decode.source_sizes import SourceImageSizesFn, source_size
+from preprocess.decode.spill import SpillAndReload
+from preprocess.decode.stage import DecodeImagesFn
+from preprocess.inputs import checks as input_checks
+from preprocess.inputs.content import DeduplicateByContent
+from preprocess.inputs.listing import ListInputs, input_kind
+from preprocess.launch import dataflow_job, fault_logs, local_runner, logs, progress, worker_image
 from preprocess.near_duplicates.stage import NearDuplicateAudit
 from preprocess.options import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF, parse_args, refuse
-from preprocess.publish import (
+from preprocess.publish.commit import (
     RETAINED_RUNS,
     SupersededRunError,
     published_run_id,
     read_published_manifest,
     superseded_message,
 )
-from preprocess.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
-from preprocess.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
-from preprocess.source_sizes import SourceImageSizesFn, source_size
-from preprocess.superseded import StopIfSupersededFn
+from preprocess.publish.finalize import (
+    INPUT_FAULTS,
+    EmptyTrainSplitError,
+    TooManyFailuresError,
+    finalize_dataset,
+)
+from preprocess.publish.manifest_switch import OverwriteRefusedError, check_publishable
+from preprocess.publish.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
+from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
-from preprocess.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
+from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
+from preprocess.write.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
+from preprocess.write.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
 # Per-record framing and metadata features around the image payload (sha256,
 # uri, class name, proto overhead): used only to size shard files.
@@ -191,7 +188,7 @@ def estimated_split_bytes(summary: dict, record_bytes: int) -> dict:
 
 
 def encode_in_one_pass(decoded, vocabulary, args):
-    """uint8 and jpeg: records encoded as the images are decoded (preprocess/encode.py)."""
+    """uint8 and jpeg: records encoded as the images are decoded (preprocess/write/encode.py)."""
     return decoded | "Encode" >> beam.ParDo(
         EncodeDecodedFn(args.encoding, args.image_size, args.jpeg_quality),
         beam.pvalue.AsSingleton(vocabulary),
@@ -512,7 +509,7 @@ def run(argv=None, inputs_checked: bool = False) -> dict | None:
     had published first. On Dataflow, a launch of a request whose job is
     already running attaches to that job instead of starting a second one,
     and Ctrl-C raises JobContinuesError while the job runs on
-    (preprocess/dataflow_job.py).
+    (preprocess/launch/dataflow_job.py).
     """
     args, beam_args = parse_args(argv)
     worker_image.check_launcher_python(beam_args)
@@ -625,7 +622,7 @@ def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
     processes in the middle of their bundles, and its threads would log the
     broken connections (a hundred lines and more), or wait for a worker that
     is waiting for them. The workers get the same Ctrl-C and exit quietly
-    (preprocess/local_worker.py). Nothing the run wrote is published: only its
+    (preprocess/launch/local_worker.py). Nothing the run wrote is published: only its
     last step switches dataset.json, and its unpublished files are removed by
     a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
     running when its launcher stops.
@@ -668,7 +665,7 @@ def main(argv=None, inputs_checked: bool = False):
         if args.verbose:
             raise
         print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
-        from preprocess.process_exit import exit_without_teardown  # noqa: PLC0415
+        from preprocess.launch.process_exit import exit_without_teardown  # noqa: PLC0415
 
         exit_without_teardown(130)
 
@@ -699,7 +696,7 @@ def _run_and_report(argv, args, options, inputs_checked: bool):
     if progress.runs_locally(options):
         # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
         import_tensorflow_quietly(enabled=not args.verbose)
-    from preprocess.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
+    from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
 
     try:
         manifest = run(argv, inputs_checked=True)

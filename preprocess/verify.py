@@ -21,7 +21,7 @@ import time
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
-from preprocess.summary import format_bytes, read_manifest_or_explain
+from preprocess.inspect.summary import format_bytes, read_manifest_or_explain
 
 
 def build_parser() -> argparse.ArgumentParser:

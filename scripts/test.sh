@@ -5,7 +5,7 @@
 # `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
-# The HTML report's test (tests/preprocess/test_report.py) opens the page in a real headless Chromium:
+# The HTML report's test (tests/preprocess/inspect/test_report.py) opens the page in a real headless Chromium:
 # Debian's package, installed here when missing (CI runs this script as root on a fresh Debian 12).
 if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
   if [ "$(id -u)" = 0 ]; then

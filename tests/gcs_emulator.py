@@ -44,7 +44,7 @@ google-cloud-storage/Beam and the emulator, in ``STORAGE_EMULATOR_HOST``, and an
 with an error status (:class:`ReadFaults`): a deterministic share of them, which the client's retries absorb,
 or every read of one object, which outlasts them; and deletes below a prefix. The TLS proxy is not in their
 path, so it is not the place. The emulator ignores ``ifGenerationMatch``: the forwarder enforces it on the
-uploads that carry it (the switch of ``dataset.json``, preprocess/manifest_switch.py), answering 412 as GCS
+uploads that carry it (the switch of ``dataset.json``, preprocess/publish/manifest_switch.py), answering 412 as GCS
 does when the object's generation differs.
 
 Retention: with ``forwarder.retention_seconds`` set, the forwarder acts as a

@@ -30,7 +30,8 @@ from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
-from preprocess import filesystem, publish
+from preprocess import filesystem
+from preprocess.publish import commit as publish
 from tests.stage1 import run_stage1
 
 
@@ -69,7 +70,7 @@ PAUSE_TIMEOUT_S = 120
 # The real publish step of one run: python -c SCRIPT OUTPUT MANIFEST_FILE RETENTION_DAYS.
 _PUBLISH_SCRIPT = """
 import json, sys
-from preprocess.publish import publish_run
+from preprocess.publish.commit import publish_run
 manifest = json.load(open(sys.argv[2]))
 publish_run(sys.argv[1], manifest["run"]["id"], manifest, retention_days=float(sys.argv[3]))
 """
@@ -140,7 +141,7 @@ class FaultInjector:
         monkeypatch.setattr(
             gcsio.GcsIO, "delete_batch", self._wrap_method("delete_batch", gcsio.GcsIO.delete_batch)
         )
-        # The switch on GCS: an upload with a generation precondition (preprocess/manifest_switch.py).
+        # The switch on GCS: an upload with a generation precondition (preprocess/publish/manifest_switch.py).
         monkeypatch.setattr(
             storage.Blob,
             "upload_from_string",

@@ -35,7 +35,7 @@ def write_corpus(root, images_per_class=10, seed=0, include_broken=True, near_du
 
 
 # The sample corpus is a few images per class plus six broken files: a quarter or more of it fails at
-# the sizes tests use, far above --max-failed-fraction's default, which tests/preprocess/test_publish_guards.py
+# the sizes tests use, far above --max-failed-fraction's default, which tests/preprocess/publish/test_publish_guards.py
 # holds on its own.
 ALLOW_ANY_FAILURES = ("--max-failed-fraction", "1")
 

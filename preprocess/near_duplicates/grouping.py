@@ -1,7 +1,7 @@
 """Near-duplicate groups at Beam scale: candidate pairs from signature bands, groups as connected components.
 
 FindNearDuplicateGroups takes one SignedImage per distinct image (exact
-copies are already gone: preprocess/content.py) and returns the groups of
+copies are already gone: preprocess/inputs/content.py) and returns the groups of
 images whose signatures are within `max_distance` bits of each other,
 transitively, with the split every member gets and, in drop mode, the one
 member kept. No step holds more than a bounded amount, whatever the corpus

@@ -17,7 +17,7 @@ Retry-safe: every bundle attempt writes parts of its own (a uuid in the
 name), committed at the end of the bundle; a SignedImage and a part path are
 outputs of the attempt that wrote the row, so only a committed attempt's
 locators reach the grouping and the routing. Nothing is deleted here: the
-run's staging goes after it has published (preprocess/publish.py).
+run's staging goes after it has published (preprocess/publish/commit.py).
 """
 
 import apache_beam as beam
@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from preprocess.decoded_cache import DEFAULT_PART_BYTES, ArrowPartFile, new_part_path
+from preprocess.decode.spill import DEFAULT_PART_BYTES, ArrowPartFile, new_part_path
 from preprocess.near_duplicates.grouping import SignedImage
 
 PART_PREFIX = "near"

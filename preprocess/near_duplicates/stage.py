@@ -23,7 +23,7 @@ class NearDuplicateAudit(beam.PTransform):
     - "groups": NearDuplicateGroups; "stats": a singleton dict of counts (grouping.py)
     - "dropped": the GroupMembers drop mode left out (none in keep mode)
 
-    `run_id` is the singleton of preprocess.runs.MakeRunId.
+    `run_id` is the singleton of preprocess.publish.runs.MakeRunId.
     """
 
     def __init__(self, output_dir: str, run_id, max_distance: int, drop: bool):

@@ -130,7 +130,7 @@ def test_the_staged_package_contains_the_job_code(dry_run, gcs_emulator):
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     for module in (
         "preprocess/pipeline.py",
-        "preprocess/image_decode.py",
+        "preprocess/decode/image.py",
         "dataset_contract/manifest.py",
         "setup.py",
     ):

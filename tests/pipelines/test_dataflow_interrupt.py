@@ -1,12 +1,12 @@
 """Ctrl-C while stage 1's Dataflow job runs: the cloud workflow says the job goes on, starts no training,
 and exits 130 without a traceback. (Dataflow cannot run here: stage 1's launcher is stood in for by
-what it raises then, preprocess.dataflow_job.JobContinuesError; the workflow around it is real.)"""
+what it raises then, preprocess.launch.dataflow_job.JobContinuesError; the workflow around it is real.)"""
 
 from google.cloud import storage
 
 from pipelines import dataflow
-from preprocess import dataflow_job
 from preprocess import pipeline as preprocess_pipeline
+from preprocess.launch import dataflow_job
 
 
 def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
@@ -18,7 +18,7 @@ def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
             "  to cancel it: gcloud dataflow jobs cancel J --region europe-west4"
         )
 
-    # Two classes of images: the workflow checks its input before stage 1 (preprocess/input_checks.py).
+    # Two classes of images: the workflow checks its input before stage 1 (preprocess/inputs/checks.py).
     raw = f"{gcs_dir}/raw".removeprefix(f"gs://{gcs_emulator.bucket}/")
     bucket = storage.Client().bucket(gcs_emulator.bucket)
     for name in ("cat/1.jpg", "dog/1.jpg"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import setuptools
 
-from preprocess import worker_image
+from preprocess.launch import worker_image
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -46,7 +46,7 @@ stage 1 accepts a damaged file (PIL reads a PNG without IEND, a GIF without
 its trailer, a BMP with bytes after its pixels), the header step repairs the
 bytes so TF accepts it too.
 
-Tolerance against `preprocess.image_decode.load_image` on the same bytes:
+Tolerance against `preprocess.decode.image.load_image` on the same bytes:
 the decoded pixels are identical (same libjpeg-turbo accurate IDCT at every
 DCT scale, baseline and progressive; same libwebp, libpng, GIF palettes),
 except CMYK JPEG, where TF's CMYK->RGB rounds differently (at most 1 level).

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from dataset_contract import manifest as manifest_lib
-from preprocess.image_decode import load_image
+from preprocess.decode.image import load_image
 from tests.stage1 import read_split
 from tests.train.conftest import IMAGE_SIZE
 from train.data import checks, dataset

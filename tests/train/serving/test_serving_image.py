@@ -1,6 +1,6 @@
 """The serving signature's decode/resize gives stage 1's pixels, from graph ops only; a batch gives per-image results.
 
-Tolerance, per image, against `preprocess.image_decode.load_image` on the same
+Tolerance, per image, against `preprocess.decode.image.load_image` on the same
 bytes: mean absolute difference <= MEAN_TOLERANCE and every pixel within
 MAX_TOLERANCE levels. Measured: max 1, mean <= 0.2 (PIL rounds to 8 bits
 between its two resize passes, TF does not; TF's CMYK conversion rounds
@@ -25,8 +25,8 @@ import tensorflow as tf
 from PIL import Image
 
 from dataset_contract import geometry
+from preprocess.decode.image import load_image
 from preprocess.errors import ImageError
-from preprocess.image_decode import load_image
 from tests.exif import orientation_exif, stored_for_orientation
 from train.serving.decode import ServingLimits, decode_and_resize, decode_batch
 

@@ -1,0 +1,130 @@
+"""--max-failed-fraction checked while the images are decoded, not only once they all are.
+
+The final check (finalize.py) counts every input's fate, after hours of
+decoding on a large job; a job that cannot read its bucket (a missing
+permission: every read a 403) would spend them all to fail at the end. So
+the decode step also fails the job as soon as the threshold is certain, or
+as good as certain, to be crossed. Each decoding DoFn instance knows, as a
+side input, what is settled before decoding (`KnownOutcomesFn`: the inputs
+found, the unique inputs to decode, and the failures so far by reason),
+and counts its own attempts and failures (`FailureBudget`). It fails the
+job when either:
+
+- certain: the failures before decoding plus its own already exceed the
+  fraction of the inputs found (its own are a lower bound of all
+  decoding failures);
+- as good as certain: its own attempts are a uniform random sample of the
+  unique inputs (the decode step's input is spread at random by a
+  reshuffle), so Hoeffding's inequality bounds the decoding failure rate of
+  all of them from below by its own rate minus sqrt(ln(1/delta) / 2n),
+  with delta = 1e-9 (checked at n = 256, 512, 1024, ...: a few dozen
+  checks per instance, so that a false alarm anywhere in a 1,000-worker
+  job stays below about 1e-5); if the failures before decoding plus that
+  bound times the unique inputs exceed the fraction, the job stops.
+
+Counts are committed per bundle: a bundle that fails and is retried is not
+counted twice. The error names the counts by reason, as the final check's.
+"""
+
+import collections
+import math
+
+import apache_beam as beam
+
+from preprocess.publish.finalize import TooManyFailuresError
+
+FOUND = "found"
+UNIQUE = "unique"
+FAILED = "failed"
+_DELTA = 1e-9
+_FIRST_SAMPLED_CHECK = 256
+
+
+class KnownOutcomesFn(beam.CombineFn):
+    """(kind, reason) items -> {"found": n, "unique": n, "failed": {reason: n}}: what is settled before decoding."""
+
+    def create_accumulator(self):
+        return {FOUND: 0, UNIQUE: 0, FAILED: collections.Counter()}
+
+    def add_input(self, accumulator, item):
+        kind, reason = item
+        if kind == FAILED:
+            accumulator[FAILED][reason] += 1
+        else:
+            accumulator[kind] += 1
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        merged = self.create_accumulator()
+        for accumulator in accumulators:
+            merged[FOUND] += accumulator[FOUND]
+            merged[UNIQUE] += accumulator[UNIQUE]
+            merged[FAILED].update(accumulator[FAILED])
+        return merged
+
+    def extract_output(self, accumulator):
+        return {FOUND: accumulator[FOUND], UNIQUE: accumulator[UNIQUE], FAILED: dict(accumulator[FAILED])}
+
+
+class FailureBudget:
+    """One decoding DoFn instance's attempts and failures, committed per bundle (see the module doc)."""
+
+    def __init__(self, max_failed_fraction: float | None):
+        self._max = max_failed_fraction
+        self._committed = (0, collections.Counter())
+        self._attempts = 0
+        self._failures: collections.Counter = collections.Counter()
+        self._next_sampled_check = _FIRST_SAMPLED_CHECK
+
+    def start_bundle(self):
+        self._attempts, self._failures = self._committed[0], collections.Counter(self._committed[1])
+
+    def finish_bundle(self):
+        self._committed = (self._attempts, collections.Counter(self._failures))
+
+    def record(self, reason: str | None, known: dict | None):
+        """One decode attempt (`reason`: its failure, None for success); raises TooManyFailuresError."""
+        self._attempts += 1
+        if reason is not None:
+            self._failures[reason] += 1
+        if known is None or self._max is None or self._max >= 1 or not known[FOUND]:
+            return
+        allowed = self._max * known[FOUND]
+        before = sum(known[FAILED].values())
+        own = sum(self._failures.values())
+        if before + own > allowed:
+            self._fail(known, before + own, "certain")
+        elif self._attempts >= self._next_sampled_check:
+            self._next_sampled_check *= 2
+            margin = math.sqrt(math.log(1 / _DELTA) / (2 * self._attempts))
+            rate_at_least = max(0.0, own / self._attempts - margin)
+            at_least = before + rate_at_least * known[UNIQUE]
+            if at_least > allowed:
+                self._fail(known, math.floor(at_least), f"estimated with 1 - {_DELTA:g} confidence")
+
+    def _fail(self, known: dict, at_least: int, how: str):
+        found = known[FOUND]
+        before = ", ".join(f"{reason} {count}" for reason, count in sorted(known[FAILED].items())) or "none"
+        own = ", ".join(f"{reason} {count}" for reason, count in sorted(self._failures.items()))
+        raise TooManyFailuresError(
+            f"stopped early: at least {at_least} of the {found} inputs found fail ({how}), more than "
+            f"--max-failed-fraction {self._max:g} allows ({self._max * found:.0f}). Failed before decoding: "
+            f"{before}. This worker decoded {self._attempts} of the {known[UNIQUE]} unique inputs and "
+            f"{sum(self._failures.values())} failed: {own}. Nothing was published (dataset.json is "
+            "unchanged). Fix the inputs (read access, the manifest's URIs), or re-run with a higher "
+            "--max-failed-fraction if that many failures are expected."
+        )
+
+
+def known_outcomes(listed_records, listed_errors, unique, errors_before_decoding):
+    """The side input of FailureBudget: a singleton PCollection of KnownOutcomesFn's dict."""
+    return (
+        (
+            listed_records | "KnownFound" >> beam.Map(lambda _: (FOUND, None)),
+            listed_errors | "KnownFoundFailed" >> beam.Map(lambda _: (FOUND, None)),
+            unique | "KnownUnique" >> beam.Map(lambda _: (UNIQUE, None)),
+            errors_before_decoding | "KnownFailed" >> beam.Map(lambda error: (FAILED, error.reason)),
+        )
+        | "KnownItems" >> beam.Flatten()
+        | "KnownOutcomes" >> beam.CombineGlobally(KnownOutcomesFn())
+    )

@@ -1,0 +1,107 @@
+"""The per-image step of the job: read, decode, orient, to RGB, resize.
+
+Turns each UniqueInput into a raw example for tf.Transform (the resized
+pixels as bytes plus label, hash, uri, split, and the source image's width
+and height) or into an error record with a reason. With `signatures`, the
+example also carries the perceptual signature of the resized pixels
+(near_duplicates/signature.py), the file's size and whether its split was
+given: what near-duplicate grouping needs, from the one decode. The file is read whole once, here, into one buffer of its size
+(reading.read_file_bytes; the decoder reads it in place): its sha256 is
+computed from the bytes that are decoded (content.py found duplicates by
+their MD5, from the listing where GCS gave one).
+Nothing an image can contain stops the job; a read that fails for a reason
+that may pass (reading.py) does, so that the runner retries it.
+"""
+
+import hashlib
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from preprocess import errors
+from preprocess.decode.failure_budget import FailureBudget
+from preprocess.decode.image import load_image_and_source_size
+from preprocess.inputs.content import UniqueInput
+from preprocess.inputs.reading import read_file_bytes
+from preprocess.launch.progress import ProgressCounter
+
+
+class DecodeImagesFn(beam.DoFn):
+    """UniqueInput -> raw example dict, or an ErrorRecord on the 'errors' output."""
+
+    def __init__(
+        self,
+        image_size: int,
+        resize_method: str,
+        max_pixels: int,
+        max_file_bytes: int | None = None,
+        max_failed_fraction: float | None = None,
+        signatures: bool = False,
+    ):
+        self._signatures = signatures
+        self._image_size = image_size
+        self._resize_method = resize_method
+        self._max_pixels = max_pixels
+        # Files over it were refused before (content.py) by their size; a file that grew since is cut
+        # off at the limit, not read whole.
+        self._max_file_bytes = max_file_bytes
+        self._decoded = Metrics.counter("preprocess", "decoded")
+        self._failed = {}
+        self._progress = ProgressCounter("decoded")
+        self._progress_failed = ProgressCounter("failed")
+        # Fails the job early when --max-failed-fraction is sure to be crossed (failure_budget.py);
+        # it needs the known outcomes as the side input `known`.
+        self._budget = FailureBudget(max_failed_fraction)
+
+    def start_bundle(self):
+        self._budget.start_bundle()
+
+    def finish_bundle(self):
+        self._budget.finish_bundle()
+
+    def _count_failure(self, reason: str):
+        if reason not in self._failed:
+            self._failed[reason] = Metrics.counter("preprocess", f"failed_{reason}")
+        self._failed[reason].inc()
+        self._progress_failed.inc()
+
+    def _load(self, data: bytes | bytearray):
+        try:
+            return load_image_and_source_size(
+                data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
+            )
+        except (errors.ImageError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the bytes are in memory: a decoder that fails on them always will
+            raise errors.ImageError(errors.DECODE_ERROR, f"{type(exc).__name__}: {exc}") from exc
+
+    def process(self, item: UniqueInput, known: dict | None = None):
+        # Reading raises what a retry might not meet again (reading.py); decoding bytes already in
+        # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
+        try:
+            data = read_file_bytes(item.uri, self._max_file_bytes, getattr(item, "size", None))
+            pixels, (width, height) = self._load(data)
+        except errors.ImageError as exc:
+            self._count_failure(exc.reason)
+            self._budget.record(exc.reason, known)
+            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
+            return
+        self._budget.record(None, known)
+        self._decoded.inc()
+        self._progress.inc()
+        example = {
+            "image_raw": pixels.tobytes(),
+            "label": item.label,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "uri": item.uri,
+            "split": item.split,
+            "source_width": width,
+            "source_height": height,
+        }
+        if self._signatures:
+            from preprocess.near_duplicates.signature import image_signature  # noqa: PLC0415 - only when on
+
+            example["signature"] = image_signature(pixels)
+            example["num_bytes"] = len(data)
+            example["split_given"] = bool(getattr(item, "split_given", False))
+        yield example

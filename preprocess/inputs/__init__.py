@@ -1,0 +1,1 @@
+"""Where the images are: listing, the rules of what is an input, checks before a run, reading bytes, exact dedup."""

@@ -1,0 +1,333 @@
+"""What is checked about --input and --output before a job starts, so that a mistake costs seconds, not a run.
+
+`python -m preprocess`, `pipelines.local` and `pipelines.dataflow` call
+`check_inputs` before Beam or training starts (and before anything is
+written): a wrong path, a folder without images or without class folders, a
+single class, an output directory inside the input tree, a manifest none of
+whose first rows can be used or whose files are not where it says. Each is an
+`InputError` whose message says what is wrong and what to do; the commands
+print it in a line or two and exit 2.
+
+The checks stay cheap whatever the corpus: a tree is surveyed class folder by
+class folder, each only until its first image (at most SURVEY_LIMIT names); a
+manifest by its first MANIFEST_SAMPLE_ROWS rows and the first few files they
+name. The job itself still accounts for every input.
+
+Empty class folders and files at the root of the tree (which have no class)
+are not mistakes that stop a run: they are named in a warning, and the job
+leaves them out (the root's files are counted as skipped in the manifest).
+"""
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import posixpath
+
+from preprocess import errors
+from preprocess.inputs import rules as inputs
+
+# Beam (seconds to import) is imported only for gs:// paths: a local mistake is said at once.
+
+log = logging.getLogger(__name__)
+
+# Names looked at in one class folder before it is taken to hold images without proof: a folder of
+# millions of sidecar files must not stall the launcher.
+SURVEY_LIMIT = 10_000
+# Rows of a manifest parsed before the job starts, and files of those rows whose existence is checked.
+MANIFEST_SAMPLE_ROWS = 1000
+MANIFEST_SAMPLE_FILES = 10
+# Class folders surveyed at once on GCS (each a listing request or a few).
+_GCS_SURVEY_THREADS = 16
+_EXAMPLES = 3
+_IMAGE_TYPES = " ".join(inputs.IMAGE_EXTENSIONS)
+
+
+class InputError(ValueError):
+    """--input or --output cannot make a dataset; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSurvey:
+    """What the checks saw: the classes with images, empty class folders, files at the root."""
+
+    kind: str
+    classes: tuple[str, ...]
+    empty_classes: tuple[str, ...] = ()
+    root_files: tuple[str, ...] = ()
+
+
+def _is_gcs(path: str) -> bool:
+    return path.startswith("gs://")
+
+
+def _examples(names) -> str:
+    names = list(names)
+    shown = ", ".join(names[:_EXAMPLES])
+    return shown + (", ..." if len(names) > _EXAMPLES else "")
+
+
+# ------------------------------------------------------------------------------------------ the output
+
+
+def check_output_outside_input(input_spec: str, output: str, output_flag: str = "--output") -> None:
+    """InputError if `output` is the input tree or inside it: the next run would read it as a class.
+
+    `output_flag`: the flag that chose `output`, for the message (--workdir for the workflows).
+    """
+    if inputs.input_kind(input_spec) != inputs.DIRECTORY:
+        return
+    if _is_gcs(input_spec) != _is_gcs(output):
+        return
+    if _is_gcs(input_spec):
+        root, target = input_spec.rstrip("/") + "/", output.rstrip("/") + "/"
+    else:
+        root = os.path.join(os.path.realpath(input_spec), "")
+        target = os.path.join(os.path.realpath(output), "")
+    if target.startswith(root):
+        raise InputError(
+            f"{output_flag} {output} is inside --input {input_spec}: the next run would read the dataset as a "
+            f"class of images. Choose a {output_flag} outside the input folder."
+        )
+
+
+# --------------------------------------------------------------------------------------------- a tree
+
+
+def _local_folder_has_image(folder: str) -> bool | None:
+    """True if an image is anywhere below `folder`, False if none is, None if SURVEY_LIMIT names showed none."""
+    seen = 0
+    for _, subdirectories, names in os.walk(folder):
+        subdirectories[:] = [name for name in subdirectories if inputs.is_input_name(name)]
+        for name in names:
+            if inputs.is_image_name(name) and inputs.is_input_name(name):
+                return True
+            seen += 1
+            if seen >= SURVEY_LIMIT:
+                return None
+    return False
+
+
+def _gcs_folder_has_image(folder: str) -> bool | None:
+    bucket, prefix = folder[len("gs://") :].split("/", 1)
+    prefix = prefix.rstrip("/") + "/"
+    from preprocess import filesystem  # noqa: PLC0415 - Beam
+
+    listing = filesystem.gcs_io(folder).client.list_blobs(
+        bucket, prefix=prefix, page_size=1000, fields="items(name),nextPageToken"
+    )
+    for seen, blob in enumerate(listing):
+        relative = blob.name[len(prefix) :]
+        if inputs.is_image_name(relative) and all(map(inputs.is_input_name, relative.split("/"))):
+            return True
+        if seen + 1 >= SURVEY_LIMIT:
+            return None
+    return False
+
+
+def _local_tree(root: str):
+    """(class folders as (name, path), files at the root) of a local tree; InputError if there is none."""
+    if not os.path.exists(root):
+        raise InputError(
+            f"--input {root}: no such folder. Give a folder of class folders (ROOT/<class>/<image>) or a "
+            "CSV/JSONL manifest (.csv, .jsonl)."
+        )
+    if not os.path.isdir(root):
+        raise InputError(
+            f"--input {root} is a file but not a manifest: a manifest's name ends in .csv, .jsonl or .json; "
+            "otherwise give a folder of class folders."
+        )
+    folders, root_files = [], []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not inputs.is_input_name(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                folders.append((entry.name, entry.path))
+            elif not entry.is_dir():
+                root_files.append(entry.name)
+    return sorted(folders), sorted(root_files)
+
+
+def _gcs_tree(root: str):
+    from preprocess.inputs.listing import _list_gcs_level  # noqa: PLC0415 - Beam
+
+    listing, prefix, bucket = _list_gcs_level(root)  # the job's own listing
+    root_files = [blob.name[len(prefix) :] for blob in listing if blob.name[len(prefix) :]]
+    folders = [
+        (folder[len(prefix) :].rstrip("/"), f"gs://{bucket}/{folder.rstrip('/')}")
+        for folder in sorted(listing.prefixes)
+    ]
+    folders = [(name, path) for name, path in folders if inputs.is_input_name(name)]
+    if not folders and not root_files:
+        raise InputError(f"--input {root}: no such folder, or nothing is in it")
+    return folders, sorted(name for name in root_files if inputs.is_input_name(name))
+
+
+def survey_directory(root: str, labels=None) -> InputSurvey:
+    """Checks a class-per-folder tree: at least two classes hold images (any depth below their folder)."""
+    root = root.rstrip("/") if _is_gcs(root) else root
+    gcs = _is_gcs(root)
+    folders, root_files = _gcs_tree(root) if gcs else _local_tree(root)
+    root_images = [name for name in root_files if inputs.is_image_name(name)]
+    if not folders:
+        if root_images:
+            raise InputError(
+                f"--input {root} holds {len(root_images)} images ({_examples(root_images)}) but no class "
+                "folders: put each class's images in a folder of its own, ROOT/<class>/<image>, as Keras' "
+                "image_dataset_from_directory reads them (or list them in a CSV manifest of uri,label)."
+            )
+        raise InputError(
+            f"--input {root} holds no class folders and no images: expected ROOT/<class>/<image>, the "
+            f"images ending in {_IMAGE_TYPES} (any case)."
+        )
+    if gcs:
+        with concurrent.futures.ThreadPoolExecutor(_GCS_SURVEY_THREADS) as pool:
+            found = list(pool.map(_gcs_folder_has_image, [path for _, path in folders]))
+    else:
+        found = [_local_folder_has_image(path) for _, path in folders]
+    classes = [name for (name, _), has in zip(folders, found, strict=True) if has is not False]
+    empty = [name for (name, _), has in zip(folders, found, strict=True) if has is False]
+    if labels:
+        classes = [name for name in classes if name in set(labels)]
+    if not classes:
+        raise InputError(
+            f"--input {root}: none of its {len(folders)} class folders ({_examples(name for name, _ in folders)}) "
+            f"holds an image (a file ending in {_IMAGE_TYPES}, any case)"
+            + (f" of the classes --labels names ({', '.join(labels)})" if labels else "")
+            + "."
+        )
+    if len(classes) < 2:
+        folders_hold = "folder holds" if len(empty) == 1 else "folders hold"
+        others = f" ({len(empty)} other {folders_hold} no image: {_examples(empty)})" if empty else ""
+        raise InputError(
+            f"--input {root}: only one class, {classes[0]!r}, has images{others}. A classifier needs at least "
+            "two classes: put each class's images in a folder of its own, ROOT/<class>/<image>."
+        )
+    if empty:
+        log.warning(
+            "%d class folder%s of %s hold%s no image and %s left out: %s",
+            len(empty),
+            "s" if len(empty) != 1 else "",
+            root,
+            "" if len(empty) != 1 else "s",
+            "are" if len(empty) != 1 else "is",
+            ", ".join(empty),
+        )
+    if root_files:
+        log.warning(
+            "%d file%s directly in %s (%s) %s in no class folder: skipped (counted in the manifest)",
+            len(root_files),
+            "s" if len(root_files) != 1 else "",
+            root,
+            _examples(root_files),
+            "are" if len(root_files) != 1 else "is",
+        )
+    return InputSurvey(inputs.DIRECTORY, tuple(classes), tuple(empty), tuple(root_files))
+
+
+# ----------------------------------------------------------------------------------------- a manifest
+
+
+def _open_binary(path: str):
+    if _is_gcs(path):
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+        return FileSystems.open(path, compression_type="uncompressed")
+    return open(path, "rb")  # noqa: SIM115 - returned to a with
+
+
+def _manifest_sample(path: str) -> tuple[list[str], bool]:
+    """(the first MANIFEST_SAMPLE_ROWS lines of a manifest, True if that is all of it)."""
+    lines = []
+    with _open_binary(path) as handle:
+        for raw in handle:
+            if len(lines) >= MANIFEST_SAMPLE_ROWS:
+                return lines, False
+            lines.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+    return lines, True
+
+
+def _file_exists(uri: str) -> bool:
+    if _is_gcs(uri):
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+        return FileSystems.exists(uri)
+    return os.path.isfile(uri)
+
+
+def survey_manifest(path: str, labels=None) -> InputSurvey:
+    """Checks a CSV/JSONL manifest by its first rows: some are usable, name files that exist, two classes."""
+    kind = inputs.input_kind(path)
+    if not _file_exists(path):
+        raise InputError(
+            f"--input {path}: no such manifest file. Give a CSV/JSONL manifest of uri,label[,split], or a "
+            "folder of class folders."
+        )
+    lines, complete = _manifest_sample(path)
+    layout = inputs.detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
+    items = [item for line in lines for item in inputs.parse_manifest_line(line, kind, path, layout)]
+    if labels:
+        items = list(inputs.filter_labels(items, labels))
+    records = [item for item in items if isinstance(item, inputs.InputRecord)]
+    failures = [item for item in items if isinstance(item, errors.ErrorRecord)]
+    rows = "its rows" if complete else f"its first {len(lines)} rows"
+    if not items:
+        raise InputError(f"--input {path}: the manifest lists no image (it is empty, or only a header).")
+    if not records:
+        by_reason = {}
+        for failure in failures:
+            by_reason[failure.reason] = by_reason.get(failure.reason, 0) + 1
+        counts = ", ".join(f"{reason} {count}" for reason, count in sorted(by_reason.items()))
+        columns = (
+            "a header naming the columns (uri/path/filename/file/image, label/class/category, split)"
+            if kind == inputs.CSV
+            else "JSON objects with uri (or path/filename/file/image) and label (or class/category)"
+        )
+        raise InputError(
+            f"--input {path}: none of {rows} can be used ({counts}); the first: {failures[0].detail}. "
+            f"Expected {columns}, or rows of uri,label[,split]."
+        )
+    if complete and len({record.label for record in records}) < 2:
+        raise InputError(
+            f"--input {path}: every usable row has the label {records[0].label!r}. A classifier needs at "
+            "least two classes."
+        )
+    sample = records[:MANIFEST_SAMPLE_FILES]
+    if not any(_file_exists(record.uri) for record in sample):
+        raise InputError(
+            f"--input {path}: none of the first {len(sample)} files it names exists ({_examples(r.uri for r in sample)}). "
+            f"Relative paths are taken relative to the manifest's folder, {posixpath.dirname(path) or '.'}."
+        )
+    return InputSurvey(kind, tuple(sorted({record.label for record in records})))
+
+
+# --------------------------------------------------------------------------------------------- entry
+
+
+_CHECKED: dict = {}
+
+
+def check_inputs(
+    input_spec: str, output: str, labels=None, template: bool = False, output_flag: str = "--output"
+) -> InputSurvey | None:
+    """Checks --input and --output before a job starts (module docstring); InputError says what is wrong.
+
+    A Dataflow template (`template`) may be built before its input exists:
+    then only the output's place is checked (None is returned). Checked once
+    per process for the same arguments, so its warnings are said once.
+    """
+    if "://" not in output:
+        output = os.path.abspath(output)
+    key = (input_spec, output.rstrip("/"), tuple(labels or ()), template)
+    if key in _CHECKED:
+        return _CHECKED[key]
+    check_output_outside_input(input_spec, output, output_flag)
+    survey = None
+    if not template:
+        if inputs.input_kind(input_spec) == inputs.DIRECTORY:
+            survey = survey_directory(input_spec, labels)
+        else:
+            survey = survey_manifest(input_spec, labels)
+    _CHECKED[key] = survey
+    return survey

@@ -1,0 +1,411 @@
+"""Exact-duplicate removal and the deterministic split, reading each file about once.
+
+Duplicates are found by content, and the split is a function of content, so
+the same corpus gives the same split on every run and every runner, and two
+copies of one image can never land in two splits. A file is read whole only
+when it is decoded (decode_stage.py, which also hashes it), so finding
+duplicates must not read every file beforehand:
+
+1. Each file's content key is a digest of the MD5 of its bytes (reading.content_key). On
+   GCS the listing gives it (`md5Hash`), so keying a listed object reads
+   nothing: the object is downloaded once in all, when it is decoded. (A
+   composite object has no MD5 and is hashed; a local file is read and
+   hashed; a manifest's row costs one metadata request.) Copies share a
+   key, so a key seen once is an image with no copy. The split is assigned
+   from the key, so it is known before decoding, and so is the label
+   vocabulary.
+2. Only the files that share a key with another are hashed in full
+   (SHA-256), and the copies are resolved on that hash: the MD5 finds the
+   copies, the SHA-256 confirms them, so a crafted MD5 collision is never
+   taken for a copy. In a corpus of photos that is the duplicates alone. The
+   copies of one key are spread over the workers (a reshuffle) before they
+   are hashed, each copy an element of its own: 100K copies of a "photo
+   unavailable" placeholder are hashed by every worker at once, not one
+   after another inside the one call that received their group.
+
+What the outputs report is unchanged by where the key came from: a
+duplicate's line names its URI and the kept copy's, an error record its URI,
+reason and detail, and a written record carries the SHA-256 of the bytes
+decoded (decode_stage.py), never the MD5.
+
+A file larger than --max-file-mb is a `too_large` error at step 1, before any
+of it is read: its size comes from the listing (or a stat, or the object's
+metadata).
+
+Only (key or hash, uri, label) travels through the shuffles here, never the
+image bytes, so they stay small whatever the corpus size; and the copies of
+one key are counted by a combiner and then streamed past its decision, never
+gathered, so a million copies of one placeholder image cost O(N), not O(N^2).
+"""
+
+import dataclasses
+import heapq
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import errors
+from preprocess.inputs.listing import InputRecord
+from preprocess.inputs.reading import content_key, hash_file, size_and_md5, too_large_detail
+from preprocess.launch.progress import ProgressCounter
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueInput:
+    """One distinct image: where to read it, its class and its split.
+
+    Its sha256 is computed by the read that decodes it (decode_stage.py).
+    """
+
+    uri: str
+    label: str
+    split: str
+    # Bytes, as keyed: the decode's read allocates the file's buffer once, at this size (reading.py).
+    size: int | None = dataclasses.field(default=None, compare=False)
+    # Whether the input manifest named the split (near-duplicate grouping never changes it then).
+    split_given: bool = dataclasses.field(default=False, compare=False)
+
+
+def _digest_or_error(read, record: InputRecord):
+    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for an
+    unreadable, too large or empty file.
+
+    Only a deterministic read failure (reading.py) becomes an ErrorRecord;
+    anything else is raised, so that the runner retries the bundle.
+    """
+    try:
+        digest, size = read(record)
+    except errors.ImageError as exc:
+        return None, errors.ErrorRecord(record.uri, exc.reason, exc.detail)
+    if size == 0:
+        return None, errors.ErrorRecord(record.uri, errors.EMPTY_FILE, "the file is empty")
+    return (digest, size), None
+
+
+class KeyContentFn(beam.DoFn):
+    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or
+    too large files -> 'errors'.
+
+    The key is the file's MD5 (reading.content_key): from the listing where
+    it gave one, else from the object's metadata, else read and hashed. A
+    file over `max_file_bytes` is never read. A record whose split the
+    manifest does not name gets the split of its key.
+    """
+
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
+        self._fractions = fractions
+        self._max_file_bytes = max_file_bytes
+        self._keyed = Metrics.counter("preprocess", "keyed")
+        self._progress = ProgressCounter("hashed")
+        self._progress_failed = ProgressCounter("failed")
+
+    def _key(self, record: InputRecord):
+        size, md5 = record.size, record.md5
+        if size is None:
+            size, md5 = size_and_md5(record.uri)
+        if self._max_file_bytes is not None and size > self._max_file_bytes:
+            raise errors.ImageError(errors.TOO_LARGE, too_large_detail(size, self._max_file_bytes))
+        if size == 0:
+            return None, 0
+        return content_key(record.uri, size, md5, self._max_file_bytes)
+
+    def process(self, record: InputRecord):
+        keyed, error = _digest_or_error(self._key, record)
+        if error is not None:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", error)
+            return
+        key, size = keyed
+        self._keyed.inc()
+        self._progress.inc()
+        record = dataclasses.replace(
+            record,
+            size=size,
+            split=record.split or assign_split(key, self._fractions),
+            split_given=bool(record.split),
+        )
+        yield key, record
+
+
+class HashContentFn(beam.DoFn):
+    """InputRecord -> (sha256, InputRecord) of the whole file; empty, unreadable or too large files -> 'errors'.
+
+    For the files whose content key is shared (a file can change or vanish
+    between the two reads, hence the same checks). Each bundle's count of
+    files hashed goes into the `hashed_in_full_per_bundle` distribution: how
+    evenly the copies of hot keys were spread.
+    """
+
+    def __init__(self, max_file_bytes: int | None = None):
+        self._max_file_bytes = max_file_bytes
+        self._hashed = Metrics.counter("preprocess", "hashed_in_full")
+        self._per_bundle = Metrics.distribution("preprocess", "hashed_in_full_per_bundle")
+        self._progress_failed = ProgressCounter("failed")
+        self._in_bundle = 0
+
+    def start_bundle(self):
+        self._in_bundle = 0
+
+    def process(self, record: InputRecord):
+        self._in_bundle += 1
+        hashed, error = _digest_or_error(lambda record: hash_file(record.uri, self._max_file_bytes), record)
+        if error is not None:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", error)
+            return
+        sha256, _ = hashed
+        self._hashed.inc()
+        yield sha256, record
+
+    def finish_bundle(self):
+        if self._in_bundle:
+            self._per_bundle.update(self._in_bundle)
+
+
+def assign_split(key: str, fractions: dict[str, float]) -> str:
+    """The split of an image, from its content key alone (a hex sha256 digest).
+
+    The first 64 bits of the key are a uniform number in [0, 1); the split is
+    the bucket of the cumulative fractions it falls in, in SPLITS order.
+    """
+    point = int(key[:16], 16) / float(1 << 64)
+    cumulative = 0.0
+    last = None
+    for split in manifest_lib.SPLITS:
+        fraction = fractions.get(split, 0.0)
+        if fraction <= 0:
+            continue
+        cumulative += fraction
+        last = split
+        if point < cumulative:
+            return split
+    return last  # rounding at the top end of the last bucket
+
+
+# How many copies an error record names, and how many conflicting labels a
+# decision keeps: enough to find the copies, bounded however many there are.
+NAMED_COPIES = 5
+NAMED_LABELS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ContentCopies:
+    """What is known about all copies of one content hash, in space bounded whatever their number.
+
+    `first` holds the NAMED_COPIES + 1 copies with the smallest URIs (sorted),
+    so that any copy can name NAMED_COPIES others; `labels` the smallest
+    NAMED_LABELS distinct labels, `more_labels` whether there were others.
+    """
+
+    count: int
+    first: tuple[InputRecord, ...]
+    labels: tuple[str, ...]
+    more_labels: bool = False
+
+    @property
+    def kept(self) -> InputRecord:
+        """The copy written: the one with the smallest URI (stable across runs and runners)."""
+        return self.first[0]
+
+    @property
+    def conflicting(self) -> bool:
+        return len(self.labels) > 1
+
+    def others(self, uri: str) -> list[str]:
+        """Up to NAMED_COPIES URIs of copies other than `uri`, smallest first."""
+        return [record.uri for record in self.first if record.uri != uri][:NAMED_COPIES]
+
+    def describe_labels(self) -> str:
+        return f"{list(self.labels)}" + (" and more" if self.more_labels else "")
+
+
+def _copy_order(record: InputRecord) -> tuple[str, str, str]:
+    # By URI; label and split only break ties between two listings of one URI, so that the kept
+    # copy is the same on every runner whatever order the copies arrive in.
+    return record.uri, record.label, record.split or ""
+
+
+class CountCopiesFn(beam.CombineFn):
+    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size.
+
+    A scraped corpus can hold a million copies of one placeholder image; the
+    combiner is lifted, so they are counted where they are hashed, and no
+    worker ever holds more than a few of them.
+    """
+
+    def create_accumulator(self):
+        return ContentCopies(0, (), ())
+
+    def add_input(self, accumulator, record):
+        first = accumulator.first
+        if len(first) <= NAMED_COPIES or _copy_order(record) < _copy_order(first[-1]):
+            first = tuple(heapq.nsmallest(NAMED_COPIES + 1, (*first, record), key=_copy_order))
+        labels, more_labels = accumulator.labels, accumulator.more_labels
+        if record.label not in labels:
+            labels = tuple(sorted((*labels, record.label)))
+            more_labels = more_labels or len(labels) > NAMED_LABELS
+            labels = labels[:NAMED_LABELS]
+        return ContentCopies(accumulator.count + 1, first, labels, more_labels)
+
+    def merge_accumulators(self, accumulators):
+        count, first, labels, more_labels = 0, [], set(), False
+        for accumulator in accumulators:
+            count += accumulator.count
+            first.extend(accumulator.first)
+            labels.update(accumulator.labels)
+            more_labels = more_labels or accumulator.more_labels
+        first = heapq.nsmallest(NAMED_COPIES + 1, first, key=_copy_order)
+        kept_labels = sorted(labels)[:NAMED_LABELS]
+        more_labels = more_labels or len(labels) > NAMED_LABELS
+        return ContentCopies(count, tuple(first), tuple(kept_labels), more_labels)
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+# Tags of the two kinds of value grouped under a key or hash: a copy, and the decision on all copies.
+_COPY = 0
+_DECISION = 1
+
+
+class ResolveDuplicatesFn(beam.DoFn):
+    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
+
+    The copies come with their splits (KeyContentFn); the kept copy's is the image's.
+
+    Copies under one label are one image: the copy with the smallest URI is
+    kept and the rest are counted as duplicates. Copies under different
+    labels are a labelling mistake that no rule can settle: every copy
+    becomes a CONFLICTING_LABELS error. Each copy's fate follows from the
+    per-hash decision (a ContentCopies) alone, so the group is read twice,
+    for the decision and then copy by copy, and never held: O(N) for N copies.
+    A group-by's values may be iterated again; on Dataflow they are read from
+    the shuffle as they are consumed.
+    """
+
+    def __init__(self):
+        self._duplicates = Metrics.counter("preprocess", "duplicates")
+        self._progress_duplicates = ProgressCounter("duplicates")
+        self._progress_failed = ProgressCounter("failed")
+
+    def process(self, element):
+        sha256, tagged = element
+        copies = next(value for tag, value in tagged if tag == _DECISION)
+        records = (value for tag, value in tagged if tag == _COPY)
+        if copies.conflicting:
+            for record in records:
+                self._progress_failed.inc()
+                yield beam.pvalue.TaggedOutput(
+                    "errors",
+                    errors.ErrorRecord(
+                        record.uri,
+                        errors.CONFLICTING_LABELS,
+                        f"identical content is labelled {copies.describe_labels()}; "
+                        f"other copies: {copies.others(record.uri)}",
+                    ),
+                )
+            return
+        kept = copies.kept
+        yield UniqueInput(
+            uri=kept.uri, label=kept.label, split=kept.split, size=kept.size, split_given=kept.split_given
+        )
+        # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
+        kept_seen = False
+        for record in records:
+            if record == kept and not kept_seen:
+                kept_seen = True
+                continue
+            self._duplicates.inc()
+            self._progress_duplicates.inc()
+            yield beam.pvalue.TaggedOutput("duplicates", {"uri": record.uri, "duplicate_of": kept.uri})
+
+
+class ResolveDuplicates(beam.PTransform):
+    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs.
+
+    Two passes instead of one group of all copies: a lifted combine decides
+    per hash (which copy is kept, whether labels conflict), then the decision
+    and the copies are grouped under the hash and each copy goes past the
+    decision. (Not a CoGroupByKey: Beam's Python one copies each side of a
+    group into a list, which for a hot hash is every copy at once.)
+    """
+
+    def expand(self, hashed):
+        copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())
+        return _with_decisions(hashed, copies) | "Resolve" >> beam.ParDo(ResolveDuplicatesFn()).with_outputs(
+            "errors", "duplicates", main="unique"
+        )
+
+
+def _with_decisions(keyed, decisions):
+    """(key, value) and (key, decision) -> (key, [(tag, value or decision), ...]), grouped by key."""
+    tagged_values = keyed | "TagCopies" >> beam.MapTuple(lambda key, value: (key, (_COPY, value)))
+    tagged_decisions = decisions | "TagDecisions" >> beam.MapTuple(
+        lambda key, decision: (key, (_DECISION, decision))
+    )
+    return (
+        (tagged_values, tagged_decisions)
+        | "WithDecisions" >> beam.Flatten()
+        | "GroupByKey" >> beam.GroupByKey()
+    )
+
+
+class SeparateSharedKeysFn(beam.DoFn):
+    """(content key, [(tag, copy or count), ...]) -> a UniqueInput, or every copy on 'shared'.
+
+    A key seen once is an image with no copy. The copies under a shared key
+    are streamed past its count, never held, and hashed in full downstream.
+    """
+
+    def process(self, element):
+        _, tagged = element
+        count = next(value for tag, value in tagged if tag == _DECISION)
+        records = (value for tag, value in tagged if tag == _COPY)
+        if count == 1:
+            record = next(records)
+            yield UniqueInput(
+                uri=record.uri,
+                label=record.label,
+                split=record.split,
+                size=record.size,
+                split_given=record.split_given,
+            )
+            return
+        for record in records:
+            yield beam.pvalue.TaggedOutput("shared", record)
+
+
+class DeduplicateByContent(beam.PTransform):
+    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring).
+
+    `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
+    """
+
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
+        super().__init__()
+        self._fractions = fractions
+        self._max_file_bytes = max_file_bytes
+
+    def expand(self, records):
+        keyed = records | "KeyContent" >> beam.ParDo(
+            KeyContentFn(self._fractions, self._max_file_bytes)
+        ).with_outputs("errors", main="keyed")
+        counts = keyed.keyed | "CountPerKey" >> beam.combiners.Count.PerKey()
+        separated = _with_decisions(keyed.keyed, counts) | "SeparateSharedKeys" >> beam.ParDo(
+            SeparateSharedKeysFn()
+        ).with_outputs("shared", main="unique")
+        # All copies of a key come out of one call of SeparateSharedKeysFn; hashed in the same fused
+        # stage, they would be read one after another by one worker (hours for 100K copies of a
+        # placeholder, with decoding waiting for them). The reshuffle makes each copy an element that
+        # any worker may hash; what crosses it is (uri, label, split, size), never bytes.
+        hashed = (
+            separated.shared
+            | "SpreadSharedCopies" >> beam.Reshuffle()
+            | "HashInFull"
+            >> beam.ParDo(HashContentFn(self._max_file_bytes)).with_outputs("errors", main="hashed")
+        )
+        resolved = hashed.hashed | "ResolveDuplicates" >> ResolveDuplicates()
+        unique = (separated.unique, resolved.unique) | "AllUnique" >> beam.Flatten()
+        all_errors = (keyed.errors, hashed.errors, resolved.errors) | "MergeHashErrors" >> beam.Flatten()
+        return {"unique": unique, "errors": all_errors, "duplicates": resolved.duplicates}

@@ -1,0 +1,478 @@
+"""Where the images are: list a class-per-folder tree or read a CSV/JSONL manifest.
+
+Both forms produce `InputRecord`s (uri, label, split or None). A manifest row
+that cannot be used becomes an error record right here, so every input is
+accounted for from the first step.
+
+Nothing here holds the whole listing, in one element or one worker, because a
+corpus can hold 100M files:
+
+- a tree is listed in three steps: the class folders (one listing of the
+  root, with a delimiter on GCS), spread over the workers; each folder's
+  name ranges (`plan_listing_ranges`: one range for a folder of up to a few
+  thousand files, else split), spread over the workers; then each range's
+  files, streamed as they are listed (`os.scandir` locally; on GCS the
+  storage client's paged listing, 1,000 names a request, from the range's
+  `start_offset` to its `end_offset`). Paging is serial, so a folder of 5M
+  files listed as one range is one thread paging for 15-25 minutes; its
+  ranges are listed by every worker at once. Beam's `FileSystems.match`
+  returns one list of every match, and GcsIO's `list_files` keeps a set of
+  every name it has seen, so neither is used for the files. The listing
+  gives each file's size (a GCS listing has it; locally a stat), and on GCS
+  its MD5 (`md5Hash`, absent for a composite object), which the records
+  carry: the size limit and the exact-duplicate key need no other request
+  (reading.content_key).
+- a manifest is read with Beam's `ReadFromText`, which splits the file into
+  byte ranges read in parallel. A row is parsed alone, so a bad row names the
+  manifest and quotes the row (a line number is not known to a worker that
+  reads from the middle of the file); CSV quoting works within a row, a quoted
+  field cannot span lines.
+
+Which files are inputs, and how a manifest's rows read, are the rules of
+preprocess/inputs/rules.py (Keras' `image_dataset_from_directory`: image
+extensions only, sub-folders belong to their class; sidecars and the root's
+files skipped and counted; a manifest's header names its columns).
+
+The records then go through `MixClasses`, which spreads them over the workers
+and mixes the classes (see there).
+"""
+
+import dataclasses
+import functools
+import hashlib
+import os
+import random
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from preprocess import errors, filesystem
+from preprocess.inputs.listing_plan import plan_boundaries
+from preprocess.inputs.reading import md5_hex
+from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's rules, for its callers
+    CSV,
+    DIRECTORY,
+    IMAGE_EXTENSIONS,
+    JSONL,
+    InputRecord,
+    ManifestLayout,
+    SkippedFile,
+    detect_manifest_layout,
+    extension_of,
+    filter_labels,
+    input_kind,
+    is_image_name,
+    is_input_name,
+    parse_manifest_line,
+    parse_manifest_rows,
+    split_name,
+)
+
+_GCS_PREFIX = "gs://"
+
+# ----------------------------------------------------------------------------- a class-per-folder tree
+
+
+def _gcs_client(uri: str):
+    # Beam's own GCS client, built from the job's options (credentials, impersonation, the emulator in
+    # tests), one per thread and reused: a large folder's planning sends hundreds of small listings.
+    return filesystem.gcs_io(uri).client
+
+
+def _split_gcs(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri[len(_GCS_PREFIX) :].partition("/")
+    return bucket, name
+
+
+_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
+
+
+def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
+    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/.
+
+    One listing with delimiter "/": objects directly below come as its items,
+    deeper ones only as the prefix of their subfolder (`.prefixes`, complete
+    once every item has been consumed). Pages of 1,000 are fetched as the
+    items are consumed, with the client's retries for each request. `start`
+    and `end` (names below the folder) bound it to [start, end): GCS's
+    `startOffset`/`endOffset`.
+    """
+    bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
+    listing = _gcs_client(folder).list_blobs(
+        bucket,
+        prefix=prefix,
+        delimiter="/",
+        start_offset=prefix + start if start else None,
+        end_offset=prefix + end if end else None,
+        page_size=page_size,
+        fields=_LEVEL_FIELDS,
+    )
+    return listing, prefix, bucket
+
+
+def list_class_folders(root: str):
+    """(class name, folder uri) for every folder directly below `root`, in no particular order.
+
+    As many elements as classes: small next to the files, whatever the corpus.
+    """
+    root = root.rstrip("/")
+    if root.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(root)
+        for _ in listing:  # files directly below the root: list_root_files's, but the listing must pass them
+            pass
+        for folder in sorted(listing.prefixes):
+            name = folder[len(prefix) :].rstrip("/")
+            if is_input_name(name):
+                yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
+        return
+    with os.scandir(root) as entries:
+        for entry in entries:
+            # Not through a symlink, as Beam's local match (os.walk) never followed one either.
+            if entry.is_dir(follow_symlinks=False) and is_input_name(entry.name):
+                yield entry.name, os.path.join(root, entry.name)
+
+
+def list_root_files(root: str):
+    """A SkippedFile (at_root) for every file directly in `root`: it has no class folder, so no class."""
+    root = root.rstrip("/")
+    if root.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(root)
+        for blob in listing:
+            name = blob.name[len(prefix) :]
+            if is_input_name(name):
+                yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
+        return
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if is_input_name(entry.name) and not entry.is_dir():
+                yield SkippedFile(os.path.join(root, entry.name), extension_of(entry.name), at_root=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingRange:
+    """The files of one class folder whose names (below the folder) sort in [start, end); None: unbounded.
+
+    A folder's ranges run from None to None, each starting where the one
+    before ends, so together they hold every file once, whatever the
+    boundaries are (plan_listing_ranges).
+    """
+
+    label: str
+    folder: str
+    start: str | None = None
+    end: str | None = None
+
+    def holds(self, name: str) -> bool:
+        return (self.start is None or name >= self.start) and (self.end is None or name < self.end)
+
+
+# How many ranges were listed (a Beam counter, in the job's metrics).
+_RANGES_LISTED = Metrics.counter("preprocess", "listing_ranges")
+# A folder with more files than this is listed in several ranges; below it, the planning would cost
+# more requests than the split saves (a page holds 1,000 names).
+SPLIT_LISTING_ABOVE = 5000
+# How many ranges a large folder is split into: on GCS, enough for every worker of a large job to
+# page at once; on local disk each range scans the whole directory, so a few.
+GCS_LISTING_RANGES = 64
+LOCAL_LISTING_RANGES = 8
+# Requests the GCS planning may send (each a page of up to 1,000 names): a few hundred for a 5M-file
+# folder (benchmarks/RESULTS.md), once per large folder.
+_MAX_PLANNING_REQUESTS = 2048
+# Names sampled from a large local folder to place its range boundaries.
+_LOCAL_SAMPLE_NAMES = 1024
+
+
+def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_LISTING_ABOVE, ranges=None):
+    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several.
+
+    Ranges of similar numbers of names, whatever the names look like. On GCS
+    the boundaries come from counting pages of names by their prefixes,
+    without listing the folder (preprocess/inputs/listing_plan.py: a few hundred
+    requests for 5M names). Locally the directory is read once, names
+    sampled, and the boundaries placed at the sample's quantiles. Any
+    boundaries give the same files in all (ListingRange); these give ranges
+    of at most about twice the ideal (tests/preprocess/inputs/test_listing_plan.py).
+    """
+    label, folder = class_folder
+    if folder.startswith(_GCS_PREFIX):
+        listing, _, _ = _list_gcs_level(folder, page_size=min(split_above + 1, 1000))
+        if sum(1 for _ in zip(range(split_above + 1), listing, strict=False)) <= split_above:
+            yield ListingRange(label, folder)
+            return
+        boundaries = plan_boundaries(
+            functools.partial(_gcs_page, folder),
+            ranges or GCS_LISTING_RANGES,
+            page=min(split_above, 1000),
+            max_requests=_MAX_PLANNING_REQUESTS,
+        )
+    else:
+        boundaries = _sampled_boundaries(folder, split_above, ranges or LOCAL_LISTING_RANGES)
+    starts = [None, *sorted(set(boundaries) - {""})]
+    for start, end in zip(starts, [*starts[1:], None], strict=True):
+        yield ListingRange(label, folder, start, end)
+
+
+def _gcs_page(folder: str, start: str, end: str | None, limit: int) -> tuple[list[str], bool]:
+    """(up to `limit` names below `folder` in [start, end), whether more follow): one request."""
+    listing, prefix, _ = _list_gcs_level(folder, start=start or None, end=end, page_size=limit)
+    page = next(listing.pages, None)
+    names = [blob.name[len(prefix) :] for blob in page] if page is not None else []
+    return names[:limit], listing.next_page_token is not None
+
+
+def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
+    """Range starts at the quantiles of a sample of a local folder's names (none for a small folder)."""
+    sample: list[str] = []
+    seen = 0
+    chooser = random.Random(folder)  # the same ranges on every run over the same folder
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            seen += 1
+            if len(sample) < _LOCAL_SAMPLE_NAMES:
+                sample.append(entry.name)
+            else:  # reservoir sampling: every name equally likely to be kept, in bounded memory
+                slot = chooser.randrange(seen)
+                if slot < _LOCAL_SAMPLE_NAMES:
+                    sample[slot] = entry.name
+    if seen <= split_above:
+        return set()
+    sample.sort()
+    return {sample[index * len(sample) // target] for index in range(1, target)}
+
+
+def _file_item(uri: str, name: str, label: str, size, md5: str | None = None):
+    """The InputRecord of an image file of a class, or the SkippedFile of any other file."""
+    if is_image_name(name):
+        return InputRecord(uri=uri, label=label, size=size, md5=md5)
+    return SkippedFile(uri, extension_of(name))
+
+
+def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str):
+    """Every file below gs://bucket/folder_prefix, at any depth (one listing without a delimiter)."""
+    listing = _gcs_client(f"{_GCS_PREFIX}{bucket}").list_blobs(
+        bucket, prefix=folder_prefix, fields="items(name,size,md5Hash),nextPageToken"
+    )
+    for blob in listing:
+        relative = blob.name[len(folder_prefix) :]
+        # A name ending in "/" is a folder's placeholder object; a hidden folder's files are passed over.
+        if relative and not relative.endswith("/") and all(map(is_input_name, relative.split("/"))):
+            yield _file_item(
+                f"{_GCS_PREFIX}{bucket}/{blob.name}", relative, label, blob.size, md5_hex(blob.md5_hash)
+            )
+
+
+def _list_local_subtree(folder: str, label: str):
+    """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
+    for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
+        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
+        for name in names:
+            if not is_input_name(name):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue  # a dangling link, or a file gone since
+            yield _file_item(path, name, label, size)
+
+
+def list_range(listing_range: ListingRange):
+    """The files of a class folder within one name range: InputRecord (with its size) for each image,
+    SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class.
+
+    Streamed as it is listed: memory stays flat however many files the
+    range holds (one page of names on GCS, one directory-entry buffer
+    locally).
+    """
+    label, folder = listing_range.label, listing_range.folder
+    _RANGES_LISTED.inc()
+    if folder.startswith(_GCS_PREFIX):
+        listing, prefix, bucket = _list_gcs_level(folder, listing_range.start, listing_range.end)
+        for blob in listing:
+            name = blob.name[len(prefix) :]
+            # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
+            # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
+            if is_input_name(name) and listing_range.holds(name):
+                yield _file_item(
+                    f"{_GCS_PREFIX}{bucket}/{blob.name}", name, label, blob.size, md5_hex(blob.md5_hash)
+                )
+        for subfolder in sorted(listing.prefixes):  # complete once the items are consumed
+            name = subfolder[len(prefix) :].rstrip("/")
+            if is_input_name(name) and listing_range.holds(name):
+                yield from _list_gcs_subtree(subfolder, bucket, label)
+        return
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not is_input_name(entry.name) or not listing_range.holds(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                yield from _list_local_subtree(entry.path, label)
+                continue
+            if entry.is_dir():
+                continue  # a link to a folder: not followed, as os.walk does not
+            try:
+                size = entry.stat().st_size  # through a link to a file: the file's
+            except FileNotFoundError:
+                continue  # a dangling link, as Beam's local match skipped it; or a file gone since
+            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size)
+
+
+def list_class_files(class_folder: tuple[str, str]):
+    """InputRecord for every image in one class folder, at any depth (as one range), streamed as it is listed."""
+    label, folder = class_folder
+    for item in list_range(ListingRange(label, folder)):
+        if isinstance(item, InputRecord):
+            yield item
+
+
+def list_directory_tree(root: str):
+    """Every image at `root/<class>/.../<file>`, the class taken from the folder name (one process, streamed)."""
+    for class_folder in list_class_folders(root):
+        yield from list_class_files(class_folder)
+
+
+# ----------------------------------------------------------------------------------- a CSV/JSONL manifest
+
+
+def require_manifest(path: str) -> str:
+    """`path`, if a file is there; else a FileNotFoundError that says what --input must be."""
+    if not FileSystems.exists(path):
+        raise FileNotFoundError(
+            f"--input {path}: no such manifest file (give a CSV/JSONL manifest, or a folder of class folders)"
+        )
+    return path
+
+
+def read_first_line(path: str) -> str | None:
+    """The first line of a manifest file (local or gs://), or None if there is none or it cannot be read."""
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as handle:
+            return handle.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    except Exception:  # noqa: BLE001 - a missing manifest is reported by the checks and the job
+        return None
+
+
+# ------------------------------------------------------------------------------------------- the transforms
+
+# Records per group when mixing: a group is sorted in memory, so it stays this small on average
+# whatever the corpus (its size is about Poisson-distributed around it).
+MIX_GROUP_SIZE = 16
+
+
+def _mixing_key(uri: str) -> int:
+    return int.from_bytes(hashlib.sha256(uri.encode("utf-8")).digest()[:8], "big")
+
+
+def _mix_group(record: InputRecord, num_records: int):
+    return _mixing_key(record.uri) % max(1, num_records // MIX_GROUP_SIZE), record
+
+
+def _in_mixed_order(group):
+    _, records = group
+    return sorted(records, key=lambda record: _mixing_key(record.uri))
+
+
+class MixClasses(beam.PTransform):
+    """Records -> the same records, spread over the workers and with the classes mixed.
+
+    Listings come grouped by class (folders, or manifests written class by
+    class). On Dataflow the group-by below spreads them over the workers and
+    its output order is arbitrary anyway; but a local runner keeps the order
+    of its input all the way into the shards (its group-by emits keys in the
+    order they first arrive), and shards each holding one class would have to
+    be undone by a reader's shuffle buffer. So each record goes into one of
+    about N / MIX_GROUP_SIZE groups by a hash of its URI, and each group comes
+    out sorted by that hash: every group holds a pseudo-random handful of the
+    whole listing, whatever order it arrived in, and no group grows with N.
+    """
+
+    def expand(self, records):
+        num_records = records | "CountRecords" >> beam.combiners.Count.Globally()
+        return (
+            records
+            | "ToGroup" >> beam.Map(_mix_group, num_records=beam.pvalue.AsSingleton(num_records))
+            | "GroupByMixingKey" >> beam.GroupByKey()
+            | "InMixedOrder" >> beam.FlatMap(_in_mixed_order)
+        )
+
+
+class ListedInputs(NamedTuple):
+    records: beam.PCollection  # InputRecord
+    errors: beam.PCollection  # ErrorRecord
+    skipped: beam.PCollection  # SkippedFile: a tree's files that are not inputs
+
+
+def _route(item):
+    if isinstance(item, errors.ErrorRecord):
+        yield beam.pvalue.TaggedOutput("errors", item)
+    elif isinstance(item, SkippedFile):
+        yield beam.pvalue.TaggedOutput("skipped", item)
+    else:
+        yield item
+
+
+class ListInputs(beam.PTransform):
+    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord (tagged 'errors') and
+    SkippedFile (tagged 'skipped').
+
+    The listing runs inside the pipeline, so a Dataflow job lists the bucket on
+    its workers, not in the launcher, and a template stays valid as the bucket
+    changes. `layout`: a CSV manifest's columns (detect_manifest_layout), found
+    by the launcher; None: read from the manifest's first line now, if it is there.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        labels: list[str] | None = None,
+        split_listing_above: int = SPLIT_LISTING_ABOVE,
+        layout: ManifestLayout | None = None,
+    ):
+        super().__init__()
+        self._spec = spec
+        self._labels = labels
+        self._split_listing_above = split_listing_above
+        self._layout = layout
+
+    def expand(self, pbegin):
+        spec, kind = self._spec, input_kind(self._spec)
+        if kind == DIRECTORY:
+            root = pbegin | "Root" >> beam.Create([spec])
+            items = (
+                root
+                | "ListClassFolders" >> beam.FlatMap(list_class_folders)
+                # One element per class: without this, one worker would list every class.
+                | "SpreadClassFolders" >> beam.Reshuffle()
+                | "PlanListingRanges" >> beam.FlatMap(plan_listing_ranges, self._split_listing_above)
+                # One element per range: a large folder is listed by several workers at once.
+                | "SpreadListingRanges" >> beam.Reshuffle()
+                | "ListClassFiles" >> beam.FlatMap(list_range)
+            )
+            root_files = root | "ListRootFiles" >> beam.FlatMap(list_root_files)
+            items = (items, root_files) | "AllListed" >> beam.Flatten()
+        else:
+            # Checked when the job runs, not in the launcher (a template may be made before its
+            # manifest exists); ReadFromText alone would read a missing manifest as an empty one.
+            _ = (
+                pbegin
+                | "ManifestSpec" >> beam.Create([spec])
+                | "RequireManifest" >> beam.Map(require_manifest)
+            )
+            layout = self._layout or detect_manifest_layout(read_first_line(spec), kind)
+            items = (
+                pbegin
+                | "ReadManifest" >> beam.io.ReadFromText(spec, validate=False)
+                | "ParseRows" >> beam.FlatMap(parse_manifest_line, kind, spec, layout)
+            )
+        if self._labels:
+            items = items | "FilterLabels" >> beam.FlatMap(
+                lambda item, labels: filter_labels([item], labels), self._labels
+            )
+        routed = items | "Route" >> beam.FlatMap(_route).with_outputs("errors", "skipped", main="records")
+        return ListedInputs(
+            records=routed.records | "MixClasses" >> MixClasses(),
+            errors=routed.errors,
+            skipped=routed.skipped,
+        )

@@ -1,0 +1,1 @@
+"""Looking at a dataset directory: `python -m preprocess.inspect` (summary, contact sheet, HTML report)."""

@@ -1,0 +1,102 @@
+"""Gather what the report shows and write the page (local path or gs://).
+
+Reads, whatever the dataset's size: the manifest; the shards only until each
+class of the split has its examples or `max_read_bytes` is spent (the
+caller's `inspect.sample_examples`); the error log until each reason has its
+examples (at most 16 MB); the near-duplicate files until `max_groups` groups
+are picked (at most 64 MB); and, for the groups' thumbnails, the members'
+source files (each at most 32 MB, all together at most `max_read_bytes`).
+"""
+
+import dataclasses
+import posixpath
+
+import tensorflow as tf
+
+from preprocess.inspect.report import failures as failures_lib
+from preprocess.inspect.report import near_duplicate_groups, page, thumbnails
+
+
+@dataclasses.dataclass(frozen=True)
+class SheetCell:
+    uri: str
+    thumbnail: thumbnails.Thumbnail
+
+
+@dataclasses.dataclass(frozen=True)
+class SheetRow:
+    label: int
+    class_name: str
+    num_in_split: int
+    cells: list[SheetCell]
+
+
+@dataclasses.dataclass
+class ReportData:
+    """Everything the page shows; `page.render` turns it into HTML."""
+
+    data_dir: str
+    manifest: dict
+    split: str
+    sheet_rows: list[SheetRow]
+    sheet_notes: list[str]
+    records_read: int
+    record_bytes_read: int
+    failures: failures_lib.FailureExamples
+    groups: near_duplicate_groups.GroupSelection
+    group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
+    source_budget: thumbnails.ReadBudget
+
+
+def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
+    """The contact sheet's rows from an `inspect.Sample`: one per sampled class, in label order."""
+    counts = manifest["splits"].get(split, {}).get("num_examples_per_class", {})
+    rows = []
+    for label, examples in sorted(sample.examples.items()):
+        name = manifest["labels"][label]
+        cells = [SheetCell(example.uri, thumbnails.pixels_thumbnail(example.pixels)) for example in examples]
+        rows.append(SheetRow(label, name, int(counts.get(name, 0)), cells))
+    return rows
+
+
+def gather(
+    data_dir: str, manifest: dict, split: str, sample, max_groups: int, max_read_bytes: int
+) -> ReportData:
+    """Read what the page needs (see the module docstring for the bounds)."""
+    groups = near_duplicate_groups.select_groups(data_dir, manifest, max_groups)
+    budget = thumbnails.ReadBudget(remaining=max_read_bytes)
+    group_thumbnails = [
+        [thumbnails.source_thumbnail(member.uri, budget) for member in group.members]
+        for group in groups.groups
+    ]
+    return ReportData(
+        data_dir=data_dir,
+        manifest=manifest,
+        split=split,
+        sheet_rows=sheet_rows(manifest, split, sample) if sample is not None else [],
+        sheet_notes=list(sample.warnings) if sample is not None else [],
+        records_read=sample.num_records if sample is not None else 0,
+        record_bytes_read=sample.num_bytes if sample is not None else 0,
+        failures=failures_lib.read_failure_examples(data_dir, manifest),
+        groups=groups,
+        group_thumbnails=group_thumbnails,
+        source_budget=budget,
+    )
+
+
+def write_text(path: str, text: str):
+    """Write a UTF-8 file to a local path or gs://, making its directory."""
+    parent = posixpath.dirname(path)
+    if parent and not tf.io.gfile.exists(parent):
+        tf.io.gfile.makedirs(parent)
+    with tf.io.gfile.GFile(path, "wb") as handle:
+        handle.write(text.encode("utf-8"))
+
+
+def write_report(
+    data_dir: str, manifest: dict, out: str, split: str, sample, max_groups: int, max_read_bytes: int
+) -> ReportData:
+    """Gather, render and write the page to `out`; returns what it shows."""
+    data = gather(data_dir, manifest, split, sample, max_groups, max_read_bytes)
+    write_text(out, page.render(data))
+    return data

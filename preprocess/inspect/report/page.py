@@ -1,0 +1,299 @@
+"""The report's HTML: one self-contained page (inline CSS, images as data: URIs, no script).
+
+Every string that comes from the dataset (paths, URIs, class names, error
+details) goes through `figures.escape`; nothing here builds markup from data
+otherwise.
+"""
+
+import datetime
+import posixpath
+
+from preprocess.inspect.report import figures
+from preprocess.inspect.report.figures import escape
+from preprocess.inspect.summary import format_bytes
+
+SECTION_TITLES = {
+    "splits": "Examples per split",
+    "classes": "Examples per class",
+    "failures": "Failures by reason",
+    "sizes": "Source image sizes",
+    "sheet": "Contact sheet",
+    "groups": "Near-duplicate groups",
+}
+
+_CSS = """
+:root { --ink: #1d2330; --muted: #5b6474; --line: #dde2ea; --card: #fff; --bg: #f3f5f8;
+        --train: #3b6fd8; --validation: #e08a1e; --test: #2e9e5b; --other: #7a62c9; --bad: #c2352b; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: var(--ink); background: var(--bg); }
+header { background: #1f2a3d; color: #fff; padding: 18px 28px; }
+header h1 { margin: 0 0 4px; font-size: 22px; }
+header p { margin: 2px 0; color: #c9d3e3; overflow-wrap: anywhere; }
+nav { padding: 8px 28px; background: #e7ebf1; border-bottom: 1px solid var(--line); }
+nav a { margin-right: 16px; color: #2b4f9a; text-decoration: none; }
+main { padding: 16px 28px 40px; max-width: 1400px; }
+section { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px;
+          margin: 0 0 18px; }
+h2 { margin: 0 0 10px; font-size: 18px; }
+h3 { margin: 14px 0 6px; font-size: 15px; }
+.facts { display: flex; flex-wrap: wrap; gap: 10px; margin: 0; padding: 0; list-style: none; }
+.facts li { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; }
+.facts b { font-size: 18px; display: block; }
+.note { color: var(--muted); margin: 6px 0; }
+.missing { color: var(--muted); font-style: italic; }
+table { border-collapse: collapse; }
+table.bars th, table.bars td { padding: 3px 8px; border-bottom: 1px solid #eef1f5; text-align: left;
+                               vertical-align: middle; white-space: nowrap; }
+table.bars th[scope=row] { font-weight: 500; max-width: 320px; overflow: hidden; text-overflow: ellipsis; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.barcell { width: 260px; min-width: 120px; }
+table.per-class td.barcell { width: 180px; }
+.bar { display: block; height: 12px; background: #edf0f5; border-radius: 3px; overflow: hidden; }
+.bar > span { display: block; height: 100%; background: var(--other); }
+.bar.split-train > span { background: var(--train); }
+.bar.split-validation > span { background: var(--validation); }
+.bar.split-test > span { background: var(--test); }
+.bar.failures > span { background: var(--bad); }
+.bar.sizes > span { background: #4b8fb3; }
+.label-id { color: var(--muted); font-variant-numeric: tabular-nums; }
+.examples { margin: 2px 0 10px 0; padding-left: 18px; }
+.examples li { margin: 2px 0; }
+.uri { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; overflow-wrap: anywhere; }
+.detail { color: var(--muted); display: block; overflow-wrap: anywhere; }
+.sheet-row { display: flex; align-items: flex-start; gap: 12px; padding: 8px 0; border-bottom: 1px solid #eef1f5; }
+.sheet-label { width: 180px; flex: none; overflow-wrap: anywhere; }
+.sheet-label small { color: var(--muted); display: block; }
+.thumbs { display: flex; flex-wrap: wrap; gap: 6px; }
+.thumbs img { width: 96px; height: 96px; object-fit: contain; background: #eef0f4; border: 1px solid var(--line);
+              border-radius: 3px; image-rendering: pixelated; }
+.group { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; margin: 10px 0; }
+.group.label-error { border-color: var(--bad); box-shadow: inset 4px 0 0 var(--bad); }
+.group-head { margin-bottom: 6px; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; margin-left: 6px;
+         background: #e7ebf1; }
+.badge.bad { background: var(--bad); color: #fff; }
+.members { display: flex; flex-wrap: wrap; gap: 10px; }
+figure { margin: 0; width: 140px; }
+figure img, .placeholder { width: 140px; height: 140px; object-fit: contain; background: #eef0f4;
+                           border: 1px solid var(--line); border-radius: 4px; display: block; }
+.placeholder { background: #f7e9e8; color: var(--bad); font-size: 11px; line-height: 1.3; padding: 8px;
+               overflow: hidden; overflow-wrap: anywhere; }
+figcaption { font-size: 12px; margin-top: 3px; }
+figcaption .name { display: block; overflow-wrap: anywhere; }
+figcaption .uri { display: block; color: var(--muted); font-size: 11px; max-height: 2.8em; overflow: hidden; }
+.dropped { opacity: 0.55; }
+footer { color: var(--muted); padding: 0 28px 24px; }
+"""
+
+
+def _section(key: str, body: str) -> str:
+    return f'<section id="{key}"><h2>{escape(SECTION_TITLES[key])}</h2>{body}</section>'
+
+
+def _header(data) -> str:
+    manifest = data.manifest
+    image = manifest["image"]
+    run = (manifest.get("run") or {}).get("id")
+    lines = [f"<p>{escape(data.data_dir)}</p>"]
+    facts = [f"written {manifest['created_at']}"] if manifest.get("created_at") else []
+    facts += [f"run {run}"] if run else []
+    facts += [f"source {manifest['source']['input']}"] if (manifest.get("source") or {}).get("input") else []
+    if facts:
+        lines.append(f"<p>{escape(' · '.join(facts))}</p>")
+    lines.append(
+        f"<p>{escape(image['height'])}×{escape(image['width'])}×{escape(image['channels'])} "
+        f"{escape(image['encoding'])}, resize {escape(image['resize_method'])}, "
+        f"{len(manifest['labels'])} classes</p>"
+    )
+    return f"<header><h1>Dataset report</h1>{''.join(lines)}</header>"
+
+
+def _overview(data) -> str:
+    inputs = data.manifest["inputs"]
+    items = [
+        ("found", inputs.get("num_found", 0)),
+        ("written", inputs.get("num_written", 0)),
+        ("failed", inputs.get("num_failed", 0)),
+        ("exact duplicates", inputs.get("num_duplicates", 0)),
+    ]
+    summary = data.groups.summary
+    if data.groups.recorded and summary.get("mode") not in (None, "off"):
+        items.append(("near-duplicate groups", summary.get("groups", data.groups.total_groups)))
+        items.append(("groups with several labels", summary.get("groups_with_several_labels", 0)))
+    facts = "".join(f"<li><b>{int(value):,}</b>{escape(name)}</li>" for name, value in items)
+    return f'<section id="overview"><ul class="facts">{facts}</ul></section>'
+
+
+def _failures(data) -> str:
+    counts = data.manifest["inputs"].get("failures_by_reason") or {}
+    if not counts:
+        return _section("failures", '<p class="missing">No input failed.</p>')
+    rows = sorted(counts.items(), key=lambda item: (-int(item[1]), item[0]))
+    parts = [
+        figures.bar_table([(reason, int(count)) for reason, count in rows], "failures", ("reason", "inputs"))
+    ]
+    for reason, count in rows:
+        examples = data.failures.by_reason.get(reason, [])
+        if not examples:
+            continue
+        more = f" (first {len(examples)} of {int(count):,})" if int(count) > len(examples) else ""
+        items = "".join(
+            f'<li><span class="uri">{escape(example.uri)}</span>'
+            + (f'<span class="detail">{escape(example.detail)}</span>' if example.detail else "")
+            + "</li>"
+            for example in examples
+        )
+        parts.append(f'<h3>{escape(reason)}{escape(more)}</h3><ul class="examples">{items}</ul>')
+    parts += [f'<p class="note">{escape(note)}</p>' for note in data.failures.notes]
+    return _section("failures", "".join(parts))
+
+
+def _sizes(data) -> str:
+    sizes = data.manifest.get("source_image_sizes")
+    if not isinstance(sizes, dict):
+        return _section("sizes", '<p class="missing">Not recorded by this dataset\'s stage 1 run.</p>')
+    return _section("sizes", figures.source_size_histogram(sizes))
+
+
+def _sheet(data) -> str:
+    if not data.sheet_rows:
+        return _section(
+            "sheet", f'<p class="missing">Split {escape(data.split)} has no examples to show.</p>'
+        )
+    rows = []
+    for row in data.sheet_rows:
+        images = "".join(
+            f'<img src="{cell.thumbnail.data_uri}" alt="{escape(cell.uri)}" title="{escape(cell.uri)}">'
+            for cell in row.cells
+        )
+        if not row.cells:
+            images = '<span class="missing">none in this split</span>'
+        rows.append(
+            f'<div class="sheet-row"><div class="sheet-label"><span class="label-id">{row.label}</span> '
+            f"{escape(row.class_name)}<small>{row.num_in_split:,} in {escape(data.split)}</small></div>"
+            f'<div class="thumbs">{images}</div></div>'
+        )
+    intro = (
+        f'<p class="note">Split {escape(data.split)}, as training sees it (decoded from the shards, '
+        f"de-normalized). Read {data.records_read:,} records ({escape(format_bytes(data.record_bytes_read))})."
+        "</p>"
+    )
+    notes = "".join(f'<p class="note">{escape(note)}</p>' for note in data.sheet_notes)
+    return _section("sheet", intro + "".join(rows) + notes)
+
+
+def _member(member, thumbnail) -> str:
+    if thumbnail.data_uri:
+        picture = f'<img src="{thumbnail.data_uri}" alt="{escape(member.uri)}" title="{escape(member.uri)}">'
+    else:
+        picture = (
+            f'<div class="placeholder" title="{escape(thumbnail.problem)}">{escape(thumbnail.problem)}</div>'
+        )
+    kept = "" if member.kept else ' <span class="badge">dropped</span>'
+    return (
+        f'<figure class="{"" if member.kept else "dropped"}">{picture}<figcaption><b>{escape(member.label)}</b>'
+        f" · {escape(member.split)}{kept}"
+        f'<span class="name uri" title="{escape(member.uri)}">{escape(posixpath.basename(member.uri))}</span>'
+        f'<span class="uri" title="{escape(member.uri)}">{escape(posixpath.dirname(member.uri))}</span>'
+        "</figcaption></figure>"
+    )
+
+
+def _group(group, group_thumbnails) -> str:
+    distance = "?" if group.max_distance is None else str(group.max_distance)
+    badges = f'<span class="badge">largest distance {escape(distance)}</span>'
+    badges += f'<span class="badge">{group.num_members} images</span>'
+    if len(group.splits) > 1:
+        badges += f'<span class="badge">splits {escape(", ".join(group.splits))}</span>'
+    if group.several_labels:
+        badges += (
+            '<span class="badge bad">likely label error: labels '
+            + escape(", ".join(sorted(group.labels)))
+            + "</span>"
+        )
+    members = "".join(
+        _member(member, thumb) for member, thumb in zip(group.members, group_thumbnails, strict=True)
+    )
+    more = group.num_members - len(group.members)
+    if more > 0:
+        members += f'<p class="note">and {more:,} more members</p>'
+    kind = "group label-error" if group.several_labels else "group"
+    return (
+        f'<div class="{kind}"><div class="group-head">group <span class="uri" title="{escape(group.group)}">'
+        f"{escape(group.group[:12])}…</span>"
+        f'{badges}</div><div class="members">{members}</div></div>'
+    )
+
+
+def _groups(data) -> str:
+    selection = data.groups
+    if not selection.recorded:
+        return _section(
+            "groups",
+            '<p class="missing">Not recorded by this dataset\'s stage 1 run (written before the '
+            "near-duplicate audit existed).</p>",
+        )
+    if selection.mode == "off":
+        return _section(
+            "groups", '<p class="missing">The audit was off for this run (--near-duplicates off).</p>'
+        )
+    summary = selection.summary
+    facts = [
+        f"mode {summary.get('mode', '?')}",
+        f"distance ≤ {summary.get('max_distance', '?')}",
+        f"{summary.get('groups', selection.total_groups)} groups",
+        f"{summary.get('images_in_groups', '?')} images in groups",
+        f"{summary.get('groups_with_several_labels', 0)} with more than one label",
+        f"{summary.get('groups_across_splits', 0)} across splits",
+    ]
+    if summary.get("mode") == "drop":
+        facts.append(f"{summary.get('dropped', 0)} dropped")
+    if summary.get("hot_buckets"):
+        facts.append(
+            f"{summary['hot_buckets']} hot buckets ({summary.get('images_in_hot_buckets', 0)} images) capped"
+        )
+    parts = [f"<p>{escape(', '.join(str(fact) for fact in facts))}.</p>"]
+    if not selection.groups:
+        parts.append('<p class="missing">No near-duplicate group.</p>')
+    else:
+        parts.append(
+            f'<p class="note">Showing {len(selection.groups)} of {selection.total_groups:,} groups'
+            + (
+                f" ({selection.left_out:,} left out; raise --max-groups to see more)"
+                if selection.left_out
+                else ""
+            )
+            + ", those with more than one label first. Thumbnails are the source files, read "
+            f"{data.source_budget.num_read:,} files ({escape(format_bytes(data.source_budget.bytes_read))}).</p>"
+        )
+        parts += [
+            _group(group, thumbs)
+            for group, thumbs in zip(selection.groups, data.group_thumbnails, strict=True)
+        ]
+    parts += [f'<p class="note">{escape(note)}</p>' for note in selection.notes]
+    return _section("groups", "".join(parts))
+
+
+def render(data) -> str:
+    """The page for a `build.ReportData`."""
+    nav = "".join(f'<a href="#{key}">{escape(title)}</a>' for key, title in SECTION_TITLES.items())
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = "".join(
+        [
+            _overview(data),
+            _section("splits", figures.examples_per_split(data.manifest)),
+            _section("classes", figures.examples_per_class(data.manifest)),
+            _failures(data),
+            _sizes(data),
+            _sheet(data),
+            _groups(data),
+        ]
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>Dataset report: {escape(data.data_dir)}</title><style>{_CSS}</style></head><body>"
+        f"{_header(data)}<nav>{nav}</nav><main>{body}</main>"
+        f"<footer>Written {escape(now)} by python -m preprocess.inspect --report.</footer></body></html>\n"
+    )

@@ -1,0 +1,245 @@
+"""The readable report of a dataset: what was written and what failed.
+
+Printed by the job when it ends and by `python -m preprocess.inspect`; built
+from the manifest alone, plus, when given, a few example URIs per failure
+reason from the error log's files (`read_error_examples`).
+"""
+
+import json
+import statistics
+import sys
+
+import tensorflow as tf
+
+from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
+
+# Above this many classes the table shows the smallest ones (where problems
+# are) and a one-line distribution of the rest.
+_MAX_CLASS_ROWS = 20
+
+
+def format_bytes(num_bytes: float) -> str:
+    """1536 -> '1.5 KB' (powers of 1024)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if num_bytes < 1024 or unit == "TB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def read_manifest_or_explain(data_dir: str) -> dict | None:
+    """The checked manifest of `data_dir`, or None after saying on stderr why it is not a dataset."""
+    try:
+        return verification.read_manifest(data_dir)
+    except manifest_lib.ManifestError as exc:
+        print(f"not a dataset: {exc}", file=sys.stderr)
+        return None
+
+
+def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> dict[str, list[str]]:
+    """Up to `per_reason` URIs for each failure reason, from the error log's files (local or gs://).
+
+    Stops reading once every reason the manifest counts has its examples, so a
+    huge error log costs a few lines, not a full read.
+    """
+    wanted = manifest["inputs"].get("failures_by_reason", {})
+    examples: dict[str, list[str]] = {}
+    if not wanted:
+        return examples
+    for relative in manifest_lib.error_file_paths(manifest):
+        path = manifest_lib.join(data_dir, relative)
+        if not tf.io.gfile.exists(path):
+            continue
+        with tf.io.gfile.GFile(path, "r") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    error = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                uris = examples.setdefault(error.get("reason", "?"), [])
+                if len(uris) < per_reason:
+                    uris.append(error.get("uri", "?"))
+                if all(
+                    len(examples.get(reason, [])) >= min(per_reason, count)
+                    for reason, count in wanted.items()
+                ):
+                    return examples
+    return examples
+
+
+def _class_table(manifest: dict) -> list[str]:
+    splits = [split for split in manifest["splits"] if manifest["splits"][split]["num_examples"] > 0]
+    labels = manifest["labels"]
+    counts = {split: manifest["splits"][split]["num_examples_per_class"] for split in splits}
+    first = splits[0] if splits else None
+    shown = labels
+    if len(labels) > _MAX_CLASS_ROWS and first is not None:
+        shown = sorted(labels, key=lambda name: (counts[first].get(name, 0), name))[: _MAX_CLASS_ROWS // 2]
+    name_width = max([len("class"), len("total"), *(len(name) for name in shown)])
+    widths = [max(len(split), 7) for split in splits]
+    header = "class".ljust(name_width) + "".join(
+        f"  {split:>{width}}" for split, width in zip(splits, widths, strict=True)
+    )
+    rows = [header]
+    for name in shown:
+        rows.append(
+            name.ljust(name_width)
+            + "".join(
+                f"  {counts[split].get(name, 0):>{width}}"
+                for split, width in zip(splits, widths, strict=True)
+            )
+        )
+    if len(shown) < len(labels):
+        per_class = [counts[first].get(name, 0) for name in labels]
+        rows.append(
+            f"... {len(labels) - len(shown)} more classes ({first} per class: min {min(per_class)}, "
+            f"median {statistics.median(per_class):g}, max {max(per_class)})"
+        )
+    rows.append(
+        "total".ljust(name_width)
+        + "".join(
+            f"  {manifest['splits'][split]['num_examples']:>{width}}"
+            for split, width in zip(splits, widths, strict=True)
+        )
+    )
+    return rows
+
+
+def format_skipped(inputs: dict) -> str | None:
+    """'skipped, not inputs: .json 2, .txt 1 (not images); 1 file at the root (no class folder)', or None."""
+    by_extension = inputs.get("skipped_by_extension") or {}
+    at_root = inputs.get("skipped_at_root") or 0
+    parts = []
+    if by_extension:
+        counts = ", ".join(
+            f"{extension or '(no extension)'} {count}"
+            for extension, count in sorted(by_extension.items(), key=lambda item: (-item[1], item[0]))
+        )
+        parts.append(f"{counts} (not images by their extension)")
+    if at_root:
+        parts.append(f"{at_root} file{'s' if at_root != 1 else ''} at the root (not in a class folder)")
+    return f"skipped, not inputs: {'; '.join(parts)}" if parts else None
+
+
+def _plural(count: int, word: str, plural: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (plural or word + 's')}"
+
+
+def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
+    """The summary's lines on near-duplicates (preprocess/near_duplicates/): none for a manifest without
+    them (written before the audit existed)."""
+    near = manifest.get("near_duplicates")
+    if not near:
+        return []
+    mode = near.get("mode")
+    if mode == "off":
+        return ["  near-duplicates: not looked for (--near-duplicates off)"]
+    groups = near.get("groups", 0)
+    head = f"  near-duplicates ({mode}, distance <= {near.get('max_distance')}): "
+    if not groups:
+        return [head + "none found"]
+    lines = [
+        head + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them; each group "
+        "is in one split"
+    ]
+    several = near.get("groups_with_several_labels", 0)
+    if several:
+        lines.append(
+            f"    {_plural(several, 'group')} with more than one label: likely label errors, look at them"
+        )
+    across = near.get("groups_across_splits", 0)
+    if across:
+        lines.append(
+            f"    {_plural(across, 'group')} across splits (the input manifest named the members' splits)"
+        )
+    if mode == "drop":
+        lines.append(f"    dropped: {near.get('dropped', 0)} (all but the largest image of each group)")
+    hot = near.get("hot_buckets", 0)
+    if hot:
+        lines.append(
+            f"    hot buckets: {hot} ({near.get('images_in_hot_buckets', 0)} images share a popular signature "
+            "band, e.g. near-blank images; capped, counted)"
+        )
+    files = [manifest_lib.join(output_dir, path) for path in manifest_lib.near_duplicate_file_paths(manifest)]
+    if files:
+        where = files[0] if len(files) == 1 else f"{len(files)} files, listed in near_duplicate_files"
+        lines.append(f"    groups, one JSON line each: {where}")
+        # The groups are judged by eye: the page shows each one's members side by side.
+        lines.append(f"    see them: python -m preprocess.inspect {output_dir or 'DIR'} --report report.html")
+    return lines
+
+
+def _crop_note(image: dict) -> str:
+    crop = manifest_lib.crop_size(image)
+    if crop == image["height"]:
+        return ""
+    return f"; training crops {crop}x{crop} (margin {image.get('crop_margin', 0):g}), center crop to serve"
+
+
+def format_summary(
+    manifest: dict, output_dir: str, error_examples: dict[str, list[str]] | None = None
+) -> str:
+    """The report of a dataset directory; `error_examples` from `read_error_examples`."""
+    inputs = manifest["inputs"]
+    image = manifest["image"]
+    normalization = manifest["normalization"]
+    source = manifest.get("source", {})
+    origin = [f"from {source['input']}"] if source.get("input") else []
+    origin += [f"written {manifest['created_at']}"] if manifest.get("created_at") else []
+    origin += [f"run {manifest['run']['id']}"] if (manifest.get("run") or {}).get("id") else []
+    lines = [
+        f"Dataset {output_dir}" + (f" ({', '.join(origin)})" if origin else ""),
+        f"  images: {inputs['num_found']} found = {inputs['num_written']} written"
+        f" + {inputs['num_failed']} failed + {inputs['num_duplicates']} duplicates"
+        + (
+            f" + {inputs['num_near_duplicates']} near-duplicates dropped"
+            if inputs.get("num_near_duplicates")
+            else ""
+        ),
+    ]
+    skipped = format_skipped(inputs)
+    lines += [f"  {skipped}"] if skipped else []
+    lines += [
+        f"  image: {image['height']}x{image['width']}x{image['channels']} {image['encoding']}"
+        + (f" (quality {image['jpeg_quality']})" if image.get("jpeg_quality") else "")
+        + f", resize {image['resize_method']}"
+        + _crop_note(image),
+        f"  normalization ({normalization.get('computed_on', manifest_lib.TRAIN)}):"
+        f" mean {[round(v, 2) for v in normalization['mean']]}"
+        f" std {[round(v, 2) for v in normalization['std']]}",
+        f"  classes: {len(manifest['labels'])}",
+    ]
+    lines += [f"    {row}" for row in _class_table(manifest)]
+    total_bytes = total_shards = 0
+    lines.append("  shards:")
+    for split, info in manifest["splits"].items():
+        sizes = [shard["num_bytes"] for shard in info["shards"]]
+        total_bytes += sum(sizes)
+        total_shards += len(sizes)
+        if sizes:
+            lines.append(
+                f"    {split}: {len(sizes)} shards, {format_bytes(sum(sizes))}"
+                f" ({format_bytes(min(sizes))} - {format_bytes(max(sizes))} each)"
+            )
+        else:
+            lines.append(f"    {split}: none")
+    lines.append(f"  total size: {format_bytes(total_bytes)} in {total_shards} shards")
+    if inputs.get("failures_by_reason"):
+        lines.append(
+            f"  failures by reason (details: {manifest_lib.describe_error_files(manifest, output_dir)}):"
+        )
+        for reason, count in inputs["failures_by_reason"].items():
+            examples = (error_examples or {}).get(reason, [])
+            more = ", ..." if examples and count > len(examples) else ""
+            lines.append(f"    {reason} {count}" + (f": {', '.join(examples)}{more}" if examples else ""))
+    lines += format_near_duplicates(manifest, output_dir)
+    # The runs this one superseded whose files stay for their readers (preprocess/publish/commit.py).
+    for entry in manifest.get("retained_runs", []):
+        lines.append(
+            f"  kept for its readers: run {entry['id']} ({entry['dir']}), superseded {entry['superseded_at']}"
+        )
+    lines.append(f"  manifest: {manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)}")
+    return "\n".join(lines)

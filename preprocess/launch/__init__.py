@@ -1,0 +1,1 @@
+"""Launching stage 1 and what it prints: the local runner and its workers, a Dataflow job, progress and logs."""

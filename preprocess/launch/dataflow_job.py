@@ -1,0 +1,181 @@
+"""The launcher's side of a job that runs elsewhere (Dataflow): its identity, attaching, Ctrl-C.
+
+Three things the launcher must get right about a job it does not run itself:
+
+- **Ctrl-C leaves the job alone.** Beam does not cancel a Dataflow job when
+  its launcher is interrupted: the job runs on, and its SDK processes load
+  tf.Transform's analysis from the build's temporary directory for hours
+  after. So that directory is removed only once the job's state is terminal
+  (`is_finished`), and an interrupted launcher says the job goes on and how
+  to cancel it (`JobContinuesError`, exit 130 in preprocess/pipeline.py).
+- **A relaunch is idempotent.** An orchestrator's retry (Airflow, a re-run of
+  the same command) must not start a second full job beside the first. The
+  job gets a stable name (`stable_job_name`): the output directory and a
+  fingerprint of the inputs and flags. Dataflow refuses to create a job
+  whose name a running job in the region holds (`DataflowJobAlreadyExistsError`),
+  so the second launch learns of the first instead of duplicating it, and
+  attaches to it (`attach_to_running_job`): it waits for that job and
+  reports its run. A different request (other flags, other inputs) gets a
+  different name and runs; the publish step's compare-and-swap settles which
+  run's dataset stays. `--job_name` given by hand is kept as it is.
+- **The attached job's run is known.** The launcher that submitted the job
+  chose its run id and build id (preprocess/publish/runs.py); they ride along as job
+  labels (`run-id`, `build-id`), so a launcher that attaches reports that
+  run and, once the job has ended, removes that build's tf.Transform
+  directory.
+"""
+
+import hashlib
+import json
+import re
+
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineState
+
+# Dataflow job names: [a-z]([-a-z0-9]{0,1022}[a-z0-9])?; labels: lowercase letters, digits, '-' and '_'.
+_JOB_NAME_PREFIX = "preprocess-"
+_NAME_FINGERPRINT_CHARS = 20
+RUN_ID_LABEL = "run-id"
+BUILD_ID_LABEL = "build-id"
+_ALREADY_EXISTS_ID = re.compile(r"with id: ([\w-]+)")
+
+
+class JobContinuesError(Exception):
+    """The launcher was interrupted while its remote job runs on; the message says how to cancel it."""
+
+    exit_code = 130  # what a shell reports for a program stopped by SIGINT
+
+
+def runs_remotely(options: PipelineOptions) -> bool:
+    """Whether --runner is Dataflow's (the job runs on, whatever happens to this process)."""
+    runner = options.view_as(StandardOptions).runner or ""
+    return runner.split(".")[-1].lower() in ("dataflowrunner", "dataflow")
+
+
+def is_remote_job(result) -> bool:
+    """Whether `result` is a job a service runs (it has a job id), not one running in this process."""
+    if result is None or not callable(getattr(result, "job_id", None)):
+        return False
+    return getattr(result, "has_job", True)
+
+
+def is_finished(result) -> bool:
+    """Whether the job of `result` has ended (DONE, FAILED, CANCELLED, UPDATED, DRAINED).
+
+    None (no job was started) counts as ended; so does a job this process
+    ran itself: it cannot outlive the launcher.
+    """
+    if not is_remote_job(result):
+        return True
+    try:
+        return PipelineState.is_terminal(result.state)
+    except Exception:  # noqa: BLE001 - the state could not be asked for: assume the job runs on
+        return False
+
+
+def continues_message(result, options: PipelineOptions) -> str:
+    """What an interrupted launcher says about the job that goes on."""
+    cloud = options.view_as(GoogleCloudOptions)
+    region = cloud.region or "REGION"
+    job_id = result.job_id()
+    project = f" --project {cloud.project}" if cloud.project else ""
+    return (
+        f"interrupted: the launcher stops, but Dataflow job {job_id} goes on (Ctrl-C does not cancel it); "
+        "it publishes the dataset when it finishes.\n"
+        f"  to watch it:  gcloud dataflow jobs show {job_id} --region {region}{project}\n"
+        f"  to cancel it: gcloud dataflow jobs cancel {job_id} --region {region}{project}"
+    )
+
+
+def fingerprint(config: dict, beam_args: list[str]) -> str:
+    """A digest of what the job is asked to do: its settings and the flags it hands to Beam.
+
+    Two launches with the same fingerprint are one request made twice (a
+    retry); anything that changes the output changes the fingerprint.
+    """
+    request = {"config": config, "beam_args": sorted(beam_args)}
+    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def stable_job_name(output_dir: str, config: dict, beam_args: list[str]) -> str:
+    """`preprocess-<digest>`: the same for every launch of the same request into the same output directory."""
+    digest = hashlib.sha256(f"{output_dir}\n{fingerprint(config, beam_args)}".encode()).hexdigest()
+    return _JOB_NAME_PREFIX + digest[:_NAME_FINGERPRINT_CHARS]
+
+
+def _without_identity_args(beam_args: list[str]) -> list[str]:
+    # Flags that differ between two launches of one request without changing what it does.
+    dropped = ("--job_name", "--labels")
+    kept, skip = [], False
+    for arg in beam_args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in dropped:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def set_job_identity(
+    options: PipelineOptions, output_dir: str, config: dict, beam_args: list[str], ids: dict
+):
+    """Gives a Dataflow job its stable name (unless --job_name was given) and its run's labels.
+
+    `config`: the job's settings without what changes at every launch (the
+    build id); `ids`: {label: value} (run id, build id). Returns the job name.
+    """
+    cloud = options.view_as(GoogleCloudOptions)
+    if not cloud.job_name or cloud.job_name.startswith("beamapp-"):
+        cloud.job_name = stable_job_name(output_dir, config, _without_identity_args(beam_args))
+    labels = [label for label in (cloud.labels or []) if label.split("=", 1)[0] not in ids]
+    cloud.labels = labels + [f"{key}={_label_value(value)}" for key, value in ids.items()]
+    return cloud.job_name
+
+
+def _label_value(value: str) -> str:
+    return re.sub(r"[^a-z0-9_-]", "_", value.lower())[:63]
+
+
+def label_to_run_id(value: str | None) -> str | None:
+    """The run id a `run-id` label holds (labels are lowercase: runs.new_run_id's 'T' and 'Z' come back)."""
+    if not value:
+        return None
+    match = re.fullmatch(r"(\d{8})t(\d{12})z-([0-9a-f]{8})", value)
+    return f"{match.group(1)}T{match.group(2)}Z-{match.group(3)}" if match else None
+
+
+def is_already_exists(exc: BaseException) -> bool:
+    """Whether `exc` is Dataflow refusing a job whose name a running job holds."""
+    return type(exc).__name__ == "DataflowJobAlreadyExistsError"
+
+
+def _application_client(options: PipelineOptions):
+    from apache_beam.runners.dataflow.internal.apiclient import DataflowApplicationClient
+
+    return DataflowApplicationClient(options)
+
+
+class _AttachedRunner:
+    """What DataflowPipelineResult asks of its runner: a client, and the polling loop."""
+
+    def __init__(self, client):
+        self.dataflow_client = client
+        self.last_error_msg = None
+
+
+def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=None):
+    """(PipelineResult of the running job that holds this job's name, its labels).
+
+    `exc`: Dataflow's refusal, which names the job's id; `client`: a Dataflow
+    application client (made from the options when None).
+    """
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowPipelineResult
+
+    client = client or _application_client(options)
+    found = _ALREADY_EXISTS_ID.search(str(exc))
+    job_id = found.group(1) if found else client.job_id_for_name(options.view_as(GoogleCloudOptions).job_name)
+    job = client.get_job(job_id)
+    return DataflowPipelineResult(job, _AttachedRunner(client), options), dict(job.labels or {})

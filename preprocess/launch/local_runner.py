@@ -1,0 +1,143 @@
+"""The engine that runs stage 1 on this machine when the runner is the DirectRunner.
+
+Beam 2.77's DirectRunner does not run a batch pipeline itself: it first tries
+the Prism runner (a Go binary it downloads on first use), and runs the
+pipeline there if that works, else falls back to the FnApiRunner, the
+in-process portable runner with its `--direct_num_workers` SDK worker
+processes. Stage 1 asks for the FnApiRunner directly, for two reasons:
+
+- the same job runs the same way on every machine: with network access the
+  DirectRunner would run it on Prism, offline on the FnApiRunner, and the
+  README's `--direct_running_mode` / `--direct_num_workers` are the
+  FnApiRunner's options;
+- the failed Prism attempt is not free: it serializes the whole pipeline
+  (~150 stages after tf.Transform's expansion) once more before falling back,
+  ~12 s of a small job on a 2-core machine (benchmarks/RESULTS.md, target 1).
+
+Any other runner (Dataflow, `--runner PrismRunner`, ...) is left to Beam.
+
+Its worker processes run Beam's harness through preprocess/launch/local_worker.py,
+which exits without the interpreter's teardown: the runner stops the workers
+one after the other, and each teardown took ~1 s.
+
+A small local job runs in this process even when worker processes were
+asked for (`--in-process-below`): each worker imports TensorFlow and Beam,
+7 s of a job over 8 images on 2 cores (22.4 s with them, 15.1 s without),
+more than two workers save below about a thousand photos
+(benchmarks/RESULTS.md, the fixed cost).
+"""
+
+import itertools
+import logging
+import shlex
+import sys
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from preprocess.inputs import listing as inputs
+from preprocess.launch import logs
+
+IN_MEMORY = "in_memory"
+
+_DIRECT_RUNNER_NAMES = {"directrunner", "direct", "switchingdirectrunner"}
+
+
+def uses_direct_runner(options: PipelineOptions) -> bool:
+    """True when the user named no runner or the DirectRunner."""
+    runner = options.view_as(StandardOptions).runner
+    if runner is None:
+        return True
+    if not isinstance(runner, str):
+        return False
+    return runner.rsplit(".", 1)[-1].lower() in _DIRECT_RUNNER_NAMES
+
+
+def worker_command() -> str:
+    """The command line of the local runner's worker processes (preprocess/launch/local_worker.py).
+
+    Beam runs it through a shell; `exec` makes the worker that shell's process, so that a Ctrl-C
+    reaches the worker (which ignores it), not a shell that would die of it and fail the run.
+    """
+    return "exec " + shlex.join([sys.executable, "-m", "preprocess.launch.local_worker"])
+
+
+def fn_api_runner(options: PipelineOptions, verbose: bool = False):
+    """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options.
+
+    Its worker processes (`--direct_running_mode=multi_processing`) run
+    preprocess/launch/local_worker.py: Beam's harness, which exits without the
+    interpreter's teardown. Unless `verbose`, they log at WARNING
+    (preprocess/launch/logs.py): their INFO lines would reach this terminal.
+    """
+    from apache_beam.portability import python_urns
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    class LocalFnApiRunner(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            # run_pipeline has just named Beam's own worker command in the subprocess environment.
+            for environment in pipeline_proto.components.environments.values():
+                if environment.urn == python_urns.SUBPROCESS_SDK:
+                    environment.payload = worker_command().encode("utf-8")
+            return super().run_via_runner_api(pipeline_proto, options)
+
+    worker_options = logs.worker_log_options(options.get_all_options(), verbose)
+    encoded_options = JobServiceHandle.encode_pipeline_options(worker_options)
+    provision_info = fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded_options)
+    )
+    return LocalFnApiRunner(provision_info=provision_info)
+
+
+def runner_for(options: PipelineOptions, verbose: bool = False):
+    """The runner object to hand to beam.Pipeline, or None to let Beam pick from --runner."""
+    return fn_api_runner(options, verbose) if uses_direct_runner(options) else None
+
+
+def _manifest_lines(path: str):
+    with FileSystems.open(path) as handle:
+        for line in handle:
+            if line.strip():
+                yield line
+
+
+def count_inputs_up_to(spec: str, limit: int) -> int | None:
+    """How many inputs `spec` lists, counting no further than `limit`; None if it cannot be listed here.
+
+    Cheap whatever the corpus: the listing stops at `limit` names (a manifest
+    counts its non-blank lines, its header included).
+    """
+    try:
+        if inputs.input_kind(spec) == inputs.DIRECTORY:
+            listing = inputs.list_directory_tree(spec)
+        else:
+            listing = _manifest_lines(spec)
+        return sum(1 for _ in itertools.islice(listing, limit))
+    except Exception:  # noqa: BLE001 - a missing or unreadable input is the job's to report, with its message
+        return None
+
+
+def run_small_jobs_in_process(options: PipelineOptions, spec: str, below: int) -> bool:
+    """Switches a local run over fewer than `below` inputs to this process; True if it did.
+
+    Leaves the options alone for other runners, for a run already in this
+    process, and when `below` is 0.
+    """
+    direct = options.view_as(DirectOptions)
+    if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode == IN_MEMORY:
+        return False
+    count = count_inputs_up_to(spec, below)
+    if count is None or count >= below:
+        return False
+    logging.info(
+        "%d inputs: running in this process; worker processes (--direct_running_mode=%s) start from "
+        "--in-process-below %d inputs",
+        count,
+        direct.direct_running_mode,
+        below,
+    )
+    direct.direct_running_mode = IN_MEMORY
+    direct.direct_num_workers = 1
+    return True

@@ -1,0 +1,60 @@
+"""The SDK worker process of a local run: Beam's own harness, minus the interpreter's teardown.
+
+The local runner (preprocess/launch/local_runner.py) starts `--direct_num_workers`
+of these in place of `python -m apache_beam.runners.worker.sdk_worker_main`.
+Each runs that same harness. When the harness returns, the runner has every
+result of the worker; the runner then stops the workers one after the
+other, waiting for each to exit, and the teardown of an interpreter holding
+TensorFlow takes about a second. So the worker exits at once instead
+(preprocess/launch/process_exit.py), with the harness's status.
+
+At a Ctrl-C (SIGINT) it exits at once and quietly: the launcher, which
+gets the same signal, says what happened. Before the harness starts, the libraries' loggers get the log level the
+runner chose for its workers (preprocess/launch/logs.py): the harness logs INFO
+lines of its own until it has read its options.
+"""
+
+import os
+import signal
+
+
+def _exit_at_ctrl_c(signum, frame):
+    # A Ctrl-C in the terminal reaches every process of its group. The launcher stops the run and says
+    # so in one line (preprocess/pipeline.py), and its runner waits for each worker to exit: the worker
+    # exits now, without the traceback of a KeyboardInterrupt, and with status 0, as any other would
+    # make the runner print a traceback per worker ("Worker subprocess exited with return code ...").
+    os._exit(0)
+
+
+# Before the imports below: they take seconds, and a Ctrl-C during them would print their traceback.
+signal.signal(signal.SIGINT, _exit_at_ctrl_c)
+
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
+
+from dataset_contract import native_logs  # noqa: E402
+from preprocess.launch import fault_logs, logs  # noqa: E402
+from preprocess.launch.process_exit import exit_without_teardown  # noqa: E402
+
+
+def main() -> None:
+    logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
+    fault_logs.quiet_worker_stderr()
+    code = 0
+    # Quiet as the launcher is (fault_logs.ENV_VAR: not --verbose): this worker's stderr is the terminal,
+    # and TensorFlow, when a stage first needs it, prints its native start-up lines there (native_logs.py).
+    try:
+        with native_logs.filtered_native_stderr(enabled=bool(os.environ.get(fault_logs.ENV_VAR))):
+            sdk_worker_main.main(sys.argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the runner is told by the exit code; the log keeps the trace
+        traceback.print_exc()
+        code = 1
+    exit_without_teardown(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Publishing a run: the manifest, the commit of dataset.json, runs and their paths, the superseded check."""

@@ -1,0 +1,252 @@
+"""The last step of the job: build the manifest and publish the run.
+
+Runs once, after every shard, the error log and the transform graph of the
+run are complete in `runs/<run id>/`. Nothing is moved or copied: the
+manifest names those files where they are, and `preprocess.publish.commit`
+replaces `dataset.json` with it in one atomic step, then removes what older
+runs left (see publish.py for the protocol and why it is crash-safe).
+"""
+
+import datetime
+import logging
+
+from dataset_contract import image_errors
+from dataset_contract import manifest as manifest_lib
+from dataset_contract.features import CHANNELS
+from preprocess.decode import outcomes, source_sizes
+from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
+from preprocess.publish.commit import publish_run
+from preprocess.publish.fingerprint import compute_fingerprint
+from preprocess.publish.runs import RunPaths, run_started_at
+from preprocess.write.transform_output import read_label_vocabulary
+
+_TRANSFORM_DIRS = (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METADATA_DIR)
+
+
+def build_manifest(
+    *,
+    config: dict,
+    run_id: str,
+    labels,
+    stats,
+    shards,
+    class_counts,
+    num_found,
+    failures,
+    num_duplicates,
+    num_near_duplicates=0,
+    error_files=(),
+    skipped_by_extension=None,
+    skipped_at_root=0,
+    near_duplicates=None,
+    near_duplicate_files=(),
+    source_image_sizes=None,
+):
+    """The manifest dict, from the job's config and the facts the pipeline gathered.
+
+    `shards` are the entries shards.WriteShards yields, `error_files` the
+    list shards.WriteErrorLog yields: paths relative to the output directory,
+    inside the run's directory. `skipped_by_extension` and `skipped_at_root`
+    count a tree's files that are not inputs (outcomes.tally). `near_duplicates` is the
+    manifest's near-duplicate summary (near_duplicate_summary), `near_duplicate_files` the
+    list shards.WriteErrorLog yields for the groups, `source_image_sizes` the dict of
+    source_sizes.SourceImageSizesFn.
+    """
+    run = RunPaths(config["output"], run_id)
+    splits = {}
+    for split in manifest_lib.SPLITS:
+        split_shards = sorted((shard for shard in shards if shard["split"] == split), key=lambda s: s["path"])
+        per_class = {label: 0 for label in labels}
+        for (count_split, class_name), count in class_counts:
+            if count_split == split:
+                per_class[class_name] = per_class.get(class_name, 0) + count
+        splits[split] = {
+            "num_examples": sum(shard["num_examples"] for shard in split_shards),
+            "num_examples_per_class": per_class,
+            "shards": [
+                {key: shard[key] for key in ("path", "num_examples", "num_bytes", "sha256")}
+                for shard in split_shards
+            ],
+        }
+    num_written = sum(info["num_examples"] for info in splits.values())
+    num_failed = sum(failures.values())
+    mean, std = stats
+    return {
+        "format_version": manifest_lib.FORMAT_VERSION,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run": {"id": run_id, "started_at": run_started_at(run_id), "dir": run.relative_dir},
+        "source": {"input": config["input"], "kind": config["input_kind"]},
+        "image": {
+            "height": config["image_size"],
+            "width": config["image_size"],
+            "channels": CHANNELS,
+            "encoding": config["encoding"],
+            "resize_method": config["resize_method"],
+            # The decompression-bomb limit images were held to; serving refuses above it too.
+            "max_pixels": config["max_pixels"],
+            # The file size limit inputs were held to (too_large above it); serving refuses above it too.
+            "max_file_bytes": config.get("max_file_bytes", image_errors.DEFAULT_MAX_FILE_BYTES),
+            # The model's square: random crops of it in training, the center one in evaluation and
+            # serving. Equal to height/width without a margin.
+            "crop_size": config.get("crop_size", config["image_size"]),
+            "crop_margin": config.get("crop_margin", 0.0),
+            "jpeg_quality": config["jpeg_quality"] if config["encoding"] == "jpeg" else None,
+        },
+        "labels": list(labels),
+        "normalization": {
+            "mean": list(mean),
+            "std": list(std),
+            "units": "0-255 pixel values",
+            "computed_on": manifest_lib.TRAIN,
+        },
+        "splits": splits,
+        "inputs": {
+            "num_found": num_found,
+            "num_written": num_written,
+            "num_failed": num_failed,
+            "num_duplicates": num_duplicates,
+            # Dropped by --near-duplicates drop: every member of a group but the one kept.
+            "num_near_duplicates": num_near_duplicates,
+            "failures_by_reason": dict(sorted(failures.items())),
+            # Not inputs, so not in num_found: a tree's files without an image extension, by extension
+            # ("" for none), and the files directly in its root (no class folder).
+            "skipped_by_extension": dict(sorted((skipped_by_extension or {}).items())),
+            "skipped_at_root": skipped_at_root,
+        },
+        "split_fractions": config["split_fractions"],
+        "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
+        # Every input that failed, one JSON line each, in these files (none when nothing failed).
+        "error_files": sorted(error_files, key=lambda entry: entry["path"]),
+        # Altered copies of one image (preprocess/near_duplicates/): the counts, and one JSON line per group.
+        "near_duplicates": near_duplicates or {"mode": "off"},
+        "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
+        "source_image_sizes": source_image_sizes or empty_source_sizes(),
+    }
+
+
+def empty_source_sizes() -> dict:
+    """`source_image_sizes` when no image was decoded."""
+    return source_sizes.SourceImageSizesFn().extract_output(
+        source_sizes.SourceImageSizesFn().create_accumulator()
+    )
+
+
+def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
+    """The manifest's `near_duplicates`: the mode, the distance and the grouping's counts ({"mode": "off"}
+    when the audit was off)."""
+    mode = config.get("near_duplicates", NEAR_DUPLICATES_OFF)
+    if mode == NEAR_DUPLICATES_OFF:
+        return {"mode": NEAR_DUPLICATES_OFF}
+    return {
+        "mode": mode,
+        "max_distance": config["near_duplicate_distance"],
+        **dict(sorted((stats or {}).items())),
+    }
+
+
+def _fingerprint_or_none(config: dict) -> dict | None:
+    """The run's build fingerprint (fingerprint.py); None, with a warning, if the inputs cannot be listed
+    now: a dataset without one is only built again by a workflow, never refused."""
+    try:
+        return compute_fingerprint(config)
+    except Exception as exc:  # noqa: BLE001 - an optional field must not stop a finished run from publishing
+        logging.warning("no build fingerprint for the manifest (listing %s failed: %s)", config["input"], exc)
+        return None
+
+
+class TooManyFailuresError(ValueError):
+    """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
+
+
+class EmptyTrainSplitError(ValueError):
+    """No image reached the train split (every input failed, or none was assigned to train): tf.Transform
+    has nothing to analyze, and nothing is published. The launcher tells the failures by reason."""
+
+
+# The errors of a run that are its inputs' fault, not the code's: the launcher says them without a traceback.
+INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError)
+
+
+def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):
+    """Raise TooManyFailuresError if the run's failed inputs exceed `max_failed_fraction` of those found.
+
+    `counts` as outcomes.tally gives them. The message is the same at every
+    retry of the step (the counts are the committed ones).
+    """
+    found, failed = counts["num_found"], sum(counts["failures"].values())
+    if not found or failed / found <= max_failed_fraction:
+        return
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(counts["failures"].items()))
+    raise TooManyFailuresError(
+        f"run {run.run_id}: {failed} of the {found} inputs found failed ({failed / found:.1%}), more than "
+        f"--max-failed-fraction {max_failed_fraction:g} allows: {reasons}. Nothing was published "
+        f"(dataset.json is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
+        "fix the inputs (read access, the manifest's URIs), or re-run with a higher --max-failed-fraction "
+        "if that many failures are expected."
+    )
+
+
+def finalize_dataset(
+    _,
+    *,
+    config,
+    run_id,
+    labels,
+    stats,
+    shards,
+    errors_log,
+    outcome_counts,
+    near_duplicate_stats=None,
+    near_duplicate_files=(),
+    source_image_sizes=None,
+):
+    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
+
+    `labels` is the label vocabulary the records were written with, `stats`
+    the (mean, std) the transform graph holds (read back from the run's copy
+    of it, so the graph is written when this runs). `outcome_counts` are the
+    (outcome, count) pairs of outcomes.py. `errors_log` is the list of the
+    error log's files (shards.WriteErrorLog), already written: the manifest
+    names them, nothing is copied here. `near_duplicate_stats` are the grouping's counts (None when
+    --near-duplicates is off), `near_duplicate_files` the groups' files (written as the error log's),
+    `source_image_sizes` the decoded sources' sizes (source_sizes.py).
+    """
+    run = RunPaths(config["output"], run_id)
+    counts = outcomes.tally(outcome_counts)
+    check_failed_fraction(counts, config.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION), run)
+    if not labels or not any(shard["split"] == manifest_lib.TRAIN for shard in shards):
+        raise ValueError(
+            "no training example was written: every input failed or the split gave train nothing; "
+            f"see the error log, {run.final('errors-*.jsonl')}"
+        )
+    analyzed = read_label_vocabulary(run.final(manifest_lib.TRANSFORM_FN_DIR))
+    if analyzed != list(labels):
+        # Only when every train image of a class failed to decode: the records were labelled from
+        # the train inputs before decoding, tf.Transform's vocabulary from the decoded ones.
+        logging.warning(
+            "classes %s have train inputs but no decoded train image: their index is kept, and the "
+            "label vocabulary in %s lacks them",
+            sorted(set(labels) - set(analyzed)),
+            run.final(manifest_lib.TRANSFORM_FN_DIR),
+        )
+    manifest = build_manifest(
+        config=config,
+        run_id=run_id,
+        labels=labels,
+        stats=stats,
+        shards=shards,
+        error_files=errors_log,
+        near_duplicates=near_duplicate_summary(config, near_duplicate_stats),
+        near_duplicate_files=near_duplicate_files,
+        source_image_sizes=source_image_sizes,
+        **counts,
+    )
+    manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}
+    manifest_lib.check_manifest(manifest)
+    return publish_run(
+        config["output"],
+        run_id,
+        manifest,
+        tft_build_id=config.get("build_id"),
+        retention_days=config.get("retention_days", DEFAULT_RETENTION_DAYS),
+    )

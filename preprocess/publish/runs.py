@@ -1,0 +1,172 @@
+"""Run ids, and where one run of the job keeps its files in the output directory.
+
+A run is one execution of the job. A template's run id is made when the job
+runs, inside the pipeline (`MakeRunId`), not when the graph is built: a
+Dataflow template (`--template_location`) is built once and run many times,
+and every run needs its own files. A job launched directly gets its id from
+the launcher (`python -m preprocess`), which so knows which run is its own
+and can report it, or say that a newer run superseded it. The id starts with the UTC time it was made, so run
+ids sort by start time; that order decides which run may publish and which
+runs a publisher may remove (preprocess/publish/commit.py).
+
+In the output directory (docs/dataset_format.md):
+
+    dataset.json                     the published manifest: names the files of one run
+    dataset.json.lock                (local disk) held while a switch is under way (manifest_switch.py)
+    runs/<run id>/                   a run's final files, written once, never moved
+    runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
+    runs/<run id>.deleting.<uuid>    a newer run is removing this run's files
+    staging/<run id>/                a run's temporary files (parts, decoded spill, ...)
+    staging/<run id>/build.json      which tf.Transform directory the run uses, and whether it shares it
+    staging/tft-<build id>/          tf.Transform's temporary directory (see `tft_temp_dir`)
+"""
+
+import dataclasses
+import datetime
+import json
+import re
+import secrets
+
+import apache_beam as beam
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import filesystem
+
+STAGING_DIR = "staging"
+PUBLISHING_MARKER = "publishing"
+DELETING_MARKER = "deleting"
+TFT_TEMP_PREFIX = "tft-"
+
+_RUN_ID = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{8}")
+
+
+def new_run_id(now: datetime.datetime | None = None) -> str:
+    """`20260321T101502123456Z-1a2b3c4d`: the UTC start time to the microsecond, then 32 random bits.
+
+    Ids of runs started at different times sort by start time (as strings);
+    the random part keeps two runs started in the same microsecond apart.
+    """
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return f"{now.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(4)}"
+
+
+def is_run_id(text: str) -> bool:
+    return _RUN_ID.fullmatch(text) is not None
+
+
+def run_started_at(run_id: str) -> str:
+    """The run's start time as ISO 8601 (`2026-03-21T10:15:02.123456Z`)."""
+    stamp = datetime.datetime.strptime(run_id.split("Z-")[0], "%Y%m%dT%H%M%S%f")
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """Every path of one run in `output_dir` (local or gs://)."""
+
+    output_dir: str
+    run_id: str
+
+    @property
+    def relative_dir(self) -> str:
+        """`runs/<run id>`, relative to the output directory (as the manifest names it)."""
+        return manifest_lib.run_dir(self.run_id)
+
+    @property
+    def run_dir(self) -> str:
+        return manifest_lib.join(self.output_dir, self.relative_dir)
+
+    def relative(self, name: str) -> str:
+        """`runs/<run id>/<name>`: how the manifest names one of the run's final files."""
+        return manifest_lib.join(self.relative_dir, name)
+
+    def final(self, name: str) -> str:
+        """The full path of one of the run's final files."""
+        return manifest_lib.join(self.run_dir, name)
+
+    @property
+    def staging_dir(self) -> str:
+        return manifest_lib.join(self.output_dir, STAGING_DIR, self.run_id)
+
+    def staging(self, *names: str) -> str:
+        return manifest_lib.join(self.staging_dir, *names)
+
+    @property
+    def tmp_dir(self) -> str:
+        """Where files are written before their atomic rename into place (local disk only)."""
+        return self.staging("tmp")
+
+    @property
+    def build_file(self) -> str:
+        return self.staging("build.json")
+
+    def marker(self, kind: str, attempt: str) -> str:
+        return manifest_lib.join(self.output_dir, manifest_lib.RUNS_DIR, f"{self.run_id}.{kind}.{attempt}")
+
+    def marker_glob(self, kind: str) -> str:
+        return manifest_lib.join(self.output_dir, manifest_lib.RUNS_DIR, f"{self.run_id}.{kind}.*")
+
+
+def tft_temp_dir(output_dir: str, build_id: str) -> str:
+    """tf.Transform's temporary directory for one pipeline build.
+
+    The one path fixed when the graph is built: tf.Transform takes it as a
+    string, not as a value computed at run time. Every file tf.Transform
+    writes below it has a name of its own (a uuid made when it is written),
+    so runs of one template share the directory without sharing files. It
+    holds a few small SavedModels and the label vocabulary, read only until
+    the run has copied the transform graph into `runs/<run id>/`.
+    """
+    return manifest_lib.join(output_dir, STAGING_DIR, f"{TFT_TEMP_PREFIX}{build_id}")
+
+
+def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> str:
+    """Write which tf.Transform directory run `run_id` uses (idempotent); returns the run id.
+
+    So that whoever removes the run's files later can remove that directory
+    too, unless other runs share it (`shared`: the runs of one template).
+    """
+    paths = RunPaths(output_dir, run_id)
+    record = json.dumps({"build_id": build_id, "shared": shared}).encode("utf-8")
+    filesystem.write_bytes(paths.build_file, record, tmp_dir=paths.tmp_dir)
+    return run_id
+
+
+def read_build(output_dir: str, run_id: str) -> dict | None:
+    """What `record_build` wrote for the run, or None."""
+    path = RunPaths(output_dir, run_id).build_file
+    if not filesystem.exists(path):
+        return None
+    return json.loads(filesystem.read_bytes(path).decode("utf-8"))
+
+
+class MakeRunId(beam.PTransform):
+    """PBegin -> a PCollection of one element: this run's id, made at execution time.
+
+    Consumers take it as a singleton side input. The reshuffle after the id
+    is made commits the one value every consumer sees, even if the step that
+    made it is retried. `shared_build`: whether other runs execute this same
+    pipeline build (a template), and so share its tf.Transform directory.
+    `run_id`: the id the launcher made (a job that is not a template), used
+    as it is.
+    """
+
+    def __init__(self, output_dir: str, build_id: str, shared_build: bool, run_id: str | None = None):
+        super().__init__()
+        self._output_dir = output_dir
+        self._build_id = build_id
+        self._shared_build = shared_build
+        self._run_id = run_id
+
+    def expand(self, pbegin):
+        fixed = self._run_id
+        return (
+            pbegin
+            | "Start" >> beam.Create([None])
+            | "NewRunId" >> beam.Map(lambda _: fixed or new_run_id()).with_output_types(str)
+            | "Commit" >> beam.Reshuffle()
+            | "RecordBuild"
+            >> beam.Map(
+                record_build, output_dir=self._output_dir, build_id=self._build_id, shared=self._shared_build
+            )
+        )

@@ -1,0 +1,1 @@
+"""Writing the run's files: records encoded per encoding, shards sized by bytes, tf.Transform's output."""

@@ -1,0 +1,180 @@
+"""Serialized tf.train.Examples, per encoding: from decoded images (one pass) or transformed batches.
+
+uint8 and jpeg records are encoded straight from the decoded pixels, in the
+step that decodes them (`EncodeDecodedFn`): their normalization is applied
+at read time, so nothing waits for tf.Transform's statistics. bfloat16 and
+float32 records hold normalized values, so they are encoded from the record
+batches tf.Transform's transform produced (`EncodeExamplesFn`), a record
+batch at a time: the float image column is converted to the target dtype for
+the whole batch in one numpy call, and only the final `tf.train.Example`
+assembly is per row.
+
+Both yield `(split, serialized example, class name)`, so one shard writer and
+one class count serve every split and both paths.
+
+TensorFlow (for the tf.train.Example proto) is imported on the first record,
+not with the module: the pipeline module imports this one, and a worker
+process that only lists, hashes and deduplicates files must not load it.
+"""
+
+import io
+
+import apache_beam as beam
+import ml_dtypes
+import numpy as np
+from apache_beam.metrics import Metrics
+from PIL import Image
+
+from dataset_contract import features
+from preprocess import errors
+from preprocess.launch.progress import ProgressCounter
+
+# Little-endian on every host: the reader's decode_raw assumes it.
+_STORAGE_DTYPES = {
+    features.BFLOAT16: np.dtype(ml_dtypes.bfloat16).newbyteorder("<"),
+    features.FLOAT32: np.dtype("<f4"),
+}
+
+
+def _column_values(batch, name) -> list:
+    return batch.column(name).flatten().to_pylist()
+
+
+def encode_jpeg(pixels: bytes, image_size: int, quality: int) -> bytes:
+    image = Image.frombuffer("RGB", (image_size, image_size), pixels, "raw", "RGB", 0, 1)
+    out = io.BytesIO()
+    # 4:4:4 chroma: at training resolutions 4:2:0 subsampling smears colour
+    # edges over a visible share of a small image (mean error doubles at 32 px).
+    image.save(out, format="JPEG", quality=quality, subsampling=0)
+    return out.getvalue()
+
+
+def serialize_example(payload: bytes, label: int, class_name: bytes, sha256: bytes, uri: bytes) -> bytes:
+    """One record of the dataset (docs/dataset_format.md), serialized."""
+    import tensorflow as tf  # already loaded after the first record: a dictionary lookup
+
+    def bytes_feature(value: bytes) -> tf.train.Feature:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                features.IMAGE: bytes_feature(payload),
+                features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                features.CLASS_NAME: bytes_feature(class_name),
+                features.SHA256: bytes_feature(sha256),
+                features.URI: bytes_feature(uri),
+            }
+        )
+    )
+    return example.SerializeToString()
+
+
+def label_not_in_train(uri: str, class_name: str, split: str) -> errors.ErrorRecord:
+    return errors.ErrorRecord(
+        uri,
+        errors.LABEL_NOT_IN_TRAIN,
+        f"class {class_name!r} has no example in the train split, so this {split} example cannot be labelled",
+    )
+
+
+def image_payloads(batch, encoding: str, image_size: int, jpeg_quality: int) -> list[bytes]:
+    """The `image` feature of every row of a transformed record batch."""
+    column = batch.column(features.IMAGE)
+    if encoding in features.NORMALIZED_ENCODINGS:
+        values = column.flatten().to_numpy(zero_copy_only=False).reshape(batch.num_rows, -1)
+        stored = values.astype(_STORAGE_DTYPES[encoding])
+        return [row.tobytes() for row in stored]
+    raw = column.flatten().to_pylist()
+    if encoding == features.UINT8:
+        return raw
+    return [encode_jpeg(pixels, image_size, jpeg_quality) for pixels in raw]
+
+
+class EncodeExamplesFn(beam.DoFn):
+    """(RecordBatch, passthrough) of one split -> EncodedExample tuples.
+
+    Main output: (split, serialized example, class name). 'errors': rows whose class
+    has no training example (the vocabulary is learned on train, so such a row
+    has label -1 and nothing to learn it from). The manifest's statistics are
+    read from the transform graph itself (transform_output.read_normalization).
+    """
+
+    def __init__(self, split: str, encoding: str, image_size: int, jpeg_quality: int):
+        self._split = split
+        self._encoding = encoding
+        self._image_size = image_size
+        self._jpeg_quality = jpeg_quality
+        self._encoded = Metrics.counter("preprocess", f"encoded_{split}")
+        self._progress = ProgressCounter("encoded")
+        self._progress_failed = ProgressCounter("failed")
+
+    def process(self, element):
+        batch = element[0] if isinstance(element, tuple) else element
+        if batch.num_rows == 0:
+            return
+        labels = _column_values(batch, features.LABEL)
+        class_names = _column_values(batch, features.CLASS_NAME)
+        hashes = _column_values(batch, features.SHA256)
+        uris = _column_values(batch, features.URI)
+        payloads = image_payloads(batch, self._encoding, self._image_size, self._jpeg_quality)
+        for label, class_name, sha256, uri, payload in zip(
+            labels, class_names, hashes, uris, payloads, strict=True
+        ):
+            if label < 0:
+                self._progress_failed.inc()
+                yield beam.pvalue.TaggedOutput(
+                    "errors", label_not_in_train(uri.decode("utf-8"), class_name.decode("utf-8"), self._split)
+                )
+                continue
+            self._encoded.inc()
+            self._progress.inc()
+            yield self._split, serialize_example(payload, label, class_name, sha256, uri), class_name.decode()
+
+
+class EncodeDecodedFn(beam.DoFn):
+    """Raw example dict (DecodeImagesFn) -> (split, serialized example, class name), for uint8 and jpeg.
+
+    `vocabulary` (a side input) is the sorted class names of the train
+    split's inputs, known once duplicates are resolved, before any image is
+    decoded; a label's index is its position. A validation or test image of
+    a class that has no train input goes to 'errors' (label_not_in_train).
+    """
+
+    def __init__(self, encoding: str, image_size: int, jpeg_quality: int):
+        if encoding in features.NORMALIZED_ENCODINGS:
+            raise ValueError(f"{encoding} records hold normalized values: encode them after the transform")
+        self._encoding = encoding
+        self._image_size = image_size
+        self._jpeg_quality = jpeg_quality
+        self._encoded = {}
+        self._progress = ProgressCounter("encoded")
+        self._progress_failed = ProgressCounter("failed")
+        self._indices = None
+
+    def _index(self, vocabulary: list[str]) -> dict[str, int]:
+        # A side input is the same object for a whole bundle: build its index once.
+        if self._indices is None or self._indices[0] is not vocabulary:
+            self._indices = (vocabulary, {name: index for index, name in enumerate(vocabulary)})
+        return self._indices[1]
+
+    def process(self, example: dict, vocabulary: list[str]):
+        split, class_name = example["split"], example["label"]
+        label = self._index(vocabulary).get(class_name)
+        if label is None:
+            self._progress_failed.inc()
+            yield beam.pvalue.TaggedOutput("errors", label_not_in_train(example["uri"], class_name, split))
+            return
+        pixels = example["image_raw"]
+        if self._encoding == features.JPEG:
+            payload = encode_jpeg(pixels, self._image_size, self._jpeg_quality)
+        else:
+            payload = pixels
+        if split not in self._encoded:
+            self._encoded[split] = Metrics.counter("preprocess", f"encoded_{split}")
+        self._encoded[split].inc()
+        self._progress.inc()
+        serialized = serialize_example(
+            payload, label, class_name.encode(), example["sha256"].encode(), example["uri"].encode()
+        )
+        yield split, serialized, class_name

@@ -1,0 +1,413 @@
+"""Writing TFRecord shards sized by bytes, each record written once (and the error log's files, alike).
+
+Records go to disk once, at their final place, and only when a bundle ends
+with a small remainder is a little copied:
+
+1. `WriteShardFilesFn`: each bundle attempt writes the records of every split
+   straight into the run's directory (`runs/<run id>/`), one file per split,
+   rolling over to a new file before the record that would take it past the
+   split's target size (`file_target_bytes`: the shard size, or less so that
+   a small split still gets about `min_shards` files). It computes each file's sha256 and size from the
+   framed bytes as it writes them, and emits a small `WrittenFile` entry.
+2. `plan_shards` runs once all entries of the job are known (a list of these
+   small entries, never records): a file of at least half the target size is
+   a shard as it is, no copy; the small files that end bundles (at most one
+   per bundle and split) are packed into shards of about the target size, at
+   least `min_shards` shards in all when there are files enough. A packed
+   shard is the concatenation of its files (TFRecord files concatenate into
+   a valid TFRecord file), written by `WriteShardFn` atomically under a name
+   derived from its sources (`filesystem.write_atomically`).
+
+So per record the job writes its bytes once, plus at most half a target
+per bundle and split for the packed remainders.
+
+Retry-safe under Dataflow's semantics: every bundle attempt writes files of
+its own (a fresh id in their names), so a retried, duplicated or dead attempt
+never touches the files of the one the runner commits; only the committed
+attempts' entries are planned. A packed shard's name and bytes follow from
+its plan alone, so writing it again gives the same file, and its sources are
+never deleted here (a retry needs them). Files no manifest names (a
+discarded attempt's, a packed shard's sources) go when the run publishes:
+preprocess/publish/commit.py removes every file of the run's directory its manifest
+does not name.
+
+File names say the split first, then the bundle attempt and the file's
+number within it (`train-3f9c0a1b2c4d4e5f8a9b0c1d2e3f4a5b-0002.tfrecord`, a full uuid4), or for a packed shard
+a digest of its sources (`train-packed-9e107d9d372b.tfrecord`). Readers do
+not parse them: they read the shards the manifest lists.
+"""
+
+import dataclasses
+import hashlib
+import heapq
+import logging
+import math
+import posixpath
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.tfrecordio import _TFRecordUtil
+from apache_beam.transforms.window import GlobalWindows
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import filesystem
+from preprocess.publish.runs import RunPaths
+
+_COPY_CHUNK_BYTES = 8 << 20
+
+# How records are framed in a written file: TFRecord for shards, one line each for the error log.
+TFRECORD = "tfrecord"
+LINES = "lines"
+_SUFFIX = {TFRECORD: manifest_lib.SHARD_SUFFIX, LINES: ".jsonl"}
+ERRORS = "errors"  # the `split` of the error log's files
+NEAR_DUPLICATES = "near-duplicates"  # the `split` of the near-duplicate groups' files (written alike)
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenFile:
+    """One closed file of a bundle attempt: where it is and what it holds."""
+
+    split: str  # a split name, or ERRORS
+    path: str  # the full path (local or gs://)
+    num_examples: int
+    num_bytes: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """One file of the run: `name` in runs/<run id>/, made of `sources` in order.
+
+    A plan of one source already at that name is a shard kept as it was written.
+    """
+
+    split: str
+    name: str
+    sources: tuple[WrittenFile, ...]
+
+
+def file_target_bytes(estimated_split_bytes: int, shard_size_bytes: int, min_shards: int) -> int:
+    """The size a writer's files stay within: a shard, or 1/min_shards of a small split."""
+    return max(1, min(shard_size_bytes, estimated_split_bytes // max(min_shards, 1)))
+
+
+def file_targets(estimated_bytes: dict, shard_size_bytes: int, min_shards: int) -> dict:
+    """{split: estimated bytes} -> {split: file target bytes}."""
+    return {
+        split: file_target_bytes(estimate, shard_size_bytes, min_shards)
+        for split, estimate in estimated_bytes.items()
+    }
+
+
+def new_attempt_id() -> str:
+    """A bundle attempt's id in its files' names: a full uuid4, 32 hex digits (122 random bits)."""
+    return uuid.uuid4().hex
+
+
+class _HashingFile:
+    """A file being written, with the sha256, size and record count of what went into it."""
+
+    def __init__(self, split: str, path: str):
+        self.split = split
+        self.path = path
+        # Kept only by close(): a file of a failed bundle, aborted or just dropped, never becomes a GCS object.
+        self._handle = filesystem.UncommittedFile(path)
+        self._digest = hashlib.sha256()
+        self.num_bytes = 0
+        self.num_examples = 0
+
+    def write(self, data: bytes):
+        self._handle.write(data)
+        self._digest.update(data)
+        self.num_bytes += len(data)
+
+    def close(self) -> WrittenFile:
+        self._handle.commit()
+        return WrittenFile(self.split, self.path, self.num_examples, self.num_bytes, self._digest.hexdigest())
+
+    def abort(self):
+        self._handle.abort()
+
+
+class WriteShardFilesFn(beam.DoFn):
+    """(split, record bytes) -> WrittenFile entries of files holding them, one open file per split.
+
+    The files go into the run's directory (TFRecord shards, or with framing
+    LINES the error log's JSON lines).
+    """
+
+    def __init__(self, output_dir: str, framing: str = TFRECORD):
+        self._output_dir = output_dir
+        self._framing = framing
+
+    def start_bundle(self):
+        # The files of a bundle that failed on this instance (an exception elsewhere in the fused stage
+        # skips finish_bundle) are discarded, not committed.
+        self._abort_open()
+        # Fresh per attempt, a whole uuid4 (122 random bits): a file is never overwritten, so an attempt the
+        # runner discarded (or one still running) cannot spoil the committed one, among millions of attempts.
+        self._attempt = new_attempt_id()
+        self._open: dict[str, _HashingFile] = {}
+        self._count: dict[str, int] = {}
+
+    def _abort_open(self):
+        for handle in getattr(self, "_open", {}).values():
+            try:
+                handle.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: publishing removes files no manifest names
+                logging.warning("could not discard %s of a failed bundle: %s", handle.path, exc)
+        self._open = {}
+
+    def teardown(self):
+        self._abort_open()
+
+    def _new_file(self, split: str, run_id: str) -> _HashingFile:
+        index = self._count.get(split, 0)
+        self._count[split] = index + 1
+        name = f"{split}-{self._attempt}-{index:04d}{_SUFFIX[self._framing]}"
+        return _HashingFile(split, RunPaths(self._output_dir, run_id).final(name))
+
+    def process(self, element, target_bytes: dict, run_id: str):
+        try:
+            yield from self._process(element, target_bytes, run_id)
+        except BaseException:
+            # This bundle fails: its open files must not be committed (a retry writes its own).
+            self._abort_open()
+            raise
+
+    def _process(self, element, target_bytes: dict, run_id: str):
+        split, record = element
+        if split not in target_bytes:
+            raise ValueError(
+                f"no target file size for split {split!r} (sizes given for {sorted(target_bytes)})"
+            )
+        framed_bytes = (
+            _TFRecordUtil.encoded_num_bytes(record) if self._framing == TFRECORD else len(record) + 1
+        )
+        handle = self._open.get(split)
+        # Roll over before the record that would take the file past its target, not after it:
+        # files stay within the target, so a split of N targets' worth makes at least N files.
+        if handle is not None and handle.num_bytes + framed_bytes > target_bytes[split]:
+            yield self._open.pop(split).close()
+            handle = None
+        if handle is None:
+            handle = self._open[split] = self._new_file(split, run_id)
+        if self._framing == TFRECORD:
+            # write_record makes one write() of the framed record: the hash sees the bytes on disk.
+            _TFRecordUtil.write_record(handle, record)
+        else:
+            handle.write(record + b"\n")
+        handle.num_examples += 1
+
+    def finish_bundle(self):
+        for split in sorted(self._open):
+            yield GlobalWindows.windowed_value(self._open.pop(split).close())
+
+
+def _packed_name(split: str, sources: list[WrittenFile], suffix: str) -> str:
+    digest = hashlib.sha256("\n".join(posixpath.basename(source.path) for source in sources).encode())
+    return f"{split}-packed-{digest.hexdigest()[:12]}{suffix}"
+
+
+def plan_split(
+    split: str,
+    files: list[WrittenFile],
+    target_bytes: int,
+    min_shards: int,
+    max_sources: int | None = None,
+    suffix: str = manifest_lib.SHARD_SUFFIX,
+) -> list[ShardPlan]:
+    """The shards of one split: full files kept as they are, the small ones packed.
+
+    A file of at least half `target_bytes` is a shard. The others are packed
+    (largest first onto the lightest shard) into shards of about
+    `target_bytes`, as many as it takes to make `min_shards` in all if there
+    are files enough, and with `max_sources`, enough that none packs more
+    files than that (each packed shard is one element's copy: this bounds its
+    work); a packed shard of one file is that file, kept. Never an empty
+    shard. Deterministic: the same files in any order give the same plans.
+    """
+    files = sorted((file for file in files if file.num_examples > 0), key=lambda file: file.path)
+    full = [file for file in files if 2 * file.num_bytes >= target_bytes]
+    small = [file for file in files if 2 * file.num_bytes < target_bytes]
+    groups = [[file] for file in full]
+    if small:
+        small_bytes = sum(file.num_bytes for file in small)
+        num_packed = max(math.ceil(small_bytes / target_bytes), min_shards - len(full), 1)
+        if max_sources:
+            num_packed = max(num_packed, math.ceil(len(small) / max_sources))
+        num_packed = min(len(small), num_packed)
+        loads = [(0, index, []) for index in range(num_packed)]
+        heapq.heapify(loads)
+        for file in sorted(small, key=lambda file: (-file.num_bytes, file.path)):
+            load, index, assigned = heapq.heappop(loads)
+            while max_sources and len(assigned) >= max_sources:  # full: out of the heap for good
+                groups.append(assigned)
+                load, index, assigned = heapq.heappop(loads)
+            assigned.append(file)
+            heapq.heappush(loads, (load + file.num_bytes, index, assigned))
+        groups += [assigned for _, _, assigned in loads]
+    groups = [sorted(group, key=lambda file: file.path) for group in groups]
+    plans = [
+        ShardPlan(
+            split,
+            posixpath.basename(group[0].path) if len(group) == 1 else _packed_name(split, group, suffix),
+            tuple(group),
+        )
+        for group in groups
+    ]
+    return sorted(plans, key=lambda plan: plan.name)
+
+
+def plan_shards(files: list[WrittenFile], target_bytes: dict, min_shards: int) -> list[ShardPlan]:
+    """The shards of every split (plan_split), from the WrittenFile entries of the whole job."""
+    by_split: dict[str, list[WrittenFile]] = {}
+    for file in files:
+        by_split.setdefault(file.split, []).append(file)
+    return [
+        plan
+        for split in sorted(by_split)
+        for plan in plan_split(split, by_split[split], target_bytes[split], min_shards)
+    ]
+
+
+# The error log's files: each at most this size (error lines are small, so files are few) ...
+ERROR_FILE_BYTES = 16 << 20
+# ... and a packed one made of at most this many bundle attempts' files: one element copies them, so its work
+# is bounded whatever the number of errors (and 32 is what one GCS compose request takes, were it used).
+MAX_SOURCES_PER_ERROR_FILE = 32
+
+
+def plan_error_files(files: list[WrittenFile], prefix: str = ERRORS) -> list[ShardPlan]:
+    """The error log's files (plan_split): the bundle attempts' error files, the small ones packed by up to 32.
+
+    No file when nothing failed. `prefix`: the files' name prefix (their `split`), ERRORS or NEAR_DUPLICATES.
+    """
+    return plan_split(
+        prefix,
+        files,
+        ERROR_FILE_BYTES,
+        min_shards=1,
+        max_sources=MAX_SOURCES_PER_ERROR_FILE,
+        suffix=_SUFFIX[LINES],
+    )
+
+
+def error_file_entry(entry: dict, count_key: str = "num_errors") -> dict:
+    """WriteShardFn's entry of an error file -> its manifest entry (`error_files` in dataset.json; with
+    `count_key` "num_groups", `near_duplicate_files`)."""
+    return {
+        "path": entry["path"],
+        count_key: entry["num_examples"],
+        "num_bytes": entry["num_bytes"],
+        "sha256": entry["sha256"],
+    }
+
+
+class WriteShardFn(beam.DoFn):
+    """ShardPlan -> its manifest entry (path relative to the output), concatenating its sources if need be."""
+
+    def __init__(self, output_dir: str):
+        self._output_dir = output_dir
+
+    def process(self, plan: ShardPlan, run_id: str):
+        paths = RunPaths(self._output_dir, run_id)
+        destination = paths.final(plan.name)
+        if len(plan.sources) == 1 and plan.sources[0].path == destination:
+            (kept,) = plan.sources
+            num_bytes, sha256 = kept.num_bytes, kept.sha256
+        else:
+            num_bytes, sha256 = self._concatenate(plan.sources, destination, paths.tmp_dir)
+        yield {
+            "split": plan.split,
+            "path": paths.relative(plan.name),
+            "num_examples": sum(source.num_examples for source in plan.sources),
+            "num_bytes": num_bytes,
+            "sha256": sha256,
+        }
+
+    @staticmethod
+    def _concatenate(sources, destination: str, tmp_dir: str) -> tuple[int, str]:
+        # Skipped when a retried bundle finds the same bytes there (filesystem.write_concatenation).
+        return filesystem.write_concatenation(
+            [source.path for source in sources],
+            destination,
+            tmp_dir,
+            expected_bytes=sum(source.num_bytes for source in sources),
+        )
+
+
+class WriteShards(beam.PTransform):
+    """(split, serialized example) pairs of every split -> shard manifest entries (dicts).
+
+    `estimated_bytes` is a singleton PCollection of {split: estimated bytes of
+    its records} (record count times the bytes a record takes, or an estimate
+    for jpeg): it sets the size at which writers roll over, not the shards'
+    sizes, which come from the bytes written. `run_id` is the singleton of
+    preprocess.publish.runs.MakeRunId.
+    """
+
+    def __init__(self, output_dir, shard_size_bytes, min_shards, estimated_bytes, run_id):
+        super().__init__()
+        self._output_dir = output_dir
+        self._shard_size_bytes = shard_size_bytes
+        self._min_shards = min_shards
+        self._estimated_bytes = estimated_bytes
+        self._run_id = run_id
+
+    def expand(self, records):
+        targets = beam.pvalue.AsSingleton(
+            self._estimated_bytes
+            | "FileTargets"
+            >> beam.Map(file_targets, shard_size_bytes=self._shard_size_bytes, min_shards=self._min_shards)
+        )
+        run_id = beam.pvalue.AsSingleton(self._run_id)
+        return (
+            records
+            | "WriteFiles" >> beam.ParDo(WriteShardFilesFn(self._output_dir), targets, run_id)
+            | "AllFiles" >> beam.combiners.ToList()
+            | "Plan" >> beam.FlatMap(plan_shards, targets, min_shards=self._min_shards)
+            | "Spread" >> beam.Reshuffle()
+            | "WriteShard" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
+        )
+
+
+class WriteErrorLog(beam.PTransform):
+    """JSON lines (bytes) -> the error log's files in runs/<run id>/; outputs the list of their manifest entries.
+
+    Written as shards are (WriteShardFilesFn, then plan_error_files): each
+    bundle attempt writes its errors to files of its own in the run's
+    directory, and the small ones are packed, up to 32 a file, in parallel
+    (one element per packed file). The manifest lists the files
+    (`error_files`); nothing is concatenated into one file, so no step does
+    work proportional to the number of errors. The output is a singleton:
+    the list of manifest entries (sorted by path; empty when nothing failed).
+
+    Other JSON-line logs are written the same way under another file
+    `prefix` and manifest `count_key`: the near-duplicate groups
+    (NEAR_DUPLICATES, "num_groups": the manifest's `near_duplicate_files`).
+    """
+
+    def __init__(self, output_dir, run_id, prefix: str = ERRORS, count_key: str = "num_errors"):
+        super().__init__()
+        self._output_dir = output_dir
+        self._run_id = run_id
+        self._prefix = prefix
+        self._count_key = count_key
+
+    def expand(self, lines):
+        run_id = beam.pvalue.AsSingleton(self._run_id)
+        writer = WriteShardFilesFn(self._output_dir, framing=LINES)
+        prefix = self._prefix
+        return (
+            lines
+            | "KeyErrors" >> beam.Map(lambda line: (prefix, line))
+            | "WriteFiles" >> beam.ParDo(writer, {prefix: ERROR_FILE_BYTES}, run_id)
+            | "AllFiles" >> beam.combiners.ToList()
+            | "Plan" >> beam.FlatMap(plan_error_files, prefix=prefix)
+            | "Spread" >> beam.Reshuffle()
+            | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
+            | "ManifestEntry" >> beam.Map(error_file_entry, count_key=self._count_key)
+            | "AllEntries" >> beam.combiners.ToList()
+            | "Sorted" >> beam.Map(lambda entries: sorted(entries, key=lambda entry: entry["path"]))
+        )

@@ -1,0 +1,264 @@
+"""preprocess/near_duplicates/signature.py: altered copies of real photographs stay within the default distance,
+distinct photographs stay far, and a signature is the same int on every call and every machine.
+
+The photographs are the ones scikit-image and matplotlib ship (installed, never downloaded), signed after
+stage 1's own decode and resize (`load_image` at 224, crop), as stage 1 signs them. The quality figures per
+kind of alteration, on hundreds of images, are benchmarks/near_duplicate_quality.py's (RESULTS.md).
+"""
+
+import dataclasses
+import io
+import itertools
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageFont
+
+from benchmarks.near_duplicate_quality import photo_paths
+from dataset_contract import geometry, image_errors
+from pipelines.sample_corpus import ShapeImageParams, render_shape_image
+from preprocess.decode.image import load_image
+from preprocess.near_duplicates import signature
+from preprocess.near_duplicates.signature import (
+    CANDIDATE_BITS,
+    DEFAULT_MAX_DISTANCE,
+    SIGNATURE_BITS,
+    distance,
+    hamming,
+    image_signature,
+)
+
+GREY_MASK = (1 << CANDIDATE_BITS) - 1
+
+PHOTOS = (
+    "astronaut.png",
+    "coffee.png",
+    "chelsea.png",
+    "rocket.jpg",
+    "camera.png",
+    "coins.png",
+    "grace_hopper.jpg",
+)
+# A stereo pair: the same scene from two viewpoints, the hardest distinct pair of the lot.
+STEREO_PAIR = ("motorcycle_left.png", "motorcycle_right.png")
+
+
+def _encode(image, fmt="JPEG", **options):
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _captioned(image):
+    width, height = image.size
+    band = height * 12 // 100
+    captioned = image.copy()
+    draw = ImageDraw.Draw(captioned)
+    draw.rectangle((0, height - band, width, height), fill=(255, 255, 255))
+    draw.text(
+        (width // 30, height - band),
+        "Photo: J. Smith",
+        fill=(0, 0, 0),
+        font=ImageFont.load_default(size=band * 7 // 10),
+    )
+    return captioned
+
+
+def _cropped(image, share=0.03):
+    width, height = image.size
+    dx, dy = round(width * share), round(height * share)
+    return image.crop((dx, dy, width - dx, height - dy))
+
+
+ALTERATIONS = {
+    "jpeg q20": lambda image: _encode(image, quality=20),
+    "downscale to half": lambda image: _encode(
+        image.resize((image.width // 2, image.height // 2)), quality=90
+    ),
+    "crop 3% per side": lambda image: _encode(_cropped(image), quality=90),
+    "png": lambda image: _encode(image, "PNG"),
+    "brightness x1.3": lambda image: _encode(ImageEnhance.Brightness(image).enhance(1.3), quality=90),
+    "darker x0.75": lambda image: _encode(ImageEnhance.Brightness(image).enhance(0.75), quality=90),
+    "blur 1%": lambda image: _encode(
+        image.filter(ImageFilter.GaussianBlur(min(image.size) / 100)), quality=90
+    ),
+    "caption band 12%": lambda image: _encode(_captioned(image), quality=90),
+}
+
+
+def _sign(data: bytes) -> int:
+    pixels = load_image(data, size=224, method=geometry.CROP, max_pixels=image_errors.DEFAULT_MAX_PIXELS)
+    return image_signature(pixels)
+
+
+@pytest.fixture(scope="module")
+def originals():
+    """{name: (the original file's bytes, its decoded image)}: each photo as a JPEG at quality 95."""
+    paths = photo_paths(PHOTOS + STEREO_PAIR)
+    files = {}
+    for name in PHOTOS + STEREO_PAIR:
+        with Image.open(paths[name]) as source:
+            data = _encode(source.convert("RGB"), quality=95)
+        with Image.open(io.BytesIO(data)) as decoded:
+            files[name] = (data, decoded.convert("RGB"))
+    return files
+
+
+@pytest.fixture(scope="module")
+def signatures(originals):
+    return {name: _sign(data) for name, (data, _) in originals.items()}
+
+
+@pytest.mark.parametrize("alteration", ALTERATIONS)
+def test_altered_copies_are_within_the_default_distance(originals, signatures, alteration):
+    distances = {
+        name: distance(signatures[name], _sign(ALTERATIONS[alteration](image)))
+        for name, (_, image) in originals.items()
+        if name in PHOTOS
+    }
+    assert all(distance <= DEFAULT_MAX_DISTANCE for distance in distances.values()), distances
+
+
+def test_distinct_photos_are_far_apart(signatures):
+    # Twice the threshold: a distinct pair is not one noisy copy away from being grouped.
+    distances = {
+        (a, b): distance(signatures[a], signatures[b]) for a, b in itertools.combinations(signatures, 2)
+    }
+    assert min(distances.values()) > 2 * DEFAULT_MAX_DISTANCE, sorted(
+        distances.items(), key=lambda item: item[1]
+    )[:3]
+
+
+def test_the_stereo_pair_is_not_a_near_duplicate(signatures):
+    assert distance(*(signatures[name] for name in STEREO_PAIR)) > DEFAULT_MAX_DISTANCE
+
+
+def test_a_signature_is_an_int_of_signature_bits_with_half_of_its_grey_bits_set(signatures):
+    for value in signatures.values():
+        assert type(value) is int and 0 <= value < 2**SIGNATURE_BITS
+        # One grey bit per coefficient above the median: half of them, when no coefficient ties with it.
+        assert (value & GREY_MASK).bit_count() == CANDIDATE_BITS // 2
+
+
+def test_the_same_pixels_give_the_same_signature_whatever_their_memory_layout(originals):
+    data, _ = originals["astronaut.png"]
+    pixels = load_image(data, size=224, method=geometry.CROP, max_pixels=image_errors.DEFAULT_MAX_PIXELS)
+    first = image_signature(pixels)
+    assert image_signature(pixels.copy()) == first
+    assert image_signature(np.asfortranarray(pixels)) == first
+    assert image_signature(pixels[::-1][::-1]) == first  # a strided view
+    assert all(image_signature(pixels) == first for _ in range(3))
+
+
+def _synthetic_image(size=224):
+    """Integer-only pixels, the same on every machine (no decoder, no resize): gradients and a disc."""
+    y, x = np.mgrid[0:size, 0:size]
+    disc = ((x - 140) ** 2 + (y - 90) ** 2 < 50**2) * 120
+    red = (x * 255 // (size - 1) + disc) % 256
+    green = (y * 255 // (size - 1)) % 256
+    blue = ((x * y) // 97 + disc // 2) % 256
+    return np.stack([red, green, blue], axis=-1).astype(np.uint8)
+
+
+def test_a_fixed_image_has_a_pinned_signature():
+    # Signatures are compared across workers, machines and runs (a resumed run must find the same groups as
+    # the first attempt), so any change to this value must be deliberate: it changes every dataset's groups.
+    # The image is made from integers alone, so only the signature itself (PIL's grey conversion and box
+    # resize, the integer tables) can move it.
+    # Version 2 (grey hash + colour layout) changed it deliberately from version 1's 0x0AA5FFAC04ADCBC8, which
+    # is still its grey hash, the low 64 bits.
+    value = image_signature(_synthetic_image())
+    assert value & GREY_MASK == 0x0AA5FFAC04ADCBC8
+    assert value == PINNED_SIGNATURE
+
+
+PINNED_SIGNATURE = 0x87817F83827B80837A788183817E8384807D7A74817C7D76807C837A898486800AA5FFAC04ADCBC8
+
+
+def test_a_flat_grey_image_signs_alike_whatever_its_brightness():
+    values = {image_signature(np.full((224, 224, 3), level, np.uint8)) for level in (0, 37, 255)}
+    assert len(values) == 1 and values.pop() & GREY_MASK == 0
+
+
+def _shape_image(**colours):
+    """A star on a gentle gradient, as the sample corpus draws them: mid-tone colours, so brightening does not clip."""
+    params = ShapeImageParams(
+        shape="star",
+        width=240,
+        height=200,
+        center=(110.0, 100.0),
+        radius=70.0,
+        angle_degrees=10.0,
+        shape_color=(40, 150, 30),
+        background_colors=((180, 110, 130), (200, 120, 150)),
+        gradient_angle_degrees=30.0,
+        noise_std=4.0,
+        noise_seed=1,
+    )
+    return render_shape_image(dataclasses.replace(params, **colours))
+
+
+def test_distinct_images_of_the_same_grey_structure_but_other_colours_are_far():
+    # The sample corpus's failure of a grey-only hash: a green star on pink and a yellow star on blue, of the
+    # same luminances, are one grey picture. Colour must count.
+    green_on_pink = _sign(_encode(_shape_image(), quality=90))
+    yellow_on_blue = _sign(
+        _encode(
+            _shape_image(shape_color=(120, 110, 10), background_colors=((100, 130, 220), (115, 140, 245))),
+            quality=90,
+        )
+    )
+    assert hamming(green_on_pink & GREY_MASK, yellow_on_blue & GREY_MASK) <= DEFAULT_MAX_DISTANCE
+    assert distance(green_on_pink, yellow_on_blue) > DEFAULT_MAX_DISTANCE
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.3])
+def test_a_brightness_copy_of_a_colour_image_is_near_and_a_recoloured_one_is_not(originals, factor):
+    # Brightness scales R, G and B alike: the chromaticities of the colour layout are ratios, so they hold.
+    for image in (_shape_image(), originals["astronaut.png"][1]):
+        original = _sign(_encode(image, quality=95))
+        brighter = _sign(_encode(ImageEnhance.Brightness(image).enhance(factor), quality=90))
+        # Red and blue swapped: the grey picture barely moves (a grey hash keeps it near), the colours do not.
+        swapped = _sign(_encode(Image.merge("RGB", image.split()[::-1]), quality=95))
+        assert distance(original, brighter) <= DEFAULT_MAX_DISTANCE
+        assert distance(original, swapped) > DEFAULT_MAX_DISTANCE
+
+
+def test_distance_is_the_grey_hamming_distance_when_colours_agree_and_the_vectorized_one_agrees(signatures):
+    values = list(signatures.values())
+    values.append(values[0] ^ 0b1011)  # 3 grey bits away, same colours
+    assert distance(values[0], values[-1]) == 3
+    matrix = signature.pairwise_distances(values)
+    for a, b in itertools.product(range(len(values)), repeat=2):
+        assert matrix[a, b] == distance(values[a], values[b])
+
+
+def test_pixels_that_are_not_uint8_rgb_are_refused():
+    with pytest.raises(ValueError, match="uint8"):
+        image_signature(np.zeros((32, 32, 3), np.float32))
+    with pytest.raises(ValueError, match="uint8"):
+        image_signature(np.zeros((32, 32), np.uint8))
+
+
+def test_hamming_counts_differing_bits():
+    assert hamming(0, 2**SIGNATURE_BITS - 1) == SIGNATURE_BITS
+    assert hamming(0b1011, 0b0110) == hamming(0b0110, 0b1011) == 3
+    assert hamming(12345, 12345) == 0
+
+
+def test_a_table_entry_at_a_rounding_boundary_is_refused():
+    # The tables are rounded once at import; an entry within 1e-6 of .5 could round differently where libm
+    # differs in its last bit, so it is refused rather than left to the platform.
+    with pytest.raises(AssertionError, match="rounding boundary"):
+        signature._rounded(np.array([0.25, 2.5 / 4096]), 12)
+    assert signature._rounded(np.array([0.25, 2.4 / 4096]), 12).tolist() == [1024, 2]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (8, 8, 3), (16, 16, 3), (224, 100, 3), (2000, 10, 3)])
+def test_any_stored_size_signs(shape):
+    # Stage 1 signs what it stores: --image-size and --crop-margin make any square, and the thumbnail is
+    # boxed from whatever is there (a 1-pixel image is flat: 0).
+    pixels = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    value = image_signature(pixels)
+    assert 0 <= value < 2**SIGNATURE_BITS
+    assert (value & GREY_MASK == 0) == (shape[:2] == (1, 1))

@@ -1,0 +1,415 @@
+"""Retention: buckets that refuse overwrites, retention that no later publish shortens, training leases.
+
+- On GCS through the test forwarder in its retention mode (tests/gcs_emulator.py): a bucket whose
+  retention policy refuses, with GCS's 403 retentionPolicyNotMet, to replace or delete an object younger
+  than the period. Publishing there never overwrites (format 3: manifests/ and a pointer), readers of
+  both stages find the newest manifest, an old reader is told it cannot read the layout, a directory
+  that cannot switch to the layout is refused up front, retried writes under fixed names are skipped,
+  and a failed publish raises its own cause.
+- On local disk (same code paths, faster): the A(30) / B(30) / C(0) case, a retained run whose files
+  are gone, a training job's lease, and a launcher whose run published and was then superseded.
+
+One real stage 1 run (module scope) gives the dataset; other runs are copies of its files under other
+run ids (real bytes, real sizes).
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from google.cloud import storage
+
+from dataset_contract import leases, verification
+from dataset_contract import manifest as manifest_lib
+from preprocess import filesystem
+from preprocess import pipeline as preprocess_pipeline
+from preprocess.publish import commit as publish
+from preprocess.publish import manifest_switch
+from preprocess.publish.runs import RunPaths, new_run_id
+from tests.publishing import assert_complete_dataset
+from tests.stage1 import write_corpus
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RETENTION_SECONDS = 3600
+STAGE1_ARGS = ["--image-size", "16", "--encoding", "uint8", "--min-shards", "1", "--max-failed-fraction", "1"]
+
+
+@dataclasses.dataclass
+class Published:
+    corpus: str
+    output: str
+    manifest: dict
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run"]["id"]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """A dataset written by the real stage 1 (`python -m preprocess`, in process)."""
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
+    output = tmp_path_factory.mktemp("published") / "dataset"
+    manifest = preprocess_pipeline.run(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+    return Published(corpus.root, str(output), manifest)
+
+
+@pytest.fixture
+def output(published, tmp_path):
+    copy = tmp_path / "dataset"
+    shutil.copytree(published.output, copy)
+    return str(copy)
+
+
+def clone_run(data_dir: str, manifest: dict, run_id: str) -> dict:
+    """A run's files copied under another run id (local disk); returns its manifest."""
+    source, target = RunPaths(data_dir, manifest["run"]["id"]), RunPaths(data_dir, run_id)
+    shutil.copytree(source.run_dir, target.run_dir)
+    return json.loads(json.dumps(manifest).replace(manifest["run"]["id"], run_id))
+
+
+def retained_ids(manifest: dict) -> list[str]:
+    return [entry["id"] for entry in manifest.get(publish.RETAINED_RUNS, [])]
+
+
+# ------------------------------------------------------------------ a bucket with a retention policy
+
+
+@pytest.fixture
+def retention_bucket(gcs_read_faults):
+    """The test forwarder acting as a bucket with a retention policy of an hour (every object is young)."""
+    gcs_read_faults.retention_seconds = RETENTION_SECONDS
+    return gcs_read_faults
+
+
+@pytest.fixture(params=["retention policy", "default event-based hold"])
+def locked_bucket(request, gcs_read_faults):
+    """A bucket that refuses to replace or delete objects: by its retention policy, or because every
+    object is held (a default event-based hold)."""
+    if request.param == "retention policy":
+        gcs_read_faults.retention_seconds = RETENTION_SECONDS
+    else:
+        gcs_read_faults.default_event_based_hold = True
+    return gcs_read_faults
+
+
+def retention_bucket_name(url: str) -> str:
+    return url.removeprefix("gs://").split("/")[0]
+
+
+def bucket_prefix(gcs_emulator, url: str) -> str:
+    return url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+
+
+def upload(gcs_emulator, local_dir: str, url: str, only: str = ""):
+    """Upload the files of `local_dir` (those below `only`) to `url`, straight to the emulator."""
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    for root, _, names in os.walk(os.path.join(local_dir, only)):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), local_dir)
+            bucket.blob(bucket_prefix(gcs_emulator, url) + relative).upload_from_filename(
+                os.path.join(root, name)
+            )
+
+
+def gcs_clone(gcs_emulator, url: str, manifest: dict, run_id: str) -> dict:
+    """A run's objects copied under another run id, straight on the emulator; returns its manifest."""
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    source = bucket_prefix(gcs_emulator, url) + f"runs/{manifest['run']['id']}/"
+    target = bucket_prefix(gcs_emulator, url) + f"runs/{run_id}/"
+    for blob in bucket.list_blobs(prefix=source):
+        bucket.copy_blob(blob, bucket, target + blob.name[len(source) :])
+    return json.loads(json.dumps(manifest).replace(manifest["run"]["id"], run_id))
+
+
+def objects(gcs_emulator, url: str) -> set[str]:
+    prefix = bucket_prefix(gcs_emulator, url)
+    return {name[len(prefix) :] for name in gcs_emulator.list_objects(prefix)}
+
+
+def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_read_the_newest(
+    published, gcs_emulator, gcs_dir, locked_bucket, monkeypatch
+):
+    retention_bucket = locked_bucket
+    # A directory on the bucket with run A's files, not yet published.
+    upload(gcs_emulator, published.output, gcs_dir, only=f"runs/{published.run_id}")
+    assert manifest_switch.check_publishable(gcs_dir) == (
+        f"bucket {gcs_emulator.bucket} puts a default event-based hold on new objects"
+        if locked_bucket.default_event_based_hold
+        else f"bucket {gcs_emulator.bucket} has a retention policy of {RETENTION_SECONDS} seconds"
+    )
+    a_id = published.run_id
+    publish.publish_run(gcs_dir, a_id, published.manifest, retention_days=30)
+    b_id = new_run_id()
+    run_b = gcs_clone(gcs_emulator, gcs_dir, published.manifest, b_id)
+    publish.publish_run(gcs_dir, b_id, run_b, retention_days=30)
+
+    names = objects(gcs_emulator, gcs_dir)
+    assert {
+        "dataset.json",
+        f"manifests/000000000001-{a_id}.json",
+        f"manifests/000000000002-{b_id}.json",
+    } <= names
+    # Nothing was ever replaced: the bucket refused only deletes (markers, young cleanup), never a write.
+    assert all(kind == "delete" for kind, _ in retention_bucket.refused_by_retention)
+    pointer = json.loads(gcs_emulator.read_object(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json"))
+    assert manifest_lib.is_pointer(pointer)
+    assert pointer["format_version"] == manifest_lib.POINTER_FORMAT_VERSION
+
+    # Stage 1 (Beam), stage 2 (TensorFlow's gs://) and the launcher all read run B's manifest.
+    assert publish.read_published_manifest(gcs_dir)["run"]["id"] == b_id
+    assert verification.read_manifest(gcs_dir)["run"]["id"] == b_id
+    assert retained_ids(preprocess_pipeline.own_manifest(gcs_dir, b_id)) == [a_id]
+    from train.data import checks  # noqa: PLC0415 - stage 2's own reader
+
+    assert checks.read_manifest(gcs_dir)["run"]["id"] == b_id
+    assert not verification.verify_named_files(gcs_dir, checks.read_manifest(gcs_dir))
+
+    # A reader that knows formats 1 and 2 only meets format_version 3 in dataset.json, and says so.
+    # (This code as it was before format 3: two versions, and no idea of a pointer.)
+    monkeypatch.setattr(manifest_lib, "SUPPORTED_FORMAT_VERSIONS", (1, 2))
+    monkeypatch.setattr(manifest_lib, "is_pointer", lambda manifest: False)
+    with pytest.raises(manifest_lib.ManifestError, match="format_version 3 is not supported by this version"):
+        manifest_lib.check_manifest(pointer)
+
+
+def test_a_retention_bucket_whose_dataset_json_is_young_is_refused_up_front_with_what_to_do(
+    published, gcs_emulator, gcs_dir, retention_bucket
+):
+    """A dataset published before the layout, its dataset.json still under retention: the first publish
+    could not turn it into the pointer, which the launcher says before any work, and exits 2."""
+    upload(gcs_emulator, published.output, gcs_dir)
+    with pytest.raises(manifest_switch.OverwriteRefusedError, match="Publish into a new output directory"):
+        manifest_switch.check_publishable(gcs_dir)
+    result = subprocess.run(
+        [sys.executable, "-m", "preprocess", "--input", published.corpus, "--output", gcs_dir, *STAGE1_ARGS],
+        cwd=REPO,
+        env={**os.environ, **retention_bucket.env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Publish into a new output directory" in result.stderr
+    assert "Traceback" not in result.stderr
+    # And the publish step itself, should it get there, raises the same cause (not a 403 of its cleanup).
+    with pytest.raises(manifest_switch.OverwriteRefusedError, match="Publish into a new output directory"):
+        newer_id = new_run_id()
+        publish.publish_run(gcs_dir, newer_id, gcs_clone(gcs_emulator, gcs_dir, published.manifest, newer_id))
+
+
+def test_a_failed_publish_raises_its_own_cause_when_its_marker_cannot_be_removed(
+    published, gcs_emulator, gcs_dir, retention_bucket
+):
+    upload(gcs_emulator, published.output, gcs_dir, only=f"runs/{published.run_id}")
+    publish.publish_run(gcs_dir, published.run_id, published.manifest)
+    # A newer run whose files are not there: publishing it fails; its marker is young, so the bucket
+    # refuses to delete it. The error is the publish's, not the 403.
+    ghost_id = new_run_id()
+    ghost = json.loads(json.dumps(published.manifest).replace(published.run_id, ghost_id))
+    with pytest.raises(publish.SupersededRunError, match="files it would publish are gone"):
+        publish.publish_run(gcs_dir, ghost_id, ghost)
+    assert any(
+        kind == "delete" and f"runs/{ghost_id}.publishing." in name
+        for kind, name in retention_bucket.refused_by_retention
+    )
+
+
+def test_a_retried_write_under_a_fixed_name_is_skipped_when_the_same_bytes_are_there(
+    gcs_dir, retention_bucket, tmp_path
+):
+    build = f"{gcs_dir}/staging/run/build.json"
+    filesystem.write_bytes(build, b'{"build_id": "x"}')
+    filesystem.write_bytes(build, b'{"build_id": "x"}')  # a retried bundle: the same bytes, skipped
+    with pytest.raises(Exception, match="403"):
+        filesystem.write_bytes(build, b'{"build_id": "y"}')  # other bytes: GCS refuses, as it must
+
+    parts = [f"{gcs_dir}/parts/{index}" for index in range(3)]
+    for index, part in enumerate(parts):
+        filesystem.write_bytes(part, bytes([index]) * 1000)
+    packed = f"{gcs_dir}/runs/run/train-packed.tfrecord"
+    first = filesystem.write_concatenation(parts, packed, expected_bytes=3000)
+    again = filesystem.write_concatenation(parts, packed, expected_bytes=3000)
+    assert first == again and first[0] == 3000
+
+    copied = f"{gcs_dir}/runs/run/transform_fn/saved_model.pb"
+    filesystem.copy_file(parts[0], copied)
+    filesystem.copy_file(parts[0], copied)
+    # Only the deliberate overwrite of build.json was refused.
+    replaced = {name for kind, name in retention_bucket.refused_by_retention if kind == "replace"}
+    assert replaced == {build.removeprefix(f"gs://{retention_bucket_name(build)}/")}
+
+
+# ------------------------------------------------------------------ retention never shortens (local disk)
+
+
+def test_a_publish_with_retention_0_after_30_keeps_the_runs_retained_for_30(published, output):
+    """Runs A and B published with --retention-days 30, then C with 0: C removes only the run it
+    supersedes itself (B, kept 0 days), never A (kept 30 days by B's publish), and lists only A."""
+    a_id = published.run_id
+    b_id, c_id = new_run_id(), None
+    run_b = clone_run(output, published.manifest, b_id)
+    publish.publish_run(output, b_id, run_b, retention_days=30)
+    c_id = new_run_id()
+    run_c = clone_run(output, published.manifest, c_id)
+    manifest_c = publish.publish_run(output, c_id, run_c, retention_days=0)
+
+    assert retained_ids(manifest_c) == [a_id]
+    (entry,) = manifest_c[publish.RETAINED_RUNS]
+    until = datetime.datetime.fromisoformat(entry["retain_until"].replace("Z", "+00:00"))
+    assert until - datetime.datetime.now(datetime.timezone.utc) > datetime.timedelta(days=29)
+    assert publish.missing_run_files(output, a_id, published.manifest) == []
+    assert not os.path.exists(RunPaths(output, b_id).run_dir)
+    assert retained_ids(assert_complete_dataset(output)) == [a_id]
+
+
+def test_a_retained_run_whose_files_are_gone_is_no_longer_listed(published, output):
+    b_id = new_run_id()
+    run_b = clone_run(output, published.manifest, b_id)
+    publish.publish_run(output, b_id, run_b, retention_days=30)
+    shutil.rmtree(RunPaths(output, published.run_id).run_dir)  # removed by hand, or by a lifecycle rule
+    c_id = new_run_id()
+    manifest_c = publish.publish_run(output, c_id, clone_run(output, run_b, c_id), retention_days=30)
+    assert retained_ids(manifest_c) == [b_id]
+
+
+def test_a_run_with_a_live_training_lease_is_kept_whatever_its_age_and_goes_once_the_lease_expires(
+    published, output, tmp_path
+):
+    from train.data.dataset_lease import DatasetLease  # noqa: PLC0415 - stage 2's side of the lease
+
+    a_id = published.run_id
+    lease = DatasetLease(output, a_id, str(tmp_path / "model"))
+    lease.refresh()
+    b_id = new_run_id()
+    manifest_b = publish.publish_run(
+        output, b_id, clone_run(output, published.manifest, b_id), retention_days=0
+    )
+    assert publish.missing_run_files(output, a_id, published.manifest) == []
+    assert retained_ids(manifest_b) == [a_id]
+
+    # The job stopped refreshing: its lease expired a minute ago.
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=lease.lease_seconds + 60)
+    lease.refresh(now=past)  # a new, expired lease; the live one stays (it expires later)...
+    for name in os.listdir(lease.directory):
+        if leases.parse_lease(name)[1] > datetime.datetime.now(datetime.timezone.utc):
+            os.remove(os.path.join(lease.directory, name))  # ...so it is removed, as if it had run out
+    c_id = new_run_id()
+    manifest_c = publish.publish_run(
+        output, c_id, clone_run(output, published.manifest, c_id), retention_days=0
+    )
+    assert retained_ids(manifest_c) == []
+    assert not os.path.exists(RunPaths(output, a_id).run_dir)
+    assert not os.path.exists(lease.directory)
+
+
+def test_a_training_lease_is_refreshed_with_a_new_object_and_the_older_one_removed(published, tmp_path):
+    from train.data.dataset_lease import DatasetLease  # noqa: PLC0415
+
+    data_dir = str(tmp_path / "data")
+    with DatasetLease(data_dir, published.run_id, str(tmp_path / "model"), refresh_seconds=0.2) as lease:
+        first = set(os.listdir(lease.directory))
+        deadline = time.monotonic() + 10
+        while set(os.listdir(lease.directory)) == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        later = set(os.listdir(lease.directory))
+    assert len(first) == 1 and len(later) == 1 and later != first
+    assert leases.live_holders(later, datetime.datetime.now(datetime.timezone.utc)) == {lease.holder}
+
+
+# ------------------------------------------------------------------ published, then superseded: exit 0
+
+
+def test_a_retried_publish_of_a_run_that_published_and_was_then_superseded_succeeds(published, output):
+    """Its publish step switched, died before it returned, and was retried after a newer run published."""
+    b_id, c_id = new_run_id(), new_run_id()
+    run_b = clone_run(output, published.manifest, b_id)
+    publish.publish_run(output, b_id, run_b, retention_days=30)
+    publish.publish_run(output, c_id, clone_run(output, run_b, c_id), retention_days=30)
+    assert publish.publish_run(output, b_id, run_b, retention_days=30) == run_b  # the retry: no error
+    assert publish.read_published_manifest(output)["run"]["id"] == c_id
+    assert not [path for path in os.listdir(os.path.join(output, "runs")) if f"{b_id}.publishing." in path]
+
+
+def test_a_launcher_whose_run_published_and_was_then_superseded_exits_0_saying_so(
+    published, output, tmp_path
+):
+    flag = tmp_path / "switched.flag"
+    log_path = tmp_path / "stage1.log"
+    command = [
+        sys.executable,
+        "-m",
+        "preprocess",
+        "--input",
+        published.corpus,
+        "--output",
+        output,
+        *STAGE1_ARGS,
+    ]
+    env = {**os.environ, publish.PAUSE_ENV: f"switched:{flag}", "PYTHONPATH": str(REPO)}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not flag.exists():
+        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.1)
+    launched = publish.read_published_manifest(output)  # the launcher's run, just switched
+    newer_id = new_run_id()
+    publish.publish_run(output, newer_id, clone_run(output, launched, newer_id), retention_days=0)
+    flag.unlink()
+    assert process.wait(timeout=300) == 0, log_path.read_text()
+    text = log_path.read_text()
+    assert (
+        f"run {launched['run']['id']} published into {output}, but run {newer_id}, which started later"
+        in text
+    )
+    assert "Traceback" not in text
+
+
+def test_the_never_overwrite_names_sort_by_sequence(tmp_path):
+    names = [manifest_lib.manifest_object_name(n, f"run{n}") for n in (9, 10, 2)]
+    assert manifest_lib.newest_manifest_name([*names, "manifests/notes.txt"]) == names[1]
+    assert manifest_lib.newest_manifest_name([]) is None
+
+
+def test_every_reader_follows_the_pointer_to_the_newest_manifest(published, output, tmp_path, capsys):
+    """The same directory in format 3 (dataset.json a pointer, the manifests in manifests/), on local
+    disk: verify, the pin of a training job and stage 1 all read the newest manifest."""
+    from preprocess import verify as verify_cli  # noqa: PLC0415
+    from train.data import dataset_pin  # noqa: PLC0415
+
+    newer_id = new_run_id()
+    newer = clone_run(output, published.manifest, newer_id)
+    manifests = os.path.join(output, manifest_lib.MANIFESTS_DIR)
+    os.makedirs(manifests)
+    shutil.move(
+        os.path.join(output, "dataset.json"),
+        os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)),
+    )
+    with open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "w") as handle:
+        json.dump(newer, handle)
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(manifest_lib.pointer_manifest(), handle)
+
+    assert verify_cli.main([output]) == 0, capsys.readouterr().out
+    pinned = dataset_pin.resolve_dataset(output, str(tmp_path / "model"))
+    assert pinned.run_id == newer_id
+    assert (
+        pinned.manifest_bytes
+        == open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "rb").read()
+    )
+    assert publish.read_published_manifest(output)["run"]["id"] == newer_id
+    os.remove(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)))
+    os.remove(os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)))
+    with pytest.raises(manifest_lib.ManifestError, match="holds no manifest"):
+        verification.read_manifest(output)
