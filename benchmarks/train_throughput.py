@@ -55,7 +55,7 @@ MODELS = ("resnet50", "mobilenetv3small")
 # Training is input-bound when the real input pipeline leaves it below this fraction of the on-device rate.
 INPUT_BOUND_BELOW = 0.9
 # Long enough that every device default of steps per execution (32 TPU, 8 GPU, 1 CPU) divides an epoch:
-# the plan then keeps the device's default whatever the dataset's size (train.config.plan_training).
+# the plan then keeps the device's default whatever the dataset's size (train.loop.plan.plan_training).
 _STEPS_PER_EPOCH = 1024
 ON_DEVICE, REAL_INPUT = "on device", "real input"
 

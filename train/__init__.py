@@ -13,7 +13,7 @@ trains your own Keras network (user_model.py).
 
 Training, one job per module:
 
-  config.py        TrainConfig (what was asked) and TrainingPlan (epochs, steps, batch sizes); no TensorFlow
+  config.py        TrainConfig (what was asked); loop/plan.py resolves it into a TrainingPlan; no TensorFlow
   flags.py         the flags train and bench_input share (parsed before TensorFlow is imported)
   console.py       quiet start-up: log levels, TensorFlow's native start-up lines, pre-import environment
   errors.py        SetupError and its kinds: problems found before the first step

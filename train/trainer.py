@@ -62,11 +62,9 @@ from dataset_contract import manifest as manifest_lib
 from train.config import (
     CheckpointInterval,
     TrainConfig,
-    TrainingPlan,
     check_paths_for_tpu,
     parse_checkpoint_interval,
     parse_preemption_check,
-    plan_training,
     requests_tpu,
 )
 from train.data import checks, dataset, dataset_lease, dataset_pin
@@ -83,6 +81,7 @@ from train.loop.checkpoints import (
     make_worker_agreement,
 )
 from train.loop.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
+from train.loop.plan import TrainingPlan, plan_training
 from train.loop.summaries import VALIDATION, EpochSummaries, ProfileSteps, ScalarWriter, StepTelemetry
 from train.model import losses, models, optimization, pretrained
 from train.model import recipe as recipe_lib

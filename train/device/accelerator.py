@@ -32,10 +32,10 @@ What `auto` means, and why:
 Every choice is overridable: --mixed-precision, --jit-compile, --steps-per-execution.
 The batch per replica and the files read at once are train/device/device_defaults.py's.
 
-Steps per execution must divide an epoch's steps (config.plan_training). An
+Steps per execution must divide an epoch's steps (plan.plan_training). An
 epoch of the dataset's length is rounded down to a multiple of them; a fixed
 one (--steps-per-epoch, --steps) keeps its length and runs the divisor
-nearest the wanted number within a factor of two (config.steps_per_execution_dividing).
+nearest the wanted number within a factor of two (plan.steps_per_execution_dividing).
 When none is that near, `steps_per_execution_warning` says what was lost
 against the device default (or the flag) and how to get it back.
 """
@@ -43,8 +43,8 @@ against the device default (or the flag) and how to get it back.
 import contextlib
 import dataclasses
 
-from train.config import TPU_STEPS_PER_EXECUTION, TrainingPlan
 from train.errors import ConfigError
+from train.loop.plan import TPU_STEPS_PER_EXECUTION, TrainingPlan
 
 TPU, GPU, CPU = "tpu", "gpu", "cpu"
 

@@ -2,7 +2,7 @@
 
 A pure function of the device kind, the model and the image size (no
 TensorFlow here), so every rule is unit-tested without a GPU or a TPU;
-train.device.accelerator describes the running device and train.config.plan_training
+train.device.accelerator describes the running device and train.loop.plan.plan_training
 applies the result.
 
 The global batch, without --global-batch-size, is a batch per replica times

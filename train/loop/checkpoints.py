@@ -62,10 +62,11 @@ import keras
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train.config import CheckpointInterval, TrainingPlan
+from train.config import CheckpointInterval
 from train.device import strategy as strategy_lib
 from train.errors import ConfigError
 from train.loop import progress_file
+from train.loop.plan import TrainingPlan
 
 CHECKPOINT_DIR = "checkpoints"
 # The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,

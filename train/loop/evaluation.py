@@ -23,9 +23,9 @@ dataset is found empty.
 
 import keras
 
-from train.config import TrainingPlan
 from train.loop import metrics
 from train.loop.checkpoints import TrainingProgress
+from train.loop.plan import TrainingPlan
 from train.loop.summaries import VALIDATION, ScalarWriter
 
 

@@ -22,9 +22,9 @@ import json
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train.config import TrainingPlan
 from train.errors import ConfigError
 from train.loop.checkpoints import CHECKPOINT_DIR
+from train.loop.plan import TrainingPlan
 from train.model.recipe import Recipe
 
 PLAN_FILE = "run_plan.json"

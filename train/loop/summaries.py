@@ -24,8 +24,8 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from dataset_contract import manifest as manifest_lib
-from train.config import TrainingPlan
 from train.loop.checkpoints import TrainingProgress
+from train.loop.plan import TrainingPlan
 
 TRAIN, VALIDATION = "train", "validation"
 

@@ -18,8 +18,9 @@ optimization.py turns a Recipe into a Keras optimizer.
 
 import dataclasses
 
-from train.config import TrainConfig, TrainingPlan, is_user_model
+from train.config import TrainConfig, is_user_model
 from train.errors import ConfigError
+from train.loop.plan import TrainingPlan
 from train.model import lr_scaling
 
 ADAMW = "adamw"

@@ -3,9 +3,10 @@
 import tensorflow as tf
 
 from train import trainer
-from train.config import TrainConfig, plan_training
+from train.config import TrainConfig
 from train.data import dataset
 from train.device.device_defaults import TPU, device_defaults
+from train.loop.plan import plan_training
 
 NUM_SHARDS = 100
 

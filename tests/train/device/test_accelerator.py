@@ -74,7 +74,8 @@ def test_a_gpu_of_unknown_generation_is_not_assumed_to_have_bfloat16():
 
 
 def _tpu_plan(steps_per_epoch: int, steps_per_execution: int | None = None):
-    from train.config import TrainConfig, plan_training
+    from train.config import TrainConfig
+    from train.loop.plan import plan_training
 
     config = TrainConfig(
         data_dir="d",

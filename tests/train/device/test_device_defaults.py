@@ -10,9 +10,10 @@ import pytest
 
 from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import runtime as tpu_runtime
-from train.config import RESNET50, SMALL_CNN, TrainConfig, plan_training
+from train.config import RESNET50, SMALL_CNN, TrainConfig
 from train.device import device_defaults
 from train.device.device_defaults import CPU, GPU, TPU
+from train.loop.plan import plan_training
 from train.model import lr_scaling, recipe
 
 BIG_SPLIT = 10_000_000

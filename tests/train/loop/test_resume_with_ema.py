@@ -16,7 +16,8 @@ from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
 from tests.train.loop.test_preemption import RunningTraining, resume
 from tests.train.test_training_recipe import restore_last_checkpoint
-from train.config import TrainConfig, TrainingPlan
+from train.config import TrainConfig
+from train.loop.plan import TrainingPlan
 from train.serving import export
 from train.trainer import fit_from_step, use_final_weights
 

@@ -3,8 +3,9 @@
 import keras
 import pytest
 
-from train.config import TrainConfig, plan_training
+from train.config import TrainConfig
 from train.errors import ConfigError
+from train.loop.plan import plan_training
 from train.model import optimization, recipe
 
 
