@@ -101,7 +101,7 @@ from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_wor
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train import install_lines
-from train.config import MODELS, RESNET50, SMALL_CNN, TrainConfig
+from train.config import MODELS, RECIPE, RESNET50, SMALL_CNN
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,10 @@ BATCH_PER_CHIP = 128
 # Without --crop-margin: store 256 squares for 224 crops (crop fraction 0.875), the resize-then-crop of the
 # ImageNet recipes the keras.applications backbones were trained with; the small CNN takes the center crop.
 IMAGENET_CROP_MARGIN = 0.143
-# The flags of `python -m train` this command forwards when given (besides the recipe group, train/flags.py).
-FORWARDED_TRAIN_FLAGS = ("--learning-rate", "--checkpoint-every")
+# The fields of python -m train this command takes as flags, besides the training recipe's.
+STAGE2_FIELDS = ("model", "epochs", "global_batch_size", "learning_rate", "augment", "checkpoint_every")
+# Those handed on to python -m train as given (train_argv sets the model, epochs and batch itself).
+FORWARDED_FIELDS = ("augment", "learning_rate", "checkpoint_every", *train_flags.names_in(RECIPE))
 
 
 def _fraction(text: str) -> float:
@@ -179,30 +181,33 @@ def build_parser() -> argparse.ArgumentParser:
         "224), 0 for small_cnn.",
     )
     parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
-    parser.add_argument("--model", choices=MODELS, default=RESNET50)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=None,
-        help=f"Default: {BATCH_PER_CHIP} per chip of the accelerator type (1024 on v5litepod-8, 2048 on v4-32).",
+    # python -m train's own flags (train/config.py), with a TPU fine-tuning run's defaults where they differ.
+    train_flags.add_config_flags(
+        parser,
+        STAGE2_FIELDS,
+        group="stage 2 (python -m train)",
+        overrides={
+            # The built-in models only: the TPU VM installs this package, not a module of yours.
+            "model": {
+                "default": RESNET50,
+                "type": None,
+                "choices": MODELS,
+                "metavar": None,
+                "help": "The classifier.",
+            },
+            "epochs": {"default": 30},
+            "global_batch_size": {
+                "help": f"Default: {BATCH_PER_CHIP} per chip of the accelerator type (1024 on v5litepod-8, 2048 "
+                "on v4-32)."
+            },
+            "checkpoint_every": {
+                "default": None,
+                "help": "python -m train's interval checkpoint (default there: 10m). On a multi-host slice it bounds "
+                "what a preemption loses: only worker 0's process sees SIGTERM.",
+            },
+        },
     )
-    parser.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="A fixed peak learning rate (default: the recipe's, --base-learning-rate x batch / 256).",
-    )
-    parser.add_argument(
-        "--augment", action="store_true", help="Random flips and shifts of training images (python -m train)."
-    )
-    parser.add_argument(
-        "--checkpoint-every",
-        default=None,
-        help="python -m train's interval checkpoint (default there: 10m). On a multi-host slice it bounds what "
-        "a preemption loses: only worker 0's process sees SIGTERM.",
-    )
-    train_flags.add_recipe_flags(parser)  # --weights, --optimizer, --warmup-*, --label-smoothing, --ema, ...
+    train_flags.add_config_flags(parser, train_flags.names_in(RECIPE))
     tpu_lifecycle.add_lifecycle_flags(parser)  # --spot, --autocheckpoint
     parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
@@ -225,9 +230,6 @@ def build_parser() -> argparse.ArgumentParser:
             "where": ("--input", "--workdir", "--project", "--region", "--skip-preprocess", "--dry-run", "--dry-run-dir"),
             "stage 1 on Dataflow": ("--image-size", "--crop-margin", "--encoding", "--sdk_container_image", "--setup-file"),
             "the TPU VM": ("--tpu", "--zone", "--accelerator-type", "--runtime-version"),
-            "stage 2 (python -m train)": (
-                "--model", "--epochs", "--global-batch-size", "--learning-rate", "--augment", "--checkpoint-every"
-            ),
         },
     )  # fmt: skip
     return parser
@@ -305,18 +307,6 @@ def global_batch_size(args, choice: tpu_runtime.RuntimeChoice) -> int:
     )
 
 
-def recipe_argv(args) -> list[str]:
-    """The training recipe's flags (train/flags.py) that differ from python -m train's defaults, as given."""
-    defaults = TrainConfig(data_dir="", model_dir="")
-    argv = []
-    for field, value in train_flags.recipe_config_fields(args).items():
-        if value == getattr(defaults, field):
-            continue
-        flag = "--" + field.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
-    return argv
-
-
 def train_argv(
     args, paths: WorkflowPaths, choice: tpu_runtime.RuntimeChoice, tpu: str = "local"
 ) -> list[str]:
@@ -337,13 +327,7 @@ def train_argv(
         "--tpu",
         tpu,
     ]
-    if args.augment:
-        argv.append("--augment")
-    for flag in FORWARDED_TRAIN_FLAGS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv + recipe_argv(args)
+    return argv + train_flags.train_argv(train_flags.config_fields(args, FORWARDED_FIELDS))
 
 
 def package_uri(args) -> str:

@@ -30,6 +30,7 @@ from dataset_contract.cli_help import DefaultsHelpFormatter
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess.launch import logs
+from train import flags
 from train.config import MODELS, TrainConfig
 from train.errors import SetupError
 from train.model.weights_flag import WeightsFlagError, check_weights_flag
@@ -43,6 +44,7 @@ SAMPLE_SUBDIR = "sample_corpus"
 # (it needs ~600 steps before BatchNorm's statistics settle: 50 epochs of 15).
 DEMO_IMAGE_SIZE = 64
 DEMO_EPOCHS = 50
+DEMO_GLOBAL_BATCH_SIZE = 32
 DEMO_LEARNING_RATE = 2e-3
 
 
@@ -57,6 +59,8 @@ STAGE1_FLAGS = (
     "--workers",
     "--sample-images-per-class",
 )
+# The fields of python -m train the workflow takes as flags (stage 2's group of its --help).
+TRAIN_FIELDS = ("model", "epochs", "steps", "global_batch_size", "learning_rate", "weights")
 SAMPLE_CORPUS_MARKER = "sample_corpus.json"  # WORKDIR/sample_corpus.json: what the corpus there was made with
 
 
@@ -71,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stage 1 flags, and training goes on from its last checkpoint. Ctrl-C during training saves a "
         "checkpoint first (a second Ctrl-C stops at once).",
         epilog=f"The defaults are the demo's (the sample corpus, the small CNN from scratch): 64 px, "
-        f"{DEMO_EPOCHS} epochs of batch 32 at learning rate {DEMO_LEARNING_RATE:g}. python -m train's own "
+        f"{DEMO_EPOCHS} epochs of batch {DEMO_GLOBAL_BATCH_SIZE} at learning rate {DEMO_LEARNING_RATE:g}. python -m train's own "
         f"defaults ({train_defaults.epochs} epochs, a batch per device, the optimizer's "
         "learning rate scaled with the batch) are for a dataset you bring: the small CNN needs ~600 steps on "
         "the sample corpus before BatchNorm's statistics settle, which its 15 steps per epoch reach in 50 epochs.",
@@ -124,39 +128,29 @@ def build_parser() -> argparse.ArgumentParser:
     stage1.add_argument(
         "--sample-images-per-class", type=int, default=120, help="Size of the generated sample corpus."
     )
-    training = parser.add_argument_group("stage 2 (python -m train)")
-    # Not argparse's choices: a misspelt name gets a "did you mean" before stage 1 (precheck_problem).
-    training.add_argument(
-        "--model", metavar="{" + ",".join(MODELS) + "}", default=train_defaults.model, help="The classifier."
-    )
-    training.add_argument(
-        "--epochs",
-        type=int,
-        default=DEMO_EPOCHS,
-        help=f"Passes over the train split (default {DEMO_EPOCHS}, the demo's; python -m train's is "
-        f"{train_defaults.epochs}: see below).",
-    )
-    training.add_argument("--steps", type=int, default=None, help="Total training steps instead of --epochs.")
-    training.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=32,
-        help="Images per step (default 32, the demo's; python -m train's is set per device: 32 per CPU, 128 per GPU or "
-        "TPU chip).",
-    )
-    training.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help=f"The peak learning rate (default: {DEMO_LEARNING_RATE:g} from scratch, the demo's; with --weights, "
-        "train's own default, scaled with the batch).",
-    )
-    training.add_argument(
-        "--weights",
-        default=None,
-        help="Where the backbone starts: 'imagenet' (with a keras.applications --model), 'none', or a weights "
-        "file: a run's backbone.weights.h5, the no-top .h5 Keras publishes, an earlier run's model dir (see "
-        "python -m train --help). Default: none.",
+    # python -m train's own flags (train/config.py), with the demo's defaults where they differ.
+    flags.add_config_flags(
+        parser,
+        TRAIN_FIELDS,
+        group="stage 2 (python -m train)",
+        overrides={
+            # Not checked by the parser: a misspelt name gets a "did you mean" before stage 1 (precheck_problem).
+            "model": {"type": None},
+            "epochs": {
+                "default": DEMO_EPOCHS,
+                "help": f"Passes over the train split (default {DEMO_EPOCHS}, the demo's; python -m train's is "
+                f"{train_defaults.epochs}: see below).",
+            },
+            "global_batch_size": {
+                "default": DEMO_GLOBAL_BATCH_SIZE,
+                "help": f"Images per step (default {DEMO_GLOBAL_BATCH_SIZE}, the demo's; python -m train's is set "
+                "per device: 32 per CPU, 128 per GPU or TPU chip).",
+            },
+            "learning_rate": {
+                "help": f"The peak learning rate (default: {DEMO_LEARNING_RATE:g} from scratch, the demo's; with "
+                "--weights, train's own default, scaled with the batch)."
+            },
+        },
     )
     parser.add_argument(
         "--verbose",
@@ -370,12 +364,7 @@ def main(argv=None) -> int:
     config = TrainConfig(
         data_dir=paths.dataset_dir,
         model_dir=paths.model_dir,
-        model=args.model,
-        epochs=args.epochs,
-        steps=args.steps,
-        global_batch_size=args.global_batch_size,
-        learning_rate=learning_rate,
-        weights=args.weights,
+        **{**flags.config_fields(args, TRAIN_FIELDS), "learning_rate": learning_rate},
     )
     from train.errors import TrainingPreempted  # noqa: PLC0415 - no TensorFlow in train.errors
 

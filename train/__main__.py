@@ -41,7 +41,7 @@ import sys
 
 from dataset_contract.cli_help import DefaultsHelpFormatter
 from train import flags
-from train.config import TrainConfig
+from train.config import MODEL_AND_MACHINE, TrainConfig
 
 # 128 + the signal, as a shell reports a process it ended (train.loop.checkpoints.PREEMPTED_EXIT_CODE and
 # INTERRUPTED_EXIT_CODE, without importing TensorFlow): supervisors restart after 143, a person pressed Ctrl-C for 130.
@@ -50,7 +50,6 @@ INTERRUPTED_EXIT_CODE = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = TrainConfig(data_dir="", model_dir="")
     parser = argparse.ArgumentParser(
         prog="python -m train",
         formatter_class=DefaultsHelpFormatter,
@@ -59,107 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C (SIGINT) saves a checkpoint at the next step and exits with status 130, SIGTERM or SIGHUP "
         "the same with status 143; a second Ctrl-C stops at once. The same command resumes.",
     )
-    paths = parser.add_argument_group("data and output")
-    paths.add_argument(
-        "--data", required=True, help="The dataset directory (dataset.json + shards); local or gs://."
-    )
-    paths.add_argument(
-        "--model-dir",
-        required=True,
-        help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. "
-        "An existing run there is resumed, mid-epoch included, on the dataset run it started on "
-        "(MODEL_DIR/dataset_pin.json), whatever dataset.json names now.",
-    )
-    paths.add_argument(
-        "--verify-data",
-        action="store_true",
-        help="Check every shard's sha256 against the manifest before training.",
-    )
-    paths.add_argument("--no-export", dest="export", action="store_false", help="Skip the serving export.")
-    flags.add_setup_flags(parser)
-    schedule = parser.add_argument_group("training length and learning rate")
-    length = schedule.add_mutually_exclusive_group()
-    length.add_argument(
-        "--epochs",
-        type=flags.positive_int,
-        default=defaults.epochs,
-        help="Passes over the train split.",
-    )
-    length.add_argument(
-        "--steps",
-        type=flags.positive_int,
-        default=None,
-        help="Total training steps instead of --epochs, split into equal epochs of at most --steps-per-epoch.",
-    )
-    schedule.add_argument(
-        "--steps-per-epoch",
-        type=flags.positive_int,
-        default=None,
-        help="Steps between epoch-end evaluations and checkpoints (default: one pass over the train split).",
-    )
-    schedule.add_argument(
-        "--learning-rate",
-        type=float,
-        default=defaults.learning_rate,
-        help="The peak learning rate (default: --base-learning-rate x --global-batch-size / 256).",
-    )
-    flags.add_recipe_flags(parser)
-    progress = parser.add_argument_group("checkpoints and progress")
-    progress.add_argument(
-        "--checkpoint-every",
-        default=defaults.checkpoint_every,
-        help="Also checkpoint mid-epoch: every N steps (500) or every so much time (90s, 10m, 1h); 'epoch' for "
-        "epoch ends only. A SIGKILL loses at most this much; Ctrl-C and SIGTERM lose nothing.",
-    )
-    progress.add_argument(
-        "--preemption-check-every",
-        default=defaults.preemption_check_every,
-        help="Multi-worker only: how often the workers agree whether one of them got SIGTERM/SIGHUP (a "
-        "collective): every N steps (20), or every so much time's worth of steps, from the measured step time. "
-        "A signal is acted on within this much.",
-    )
-    progress.add_argument(
-        "--log-every",
-        type=flags.positive_int,
-        default=defaults.log_every,
-        help="Steps between progress lines and TensorBoard step scalars: loss, learning rate, step time, "
-        "images/s overall and per replica.",
-    )
-    progress.add_argument(
-        "--eval-every",
-        type=flags.positive_int,
-        default=None,
-        help="Also evaluate on the validation split every N steps (default: at epoch ends only).",
-    )
-    progress.add_argument(
-        "--profile-steps",
-        default=None,
-        metavar="FIRST,LAST",
-        help="Capture a TensorBoard profile of global steps FIRST to LAST into MODEL_DIR/logs (profile tab).",
-    )
+    groups = flags.add_config_flags(parser)  # every TrainConfig field with a flag (train/config.py)
+    flags.add_verbose_flag(groups[MODEL_AND_MACHINE])
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    from train.config import parse_profile_steps
-
-    return TrainConfig(
-        data_dir=args.data,
-        model_dir=args.model_dir,
-        epochs=args.epochs,
-        steps=args.steps,
-        steps_per_epoch=args.steps_per_epoch,
-        learning_rate=args.learning_rate,
-        checkpoint_every=args.checkpoint_every,
-        preemption_check_every=args.preemption_check_every,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        profile_steps=parse_profile_steps(args.profile_steps),
-        verify_data=args.verify_data,
-        export=args.export,
-        **flags.setup_config_fields(args),
-        **flags.recipe_config_fields(args),
-    )
+    return TrainConfig(**flags.config_fields(args))
 
 
 def resume_command(argv) -> str:

@@ -6,10 +6,14 @@ from these names before paying for those imports. What the run will do,
 resolved against the dataset and the device, is train/loop/plan.py.
 """
 
+import argparse
 import dataclasses
 import re
+from collections.abc import Callable
+from typing import Any
 
 from train.errors import ConfigError
+from train.model import lr_scaling
 
 # The names `--model` accepts (train.model.models builds them).
 # train.model.pretrained.APPLICATIONS holds the keras.applications ones (a test keeps the two in step).
@@ -35,86 +39,82 @@ STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")
 MIXED_PRECISION_CHOICES = ("auto", "bfloat16", "float16", "off")
 JIT_COMPILE_CHOICES = ("auto", "on", "off")
 
+# `--optimizer` (train.model.recipe holds each one's defaults).
+ADAMW, SGD = "adamw", "sgd"
+OPTIMIZERS = (ADAMW, SGD)
 
-@dataclasses.dataclass
-class TrainConfig:
-    """One training run. Paths may be local or gs://."""
-
-    data_dir: str
-    model_dir: str
-    model: str = "small_cnn"
-    epochs: int | None = 10  # passes over the train split; ignored when `steps` is set
-    steps: int | None = None  # total training steps instead of epochs
-    steps_per_epoch: int | None = None  # default: one pass over the train split
-    global_batch_size: int | None = None  # None: per replica x replicas, per device (device_defaults.py)
-    learning_rate: float | None = None  # the peak; None: base_learning_rate scaled by the batch (recipe.py)
-    strategy: str = "auto"  # auto|tpu|mirrored|multiworker|default
-    tpu: str | None = None  # a TPU name (a multi-host slice from its worker 0), or "local" on a TPU VM
-    mixed_precision: str = "auto"  # auto|bfloat16|float16|off; auto: per device (train.device.accelerator)
-    steps_per_execution: int | None = None  # None: per device (train.device.accelerator)
-    jit_compile: str = "auto"  # auto|on|off: XLA on CPU/GPU (TPUs always compile)
-    augment: bool = False
-    verify_data: bool = False  # sha256 of every shard before training
-    shuffle_buffer: int = 2048  # examples
-    parallel_files: int | None = None  # shards each host reads at once; None: per device (device_defaults.py)
-    export: bool = True  # write the serving SavedModel at the end
-    checkpoints_to_keep: int = 3
-    checkpoint_every: str | None = "10m"  # steps ("500") or time ("30s", "10m", "1h"); None: epoch ends only
-    # Multi-worker: how often the workers agree on stopping for a signal (a collective), steps or time.
-    preemption_check_every: str = "1s"
-    log_every: int = 100  # steps between TensorBoard step scalars and progress lines
-    eval_every: int | None = None  # steps between evaluations, besides the one at each epoch end
-    profile_steps: tuple[int, int] | None = None  # (first, last) global step of a TensorBoard profile
-    shared_filesystem: bool = False  # local paths are the same on every host (NFS, gcsfuse)
-    allow_cpu: bool = False  # train on the CPU although the machine has an NVIDIA GPU TensorFlow cannot see
-    # --- The training recipe (recipe.py, optimization.py, losses.py, pretrained.py, freeze.py) ---
-    # Where the backbone starts: None (random), "imagenet", or a .weights.h5 file / a finished run's model dir.
-    weights: str | None = None
-    freeze_backbone_epochs: int = 0  # train the new head alone for this many epochs first
-    optimizer: str = "adamw"  # adamw|sgd, both with decoupled weight decay
-    base_learning_rate: float | None = None  # per 256 images; None: the optimizer's default
-    learning_rate_scaling: str = "auto"  # auto|linear|sqrt: how the peak follows the batch (lr_scaling.py)
-    # Linear warmup; with neither: 1 epoch, at most 10% of the run.
-    warmup_epochs: float | None = None
-    warmup_steps: int | None = None
-    weight_decay: float | None = None  # None: the optimizer's default; never on biases and norm parameters
-    label_smoothing: float = 0.0
-    ema: bool = False  # exponential moving average of the weights, used by the final evaluation and export
-    ema_momentum: float | None = None  # None: 1 - 10 / total steps, within [0.9, 0.9999]
+# The groups of `python -m train --help`, in their order.
+DATA_AND_OUTPUT = "data and output"
+MODEL_AND_MACHINE = "model and machine"
+LENGTH_AND_LEARNING_RATE = "training length and learning rate"
+RECIPE = "training recipe"
+CHECKPOINTS_AND_PROGRESS = "checkpoints and progress"
+GROUPS = (DATA_AND_OUTPUT, MODEL_AND_MACHINE, LENGTH_AND_LEARNING_RATE, RECIPE, CHECKPOINTS_AND_PROGRESS)
 
 
-def requests_tpu(config: TrainConfig) -> bool:
-    """Whether the flags ask for a TPU (--tpu NAME|local or --strategy tpu), before any strategy is resolved."""
-    return config.tpu is not None or config.strategy == "tpu"
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a TrainConfig field is set on the command line; train/flags.py makes the argparse flag from it.
 
-
-def check_paths_for_tpu(data_dir: str, model_dir: str, shared_filesystem: bool) -> None:
-    """Refuse a local --data or --model-dir for training on a TPU.
-
-    A spot or preemptible TPU VM is deleted with its disk: checkpoints on it
-    cannot resume anything, and a multi-host slice's other hosts cannot read
-    a dataset on worker 0's disk. --shared-filesystem (a mount that outlives
-    the VM: Filestore, NFS, gcsfuse) allows local paths, as it does for
-    multi-worker training (checks.check_paths_for_hosts).
+    `help` may name {placeholders} that train/flags.py fills from the modules holding the figures (the
+    batch per device, the optimizers' defaults), which import this one.
     """
-    if shared_filesystem:
-        return
-    named = paths_off_gcs(data_dir, model_dir)
-    if named:
-        raise ConfigError(
-            f"{named}: not on gs://, but this training uses a TPU. A spot or preemptible TPU VM is deleted with its "
-            "disk, taking the checkpoints with it, and the hosts of a slice read the dataset themselves: put the "
-            "dataset and the model dir on gs://BUCKET/..., or pass --shared-filesystem for a mount that outlives "
-            "the VM (Filestore, NFS, gcsfuse)"
-        )
+
+    help: str
+    group: str
+    name: str = ""  # default: --the-field-name
+    type: Callable[[str], Any] | None = None  # argparse's `type`: the text -> the value, or ArgumentTypeError
+    choices: tuple | None = None
+    metavar: str | None = None
+    switch: bool = (
+        False  # no value: store_true, or store_false (a `--no-...` name) for a field that defaults to True
+    )
+    exclusive: str = ""  # fields that share this key are mutually exclusive
+    parse: Callable[[Any], Any] | None = None  # after parsing: the flag's value -> the field's (ConfigError)
 
 
-def paths_off_gcs(data_dir: str, model_dir: str) -> str:
-    """`--data PATH, --model-dir PATH` for those of the two not on gs://; empty when both are."""
-    return ", ".join(
-        f"{flag} {path}"
-        for flag, path in (("--data", data_dir), ("--model-dir", model_dir))
-        if not path.startswith("gs://")
+def flag(default=dataclasses.MISSING, **settings) -> Any:
+    """A TrainConfig field and its flag (Flag's arguments)."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(**settings)})
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
+def model_name(text: str) -> str:
+    """--model: a built-in name, or module:function (checked for its form here, imported later)."""
+    if text in MODELS:
+        return text
+    module, separator, function = text.partition(USER_MODEL_SEPARATOR)
+    if separator and module and function:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a built-in model ({', '.join(MODELS)}) nor module:function (e.g. my_models:tiny_net)"
     )
 
 
@@ -180,3 +180,296 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
             f"--profile-steps {text!r}: expected FIRST,LAST global steps with 1 <= FIRST <= LAST"
         )
     return int(match.group(1)), int(match.group(2))
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One training run; each field with its flag (train/flags.py makes the command lines from them).
+
+    Paths may be local or gs://. A field without a flag is for library callers only.
+    """
+
+    # --- data and output ---
+    data_dir: str = flag(
+        name="--data",
+        group=DATA_AND_OUTPUT,
+        help="The dataset directory (dataset.json + shards); local or gs://.",
+    )
+    model_dir: str = flag(
+        group=DATA_AND_OUTPUT,
+        help="Where checkpoints, TensorBoard logs, metrics.json and export/ go; local or gs://. An existing run "
+        "there is resumed, mid-epoch included, on the dataset run it started on (MODEL_DIR/dataset_pin.json), "
+        "whatever dataset.json names now.",
+    )
+    # --- model and machine ---
+    model: str = flag(
+        SMALL_CNN,
+        group=MODEL_AND_MACHINE,
+        type=model_name,
+        metavar="{" + ",".join(MODELS) + "} or module:function",
+        help="A built-in model, or your own Keras network: module:function gets (input_shape, num_classes) "
+        "and returns a keras.Model from normalized float32 images to logits (train/model/user_model.py). "
+        "Default %(default)s.",
+    )
+    # --- training length ---
+    epochs: int | None = flag(
+        10,
+        group=LENGTH_AND_LEARNING_RATE,
+        type=positive_int,
+        exclusive="length",
+        help="Passes over the train split.",
+    )
+    steps: int | None = flag(
+        None,
+        group=LENGTH_AND_LEARNING_RATE,
+        type=positive_int,
+        exclusive="length",
+        help="Total training steps instead of --epochs, split into equal epochs of at most --steps-per-epoch.",
+    )
+    steps_per_epoch: int | None = flag(
+        None,
+        group=LENGTH_AND_LEARNING_RATE,
+        type=positive_int,
+        help="Steps between epoch-end evaluations and checkpoints (default: one pass over the train split).",
+    )
+    global_batch_size: int | None = flag(
+        None,
+        group=MODEL_AND_MACHINE,
+        type=positive_int,
+        help="Images per step over all replicas. Default: per replica x replicas, {per_replica[tpu]} per TPU "
+        "replica (chip on v4 and later), {per_replica[gpu]} per GPU, {per_replica[cpu]} per CPU replica, at "
+        "{image_size}x{image_size}; less for larger images (x 224^2 / pixels) and for EfficientNet-B0 on GPUs; "
+        "lowered to fit a small train split. The learning rate follows it (--learning-rate-scaling).",
+    )
+    learning_rate: float | None = flag(
+        None,
+        group=LENGTH_AND_LEARNING_RATE,
+        type=float,
+        help="The peak learning rate (default: --base-learning-rate x --global-batch-size / 256).",
+    )
+    strategy: str = flag(
+        "auto",
+        group=MODEL_AND_MACHINE,
+        choices=STRATEGIES,
+        help="tf.distribute strategy; auto: a TPU if there is one, Mirrored over several GPUs, "
+        "MultiWorkerMirrored under TF_CONFIG, else the default strategy.",
+    )
+    tpu: str | None = flag(
+        None,
+        group=MODEL_AND_MACHINE,
+        help="'local' on a single-host TPU VM; the TPU's NAME for a multi-host slice (v4-32, v5litepod-16, ...), "
+        "run on its worker 0: TensorFlow drives every host of the slice from there, and each host reads its "
+        "own shards. Implies --strategy tpu.",
+    )
+    mixed_precision: str = flag(
+        "auto",
+        group=MODEL_AND_MACHINE,
+        choices=MIXED_PRECISION_CHOICES,
+        help="auto (default): bfloat16 on TPUs and on GPUs of compute capability >= 8.0, float16 with loss "
+        "scaling on older GPUs, off (float32) on CPUs.",
+    )
+    steps_per_execution: int | None = flag(
+        None,
+        group=MODEL_AND_MACHINE,
+        type=positive_int,
+        help="Training steps per device call (one host round trip per call). Default: 32 on TPU, 8 on GPUs "
+        "(several GPUs run them in a tf.range loop around strategy.run, train/loop/multi_step.py), 1 on CPU.",
+    )
+    jit_compile: str = flag(
+        "auto",
+        group=MODEL_AND_MACHINE,
+        choices=JIT_COMPILE_CHOICES,
+        help="XLA on CPU/GPU (TPUs always compile). auto (default): on for GPUs, off for CPUs. With several "
+        "replicas XLA comes from TensorFlow's auto-clustering, since Keras cannot compile a step that spans "
+        "replicas.",
+    )
+    augment: bool = flag(
+        False, group=MODEL_AND_MACHINE, switch=True, help="Random flips and shifts of training images."
+    )
+    verify_data: bool = flag(
+        False,
+        group=DATA_AND_OUTPUT,
+        switch=True,
+        help="Check every shard's sha256 against the manifest before training.",
+    )
+    shuffle_buffer: int = flag(
+        2048,
+        group=MODEL_AND_MACHINE,
+        type=positive_int,
+        help="Examples held for shuffling (default %(default)s); host memory is this times the record size, "
+        "e.g. 2048 x 294 KiB = 600 MB for bfloat16 224x224.",
+    )
+    parallel_files: int | None = flag(
+        None,
+        group=MODEL_AND_MACHINE,
+        type=positive_int,
+        help="Shards each host reads at once. Default: {parallel_files[tpu]} on a TPU host, {parallel_files[gpu]} "
+        "on a GPU host, {parallel_files[cpu]} on a CPU; each open file holds an 8 MiB read buffer. On GCS every "
+        "file is one read stream, so this bounds a host's read bandwidth (train/device/device_defaults.py).",
+    )
+    export: bool = flag(
+        True, name="--no-export", group=DATA_AND_OUTPUT, switch=True, help="Skip the serving export."
+    )
+    checkpoints_to_keep: int = 3
+    # --- checkpoints and progress ---
+    checkpoint_every: str | None = flag(
+        "10m",
+        group=CHECKPOINTS_AND_PROGRESS,
+        help="Also checkpoint mid-epoch: every N steps (500) or every so much time (90s, 10m, 1h); 'epoch' for "
+        "epoch ends only. A SIGKILL loses at most this much; Ctrl-C and SIGTERM lose nothing.",
+    )
+    preemption_check_every: str = flag(
+        "1s",
+        group=CHECKPOINTS_AND_PROGRESS,
+        help="Multi-worker only: how often the workers agree whether one of them got SIGTERM/SIGHUP (a "
+        "collective): every N steps (20), or every so much time's worth of steps, from the measured step time. "
+        "A signal is acted on within this much.",
+    )
+    log_every: int = flag(
+        100,
+        group=CHECKPOINTS_AND_PROGRESS,
+        type=positive_int,
+        help="Steps between progress lines and TensorBoard step scalars: loss, learning rate, step time, "
+        "images/s overall and per replica.",
+    )
+    eval_every: int | None = flag(
+        None,
+        group=CHECKPOINTS_AND_PROGRESS,
+        type=positive_int,
+        help="Also evaluate on the validation split every N steps (default: at epoch ends only).",
+    )
+    profile_steps: tuple[int, int] | None = flag(
+        None,
+        group=CHECKPOINTS_AND_PROGRESS,
+        metavar="FIRST,LAST",
+        parse=parse_profile_steps,
+        help="Capture a TensorBoard profile of global steps FIRST to LAST into MODEL_DIR/logs (profile tab).",
+    )
+    shared_filesystem: bool = flag(
+        False,
+        group=MODEL_AND_MACHINE,
+        switch=True,
+        help="Allow local --data / --model-dir paths on more than one machine: every host mounts them at the "
+        "same place (NFS, Filestore, gcsfuse). Without it, multi-host training needs gs:// paths.",
+    )
+    allow_cpu: bool = flag(
+        False,
+        group=MODEL_AND_MACHINE,
+        switch=True,
+        help="Train on the CPU although this machine has an NVIDIA GPU that TensorFlow cannot see (without "
+        "it, that stops with the GPU install line: TensorFlow's CUDA libraries are missing).",
+    )
+    # --- the training recipe (train/model/: recipe, optimization, losses, pretrained, freeze) ---
+    weights: str | None = flag(
+        None,
+        group=RECIPE,
+        help="Where the backbone starts: 'imagenet' (keras.applications' published weights, from "
+        "~/.keras/models or downloaded there once; not for small_cnn; offline, the error names the file to "
+        "place there), 'none' (random), or a weights file, local or gs://: a run's backbone.weights.h5, "
+        "the no-top .h5 Keras publishes for the backbone (e.g. resnet50_weights_tf_dim_ordering_tf_kernels_"
+        "notop.h5, efficientnetb0_notop.h5), or a finished run's --model-dir. Only the backbone is loaded; "
+        "the head is new. Default: none.",
+    )
+    freeze_backbone_epochs: int = flag(
+        0,
+        group=RECIPE,
+        type=non_negative_int,
+        help="Train only the new head for this many epochs (the backbone frozen, its BatchNorm in inference "
+        "mode), then the whole model (default %(default)s).",
+    )
+    optimizer: str = flag(
+        ADAMW,
+        group=RECIPE,
+        choices=OPTIMIZERS,
+        help="adamw (default; base learning rate {adamw.base_learning_rate:g}, weight decay "
+        "{adamw.weight_decay:g}) or sgd with Nesterov momentum 0.9 (base learning rate "
+        "{sgd.base_learning_rate:g}, weight decay {sgd.weight_decay:g}). Weight decay is decoupled and skips "
+        "biases and normalization parameters.",
+    )
+    base_learning_rate: float | None = flag(
+        None,
+        group=RECIPE,
+        type=float,
+        help="Peak learning rate per {reference_batch} images, scaled to --global-batch-size by "
+        "--learning-rate-scaling (default: the optimizer's, above).",
+    )
+    learning_rate_scaling: str = flag(
+        lr_scaling.AUTO,
+        group=RECIPE,
+        choices=lr_scaling.SCALINGS,
+        help="How the peak learning rate follows the batch: linear (x batch / {reference_batch}, Goyal et al.), "
+        "sqrt (x sqrt(batch / {reference_batch})), or auto (default): linear for sgd; for adamw linear up to "
+        "{reference_batch} images and sqrt above. The plan line says which was used.",
+    )
+    warmup_epochs: float | None = flag(
+        None,
+        group=RECIPE,
+        type=non_negative_float,
+        exclusive="warmup",
+        help="Linear warmup from 0 to the peak learning rate, then cosine decay to 0 "
+        "(default: 1 epoch, at most a tenth of the run).",
+    )
+    warmup_steps: int | None = flag(
+        None, group=RECIPE, type=non_negative_int, exclusive="warmup", help="The warmup in steps."
+    )
+    weight_decay: float | None = flag(
+        None,
+        group=RECIPE,
+        type=non_negative_float,
+        help="Decoupled weight decay (default: the optimizer's, above; 0 turns it off).",
+    )
+    label_smoothing: float = flag(
+        0.0,
+        group=RECIPE,
+        type=fraction,
+        help="Smooth the training targets: (1 - s) x one-hot + s / classes (default %(default)s; 0.1 is the "
+        "ImageNet recipes' value). The reported cross-entropy stays unsmoothed.",
+    )
+    ema: bool = flag(
+        False,
+        group=RECIPE,
+        switch=True,
+        help="Keep an exponential moving average of the weights; the final evaluation, the export and "
+        "backbone.weights.h5 use it.",
+    )
+    ema_momentum: float | None = flag(
+        None,
+        group=RECIPE,
+        type=float,
+        help="The EMA's decay per step (default: 1 - 10 / total steps, within [0.9, 0.9999]).",
+    )
+
+
+def requests_tpu(config: TrainConfig) -> bool:
+    """Whether the flags ask for a TPU (--tpu NAME|local or --strategy tpu), before any strategy is resolved."""
+    return config.tpu is not None or config.strategy == "tpu"
+
+
+def check_paths_for_tpu(data_dir: str, model_dir: str, shared_filesystem: bool) -> None:
+    """Refuse a local --data or --model-dir for training on a TPU.
+
+    A spot or preemptible TPU VM is deleted with its disk: checkpoints on it
+    cannot resume anything, and a multi-host slice's other hosts cannot read
+    a dataset on worker 0's disk. --shared-filesystem (a mount that outlives
+    the VM: Filestore, NFS, gcsfuse) allows local paths, as it does for
+    multi-worker training (checks.check_paths_for_hosts).
+    """
+    if shared_filesystem:
+        return
+    named = paths_off_gcs(data_dir, model_dir)
+    if named:
+        raise ConfigError(
+            f"{named}: not on gs://, but this training uses a TPU. A spot or preemptible TPU VM is deleted with its "
+            "disk, taking the checkpoints with it, and the hosts of a slice read the dataset themselves: put the "
+            "dataset and the model dir on gs://BUCKET/..., or pass --shared-filesystem for a mount that outlives "
+            "the VM (Filestore, NFS, gcsfuse)"
+        )
+
+
+def paths_off_gcs(data_dir: str, model_dir: str) -> str:
+    """`--data PATH, --model-dir PATH` for those of the two not on gs://; empty when both are."""
+    return ", ".join(
+        f"{flag} {path}"
+        for flag, path in (("--data", data_dir), ("--model-dir", model_dir))
+        if not path.startswith("gs://")
+    )

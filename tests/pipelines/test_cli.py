@@ -43,7 +43,7 @@ def test_the_local_workflow_hands_verbose_to_stage_1_and_is_quiet_without_it():
         (
             "pipelines.dataflow",
             ("where:", "stage 1 on Dataflow:", "the TPU VM:", "stage 2 (python -m train):", "training recipe:"),
-            ("--epochs EPOCHS default: 30", "python -m train's (small_cnn, 10 epochs, a per-device batch)"),
+            ("--epochs EPOCHS Passes over the train split. (default: 30)", "python -m train's (small_cnn, 10 epochs, a per-device batch)"),
         ),
         (
             "preprocess",

@@ -18,14 +18,10 @@ optimization.py turns a Recipe into a Keras optimizer.
 
 import dataclasses
 
-from train.config import TrainConfig, is_user_model
+from train.config import ADAMW, OPTIMIZERS, SGD, TrainConfig, is_user_model  # noqa: F401 - OPTIMIZERS for callers
 from train.errors import ConfigError
 from train.loop.plan import TrainingPlan
 from train.model import lr_scaling
-
-ADAMW = "adamw"
-SGD = "sgd"
-OPTIMIZERS = (ADAMW, SGD)
 
 # The batch size the base learning rates are stated for.
 REFERENCE_BATCH = lr_scaling.REFERENCE_BATCH

@@ -24,8 +24,9 @@ import dataclasses
 import sys
 import time
 
+from dataset_contract.cli_help import DefaultsHelpFormatter
 from train import flags
-from train.config import TrainConfig
+from train.config import MODEL_AND_MACHINE, TrainConfig
 
 # The input pipeline counts as the bottleneck unless it delivers at least this
 # much more than the train step consumes: below that margin, any hiccup in
@@ -139,7 +140,7 @@ def run(args) -> BenchResult:
     from train.device import strategy as strategy_lib
     from train.model import models
 
-    config = TrainConfig(data_dir=args.data, model_dir="", **flags.setup_config_fields(args))
+    config = TrainConfig(model_dir="", **flags.config_fields(args))
     manifest = checks.read_manifest(config.data_dir)
     checks.check_model_fits(config.model, manifest)
     checks.check_dataset(config.data_dir, manifest, splits=(manifest_lib.TRAIN,))
@@ -198,18 +199,18 @@ def run(args) -> BenchResult:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.tools.bench_input",
+        formatter_class=DefaultsHelpFormatter,
         description="Measure the training input pipeline alone and the train step on synthetic input of the "
         "same shape (same model, batch size, strategy), and say which one is the bottleneck.",
     )
-    parser.add_argument("--data", required=True, help="The dataset directory (dataset.json + shards).")
-    flags.add_setup_flags(parser)
-    parser.add_argument(
-        "--seconds", type=float, default=20.0, help="Length of each timed measurement (default %(default)s)."
-    )
-    parser.add_argument(
-        "--warmup-batches", type=int, default=10, help="Input batches not timed (default 10)."
-    )
-    parser.add_argument(
+    # The dataset and the machine flags of python -m train (train/config.py), so that the benchmark builds
+    # the input and the step that training would run.
+    groups = flags.add_config_flags(parser, ("data_dir", *flags.names_in(MODEL_AND_MACHINE)))
+    flags.add_verbose_flag(groups[MODEL_AND_MACHINE])
+    bench = parser.add_argument_group("the measurement")
+    bench.add_argument("--seconds", type=float, default=20.0, help="Length of each timed measurement.")
+    bench.add_argument("--warmup-batches", type=int, default=10, help="Input batches not timed.")
+    bench.add_argument(
         "--skip-training", action="store_true", help="Do not time real input through the train step."
     )
     return parser
