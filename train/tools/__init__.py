@@ -1,1 +1,6 @@
-"""Commands around training: the input benchmark, the supervisor, the slice's TPU server wait."""
+"""Commands around training, each `python -m train.tools.NAME`.
+
+bench_input.py  which is the bottleneck: the input pipeline or the train step
+supervisor.py   keeps training running on a TPU VM: restarts it after an interruption; no TensorFlow
+tpu_servers.py  a slice's start waits for every worker's TPU server; no TensorFlow
+"""
