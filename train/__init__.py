@@ -48,7 +48,8 @@ Training, one job per module:
   install_lines.py the install per machine kind (CPU, GPU, TPU VM): pins and pip lines; no TensorFlow
   bench_input.py   python -m train.tools.bench_input: the input pipeline against the train step
   supervisor.py    python -m train.tools.supervisor: restarts training after an interruption (TPU VMs); no TensorFlow
-  progress_file.py the last saved checkpoint step, for the supervisor's no-progress stop; no TensorFlow
+  progress_file.py the last saved checkpoint step and the first step, for the supervisor's limits; no TensorFlow
+  run_status.py    the supervisor's status object in the model dir: heartbeat, reason it stopped; no TensorFlow
   tpu_servers.py   python -m train.tools.tpu_servers: a slice's start waits for every worker's TPU server; no TensorFlow
   __main__.py      python -m train: the command line
 
