@@ -514,6 +514,15 @@ def main(argv=None) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
+    if args.tpu == "local" and not args.dry_run:
+        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1.
+        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+        problem = (
+            None if os.path.exists(tpu_interpreter.venv_python(run_dir)) else tpu_interpreter.venv_problem()
+        )
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")
