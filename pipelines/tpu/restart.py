@@ -27,10 +27,12 @@ Each poll:
   - the TPU does not exist (deleted, or a recreation found no capacity): run
     the spec's commands;
   - the TPU is READY: if the last launch did not complete (a create whose
-    ssh failed, common in a new VM's first minute), or the supervisor's
-    heartbeat has not changed for --heartbeat-timeout (nothing supervises
-    training there: a fresh disk without start.sh, a launch that died), run
-    the launch commands again (install, launch; not the create);
+    ssh failed, common in a new VM's first minute), run the launch commands
+    again (install, a slice's TPU servers, launch; not the create); if the
+    supervisor's heartbeat has not changed for --heartbeat-timeout (nothing
+    supervises training there: a boot that did not resume it, a supervisor
+    killed), run the supervised launch again (the last command; should it
+    fail, the next poll runs them all);
   - anything else (CREATING, REPAIRING, ...): wait.
 A command that fails is tried again at the next poll, until it succeeds.
 Ctrl-C ends the loop and leaves the TPU as it is. A spec whose create needs
@@ -124,9 +126,16 @@ def recreate(spec: dict, delete_first: bool) -> bool:
     return run_commands(commands)
 
 
-def relaunch(spec: dict) -> bool:
-    """On a TPU that exists: the install and the supervised launch again (start.sh starts no second supervisor)."""
-    return run_commands([shlex.split(command) for command in launch_commands(spec)])
+def relaunch(spec: dict, setup: bool) -> bool:
+    """On a TPU that exists: the launch commands again (start.sh starts no second supervisor where one runs).
+
+    With `setup` all of them (a launch that did not complete: a fresh disk needs the install, a slice's
+    workers their TPU servers); without, only the last, the supervised launch (on a single host with its
+    install): it never restarts a slice's TPU servers under a training whose status object merely went
+    quiet. When that launch fails, the next poll runs them all.
+    """
+    commands = launch_commands(spec)
+    return run_commands([shlex.split(command) for command in (commands if setup else commands[-1:])])
 
 
 class Heartbeat:
@@ -215,7 +224,7 @@ def watch(
                     status_uri,
                     heartbeat.silent_for(),
                 )
-            launch_pending = not relaunch(spec)
+            launch_pending = not relaunch(spec, setup=launch_pending)
             heartbeat.restart_clock()
         else:
             log.info(

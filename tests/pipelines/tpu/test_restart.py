@@ -11,11 +11,12 @@ from pipelines.workflow import WorkflowPaths
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # Records each call; `describe` answers the next line of STATES (READY once they run out; NOT_FOUND as
-# gcloud reports a missing TPU); `create` fails once when CREATE_FAILS exists (no spot capacity); ssh fails
-# once when SSH_FAILS exists (a new VM's first minute), else runs ON_SSH when it exists, else "finishes"
-# training, so that the next poll finds metrics.json. `storage` commands work on GCS/BUCKET/OBJECT; `storage
-# cat` of the status object answers a growing heartbeat when BEATING exists (a live supervisor). The alpha
-# probe (`... create --help`) is not recorded; without alpha (NO_ALPHA) it fails as gcloud does unattended.
+# gcloud reports a missing TPU); `create` fails once when CREATE_FAILS exists (no spot capacity); ssh (its
+# --worker= recorded in SSH_WORKERS) fails once when SSH_FAILS exists (a new VM's first minute), else runs
+# ON_SSH when it exists, else "finishes" training, so that the next poll finds metrics.json. `storage`
+# commands work on GCS/BUCKET/OBJECT; `storage cat` of the status object answers a growing heartbeat when
+# BEATING exists (a live supervisor). The alpha probe (`... create --help`) is not recorded; without alpha
+# (NO_ALPHA) it fails as gcloud does unattended.
 FAKE_GCLOUD = """#!/bin/sh
 case "$*" in
   *--help*)
@@ -42,6 +43,7 @@ case "$*" in
   *"tpu-vm create"*) printf '%s\\0' "$@" > {d}/create_argv
     if [ -e {d}/create_fails ]; then rm {d}/create_fails; echo "no capacity" >&2; exit 1; fi;;
   *"tpu-vm ssh"*)
+    for word in "$@"; do case "$word" in --worker=*) echo "$word" >> {d}/ssh_workers;; esac; done
     if [ -e {d}/ssh_fails ]; then rm {d}/ssh_fails; echo "ssh: connect to host: Connection refused" >&2; exit 255; fi
     if [ -e {d}/on_ssh ]; then sh {d}/on_ssh; exit $?; fi
     mkdir -p {d}/gcs/b/run/model && touch {d}/gcs/b/run/model/metrics.json;;
@@ -50,10 +52,10 @@ exit 0
 """
 
 
-def spot_spec(tmp_path):
+def spot_spec(tmp_path, accelerator_type="v5litepod-8"):
     args = dataflow.build_parser().parse_args(
         ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
-         "--tpu", "my-tpu", "--zone", "us-central1-a", "--accelerator-type", "v5litepod-8", "--spot"]
+         "--tpu", "my-tpu", "--zone", "us-central1-a", "--accelerator-type", accelerator_type, "--spot"]
     )  # fmt: skip
     path = tmp_path / "train_tpu_vm.json"
     path.write_text(json.dumps(dataflow.training_job_spec(args, WorkflowPaths(args.workdir))))
@@ -71,10 +73,13 @@ def fake_gcloud_env(tmp_path, states=(), *flags):
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": REPO}
 
 
-def run_loop(tmp_path, states, create_fails=False, *options, flags=(), max_polls=10):
+def run_loop(
+    tmp_path, states, create_fails=False, *options, flags=(), max_polls=10, accelerator_type="v5litepod-8"
+):
     env = fake_gcloud_env(tmp_path, states, *flags, *(["create_fails"] if create_fails else []))
+    spec = spot_spec(tmp_path, accelerator_type)
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.tpu.restart", "--spec", str(spot_spec(tmp_path)), "--poll-seconds", "0",
+        [sys.executable, "-m", "pipelines.tpu.restart", "--spec", str(spec), "--poll-seconds", "0",
          "--max-polls", str(max_polls), *options],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -210,3 +215,19 @@ def test_without_gcloud_alpha_an_autocheckpoint_spec_is_refused_before_anything_
     assert result.returncode == 2 and text == "", result.stderr  # no call but the probe: nothing created
     assert "gcloud components install alpha" in result.stderr and "--autocheckpoint off" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_on_a_slice_a_quiet_heartbeat_relaunches_worker_0_only_and_a_failed_launch_runs_the_whole_setup(
+    tmp_path,
+):
+    # A v4-32: the setup (install, TPU servers restarted on every worker) is not rerun under a training whose
+    # status merely went quiet; only worker 0's supervised launch (start.sh starts no second supervisor).
+    # That one fails here (ssh_fails), so the next poll runs the setup on every worker and the launch.
+    result, _, text = run_loop(
+        tmp_path, [], False, "--poll-seconds", "0.1", "--heartbeat-timeout", "0.5", flags=["ssh_fails"],
+        max_polls=30, accelerator_type="v4-32",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    workers = (tmp_path / "ssh_workers").read_text().split()
+    assert workers == ["--worker=0", "--worker=all", "--worker=0"], workers
+    assert "create" not in verbs(text) and "delete" not in verbs(text)
