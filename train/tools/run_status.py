@@ -94,8 +94,9 @@ class StatusReport:
     never stops supervision.
     """
 
-    def __init__(self, uri: str | None, heartbeat_seconds: float = 60.0):
+    def __init__(self, uri: str | None, heartbeat_seconds: float = 60.0, saved_step=None):
         self.uri = uri
+        self.saved_step = saved_step  # a callable: the last saved checkpoint step, written with each beat
         self.heartbeat_seconds = heartbeat_seconds
         self._fields = {"state": RUNNING, "host": socket.gethostname(), "pid": os.getpid()}
         self._beats = 0
@@ -133,6 +134,7 @@ class StatusReport:
             self._beats += 1
             content = {
                 **self._fields,
+                **({"saved_step": self.saved_step()} if self.saved_step else {}),
                 "heartbeat": self._beats,
                 "heartbeat_seconds": self.heartbeat_seconds,
                 "updated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -274,12 +274,17 @@ class Supervisor:
         return status
 
     def run(self) -> int:
+        if self.progress_file is None:
+            with tempfile.TemporaryDirectory(prefix="supervisor-") as scratch:
+                self.progress_file = os.path.join(scratch, "progress.json")
+                return self._run_reporting()
+        return self._run_reporting()
+
+    def _run_reporting(self) -> int:
+        # Each heartbeat carries the last saved checkpoint step: how far training is, seen from the model dir.
+        self.status.saved_step = lambda: progress_file.read_saved_step(self.progress_file)
         self.status.start()
         try:
-            if self.progress_file is None:
-                with tempfile.TemporaryDirectory(prefix="supervisor-") as scratch:
-                    self.progress_file = os.path.join(scratch, "progress.json")
-                    return self._run()
             return self._run()
         finally:
             self.status.stop()
@@ -295,7 +300,7 @@ class Supervisor:
             started = time.monotonic()
             step_before = progress_file.read_saved_step(self.progress_file)
             log.info("run %d: %s", self.runs, " ".join(self.command))
-            self.status.report(run_status.RUNNING, f"run {self.runs}", run=self.runs, saved_step=step_before)
+            self.status.report(run_status.RUNNING, f"run {self.runs}", run=self.runs)
             self.child = subprocess.Popen(self.command, env=environment)
             if self.stop_requested.is_set() and self.child.poll() is None:
                 self.child.send_signal(signal.SIGTERM)  # the stop came while it was starting

@@ -363,5 +363,6 @@ def test_a_slice_whose_server_stays_silent_stops_for_good_and_says_why_in_the_st
     assert (tmp_path / "stopped").read_text() == f"{reason} (exit status 1)\n"
     written = json.loads(status.read_text())
     assert (written["state"], written["reason"], written["status"]) == ("stopped", reason, 1)
+    assert written["saved_step"] == 100  # run 1's checkpoint, as each write carries it
     # The heartbeat went on while the supervisor waited (a write each 0.1 s, besides the 4 reports).
     assert written["heartbeat"] > 6, written
