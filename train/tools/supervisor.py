@@ -392,6 +392,14 @@ class Supervisor:
         tpu = self.tpu
         started = time.monotonic()
         seen_unhealthy = False
+        if grace:
+            log.info(
+                "a SIGTERM save (a maintenance event, with Autocheckpoint): restarting once TPU %s has been "
+                "through its maintenance, or after %g s if none shows",
+                tpu.name,
+                grace,
+            )
+            self.status.report(run_status.WAITING, f"up to {grace:g} s for a maintenance event to show")
         while True:
             try:
                 node = tpu_servers.describe_tpu(tpu.name, tpu.zone, tpu.project)
