@@ -13,6 +13,9 @@ import pytest
 
 from train.tools import supervisor
 
+# Also in the Python 3.10 leg (scripts/test_py310.sh): the supervisor runs on a TPU VM's python3, 3.10.
+pytestmark = pytest.mark.py310
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # A child that records each run in RUNS and exits with the next status of STATUSES
