@@ -27,10 +27,12 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 
 STATUS_FILE = "supervisor.json"
 RUNNING, WAITING, EXITED, STOPPED = "running", "waiting", "exited", "stopped"
 GCLOUD_SECONDS = 120  # at most, for one gcloud call: a hung one must not stop the heartbeat for good
+RETRY_SECONDS = 10.0  # between two tries of a last report: the loop must not miss why supervision stopped
 
 log = logging.getLogger("train.tools.run_status")
 
@@ -105,11 +107,14 @@ class StatusReport:
         self._thread: threading.Thread | None = None
         self._failing = False
 
-    def report(self, state: str, detail: str, **fields) -> None:
-        """The new state, written now."""
+    def report(self, state: str, detail: str, attempts: int = 1, **fields) -> None:
+        """The new state, written now; a last report (`stopped`) is worth `attempts` tries, RETRY_SECONDS apart."""
         with self._lock:
             self._fields.update(state=state, detail=detail, **fields)
-        self._write()
+        for attempt in range(attempts):
+            if self._write() or attempt + 1 == attempts:
+                return
+            time.sleep(RETRY_SECONDS)
 
     def start(self) -> None:
         if self.uri and self._thread is None:
@@ -127,9 +132,10 @@ class StatusReport:
         while not self._done.wait(self.heartbeat_seconds):
             self._write()
 
-    def _write(self) -> None:
+    def _write(self) -> bool:
+        """Write the object once; whether it was written (True without a uri: nothing to write)."""
         if not self.uri:
-            return
+            return True
         with self._lock:
             self._beats += 1
             content = {
@@ -145,7 +151,8 @@ class StatusReport:
                 if not self._failing:
                     log.warning("cannot write the status object %s: %s", self.uri, exc)
                 self._failing = True
-                return
+                return False
             if self._failing:
                 log.info("the status object %s is written again", self.uri)
             self._failing = False
+            return True

@@ -264,13 +264,13 @@ class Supervisor:
             with open(self.stopped_file, "w") as handle:
                 handle.write(f"{described}\n")
         self.status.stop()
-        self.status.report(run_status.STOPPED, described, reason=reason, status=status)
+        self.status.report(run_status.STOPPED, described, attempts=3, reason=reason, status=status)
         return status
 
     def _exit_on_request(self, status: int, why: str) -> int:
         log.warning("%s; the same command resumes from the last checkpoint", why)
         self.status.stop()
-        self.status.report(run_status.EXITED, why, status=status)
+        self.status.report(run_status.EXITED, why, attempts=3, status=status)
         return status
 
     def run(self) -> int:
