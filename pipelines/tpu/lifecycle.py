@@ -201,8 +201,9 @@ def autocheckpoint_gcloud_problem(run=subprocess.run) -> str | None:
         )
     return (
         f"Autocheckpoint is created with `gcloud alpha compute tpus tpu-vm create --autocheckpoint-enabled` "
-        f"(the only gcloud track with the flag), and {cause}. Or create without it: --autocheckpoint off (what "
-        f"maintenance can lose is then bounded by --checkpoint-every). gcloud said: {said[-1] if said else '-'}"
+        f"(the only gcloud track with the flag), and {cause}. Or create without it: python -m pipelines.dataflow "
+        f"... --autocheckpoint off (with --skip-preprocess, it writes a new spec; what maintenance can lose is then "
+        f"bounded by --checkpoint-every). gcloud said: {said[-1] if said else '-'}"
     )
 
 
