@@ -47,13 +47,16 @@ checkpoint. Each restart resumes from the last checkpoint in --model-dir.
 
 What Cloud TPU does to the VM (pipelines/tpu/lifecycle.py): `--spot` creates
 a TPU Spot VM, which `python -m pipelines.tpu.restart --spec SPEC` (run on
-your machine) deletes and recreates after a preemption; `--autocheckpoint`
+your machine) deletes and recreates after a preemption (it also relaunches
+training where nothing supervises it, and ends printing the delete command
+when training finished or stopped for good); `--autocheckpoint`
 (default: on for single-host v2-v4 and v5e) makes maintenance wait for the
-SIGTERM checkpoint; every VM gets a boot script that resumes training after a
-reboot. Otherwise, and on every slice (only worker 0's process sees
-signals), what an event can lose is bounded by the interval checkpoint
-(--checkpoint-every, python -m train's default 10m). --dry-run prints these
-choices.
+SIGTERM checkpoint (its create needs `gcloud alpha`: without it the launch
+stops, before stage 1, saying how to get it); every VM gets a boot script
+that resumes training after a reboot. Otherwise, and on every slice (only
+worker 0's process sees signals), what an event can lose is bounded by the
+interval checkpoint (--checkpoint-every, python -m train's default 10m).
+--dry-run prints these choices.
 
 Training runs the recipe: stage 1 stores --crop-margin squares (default 0.143
 for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
@@ -86,6 +89,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -483,6 +487,26 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if (
+        not args.dry_run
+        and args.tpu != "local"
+        and spec["lifecycle"]["autocheckpoint"]
+        and shutil.which("gcloud")
+    ):
+        # The printed create needs gcloud's alpha track, and tpu_restart runs it unattended: say so before stage 1.
+        problem = tpu_lifecycle.autocheckpoint_gcloud_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    if args.tpu == "local" and not args.dry_run:
+        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1.
+        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+        problem = (
+            None if os.path.exists(tpu_interpreter.venv_python(run_dir)) else tpu_interpreter.venv_problem()
+        )
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")

@@ -6,8 +6,9 @@
 # too much to CI's time): the `[tpu]` install-and-train test (tests/train/test_install.py), which builds
 # its venv from this interpreter, `python -m train --help`, the dataset pin (datetime.UTC crashed it on
 # 3.10), training to an export, and what drives Keras' own hooks (freeze, resume with EMA, the recipe,
-# the optimizer, the strategy). Stage 1's stack does not install on 3.10, so the datasets these
-# tests read are written by stage 1 in the quick start's .venv (STAGE1_PYTHON, tests/stage1.py).
+# the optimizer, the strategy, the multi-step loop), and the supervisor (a TPU VM's python3). Stage 1's
+# stack does not install on 3.10, so the datasets these tests read are written by stage 1 in the quick
+# start's .venv (STAGE1_PYTHON, tests/stage1.py).
 #
 # Run by scripts/test.sh after the main suite, or alone: `bash scripts/test_py310.sh [pytest args]`
 # (after scripts/bootstrap.sh has made .venv). Finds Python 3.10 in $PYTHON310, on PATH as python3.10, or

@@ -11,6 +11,12 @@ from the cloud launch, train/install_lines.py), and the supervisor and
 `python -m train` run on that venv's python. The venv is made once and kept
 while the package is the same: the sdist's sha256 is recorded in it, and a
 different package installs again.
+
+Making that venv needs venv's ensurepip, which Debian and Ubuntu (the TPU VM
+images) ship apart, as `python3.X-venv`; and the launcher needs Python 3.11
+(`[all]`: Beam and tf.Transform), where the images ship 3.10. The launch
+checks the first before stage 1 (`venv_problem`); scripts/tpu_vm_setup.sh
+brings both, or says what to run.
 """
 
 import hashlib
@@ -31,6 +37,26 @@ def venv_python(run_dir: str) -> str:
 def _sha256(path: str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
+
+
+def venv_problem(base_python: str | None = None) -> str | None:
+    """None when `base_python` (default: this Python) can make a venv with pip; else what to install, in words."""
+    base_python = base_python or sys.executable
+    probe = "import sys; print('%d.%d' % sys.version_info[:2], flush=True); import ensurepip, venv"
+    try:
+        result = subprocess.run([base_python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{base_python} cannot be run to make the training venv: {exc}"
+    if result.returncode == 0:
+        return None
+    version = result.stdout.strip() or "3.X"
+    return (
+        f"the on-VM mode trains in a venv of its own (~/tf-image-pipeline/{VENV_DIR}, this package's [tpu] "
+        f"extra), and this Python ({base_python}, {version}) cannot make one: its venv module has no ensurepip, "
+        f"which Debian and Ubuntu ship apart. Run: sudo apt-get install python{version}-venv (or "
+        f"scripts/tpu_vm_setup.sh, which sets up this launcher on a TPU VM). Python said: "
+        f"{(result.stderr.strip().splitlines() or ['-'])[-1]}"
+    )
 
 
 def install_commands(run_dir: str, sdist: str, base_python: str = sys.executable) -> list[list[str]]:

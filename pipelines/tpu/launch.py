@@ -49,7 +49,10 @@ restarts the service, and `tpu_server_setup_command` does the same for
 tensorflow-tpu 2.20.0 (the version the install pins).
 
 Supervision: training runs under `python -m train.tools.supervisor` (see its
-docstring for the policy and why it is not a systemd unit), started with
+docstring for the policy and why it is not a systemd unit), given the TPU
+(its restarts wait for the TPU's health and, on a slice, for every worker's
+server) and MODEL_DIR/supervisor.json (its heartbeat and why it stopped, for
+the off-VM loop, pipelines/tpu/restart.py), started with
 `setsid nohup ... &`: a new session with no controlling terminal, so the end
 of the ssh session sends it no SIGHUP, and every output goes to a log file,
 so ssh can close the connection at once.
@@ -65,6 +68,7 @@ from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
 from train import install_lines
 from train.device import device_defaults
+from train.tools import run_status
 
 REMOTE_PACKAGE = "/tmp/tf-image-pipeline.tar.gz"
 # Relative to the ssh user's home, where `gcloud ... ssh --command` starts.
@@ -151,9 +155,30 @@ def training_environment(multi_host: bool) -> list[tuple[str, str]]:
     ]
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv` (`--flag VALUE` or `--flag=VALUE`), or None."""
+    for index, word in enumerate(argv):
+        if word == flag and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith(f"{flag}="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def supervisor_tpu_argv(name: str, location: list[str], multi_host: bool) -> list[str]:
+    """The supervisor's TPU flags: it waits for the TPU's health (and a slice's servers) before each restart."""
+    return ["--tpu", name, *location, *(["--wait-for-tpu-servers"] if multi_host else [])]
+
+
 def supervisor_argv(
-    python: str, train_argv: list[str], pid_file: str = PID_FILE, run_dir: str = RUN_DIR
+    python: str,
+    train_argv: list[str],
+    pid_file: str = PID_FILE,
+    run_dir: str = RUN_DIR,
+    tpu_argv: list[str] | tuple = (),
 ) -> list[str]:
+    """`python -m train.tools.supervisor ... -- python -m train TRAIN_ARGV`, its status object in the model dir."""
+    model_dir = flag_value(train_argv, "--model-dir")
     return [
         python,
         "-m",
@@ -164,6 +189,8 @@ def supervisor_argv(
         os.path.join(run_dir, os.path.basename(STOPPED_FILE)),
         "--progress-file",
         os.path.join(run_dir, os.path.basename(PROGRESS_FILE)),
+        *(["--status-uri", run_status.status_uri(model_dir)] if model_dir else []),
+        *tpu_argv,
         "--",
         python,
         "-m",
@@ -177,14 +204,19 @@ def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
     return ["python3", "-m", "train.tools.tpu_servers", "--tpu", name, *location]
 
 
-def start_script(train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None) -> str:
+def start_script(
+    train_argv: list[str],
+    multi_host: bool,
+    wait_argv: list[str] | None = None,
+    tpu_argv: list[str] | tuple = (),
+) -> str:
     """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh.
 
     The launch runs it, and the VM's boot script (tpu_lifecycle.BOOT_SCRIPT) runs it again at every boot,
     so it starts nothing when training ended for good (the supervisor's stopped file) or still runs.
     """
     exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
-    supervised = shlex.join(supervisor_argv("python3", train_argv))
+    supervised = shlex.join(supervisor_argv("python3", train_argv, tpu_argv=tpu_argv))
     wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""
     # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
     return (
@@ -205,10 +237,13 @@ def start_script(train_argv: list[str], multi_host: bool, wait_argv: list[str] |
 
 
 def supervised_launch_command(
-    train_argv: list[str], multi_host: bool, wait_argv: list[str] | None = None
+    train_argv: list[str],
+    multi_host: bool,
+    wait_argv: list[str] | None = None,
+    tpu_argv: list[str] | tuple = (),
 ) -> str:
     """The ssh command: write start.sh (kept for the boot script), clear an earlier end, and run it."""
-    script = start_script(train_argv, multi_host, wait_argv)
+    script = start_script(train_argv, multi_host, wait_argv, tpu_argv)
     return (
         f"mkdir -p {RUN_DIR} && printf '%s' {shlex.quote(script)} > {START_SCRIPT} && "
         f"rm -f {STOPPED_FILE} && bash {START_SCRIPT}"
@@ -259,13 +294,14 @@ def training_commands(
     lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
     create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
     install = install_command(package_uri)
+    tpu_argv = supervisor_tpu_argv(name, location, choice.tpu.multi_host)
     if choice.tpu.multi_host:
         # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0,
         # started once every worker's TPU server answers.
-        launch = supervised_launch_command(train_argv, True, tpu_servers_wait_argv(name, location))
+        launch = supervised_launch_command(train_argv, True, tpu_servers_wait_argv(name, location), tpu_argv)
         setup = f"{install} && {tpu_server_setup_command(choice.tensorflow_version)}"
         return [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", launch)]
-    launch = supervised_launch_command(train_argv, False)
+    launch = supervised_launch_command(train_argv, False, tpu_argv=tpu_argv)
     return [create, _ssh(name, location, "all", f"{install} && {launch}")]
 
 

@@ -28,7 +28,14 @@ Three events end a training process on a Cloud TPU VM:
   pipelines.tpu.restart --spec SPEC`, run on the user's machine with the
   user's gcloud credentials, watches the TPU's state and, once it is
   PREEMPTED, deletes it and runs the spec's create and launch commands again;
-  training resumes from the model dir's last checkpoint.
+  training resumes from the model dir's last checkpoint. The same loop
+  relaunches training on a READY TPU where nothing supervises it (a launch
+  whose ssh failed, a supervisor heartbeat that stopped) and ends, printing
+  the delete command, when training finished or stopped for good.
+
+The create needs `gcloud alpha` for Autocheckpoint (the only track with
+--autocheckpoint-enabled); `autocheckpoint_gcloud_problem` asks this
+machine's gcloud for it before anything is created.
 
 What each machine kind can lose, then (the guarantee the docs state): at most
 the interval checkpoint, --checkpoint-every of training (python -m train's
@@ -41,6 +48,7 @@ maintenance, where the SIGTERM save completes within Cloud TPU's 5 minutes.
 
 import argparse
 import dataclasses
+import subprocess
 
 from pipelines.tpu import runtime as tpu_runtime
 
@@ -80,6 +88,9 @@ class Lifecycle:
             "autocheckpoint_why": self.autocheckpoint_why,
             "after_reboot": "the VM's startup script (metadata startup-script) runs ~/tf-image-pipeline/start.sh "
             "at every boot: training resumes from the last checkpoint unless it ended for good",
+            "watch": f"run on your machine: {restart_command} (relaunches training where nothing supervises it"
+            + (", recreates the TPU after a preemption" if self.spot else "")
+            + "; ends when training finishes or stops for good, printing the command that deletes the TPU)",
             "after_spot_preemption": (
                 f"run on your machine: {restart_command} (deletes the preempted TPU, creates it again and "
                 "relaunches; training resumes from the last checkpoint)"
@@ -105,6 +116,7 @@ def summary_lines(described: dict) -> list[str]:
         f"{'on' if described['autocheckpoint'] else 'off'} ({described['autocheckpoint_why']})",
         f"After a reboot: {described['after_reboot']}",
         f"After a spot preemption: {described['after_spot_preemption']}",
+        f"Keep it training: {described['watch']}",
         f"At most lost: on maintenance {lost['maintenance']}; on a spot preemption {lost['spot_preemption']}; "
         f"on a crash or SIGKILL {lost['crash_or_sigkill']}",
     ]
@@ -156,6 +168,43 @@ def choose_lifecycle(tpu: tpu_runtime.TpuType, spot: bool = False, autocheckpoin
         else "single host"
     )
     return Lifecycle(spot, True, f"{generation} {where} ({AUTOCHECKPOINT_DOC})", tpu.multi_host)
+
+
+GCLOUD_COMPONENTS_DOC = "https://cloud.google.com/sdk/docs/components"
+
+
+def autocheckpoint_gcloud_problem(run=subprocess.run) -> str | None:
+    """None when this machine's gcloud creates TPUs with --autocheckpoint-enabled; else what to do, in words.
+
+    Only `gcloud alpha compute tpus tpu-vm create` has the flag (gcloud 528: not the GA or beta command).
+    Run without a terminal, a gcloud without its alpha component fails ("This prompt could not be answered
+    because you are not in an interactive session"), which would block the unattended restart loop at its
+    first create: so the launch and the loop ask first, before creating anything.
+    """
+    argv = ["gcloud", "alpha", "compute", "tpus", "tpu-vm", "create", "--help"]
+    try:
+        result = run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return "gcloud is not installed here: https://cloud.google.com/sdk/docs/install"
+    except subprocess.TimeoutExpired:
+        return f"`{' '.join(argv)}` did not answer within 120 s"
+    if result.returncode == 0 and "--autocheckpoint-enabled" in result.stdout:
+        return None
+    said = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    if result.returncode == 0:
+        cause = "this gcloud's alpha create has no --autocheckpoint-enabled: update gcloud (`gcloud components update`)"
+    else:
+        cause = (
+            "gcloud's alpha commands are not installed here: install them with `gcloud components install alpha` "
+            "(a gcloud installed with apt or yum has them in its google-cloud-cli package; "
+            f"{GCLOUD_COMPONENTS_DOC})"
+        )
+    return (
+        f"Autocheckpoint is created with `gcloud alpha compute tpus tpu-vm create --autocheckpoint-enabled` "
+        f"(the only gcloud track with the flag), and {cause}. Or create without it: python -m pipelines.dataflow "
+        f"... --autocheckpoint off (with --skip-preprocess, it writes a new spec; what maintenance can lose is then "
+        f"bounded by --checkpoint-every). gcloud said: {said[-1] if said else '-'}"
+    )
 
 
 def create_command(

@@ -1,29 +1,43 @@
-"""Keep a spot TPU training: recreate it after each preemption, from your own machine, until training ends.
+"""Keep a TPU training until it ends: relaunch it, recreate a preempted spot TPU, from your own machine.
 
     python -m pipelines.tpu.restart --spec gs://BUCKET/run/jobs/train_tpu_vm.json [--poll-seconds 60]
 
-(the spec `python -m pipelines.dataflow ... --tpu NAME --spot` wrote and
-printed, or its --dry-run's local copy). A TPU Spot VM cannot be restarted
-after a preemption: it must be deleted and created again, and the new VM has
-a fresh disk (https://cloud.google.com/tpu/docs/spot). Nothing on the VM
-survives to do that, so this loop runs off the VM, with your gcloud
-credentials. Why not a queued resource instead: a preempted queued resource
-is SUSPENDED, "no longer eligible for further allocation"
+(the spec `python -m pipelines.dataflow ... --tpu NAME` wrote and printed,
+or its --dry-run's local copy). A TPU Spot VM cannot be restarted after a
+preemption: it must be deleted and created again, and the new VM has a fresh
+disk (https://cloud.google.com/tpu/docs/spot). Nothing on the VM survives to
+do that, so this loop runs off the VM, with your gcloud credentials. Why not
+a queued resource instead: a preempted queued resource is SUSPENDED, "no
+longer eligible for further allocation"
 (https://cloud.google.com/tpu/docs/queued-resources), so it would need the
 same delete-and-recreate loop, and plain `tpu-vm create` keeps one path for
 spot and on-demand TPUs.
 
 Each poll:
   - MODEL_DIR/metrics.json exists (python -m train writes it last): training
-    finished; the loop ends (exit 0);
+    finished; the loop prints the command that deletes the TPU (it is billed
+    until deleted) and ends, exit 0;
+  - MODEL_DIR/supervisor.json (the supervisor's status, train/tools/run_status.py)
+    says supervision stopped for good (a setup error, a crash loop, no
+    progress, a TPU that did not come back): the loop prints why and the
+    delete command, and ends, exit 1;
   - the TPU is PREEMPTED or TERMINATED: delete it, then run the spec's
     commands again (create, install, launch): training resumes from the last
     checkpoint in the model dir;
   - the TPU does not exist (deleted, or a recreation found no capacity): run
     the spec's commands;
-  - anything else (READY, CREATING, REPAIRING, ...): wait.
-A command that fails (no spot capacity in the zone) is tried again at the
-next poll. Ctrl-C ends the loop and leaves the TPU as it is.
+  - the TPU is READY: if the last launch did not complete (a create whose
+    ssh failed, common in a new VM's first minute), run the launch commands
+    again (install, a slice's TPU servers, launch; not the create); if the
+    supervisor's heartbeat has not changed for --heartbeat-timeout (nothing
+    supervises training there: a boot that did not resume it, a supervisor
+    killed), run the supervised launch again (the last command; should it
+    fail, the next poll runs them all);
+  - anything else (CREATING, REPAIRING, ...): wait.
+A command that fails is tried again at the next poll, until it succeeds.
+Ctrl-C ends the loop and leaves the TPU as it is. A spec whose create needs
+`gcloud alpha` (Autocheckpoint) is refused before anything is created when
+this machine's gcloud has no alpha commands, with how to get them.
 """
 
 import argparse
@@ -35,10 +49,14 @@ import sys
 import time
 
 from dataset_contract import manifest as manifest_lib
+from pipelines.tpu import lifecycle as tpu_lifecycle
+from train.tools import run_status
 
 RECREATE_STATES = ("PREEMPTED", "TERMINATED")
 NOT_FOUND = "NOT_FOUND"
+READY = "READY"
 METRICS_FILE = "metrics.json"  # train/trainer.py METRICS_FILE, without importing TensorFlow
+TRAINING_FINISHED, STOPPED_FOR_GOOD, POLLS_RAN_OUT = 0, 1, 124
 
 log = logging.getLogger("pipelines.tpu.restart")
 
@@ -79,12 +97,19 @@ def delete_command(tpu: dict) -> list[str]:
             tpu["project"], "--quiet"]  # fmt: skip
 
 
-def recreate(spec: dict, delete_first: bool) -> bool:
-    """Delete (if asked) and run the spec's commands in order; False at the first that fails."""
-    commands = ([delete_command(spec["tpu"])] if delete_first else []) + [
-        shlex.split(command) for command in spec["commands"]
-    ]
-    for argv in commands:
+def is_create(command: str) -> bool:
+    words = shlex.split(command)
+    return "tpu-vm" in words and words[words.index("tpu-vm") + 1 : words.index("tpu-vm") + 2] == ["create"]
+
+
+def launch_commands(spec: dict) -> list[str]:
+    """The spec's commands after the create: install (and a slice's servers), then the supervised launch."""
+    return [command for command in spec["commands"] if not is_create(command)]
+
+
+def run_commands(argvs: list[list[str]]) -> bool:
+    """Run each command in order; False at the first that fails."""
+    for argv in argvs:
         log.info("running: %s", shlex.join(argv[:7]) + (" ..." if len(argv) > 7 else ""))
         result = subprocess.run(argv)
         if result.returncode != 0:
@@ -93,37 +118,144 @@ def recreate(spec: dict, delete_first: bool) -> bool:
     return True
 
 
-def watch(spec: dict, poll_seconds: float, max_polls: int | None = None) -> int:
-    """The loop (module docstring). Returns 0 when training finished; 1 when max_polls ran out."""
+def recreate(spec: dict, delete_first: bool) -> bool:
+    """Delete (if asked) and run the spec's commands in order; False at the first that fails."""
+    commands = ([delete_command(spec["tpu"])] if delete_first else []) + [
+        shlex.split(command) for command in spec["commands"]
+    ]
+    return run_commands(commands)
+
+
+def relaunch(spec: dict, setup: bool) -> bool:
+    """On a TPU that exists: the launch commands again (start.sh starts no second supervisor where one runs).
+
+    With `setup` all of them (a launch that did not complete: a fresh disk needs the install, a slice's
+    workers their TPU servers); without, only the last, the supervised launch (on a single host with its
+    install): it never restarts a slice's TPU servers under a training whose status object merely went
+    quiet. When that launch fails, the next poll runs them all.
+    """
+    commands = launch_commands(spec)
+    return run_commands([shlex.split(command) for command in (commands if setup else commands[-1:])])
+
+
+class Heartbeat:
+    """Whether the supervisor's status object changes: the loop's own clock, never the VM's (they may differ)."""
+
+    def __init__(self, timeout: float, clock=time.monotonic):
+        self.timeout = timeout
+        self.clock = clock
+        self.text: str | None = None
+        self.seen = False
+        self.changed_at = clock()
+
+    def observe(self, text: str | None) -> None:
+        """The object's text at this poll. The first one is no sign of life: it may be an old run's."""
+        if self.seen and text != self.text:
+            self.changed_at = self.clock()
+        self.text, self.seen = text, True
+
+    def restart_clock(self) -> None:
+        """A launch just ran, or the TPU was not READY: the supervisor gets --heartbeat-timeout from now."""
+        self.changed_at = self.clock()
+
+    def silent_for(self) -> float:
+        return self.clock() - self.changed_at
+
+    def stale(self) -> bool:
+        return self.silent_for() > self.timeout
+
+
+def _tell_delete(tpu: dict) -> str:
+    return (
+        f"TPU {tpu['name']} still exists and is billed until it is deleted: {shlex.join(delete_command(tpu))}"
+    )
+
+
+def watch(
+    spec: dict, poll_seconds: float, max_polls: int | None = None, heartbeat_timeout: float = 900.0
+) -> int:
+    """The loop (module docstring). 0: training finished; 1: it stopped for good; 124: max_polls ran out."""
     tpu = spec["tpu"]
+    status_uri = run_status.status_uri(spec["model_dir"])
+    heartbeat = Heartbeat(heartbeat_timeout)
+    launch_pending = False  # the TPU exists, but the launch on it did not complete
     polls = 0
     while max_polls is None or polls < max_polls:
         polls += 1
         if training_finished(spec["model_dir"]):
             log.info("training finished (%s exists): not watching %s any longer", METRICS_FILE, tpu["name"])
-            return 0
+            print(_tell_delete(tpu), file=sys.stderr)
+            return TRAINING_FINISHED
+        text = run_status.read_status_text(status_uri)
+        heartbeat.observe(text)
+        status = run_status.parse_status(text) or {}
+        if status.get("state") == run_status.STOPPED:
+            if status.get("status") == 0:
+                log.info("training finished (%s): not watching %s any longer", status_uri, tpu["name"])
+                print(_tell_delete(tpu), file=sys.stderr)
+                return TRAINING_FINISHED
+            print(
+                f"error: training on TPU {tpu['name']} stopped for good: {status.get('detail')} ({status_uri}; "
+                f"the log: ~/tf-image-pipeline/train.log on the VM, worker 0 of a slice). Nothing restarts it; "
+                f"fix the cause and launch again (the spec's last command), or stop paying for the TPU. "
+                + _tell_delete(tpu),
+                file=sys.stderr,
+            )
+            return STOPPED_FOR_GOOD
         state = tpu_state(tpu)
         if state in RECREATE_STATES:
             log.warning("TPU %s is %s: deleting it and creating it again", tpu["name"], state)
-            recreate(spec, delete_first=True)
+            launch_pending = not recreate(spec, delete_first=True)
+            heartbeat.restart_clock()
         elif state == NOT_FOUND:
             log.warning("TPU %s does not exist: creating it", tpu["name"])
-            recreate(spec, delete_first=False)
+            launch_pending = not recreate(spec, delete_first=False)
+            heartbeat.restart_clock()
+        elif state == READY and (launch_pending or heartbeat.stale()):
+            if launch_pending:
+                log.warning(
+                    "TPU %s is READY and its last launch did not complete: launching again", tpu["name"]
+                )
+            else:
+                log.warning(
+                    "TPU %s is READY but %s has not changed for %.0f s: nothing supervises training there; "
+                    "launching it again",
+                    tpu["name"],
+                    status_uri,
+                    heartbeat.silent_for(),
+                )
+            launch_pending = not relaunch(spec, setup=launch_pending)
+            heartbeat.restart_clock()
         else:
-            log.info("TPU %s: %s", tpu["name"], state or "state unknown")
+            log.info(
+                "TPU %s: %s; supervisor: %s",
+                tpu["name"],
+                state or "state unknown",
+                status.get("detail", "no status yet"),
+            )
+            if state != READY:
+                heartbeat.restart_clock()  # no heartbeat while the VM is away; counted once it is READY
         time.sleep(poll_seconds)
-    return 1
+    return POLLS_RAN_OUT
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.tpu.restart",
-        description="Recreate a preempted spot TPU from the training spec and relaunch training, until "
-        "MODEL_DIR/metrics.json exists.",
+        description="Keep the TPU training of a spec until it ends: relaunch it where nothing supervises it, "
+        "recreate a preempted spot TPU; end when MODEL_DIR/metrics.json exists (exit 0) or the supervisor "
+        "stopped for good (exit 1), printing the command that deletes the TPU.",
     )
     parser.add_argument("--spec", required=True, help="train_tpu_vm.json, local or gs://.")
     parser.add_argument(
         "--poll-seconds", type=float, default=60.0, help="Seconds between checks (default %(default)s)."
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=900.0,
+        help="On a READY TPU, relaunch when the supervisor's status object (MODEL_DIR/supervisor.json) has not "
+        "changed for this many seconds (default %(default)s; the supervisor writes it every 60 s).",
     )
     parser.add_argument("--max-polls", type=int, default=None, help=argparse.SUPPRESS)
     return parser
@@ -143,8 +275,13 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    if any(shlex.split(command)[:2] == ["gcloud", "alpha"] for command in spec["commands"]):
+        problem = tpu_lifecycle.autocheckpoint_gcloud_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     try:
-        return watch(spec, args.poll_seconds, args.max_polls)
+        return watch(spec, args.poll_seconds, args.max_polls, args.heartbeat_timeout)
     except KeyboardInterrupt:
         log.warning("stopped; TPU %s left as it is", spec["tpu"]["name"])
         return 130

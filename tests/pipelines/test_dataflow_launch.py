@@ -103,6 +103,25 @@ def test_a_single_host_vm_installs_and_starts_supervised_training_in_one_command
     assert flag(supervised_train_argv(command), "--tpu") == "local"
 
 
+def supervisor_flags(launch_command):
+    """The supervisor's own flags in start.sh, parsed by its parser."""
+    words = shlex.split(start_script_of(launch_command), comments=True)
+    start = words.index("setsid") + 5  # setsid nohup python3 -m train.tools.supervisor
+    return supervisor.build_parser().parse_args(words[start : words.index(">>", start)])
+
+
+@pytest.mark.parametrize("accelerator_type,multi_host", [("v5litepod-8", False), ("v4-32", True)])
+def test_the_supervisor_keeps_its_status_in_the_model_dir_and_knows_the_tpu_it_waits_for(
+    accelerator_type, multi_host
+):
+    spec = spec_for(accelerator_type)
+    args = supervisor_flags(flag(shlex.split(spec["commands"][-1]), "--command"))
+    assert args.status_uri == f"{spec['model_dir']}/supervisor.json"
+    assert (args.tpu, args.zone, args.project) == ("my-tpu", "us-central2-b", "p")
+    # Only a slice waits for every worker's TPU server before a restart.
+    assert args.wait_for_tpu_servers is multi_host
+
+
 def test_the_launch_names_no_tensorflow_without_a_tpu_build():
     for accelerator_type in ("v4-8", "v4-32", "v5litepod-16", "v6e-16"):
         text = " ".join(spec_for(accelerator_type)["commands"])

@@ -122,12 +122,17 @@ class StepCounter(keras.callbacks.Callback):
         super().__init__()
         self._progress = progress
         self._begin = 0
+        self._stepped = False
 
     def on_train_batch_begin(self, batch, logs=None):
         self._begin = batch
 
     def on_train_batch_end(self, batch, logs=None):
         self._progress.step += batch - self._begin + 1
+        if not self._stepped:
+            # For train.tools.supervisor: this run got past the TPU's set-up (a failure now counts as no progress).
+            self._stepped = True
+            progress_file.record_first_step()
 
 
 class Checkpoints:

@@ -219,9 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from train import console
+    from train.device import cuda_cache
     from train.errors import SetupError
 
     console.configure(args.verbose, args.tpu)
+    cuda_cache.configure_cuda_cache()  # before TensorFlow initializes CUDA, as python -m train (train/device/cuda_cache.py)
     console.import_tensorflow(args.verbose)
     try:
         result = run(args)

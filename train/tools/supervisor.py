@@ -1,6 +1,7 @@
 """Keep a training command running on a TPU VM: restart it after an interruption, stop after success or a setup error.
 
-    python3 -m train.tools.supervisor --pid-file ~/tf-image-pipeline/supervisor.pid -- \\
+    python3 -m train.tools.supervisor --pid-file ~/tf-image-pipeline/supervisor.pid \\
+        --status-uri gs://BUCKET/runs/r50/supervisor.json --tpu NAME --zone ZONE --project PROJECT -- \\
         python3 -m train --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/r50 --tpu local ...
 
 pipelines/tpu/launch.py starts it detached from the ssh session that
@@ -15,31 +16,49 @@ command's exit status means (train/__main__.py):
                           unless an earlier run of it was interrupted: then it set up fine before,
                           and the error is the machine (a slice whose preempted worker is not back
                           yet: no TPU could be initialized) -> restart, as a crash
-  143                     SIGTERM: a checkpoint was saved   -> restart
+  143                     SIGTERM: a checkpoint was saved   -> restart (after maintenance: below)
   anything else, or       on a multi-host slice a peer's preemption reaches worker 0's
   killed by a signal      process as a runtime error (exit 1); SIGKILL, OOM -> restart
 
 A command that keeps failing soon after it starts (--crash-loop-limit runs
-in a row, each within --crash-loop-seconds) is a bug, not an interruption:
-the supervisor then stops with the last status. So is one that keeps failing
-without advancing its checkpoint, however long each run lasts (a truncated
-shard mid-epoch, an OOM at the epoch-end evaluation: each run resumes from
-the same checkpoint and fails at the same place): after --no-progress-limit
-such runs in a row the supervisor stops. The command tells it its progress
-through a small local file named in its environment (TRAIN_PROGRESS_FILE,
-train/loop/progress_file.py): `python -m train` writes each checkpoint step it
-saves there. A command that writes nothing there never shows progress. The wait before a restart
-doubles with each such failure (from --restart-delay, at most 10 minutes),
-giving a slice's workers time to come back. SIGTERM, SIGINT or SIGHUP
-to the supervisor itself (a shutdown, `kill $(cat supervisor.pid)`) reaches
-the command as SIGTERM, on which it saves a checkpoint, and the supervisor
-then exits without restarting it.
+in a row, each within --crash-loop-seconds or before its first training
+step) is a bug, not an interruption: the supervisor then stops with the last
+status. So is one that keeps failing without advancing its checkpoint,
+however long each run lasts (a truncated shard mid-epoch, an OOM at the
+epoch-end evaluation: each run resumes from the same checkpoint and fails at
+the same place): after --no-progress-limit such runs in a row the
+supervisor stops. The command tells it its progress through a small local
+file named in its environment (TRAIN_PROGRESS_FILE, train/loop/progress_file.py):
+`python -m train` writes each checkpoint step it saves there, and that the
+run completed its first training step. A run that failed before its first
+step (no TPU yet, a slice's servers not answering) is the machine coming
+back, not the training failing again: it does not count towards
+--no-progress-limit. The wait before a restart doubles with each quick
+failure (from --restart-delay, at most 10 minutes).
+
+Before each restart, given the TPU (--tpu NAME --zone --project), the
+supervisor also waits, each wait up to --tpu-wait-timeout (default an hour):
+  - until Cloud TPU reports the TPU READY and HEALTHY. After exit 143 (a
+    maintenance event's SIGTERM, Autocheckpoint: Cloud TPU starts maintenance
+    once the process exits) it waits up to --maintenance-grace for the
+    maintenance to show, then until it is over, so the restart does not run
+    into the maintenance window;
+  - on a slice (--wait-for-tpu-servers), until every worker's TPU server
+    answers (train/tools/tpu_servers.py): a peer worker down for minutes costs
+    minutes, not the run.
+A wait that times out ends supervision for good, with the reason.
+SIGTERM, SIGINT or SIGHUP to the supervisor itself (a shutdown, `kill $(cat
+supervisor.pid)`) reaches the command as SIGTERM, on which it saves a
+checkpoint, and the supervisor then exits without restarting it.
 
 When supervision ends for good (success, a setup error, giving up) and not
 on a stop request, the supervisor writes --stopped-file with the reason: the
 boot hook that resumes training after a reboot (pipelines/tpu/launch.py)
 then leaves the finished run alone, while a run stopped by the shutdown
-itself resumes.
+itself resumes. With --status-uri (the TPU launch passes
+MODEL_DIR/supervisor.json) it also keeps a status object there: a heartbeat
+while it supervises and the reason when it stops for good, which the off-VM
+loop (python -m pipelines.tpu.restart) reads (train/tools/run_status.py).
 
 Why a supervisor process under setsid/nohup and not a systemd unit
 (`systemd-run -p Restart=on-failure -p RestartPreventExitStatus=2`): a system
@@ -52,6 +71,7 @@ train` does.
 """
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -62,6 +82,7 @@ import threading
 import time
 
 from train.loop import progress_file
+from train.tools import run_status, tpu_servers
 
 # The statuses of `python -m train` (train/__main__.py; tests/train/tools/test_supervisor.py holds them together).
 SUCCESS_EXIT_CODE = 0
@@ -69,6 +90,11 @@ SETUP_ERROR_EXIT_CODE = 2
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MAX_RESTART_DELAY = 600.0
+# Each wait before a restart (the TPU healthy again, a slice's servers answering) lasts at most this long.
+TPU_WAIT_TIMEOUT = 3600.0
+# After exit 143, how long the TPU may still report healthy before a maintenance event shows (Autocheckpoint:
+# Cloud TPU waits for the process to exit, at most 5 minutes, then starts maintenance).
+MAINTENANCE_GRACE = 300.0
 
 log = logging.getLogger("train.tools.supervisor")
 
@@ -119,6 +145,49 @@ def build_parser() -> argparse.ArgumentParser:
         "a stop request.",
     )
     parser.add_argument("--pid-file", default=None, help="Write this process's id here while it runs.")
+    parser.add_argument(
+        "--status-uri",
+        default=None,
+        help="Keep a status object here (local or gs://, e.g. MODEL_DIR/supervisor.json): a heartbeat every "
+        "--heartbeat-seconds while supervising, the reason when supervision ends for good. python -m "
+        "pipelines.tpu.restart reads it.",
+    )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=60.0,
+        help="Seconds between two writes of --status-uri (default %(default)s).",
+    )
+    tpu = parser.add_argument_group(
+        "the TPU",
+        "Given the TPU this runs on, each restart first waits until Cloud TPU reports it READY and "
+        "HEALTHY (after a maintenance event's save too), and on a slice until every worker's TPU server answers.",
+    )
+    tpu.add_argument(
+        "--tpu", default=None, help="The TPU's name (as gcloud compute tpus tpu-vm describe knows it)."
+    )
+    tpu.add_argument("--zone", default=None)
+    tpu.add_argument("--project", default=None)
+    tpu.add_argument(
+        "--wait-for-tpu-servers",
+        action="store_true",
+        help="A multi-host slice: before each restart wait until every worker's TPU server answers.",
+    )
+    tpu.add_argument(
+        "--tpu-wait-timeout",
+        type=float,
+        default=TPU_WAIT_TIMEOUT,
+        help="Each of those waits lasts at most this many seconds; then supervision ends for good "
+        "(default %(default)s).",
+    )
+    tpu.add_argument(
+        "--maintenance-grace",
+        type=float,
+        default=MAINTENANCE_GRACE,
+        help="After a SIGTERM save (exit 143), wait this long for a maintenance event to show in the TPU's "
+        "health before restarting on a healthy TPU (default %(default)s).",
+    )
+    tpu.add_argument("--tpu-poll-seconds", type=float, default=20.0, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
 
@@ -127,6 +196,16 @@ def describe_status(status: int) -> str:
     if status < 0:
         return f"killed by {signal.Signals(-status).name}"
     return f"exit status {status}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTarget:
+    """The TPU the supervised command runs on, for the waits before a restart."""
+
+    name: str
+    zone: str
+    project: str
+    slice: bool = False  # then also wait for every worker's TPU server
 
 
 class Supervisor:
@@ -141,6 +220,11 @@ class Supervisor:
         no_progress_limit=3,
         progress_file=None,
         stopped_file=None,
+        status: run_status.StatusReport | None = None,
+        tpu: TpuTarget | None = None,
+        tpu_wait_timeout=TPU_WAIT_TIMEOUT,
+        maintenance_grace=MAINTENANCE_GRACE,
+        tpu_poll_seconds=20.0,
     ):
         self.command = list(command)
         self.crash_loop_limit = crash_loop_limit
@@ -149,6 +233,11 @@ class Supervisor:
         self.no_progress_limit = no_progress_limit
         self.progress_file = progress_file
         self.stopped_file = stopped_file
+        self.status = status or run_status.StatusReport(None)
+        self.tpu = tpu
+        self.tpu_wait_timeout = tpu_wait_timeout
+        self.maintenance_grace = maintenance_grace
+        self.tpu_poll_seconds = tpu_poll_seconds
         self.stop_requested = threading.Event()
         self.child: subprocess.Popen | None = None
         self.runs = 0
@@ -168,18 +257,37 @@ class Supervisor:
         return min(self.restart_delay * 2 ** max(0, quick_failures - 1), MAX_RESTART_DELAY)
 
     def _finish(self, status: int, reason: str) -> int:
-        """End supervision for good: the reason goes to --stopped-file, so a reboot does not resume the run."""
+        """End supervision for good: the reason goes to --stopped-file, so a reboot does not resume the run,
+        and to the status object, where the off-VM loop reads it."""
+        described = f"{reason} ({describe_status(status)})"
         if self.stopped_file:
             with open(self.stopped_file, "w") as handle:
-                handle.write(f"{reason} ({describe_status(status)})\n")
+                handle.write(f"{described}\n")
+        self.status.stop()
+        self.status.report(run_status.STOPPED, described, attempts=3, reason=reason, status=status)
+        return status
+
+    def _exit_on_request(self, status: int, why: str) -> int:
+        log.warning("%s; the same command resumes from the last checkpoint", why)
+        self.status.stop()
+        self.status.report(run_status.EXITED, why, attempts=3, status=status)
         return status
 
     def run(self) -> int:
         if self.progress_file is None:
             with tempfile.TemporaryDirectory(prefix="supervisor-") as scratch:
                 self.progress_file = os.path.join(scratch, "progress.json")
-                return self._run()
-        return self._run()
+                return self._run_reporting()
+        return self._run_reporting()
+
+    def _run_reporting(self) -> int:
+        # Each heartbeat carries the last saved checkpoint step: how far training is, seen from the model dir.
+        self.status.saved_step = lambda: progress_file.read_saved_step(self.progress_file)
+        self.status.start()
+        try:
+            return self._run()
+        finally:
+            self.status.stop()
 
     def _run(self) -> int:
         quick_failures = 0
@@ -188,15 +296,18 @@ class Supervisor:
         environment = {**os.environ, progress_file.PROGRESS_FILE_ENV: self.progress_file}
         while True:
             self.runs += 1
+            progress_file.start_run(self.progress_file)
             started = time.monotonic()
             step_before = progress_file.read_saved_step(self.progress_file)
             log.info("run %d: %s", self.runs, " ".join(self.command))
+            self.status.report(run_status.RUNNING, f"run {self.runs}", run=self.runs)
             self.child = subprocess.Popen(self.command, env=environment)
             if self.stop_requested.is_set() and self.child.poll() is None:
                 self.child.send_signal(signal.SIGTERM)  # the stop came while it was starting
             status = self.child.wait()
             lasted = time.monotonic() - started
-            step_after = progress_file.read_saved_step(self.progress_file)
+            progress = progress_file.read_progress(self.progress_file)
+            step_after = progress.saved_step
             log.info(
                 "run %d ended after %.0f s: %s; last saved step %s",
                 self.runs,
@@ -211,18 +322,27 @@ class Supervisor:
                 log.error("setup error (see the message above): fix the flags or the dataset; not restarting")
                 return self._finish(status, "setup error")
             if self.stop_requested.is_set():
-                log.warning("stopped on request; the same command resumes from the last checkpoint")
-                return status
+                return self._exit_on_request(status, "stopped on request")
             # The same command set up fine before: a setup error now is the machine, e.g. a slice whose
             # preempted worker is not back yet ("no TPU could be initialized"). Retried like a crash.
             interrupted = True
-            quick_failures = quick_failures + 1 if lasted < self.crash_loop_seconds else 0
-            progressed = step_after is not None and (step_before is None or step_after > step_before)
-            runs_without_progress = 0 if progressed else runs_without_progress + 1
+            before_first_step = not progress.stepped
+            quick = lasted < self.crash_loop_seconds or before_first_step
+            quick_failures = quick_failures + 1 if quick else 0
+            if before_first_step:
+                # The TPU not ready, a slice's server not answering: the machine, not a failure of training.
+                log.warning(
+                    "run %d failed before its first training step: not counted against --no-progress-limit",
+                    self.runs,
+                )
+            else:
+                progressed = step_after is not None and (step_before is None or step_after > step_before)
+                runs_without_progress = 0 if progressed else runs_without_progress + 1
             final = status if status > 0 else 128 - status
             if quick_failures >= self.crash_loop_limit:
                 log.error(
-                    "%d runs in a row failed within %g s of starting: not an interruption; giving up",
+                    "%d runs in a row failed within %g s of starting or before their first step: not an "
+                    "interruption; giving up",
                     quick_failures,
                     self.crash_loop_seconds,
                 )
@@ -241,17 +361,128 @@ class Supervisor:
                 describe_status(status),
                 delay,
             )
+            self.status.report(
+                run_status.WAITING, f"restarting in {delay:g} s after {describe_status(status)}"
+            )
             if self.stop_requested.wait(delay):
-                log.warning("stopped on request before the restart")
-                return status
+                return self._exit_on_request(status, "stopped on request before the restart")
+            problem = self._wait_for_the_tpu(maintenance=status == PREEMPTED_EXIT_CODE)
+            if self.stop_requested.is_set():
+                return self._exit_on_request(status, "stopped on request before the restart")
+            if problem:
+                log.error("%s: giving up", problem)
+                return self._finish(final, problem)
+
+    def _wait_for_the_tpu(self, maintenance: bool) -> str | None:
+        """Before a restart: the TPU healthy, a slice's servers answering. None, or why it did not come back."""
+        if self.tpu is None:
+            return None
+        problem = self._wait_until_healthy(self.maintenance_grace if maintenance else 0.0)
+        if problem is None and self.tpu.slice:
+            problem = self._wait_for_servers()
+        return problem
+
+    def _wait_until_healthy(self, grace: float) -> str | None:
+        """Wait until Cloud TPU reports the TPU READY and HEALTHY.
+
+        Within `grace` seconds a healthy report is not enough: a maintenance event may not show yet.
+        Once the TPU has reported otherwise, the first healthy report ends the wait. When gcloud cannot
+        describe the TPU, the wait ends after `grace` (training then finds out itself).
+        """
+        tpu = self.tpu
+        started = time.monotonic()
+        seen_unhealthy = False
+        if grace:
+            log.info(
+                "a SIGTERM save (a maintenance event, with Autocheckpoint): restarting once TPU %s has been "
+                "through its maintenance, or after %g s if none shows",
+                tpu.name,
+                grace,
+            )
+            self.status.report(run_status.WAITING, f"up to {grace:g} s for a maintenance event to show")
+        while True:
+            try:
+                node = tpu_servers.describe_tpu(tpu.name, tpu.zone, tpu.project)
+            except RuntimeError as exc:
+                node = None
+                log.warning("%s", exc)
+            elapsed = time.monotonic() - started
+            if node is not None and tpu_servers.is_healthy(node):
+                if seen_unhealthy:
+                    log.info(
+                        "TPU %s is %s again after %.0f s", tpu.name, tpu_servers.health_of(node), elapsed
+                    )
+                    return None
+                if elapsed >= grace:
+                    return None
+            elif node is not None:
+                if not seen_unhealthy:
+                    log.warning(
+                        "TPU %s is %s: restarting once it is READY/HEALTHY",
+                        tpu.name,
+                        tpu_servers.health_of(node),
+                    )
+                    self.status.report(run_status.WAITING, f"TPU {tpu_servers.health_of(node)}")
+                seen_unhealthy = True
+            elif elapsed >= grace:
+                return None
+            if elapsed >= self.tpu_wait_timeout:
+                return f"TPU {tpu.name} not READY/HEALTHY after {self.tpu_wait_timeout:g} s"
+            if self.stop_requested.wait(self.tpu_poll_seconds):
+                return None
+
+    def _wait_for_servers(self) -> str | None:
+        """Wait until every worker's TPU server answers (the slice's workers, as Cloud TPU lists them)."""
+        tpu = self.tpu
+        deadline = time.monotonic() + self.tpu_wait_timeout
+        while True:
+            try:
+                endpoints = tpu_servers.worker_endpoints(tpu.name, tpu.zone, tpu.project)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                log.warning("%s", exc)
+            else:
+                silent = [
+                    worker for worker in range(len(endpoints)) if not tpu_servers.answers(*endpoints[worker])
+                ]
+                if silent:
+                    log.warning(
+                        "the TPU servers of workers %s of %s do not answer: restarting once they do (at most "
+                        "%g s)",
+                        ", ".join(map(str, silent)),
+                        tpu.name,
+                        self.tpu_wait_timeout,
+                    )
+                    self.status.report(
+                        run_status.WAITING,
+                        f"the TPU servers of workers {', '.join(map(str, silent))} do not answer",
+                    )
+                    silent = tpu_servers.wait_for_servers(
+                        endpoints,
+                        max(0.0, deadline - time.monotonic()),
+                        min(self.tpu_poll_seconds, 2.0),
+                        stop=self.stop_requested,
+                    )
+                if not silent:
+                    return None
+                if time.monotonic() >= deadline:
+                    where = ", ".join(f"worker {worker} ({endpoints[worker][0]})" for worker in silent)
+                    return f"the TPU servers of {where} of {tpu.name} did not answer within {self.tpu_wait_timeout:g} s"
+            if time.monotonic() >= deadline:
+                return f"gcloud could not list the workers of {tpu.name} within {self.tpu_wait_timeout:g} s"
+            if self.stop_requested.wait(self.tpu_poll_seconds):
+                return None
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        build_parser().error("give the command to supervise after --")
+        parser.error("give the command to supervise after --")
+    if (args.tpu or args.wait_for_tpu_servers) and not (args.tpu and args.zone and args.project):
+        parser.error("--tpu needs --zone and --project (and --wait-for-tpu-servers needs all three)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
+    tpu = TpuTarget(args.tpu, args.zone, args.project, args.wait_for_tpu_servers) if args.tpu else None
     supervisor = Supervisor(
         command,
         args.crash_loop_limit,
@@ -260,6 +491,11 @@ def main(argv=None) -> int:
         no_progress_limit=args.no_progress_limit,
         progress_file=args.progress_file,
         stopped_file=args.stopped_file,
+        status=run_status.StatusReport(args.status_uri, args.heartbeat_seconds),
+        tpu=tpu,
+        tpu_wait_timeout=args.tpu_wait_timeout,
+        maintenance_grace=args.maintenance_grace,
+        tpu_poll_seconds=args.tpu_poll_seconds,
     )
     for signum in STOP_SIGNALS:
         signal.signal(signum, supervisor.request_stop)

@@ -14,8 +14,11 @@ endpoints, as TensorFlow's TPUClusterResolver does) and waits until a TCP
 connection to each endpoint succeeds, or says which workers do not answer
 and exits 2 after --timeout.
 
-Plain Python and gcloud (on every TPU VM image, authenticated as the VM's
-service account); no TensorFlow import.
+The supervisor uses the same pieces before each restart on a slice
+(train/tools/supervisor.py), and asks Cloud TPU for the TPU's health (`state` and
+`health`: READY and HEALTHY, not UNHEALTHY_MAINTENANCE) after a maintenance
+event's save. Plain Python and gcloud (on every TPU VM image, authenticated
+as the VM's service account); no TensorFlow import.
 """
 
 import argparse
@@ -27,21 +30,44 @@ import time
 
 TPU_SERVER_PORT = 8470  # the gRPC port TPU servers listen on (Cloud TPU's networkEndpoints report it)
 CONNECT_SECONDS = 3.0
+GCLOUD_SECONDS = 120
+HEALTHY = "HEALTHY"
+
+
+def describe_tpu(name: str, zone: str, project: str) -> dict:
+    """Cloud TPU's description of TPU `name` (`gcloud ... describe --format=json`); RuntimeError if it cannot."""
+    try:
+        result = subprocess.run(
+            ["gcloud", "compute", "tpus", "tpu-vm", "describe", name, "--zone", zone, "--project", project,
+             "--format=json"],
+            capture_output=True, text=True, timeout=GCLOUD_SECONDS, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"gcloud did not describe TPU {name} within {GCLOUD_SECONDS} s") from exc
+    if result.returncode != 0:
+        raise RuntimeError(f"gcloud cannot describe TPU {name} in {zone}: {result.stderr.strip()}")
+    try:
+        return json.loads(result.stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"gcloud's description of TPU {name} is not JSON: {exc}") from exc
 
 
 def worker_endpoints(name: str, zone: str, project: str) -> list[tuple[str, int]]:
     """(address, port) of each worker of TPU `name`, in worker order, from `gcloud ... describe`."""
-    result = subprocess.run(
-        ["gcloud", "compute", "tpus", "tpu-vm", "describe", name, "--zone", zone, "--project", project,
-         "--format=json"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise RuntimeError(f"gcloud cannot describe TPU {name} in {zone}: {result.stderr.strip()}")
-    endpoints = json.loads(result.stdout).get("networkEndpoints") or []
+    endpoints = describe_tpu(name, zone, project).get("networkEndpoints") or []
     if not endpoints:
         raise RuntimeError(f"Cloud TPU reports no network endpoints for TPU {name}: is it READY?")
     return [(endpoint["ipAddress"], int(endpoint.get("port") or TPU_SERVER_PORT)) for endpoint in endpoints]
+
+
+def health_of(node: dict) -> str:
+    """`state/health` of a described TPU, e.g. READY/HEALTHY or READY/UNHEALTHY_MAINTENANCE."""
+    return f"{node.get('state', 'STATE_UNSPECIFIED')}/{node.get('health', 'HEALTH_UNSPECIFIED')}"
+
+
+def is_healthy(node: dict) -> bool:
+    """READY, and not reported unhealthy: HEALTHY, or no health reported (Cloud TPU's Node.health)."""
+    return node.get("state") == "READY" and node.get("health", HEALTHY) in (HEALTHY, "HEALTH_UNSPECIFIED")
 
 
 def answers(address: str, port: int) -> bool:
@@ -52,15 +78,24 @@ def answers(address: str, port: int) -> bool:
         return False
 
 
-def wait_for_servers(endpoints, timeout: float, poll_seconds: float = 2.0, clock=time.monotonic) -> list[int]:
-    """Wait until each endpoint accepts a connection; return the worker indexes still silent at `timeout`."""
+def wait_for_servers(
+    endpoints, timeout: float, poll_seconds: float = 2.0, clock=time.monotonic, stop=None
+) -> list[int]:
+    """Wait until each endpoint accepts a connection; return the worker indexes still silent at `timeout`.
+
+    `stop` (a threading.Event) ends the wait early when set.
+    """
     silent = list(range(len(endpoints)))
     deadline = clock() + timeout
     while True:
         silent = [worker for worker in silent if not answers(*endpoints[worker])]
         if not silent or clock() >= deadline:
             return silent
-        time.sleep(poll_seconds)
+        if stop is not None:
+            if stop.wait(poll_seconds):
+                return silent
+        else:
+            time.sleep(poll_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
+
+import pytest
 
 from pipelines import dataflow
 from pipelines.tpu import interpreter as tpu_interpreter
@@ -87,3 +90,108 @@ def test_the_on_vm_mode_starts_the_supervisor_and_training_on_the_venv_python(tm
     assert os.waitstatus_to_exitcode(status) == supervisor.SETUP_ERROR_EXIT_CODE
     log = (tmp_path / tpu_launch.LOG_FILE).read_text()
     assert f"run 1: {python} -m train --data" in log  # python -m train ran on the venv's python
+
+
+def python_without_ensurepip(tmp_path):
+    """This Python as Debian and Ubuntu ship it without python3.X-venv: its ensurepip cannot be imported."""
+    hidden = tmp_path / "hide-ensurepip"
+    (hidden / "ensurepip").mkdir(parents=True)
+    (hidden / "ensurepip" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n"
+    )
+    wrapper = tmp_path / "python3"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={hidden} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_a_python_whose_venv_has_no_ensurepip_is_named_with_the_package_to_install(tmp_path):
+    assert tpu_interpreter.venv_problem(sys.executable) is None
+    problem = tpu_interpreter.venv_problem(python_without_ensurepip(tmp_path))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert (
+        f"sudo apt-get install python{version}-venv" in problem and "No module named 'ensurepip'" in problem
+    )
+
+
+def test_the_on_vm_mode_refuses_before_stage_1_when_the_training_venv_cannot_be_made(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sys, "executable", python_without_ensurepip(tmp_path))
+    ran = []
+    monkeypatch.setattr(dataflow, "run_workflow", lambda **kwargs: ran.append(kwargs))
+    code = dataflow.main(
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
+         "--tpu", "local", "--accelerator-type", "v5litepod-8", "--skip-preprocess"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and ran == [], err
+    assert "-venv" in err and "scripts/tpu_vm_setup.sh" in err and "Traceback" not in err
+
+
+SETUP = os.path.join(REPO, "scripts", "tpu_vm_setup.sh")
+
+
+def run_setup(tmp_path, python, *args):
+    """scripts/tpu_vm_setup.sh with PYTHON311=python, and an apt-get (through a sudo) that records and fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "apt-get").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/apt\n[ "$1" = update ] && exit 0\n'
+        'echo "E: Unable to locate package $4" >&2; exit 100\n'
+    )
+    (bin_dir / "sudo").write_text('#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n')
+    for tool in ("apt-get", "sudo"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON311": python, "PIP_NO_INDEX": "1",
+           "LAUNCHER_VENV": str(tmp_path / "launcher-venv")}  # fmt: skip
+    return subprocess.run(["bash", SETUP, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_vm_setup_refuses_a_python_that_is_not_3_11_with_what_to_run(tmp_path):
+    not_311 = tmp_path / "python3"
+    not_311.write_text("#!/bin/sh\nexit 1\n")  # as a 3.10 answers the version check
+    not_311.chmod(0o755)
+    result = run_setup(tmp_path, str(not_311))
+    assert result.returncode == 2, result.stderr
+    assert (
+        "is not Python 3.11" in result.stderr
+        and "sudo apt-get install python3.11 python3.11-venv" in result.stderr
+    )
+    assert not (tmp_path / "launcher-venv").exists()
+
+
+def test_the_vm_setup_installs_the_venv_package_or_says_to(tmp_path):
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the setup makes a Python 3.11 venv; the main suite runs on 3.11")
+    result = run_setup(tmp_path, python_without_ensurepip(tmp_path))
+    assert result.returncode == 2, result.stderr
+    # It tried to bring python3.11-venv with apt-get, which could not; then it says what to run.
+    assert "install -y -q python3.11-venv" in (tmp_path / "apt").read_text()
+    assert "Run: sudo apt-get install python3.11-venv" in result.stderr
+    assert not (tmp_path / "launcher-venv").exists()
+
+
+def test_the_vm_setup_makes_the_launcher_venv_with_the_all_extra(tmp_path):
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the setup makes a Python 3.11 venv; the main suite runs on 3.11")
+    # A wheel standing in for this package (its [all] extra empty), installed without the registry.
+    wheel = tmp_path / "tiny-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("tiny/__init__.py", "READY = True\n")
+        archive.writestr(
+            "tiny-0.1.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: tiny\nVersion: 0.1\nProvides-Extra: all\n",
+        )
+        archive.writestr(
+            "tiny-0.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        archive.writestr("tiny-0.1.dist-info/RECORD", "tiny/__init__.py,,\ntiny-0.1.dist-info/METADATA,,\n")
+    result = run_setup(tmp_path, sys.executable, str(wheel))
+    assert result.returncode == 0, result.stderr
+    python = tmp_path / "launcher-venv" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import tiny; assert tiny.READY"], check=False).returncode == 0
+    assert "The on-VM launcher is ready. Run: source" in result.stdout
+    assert not (tmp_path / "apt").exists()  # nothing to install: 3.11 and its venv were there

@@ -94,6 +94,10 @@ def test_the_dry_run_of_the_tpu_launch_shows_the_spot_autocheckpoint_and_restart
         in text
     )
     assert "After a reboot: the VM's startup script" in text
+    assert (
+        f"Keep it training: run on your machine: python -m pipelines.tpu.restart --spec {spec_path} (relaunches "
+        "training where nothing supervises it, recreates the TPU after a preemption" in text
+    )
     assert "At most lost: on maintenance nothing" in text and "--checkpoint-every" in text
     spec = json.loads(spec_path.read_text())
     assert spec["lifecycle"]["spot"] is True and spec["lifecycle"]["autocheckpoint"] is True
@@ -201,3 +205,25 @@ def test_a_slice_start_sh_starts_no_training_while_a_tpu_server_does_not_answer(
     assert script.index(
         "python3 -m train.tools.tpu_servers --tpu my-v4-32 --zone z --project p"
     ) < script.index("setsid nohup")
+
+
+def test_a_launch_whose_gcloud_has_no_alpha_commands_is_refused_before_stage_1(tmp_path, monkeypatch, capsys):
+    # A gcloud without its alpha component, run unattended: the prompt to install it cannot be answered.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(
+        "#!/bin/sh\necho 'ERROR: (gcloud) This prompt could not be answered because you are not in an "
+        "interactive session.' >&2\nexit 1\n"
+    )
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    ran = []
+    monkeypatch.setattr(dataflow, "run_workflow", lambda **kwargs: ran.append(kwargs))
+    argv = ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
+            "--tpu", "my-tpu", "--accelerator-type", "v5litepod-8", "--skip-preprocess"]  # fmt: skip
+    assert dataflow.main(argv) == 2 and ran == []
+    err = capsys.readouterr().err
+    assert "gcloud components install alpha" in err and "--autocheckpoint off" in err
+    assert "not in an interactive session" in err and "Traceback" not in err
+    # Without Autocheckpoint the create is plain `gcloud compute ...`: no alpha needed, the launch goes on.
+    assert dataflow.main([*argv, "--autocheckpoint", "off"]) == 0 and len(ran) == 1

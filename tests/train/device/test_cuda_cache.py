@@ -11,15 +11,18 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from train.device import cuda_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-# Records the CUDA variables at the moment `import tensorflow` starts, then runs `python -m train`, which
-# stops with status 2 (no dataset) after importing TensorFlow.
+# Records the CUDA variables at the moment `import tensorflow` starts, then runs the `main` of the module
+# given (`python -m train`, `python -m train.tools.bench_input`), which stops with status 2 (no dataset) after
+# importing TensorFlow.
 SCRIPT = textwrap.dedent(
     """
-    import importlib.abc, json, os, sys
+    import importlib, importlib.abc, json, os, sys
 
     seen = {}
 
@@ -30,9 +33,9 @@ SCRIPT = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, RecordAtImport())
-    from train.__main__ import main
-
-    status = main(["--data", sys.argv[1], "--model-dir", sys.argv[2]])
+    main = importlib.import_module(sys.argv[3]).main
+    argv = ["--data", sys.argv[1]] + (["--model-dir", sys.argv[2]] if sys.argv[3] == "train.__main__" else [])
+    status = main(argv)
     print("RESULT " + json.dumps({"status": status, "imported": "tensorflow" in sys.modules, "seen": seen}))
     """
 )
@@ -52,7 +55,10 @@ def test_a_users_own_values_are_kept(tmp_path):
     assert (environ["CUDA_CACHE_PATH"], environ["CUDA_CACHE_MAXSIZE"]) == ("/mine", "1000")
 
 
-def test_python_m_train_sets_the_cache_before_tensorflow_is_imported_and_keeps_a_users_size(tmp_path):
+@pytest.mark.parametrize("module", ["train.__main__", "train.tools.bench_input"])
+def test_python_m_train_and_bench_input_set_the_cache_before_tensorflow_is_imported_and_keep_a_users_size(
+    tmp_path, module
+):
     env = {
         key: value
         for key, value in os.environ.items()
@@ -66,7 +72,7 @@ def test_python_m_train_sets_the_cache_before_tensorflow_is_imported_and_keeps_a
         TPU_LOAD_LIBRARY="0",
     )
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "no-dataset"), str(tmp_path / "model")],
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "no-dataset"), str(tmp_path / "model"), module],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -36,3 +36,22 @@ def test_without_a_supervisor_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv(progress_file.PROGRESS_FILE_ENV, raising=False)
     progress_file.record_saved_step(5)  # no file named: a no-op
     assert progress_file.read_saved_step(str(tmp_path / "absent.json")) is None
+
+
+def test_the_first_training_step_of_a_run_is_recorded_and_the_supervisor_clears_it_before_the_next(
+    tmp_path, monkeypatch
+):
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    path = tmp_path / "progress.json"
+    progress_file.record_saved_step(300, str(path))  # an earlier run saved step 300
+    progress_file.start_run(str(path))  # the supervisor, before this run
+    assert progress_file.read_progress(str(path)) == progress_file.Progress(300, False)
+    monkeypatch.setenv(progress_file.PROGRESS_FILE_ENV, str(path))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    counter = checkpoints.StepCounter(checkpoints.TrainingProgress(300))
+    model.fit(np.zeros((4, 2)), np.zeros((4, 1)), batch_size=2, epochs=1, callbacks=[counter], verbose=0)
+    # Stepped, and the saved step kept: a failure from here on is this run's, not the machine's.
+    assert progress_file.read_progress(str(path)) == progress_file.Progress(300, True)

@@ -1,7 +1,9 @@
 """`python -m train.tools.supervisor` with real child processes, real exit statuses and real signals."""
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -11,12 +13,17 @@ import pytest
 
 from train.tools import supervisor
 
+# Also in the Python 3.10 leg (scripts/test_py310.sh): the supervisor runs on a TPU VM's python3, 3.10.
+pytestmark = pytest.mark.py310
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # A child that records each run in RUNS and exits with the next status of STATUSES
 # ("kill" kills itself with SIGKILL; "wait" waits for SIGTERM and then exits 143 as train does;
 # a status ending in "+" first saves a checkpoint one step further, through train.loop.progress_file as
-# train/loop/checkpoints.py does; "late" sleeps past --crash-loop-seconds first).
+# train/loop/checkpoints.py does; "late" sleeps past --crash-loop-seconds first). Each run first completes a
+# training step (recorded as train/loop/checkpoints.py's StepCounter does), except under "early": it fails
+# before its first step, as a run does when the TPU is not back yet.
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -25,8 +32,12 @@ CHILD = textwrap.dedent(
     with open(runs_file, "a") as handle:
         handle.write("run\\n")
     with open(runs_file) as handle:
-        run = len(handle.readlines())
+        run = sum(line == "run\\n" for line in handle)  # the fake gcloud below logs its calls there too
     status = statuses[min(run, len(statuses)) - 1]
+    if status.startswith("early"):
+        status = status[len("early"):]
+    else:
+        progress_file.record_first_step()
     if status.startswith("late"):
         time.sleep(0.5)
         status = status[len("late"):]
@@ -53,7 +64,7 @@ def supervise(tmp_path, statuses, *options, timeout=60):
          "--", sys.executable, str(child), str(runs), ",".join(statuses)],
         cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": REPO},
     )  # fmt: skip
-    return result, len(runs.read_text().splitlines()) if runs.exists() else 0
+    return result, runs.read_text().splitlines().count("run") if runs.exists() else 0
 
 
 def test_a_run_interrupted_by_sigterm_is_restarted_and_supervision_ends_at_success(tmp_path):
@@ -167,3 +178,194 @@ def test_a_stop_signal_to_the_supervisor_reaches_the_command_as_sigterm_and_ends
     assert not pid_file.exists()
     # A shutdown's SIGTERM is such a request: the boot hook must resume this run, so no stopped file.
     assert not (tmp_path / "stopped").exists()
+
+
+def test_runs_that_fail_before_their_first_step_do_not_count_against_the_no_progress_limit(tmp_path):
+    # Run 1 trains and is interrupted; runs 2-4 fail before their first step (the TPU not back yet): with
+    # --no-progress-limit 2 they would have stopped supervision at run 3.
+    result, runs = supervise(
+        tmp_path, ["late1+", "early2", "early1", "early1", "0"], "--no-progress-limit", "2",
+        "--crash-loop-seconds", "0.2",
+    )  # fmt: skip
+    assert (result.returncode, runs) == (0, 5), result.stderr
+    assert result.stderr.count("failed before its first training step") == 3
+
+
+def test_failures_before_the_first_step_still_end_in_the_crash_loop_limit_however_long_they_last(tmp_path):
+    stopped = tmp_path / "stopped"
+    result, runs = supervise(
+        tmp_path,
+        ["early1"],
+        "--crash-loop-limit",
+        "3",
+        "--crash-loop-seconds",
+        "0",
+        "--stopped-file",
+        str(stopped),
+    )
+    assert (result.returncode, runs) == (1, 3), result.stderr
+    assert stopped.read_text().startswith("crash loop")
+
+
+# A `gcloud` for the supervisor's calls: `storage cp FILE gs://B/O` stores the object under GCS/B/O;
+# `tpu-vm describe` answers READY with the next health of HEALTH (the last one stays) and the workers
+# of PORTS (127.0.0.1 each), and logs "describe HEALTH" to LOG (the runs file: its order with the runs).
+FAKE_GCLOUD = """#!{python}
+import json, os, sys
+d, log = {d!r}, {log!r}
+args = sys.argv[1:]
+if args[:2] == ["storage", "cp"]:
+    target = os.path.join(d, "gcs", args[3][len("gs://"):])
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(args[2]) as source, open(target + ".partial", "w") as out:
+        out.write(source.read())
+    os.replace(target + ".partial", target)
+elif args[:4] == ["compute", "tpus", "tpu-vm", "describe"]:
+    with open(os.path.join(d, "health")) as handle:
+        healths = handle.read().split()
+    if len(healths) > 1:
+        with open(os.path.join(d, "health"), "w") as handle:
+            handle.write(" ".join(healths[1:]))
+    with open(log, "a") as handle:
+        handle.write("describe " + healths[0] + chr(10))
+    ports = json.load(open(os.path.join(d, "ports"))) if os.path.exists(os.path.join(d, "ports")) else []
+    print(json.dumps({{"state": "READY", "health": healths[0],
+                      "networkEndpoints": [{{"ipAddress": "127.0.0.1", "port": port}} for port in ports]}}))
+else:
+    sys.exit("fake gcloud: unexpected " + " ".join(args))
+"""
+
+TPU = ["--tpu", "t", "--zone", "z", "--project", "p", "--tpu-poll-seconds", "0.05"]
+
+
+def fake_gcloud(tmp_path, healths=("HEALTHY",), ports=None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text(
+        FAKE_GCLOUD.format(python=sys.executable, d=str(tmp_path), log=str(tmp_path / "runs"))
+    )
+    (bin_dir / "gcloud").chmod(0o755)
+    (tmp_path / "health").write_text(" ".join(healths))
+    if ports is not None:
+        (tmp_path / "ports").write_text(json.dumps(ports))
+    return {**os.environ, "PYTHONPATH": REPO, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_after_a_maintenance_save_the_restart_waits_until_the_tpu_reports_healthy_again(tmp_path):
+    # Run 1 saves on the maintenance event's SIGTERM and exits 143; Cloud TPU reports the maintenance a
+    # moment later (two HEALTHY answers first), then HEALTHY again: run 2 starts only then.
+    env = fake_gcloud(
+        tmp_path, ["HEALTHY", "HEALTHY", "UNHEALTHY_MAINTENANCE", "UNHEALTHY_MAINTENANCE", "HEALTHY"]
+    )
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tools.supervisor", "--restart-delay", "0", *TPU, "--maintenance-grace", "30",
+         "--", sys.executable, str(child), str(tmp_path / "runs"), "143+,0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs").read_text().splitlines() == [
+        "run", "describe HEALTHY", "describe HEALTHY", "describe UNHEALTHY_MAINTENANCE",
+        "describe UNHEALTHY_MAINTENANCE", "describe HEALTHY", "run",
+    ]  # fmt: skip
+    assert "READY/UNHEALTHY_MAINTENANCE: restarting once it is READY/HEALTHY" in result.stderr
+
+
+def test_after_a_runtime_error_on_a_healthy_tpu_the_restart_asks_cloud_tpu_once(tmp_path):
+    env = fake_gcloud(tmp_path)
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tools.supervisor", "--restart-delay", "0", *TPU, "--",
+         sys.executable, str(child), str(tmp_path / "runs"), "1,0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "runs").read_text().splitlines() == ["run", "describe HEALTHY", "run"]
+
+
+# Worker 0's training on a slice: run 1 trains and then loses a peer (a runtime error, exit 1); later runs
+# need every worker's TPU server (the ports in PORTS) and fail before their first step while one is down.
+SLICE_CHILD = textwrap.dedent(
+    """
+    import json, socket, sys
+    from train.loop import progress_file
+    runs_file, ports_file = sys.argv[1], sys.argv[2]
+    with open(runs_file, "a") as handle:
+        handle.write("run" + chr(10))
+    run = open(runs_file).read().splitlines().count("run")
+    if run == 1:
+        progress_file.record_first_step()
+        progress_file.record_saved_step(100)
+        sys.exit(1)
+    for port in json.load(open(ports_file)):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            print(f"no TPU could be initialized: the worker at port {port} does not answer", file=sys.stderr)
+            sys.exit(2)
+    progress_file.record_first_step()
+    sys.exit(0)
+    """
+)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_peer_worker_down_for_ten_minutes_costs_the_wait_not_the_run(tmp_path):
+    # Times at 1/100: the peer is down for 6 s (10 minutes), the restart delay is 0.3 s (30 s), the servers'
+    # wait at most 36 s (an hour). Restarting into the missing peer, the no-progress rule stopped after 3
+    # runs (0.3 + 0.6 + 1.2 s: 3.5 minutes); now the supervisor waits for the peer's server, then resumes.
+    up = socket.create_server(("127.0.0.1", 0))
+    down_port = closed_port()
+    env = fake_gcloud(tmp_path, ports=[up.getsockname()[1], down_port])
+    child = tmp_path / "child.py"
+    child.write_text(SLICE_CHILD)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "train.tools.supervisor", "--restart-delay", "0.3", "--crash-loop-seconds", "3",
+         *TPU, "--wait-for-tpu-servers", "--tpu-wait-timeout", "36", "--stopped-file", str(tmp_path / "stopped"),
+         "--", sys.executable, str(child), str(tmp_path / "runs"), str(tmp_path / "ports")],
+        cwd=REPO, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    back = None
+    try:
+        time.sleep(6)
+        back = socket.create_server(("127.0.0.1", down_port))  # the peer's TPU server answers again
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        up.close()
+        if back is not None:
+            back.close()
+    assert process.returncode == 0, stderr
+    assert (tmp_path / "runs").read_text().splitlines().count("run") == 2, stderr
+    assert "the TPU servers of workers 1 of t do not answer" in stderr
+    assert (tmp_path / "stopped").read_text().startswith("training finished")
+
+
+def test_a_slice_whose_server_stays_silent_stops_for_good_and_says_why_in_the_status_object(tmp_path):
+    env = fake_gcloud(tmp_path, ports=[closed_port()])
+    child = tmp_path / "child.py"
+    child.write_text(SLICE_CHILD)
+    status = tmp_path / "gcs" / "b" / "run" / "model" / "supervisor.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tools.supervisor", "--restart-delay", "0", *TPU, "--wait-for-tpu-servers",
+         "--tpu-wait-timeout", "1", "--stopped-file", str(tmp_path / "stopped"),
+         "--status-uri", "gs://b/run/model/supervisor.json", "--heartbeat-seconds", "0.1",
+         "--", sys.executable, str(child), str(tmp_path / "runs"), str(tmp_path / "ports")],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    reason = "the TPU servers of worker 0 (127.0.0.1) of t did not answer within 1 s"
+    assert (tmp_path / "stopped").read_text() == f"{reason} (exit status 1)\n"
+    written = json.loads(status.read_text())
+    assert (written["state"], written["reason"], written["status"]) == ("stopped", reason, 1)
+    assert written["saved_step"] == 100  # run 1's checkpoint, as each write carries it
+    # The heartbeat went on while the supervisor waited (a write each 0.1 s, besides the 4 reports).
+    assert written["heartbeat"] > 6, written
