@@ -63,3 +63,79 @@ class ErrorRecord:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+class TooManyFailuresError(ValueError):
+    """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
+
+
+class EmptyTrainSplitError(ValueError):
+    """No image reached the train split (every input failed, or none was assigned to train): tf.Transform
+    has nothing to analyze, and nothing is published. The launcher tells the failures by reason."""
+
+
+# The errors of a run that are its inputs' fault, not the code's: the launcher says them without a traceback.
+INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError)
+
+
+@dataclasses.dataclass
+class ErrorLogSample:
+    """What read_error_log read: the first records of each reason, the records read by reason, the bytes."""
+
+    examples: dict[str, list[ErrorRecord]] = dataclasses.field(default_factory=dict)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes_read: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_error_log(
+    paths: list[str], per_reason: int = 3, wanted: dict | None = None, max_bytes: int | None = None
+) -> ErrorLogSample:
+    """The one reader of the error log: its files (local or gs://) in order, the first `per_reason`
+    records of each reason.
+
+    With `wanted` ({reason: count}, the manifest's `failures_by_reason`) it stops once each of those
+    reasons has its examples, so a huge log costs a few lines; without, it reads every line (`counts`
+    is then the log's). It also stops after `max_bytes`. A missing file is noted; a line that is not a
+    JSON object is skipped.
+    """
+    from preprocess import filesystem  # noqa: PLC0415 - Beam's filesystems; workers never read the log
+
+    sample = ErrorLogSample()
+
+    def complete() -> bool:
+        return wanted is not None and all(
+            len(sample.examples.get(reason, [])) >= min(per_reason, count) for reason, count in wanted.items()
+        )
+
+    for path in paths:
+        if complete():
+            break
+        if not filesystem.exists(path):
+            sample.notes.append(f"error file {path} is missing")
+            continue
+        with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:
+            for line in handle:
+                sample.bytes_read += len(line)
+                try:
+                    error = json.loads(line)
+                except ValueError:
+                    error = None
+                if isinstance(error, dict):
+                    record = ErrorRecord(
+                        str(error.get("uri", "?")),
+                        str(error.get("reason", "?")),
+                        str(error.get("detail", "")),
+                    )
+                    sample.counts[record.reason] = sample.counts.get(record.reason, 0) + 1
+                    examples = sample.examples.setdefault(record.reason, [])
+                    if len(examples) < per_reason:
+                        examples.append(record)
+                if complete():
+                    return sample
+                if max_bytes is not None and sample.bytes_read >= max_bytes:
+                    sample.notes.append(
+                        f"stopped reading the error log after {max_bytes >> 20} MB; some reasons have fewer examples"
+                    )
+                    return sample
+    return sample

@@ -56,7 +56,6 @@ untouched.
 """
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -75,6 +74,7 @@ from preprocess.decode.failure_budget import known_outcomes
 from preprocess.decode.source_sizes import SourceImageSizesFn, source_size
 from preprocess.decode.spill import SpillAndReload
 from preprocess.decode.stage import DecodeImagesFn
+from preprocess.errors import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError
 from preprocess.inputs import checks as input_checks
 from preprocess.inputs.content import DeduplicateByContent
 from preprocess.inputs.listing import ListInputs, input_kind
@@ -88,12 +88,7 @@ from preprocess.publish.commit import (
     read_published_manifest,
     superseded_message,
 )
-from preprocess.publish.finalize import (
-    INPUT_FAULTS,
-    EmptyTrainSplitError,
-    TooManyFailuresError,
-    finalize_dataset,
-)
+from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.manifest_switch import OverwriteRefusedError, check_publishable
 from preprocess.publish.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
@@ -441,33 +436,20 @@ def _fault_message(text: str, name: str) -> str:
 
 def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
     """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
-    counts, examples = {}, {}
-    pattern = manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl")
     try:
-        matched = [
-            metadata.path
-            for result in filesystem.FileSystems.match([pattern])
-            for metadata in result.metadata_list
-        ]
+        paths = sorted(
+            m.path for m in filesystem.match(manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl"))
+        )
     except Exception:  # noqa: BLE001 - no log yet
-        return counts, examples
-    for path in sorted(matched):
-        with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:
-            for line in handle:
-                try:
-                    error = json.loads(line)
-                except ValueError:
-                    continue
-                reason = error.get("reason", "?")
-                counts[reason] = counts.get(reason, 0) + 1
-                uris = examples.setdefault(reason, [])
-                if len(uris) < per_reason:
-                    uris.append(error.get("uri", "?"))
-    return counts, examples
+        return {}, {}
+    sample = errors.read_error_log(paths, per_reason)
+    return sample.counts, {
+        reason: [record.uri for record in records] for reason, records in sample.examples.items()
+    }
 
 
 def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
-    """The run's failure as one of finalize.INPUT_FAULTS, with a message for a person; None if it is none.
+    """The run's failure as one of errors.INPUT_FAULTS, with a message for a person; None if it is none.
 
     The runner wraps a step's exception in its own (with the step's
     traceback in the text): the fault is recognized by its class name.

@@ -153,7 +153,7 @@ def make_preprocessing_fn(image_size: int, encoding: str):
 
         vocabulary_path = tft.experimental.ptransform_analyzer(
             inputs=[inputs[features.CLASS_NAME]],
-            ptransform=SortedLabelVocabulary(),
+            ptransform=SortedLabelVocabulary(LABEL_VOCABULARY_FILE),
             output_dtypes=[tf.string],
             output_shapes=[[]],
             output_asset_default_values=[LABEL_VOCABULARY_FILE.encode()],

@@ -31,7 +31,7 @@ import math
 
 import apache_beam as beam
 
-from preprocess.publish.finalize import TooManyFailuresError
+from preprocess.errors import TooManyFailuresError
 
 FOUND = "found"
 UNIQUE = "unique"

@@ -5,14 +5,12 @@ from the manifest alone, plus, when given, a few example URIs per failure
 reason from the error log's files (`read_error_examples`).
 """
 
-import json
 import statistics
 import sys
 
-import tensorflow as tf
-
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
+from preprocess import errors
 
 # Above this many classes the table shows the smallest ones (where problems
 # are) and a one-line distribution of the rest.
@@ -38,36 +36,13 @@ def read_manifest_or_explain(data_dir: str) -> dict | None:
 
 
 def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> dict[str, list[str]]:
-    """Up to `per_reason` URIs for each failure reason, from the error log's files (local or gs://).
-
-    Stops reading once every reason the manifest counts has its examples, so a
-    huge error log costs a few lines, not a full read.
-    """
-    wanted = manifest["inputs"].get("failures_by_reason", {})
-    examples: dict[str, list[str]] = {}
+    """Up to `per_reason` URIs for each failure reason the manifest counts (errors.read_error_log)."""
+    wanted = manifest["inputs"].get("failures_by_reason") or {}
     if not wanted:
-        return examples
-    for relative in manifest_lib.error_file_paths(manifest):
-        path = manifest_lib.join(data_dir, relative)
-        if not tf.io.gfile.exists(path):
-            continue
-        with tf.io.gfile.GFile(path, "r") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                try:
-                    error = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                uris = examples.setdefault(error.get("reason", "?"), [])
-                if len(uris) < per_reason:
-                    uris.append(error.get("uri", "?"))
-                if all(
-                    len(examples.get(reason, [])) >= min(per_reason, count)
-                    for reason, count in wanted.items()
-                ):
-                    return examples
-    return examples
+        return {}
+    paths = [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)]
+    sample = errors.read_error_log(paths, per_reason, wanted=wanted)
+    return {reason: [record.uri for record in records] for reason, records in sample.examples.items()}
 
 
 def _class_table(manifest: dict) -> list[str]:

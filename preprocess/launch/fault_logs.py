@@ -1,7 +1,7 @@
 """Keeping the runner's tracebacks of an input's fault off the terminal.
 
 When a step raises one of the errors that are the input's fault, not the
-code's (preprocess/publish/finalize.py's INPUT_FAULTS: too many failed inputs, an
+code's (preprocess/errors.py's INPUT_FAULTS: too many failed inputs, an
 empty train split), Beam logs the step's traceback at ERROR, in the launcher
 and in each local worker process, before the launcher says the same in a
 few lines. `quiet_input_faults` drops those records (unless --verbose); every
@@ -15,8 +15,10 @@ import logging
 import os
 import sys
 
-# The classes' names, not the classes: a worker process installs this before it imports them.
-INPUT_FAULT_NAMES = ("TooManyFailuresError", "EmptyTrainSplitError")
+from preprocess import errors
+
+# By name: the runner may wrap the exception in its own, quoting the original's class in its text.
+INPUT_FAULT_NAMES = tuple(fault.__name__ for fault in errors.INPUT_FAULTS)
 # Set by the launcher for its local worker processes, which inherit its environment.
 ENV_VAR = "PREPROCESS_QUIET_INPUT_FAULTS"
 

@@ -14,6 +14,7 @@ from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
 from preprocess.decode import outcomes, source_sizes
+from preprocess.errors import TooManyFailuresError
 from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.publish.commit import publish_run
 from preprocess.publish.fingerprint import compute_fingerprint
@@ -152,19 +153,6 @@ def _fingerprint_or_none(config: dict) -> dict | None:
     except Exception as exc:  # noqa: BLE001 - an optional field must not stop a finished run from publishing
         logging.warning("no build fingerprint for the manifest (listing %s failed: %s)", config["input"], exc)
         return None
-
-
-class TooManyFailuresError(ValueError):
-    """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
-
-
-class EmptyTrainSplitError(ValueError):
-    """No image reached the train split (every input failed, or none was assigned to train): tf.Transform
-    has nothing to analyze, and nothing is published. The launcher tells the failures by reason."""
-
-
-# The errors of a run that are its inputs' fault, not the code's: the launcher says them without a traceback.
-INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError)
 
 
 def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):

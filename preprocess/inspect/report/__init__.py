@@ -4,5 +4,5 @@ One self-contained page: inline CSS, images as data: URIs, no script, no
 network. `build` gathers what the page shows, reading a bounded amount
 whatever the dataset's size; `page` writes the HTML; `figures` draws the
 bars; `thumbnails` turns pixels and source files into small embedded images;
-`failures` and `near_duplicate_groups` read the error log and the groups.
+`near_duplicate_groups` reads the groups (the error log: preprocess.errors.read_error_log).
 """

@@ -13,7 +13,8 @@ import posixpath
 
 import tensorflow as tf
 
-from preprocess.inspect.report import failures as failures_lib
+from dataset_contract import manifest as manifest_lib
+from preprocess import errors
 from preprocess.inspect.report import near_duplicate_groups, page, thumbnails
 
 
@@ -42,7 +43,7 @@ class ReportData:
     sheet_notes: list[str]
     records_read: int
     record_bytes_read: int
-    failures: failures_lib.FailureExamples
+    failures: errors.ErrorLogSample
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
     source_budget: thumbnails.ReadBudget
@@ -77,7 +78,12 @@ def gather(
         sheet_notes=list(sample.warnings) if sample is not None else [],
         records_read=sample.num_records if sample is not None else 0,
         record_bytes_read=sample.num_bytes if sample is not None else 0,
-        failures=failures_lib.read_failure_examples(data_dir, manifest),
+        failures=errors.read_error_log(
+            [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)],
+            per_reason=5,
+            wanted=manifest["inputs"].get("failures_by_reason") or {},
+            max_bytes=16 << 20,
+        ),
         groups=groups,
         group_thumbnails=group_thumbnails,
         source_budget=budget,

@@ -134,7 +134,7 @@ def _failures(data) -> str:
         figures.bar_table([(reason, int(count)) for reason, count in rows], "failures", ("reason", "inputs"))
     ]
     for reason, count in rows:
-        examples = data.failures.by_reason.get(reason, [])
+        examples = data.failures.examples.get(reason, [])
         if not examples:
             continue
         more = f" (first {len(examples)} of {int(count):,})" if int(count) > len(examples) else ""

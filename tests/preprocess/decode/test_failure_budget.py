@@ -8,7 +8,7 @@ from PIL import Image
 
 from preprocess import pipeline
 from preprocess.decode.failure_budget import FAILED, FOUND, UNIQUE, FailureBudget
-from preprocess.publish.finalize import TooManyFailuresError
+from preprocess.errors import TooManyFailuresError
 
 
 def _known(found, unique, failed=None):
