@@ -66,21 +66,20 @@ import uuid
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from dataset_contract import features, native_logs
+from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
+from preprocess.config import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF, Stage1Config
 from preprocess.decode import outcomes
 from preprocess.decode.failure_budget import known_outcomes
 from preprocess.decode.source_sizes import SourceImageSizesFn, source_size
 from preprocess.decode.spill import SpillAndReload
 from preprocess.decode.stage import DecodeImagesFn
-from preprocess.errors import INPUT_FAULTS, EmptyTrainSplitError, TooManyFailuresError
-from preprocess.inputs import checks as input_checks
+from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
 from preprocess.inputs.content import DeduplicateByContent
 from preprocess.inputs.listing import ListInputs, input_kind
-from preprocess.launch import dataflow_job, fault_logs, local_runner, logs, progress, worker_image
+from preprocess.launch import dataflow_job, local_runner, progress, worker_image
 from preprocess.near_duplicates.stage import NearDuplicateAudit
-from preprocess.options import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF, parse_args, refuse
 from preprocess.publish.commit import (
     RETAINED_RUNS,
     SupersededRunError,
@@ -89,7 +88,7 @@ from preprocess.publish.commit import (
     superseded_message,
 )
 from preprocess.publish.finalize import finalize_dataset
-from preprocess.publish.manifest_switch import OverwriteRefusedError, check_publishable
+from preprocess.publish.manifest_switch import check_publishable
 from preprocess.publish.runs import STAGING_DIR, MakeRunId, new_run_id, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
@@ -129,8 +128,8 @@ def job_config(args, build_id: str) -> dict:
         "input": args.input,
         "input_kind": input_kind(args.input),
         "output": output_dir_of(args),
-        "image_size": args.image_size,
-        "crop_size": args.crop_size,
+        "image_size": args.stored_size,
+        "crop_size": args.image_size,
         "crop_margin": args.crop_margin,
         "resize_method": args.resize_method,
         "max_pixels": args.max_pixels,
@@ -185,7 +184,7 @@ def estimated_split_bytes(summary: dict, record_bytes: int) -> dict:
 def encode_in_one_pass(decoded, vocabulary, args):
     """uint8 and jpeg: records encoded as the images are decoded (preprocess/write/encode.py)."""
     return decoded | "Encode" >> beam.ParDo(
-        EncodeDecodedFn(args.encoding, args.image_size, args.jpeg_quality),
+        EncodeDecodedFn(args.encoding, args.stored_size, args.jpeg_quality),
         beam.pvalue.AsSingleton(vocabulary),
     ).with_outputs("errors", main="examples")
 
@@ -210,7 +209,7 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
             tft_beam.TransformDataset(output_record_batches=True)
         )
         encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
-            EncodeExamplesFn(split, args.encoding, args.image_size, args.jpeg_quality)
+            EncodeExamplesFn(split, args.encoding, args.stored_size, args.jpeg_quality)
         ).with_outputs("errors", main="examples")
         examples.append(encoded.examples)
         errors_out.append(encoded.errors)
@@ -284,7 +283,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "Decode"
         >> beam.ParDo(
             DecodeImagesFn(
-                args.image_size,
+                args.stored_size,
                 args.resize_method,
                 args.max_pixels,
                 args.max_file_bytes,
@@ -319,7 +318,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
-        ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.image_size, args.encoding))
+        ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.stored_size, args.encoding))
         transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
         if one_pass:
             encoded = encode_in_one_pass(examples, vocabulary, args)
@@ -333,7 +332,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             labels = transform_written | "ReadVocabulary" >> beam.Map(read_label_vocabulary)
     error_collections.append(encode_errors)
     stats = transform_written | "ReadNormalization" >> beam.Map(
-        read_normalization, image_size=args.image_size
+        read_normalization, image_size=args.stored_size
     )
 
     shards = (
@@ -346,7 +345,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             args.min_shards,
             summary
             | "EstimatedSplitBytes"
-            >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.image_size)),
+            >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
             run_id,
         )
     )
@@ -480,11 +479,11 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     return EmptyTrainSplitError("\n".join(lines))
 
 
-def run(argv=None, inputs_checked: bool = False) -> dict | None:
+def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
 
-    `inputs_checked`: the caller already ran input_checks.check_inputs on these flags (on GCS it lists
-    a page per class folder: once per launch is enough).
+    The caller checks the inputs first (preprocess.inputs.checks.check_inputs: `python -m preprocess`
+    and the workflows do), so that a wrong path is said before Beam starts.
 
     Raises SupersededRunError, naming both runs, if a run that started later
     has published: whether this run then failed (it publishes nothing) or
@@ -493,7 +492,6 @@ def run(argv=None, inputs_checked: bool = False) -> dict | None:
     and Ctrl-C raises JobContinuesError while the job runs on
     (preprocess/launch/dataflow_job.py).
     """
-    args, beam_args = parse_args(argv)
     worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
@@ -501,9 +499,6 @@ def run(argv=None, inputs_checked: bool = False) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
-    # A wrong path, a folder without images or classes, an output inside the input: said before Beam starts.
-    if not inputs_checked:
-        input_checks.check_inputs(args.input, output_dir, args.labels, template=template)
     # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
     # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
     never_overwrite = check_publishable(output_dir)
@@ -634,80 +629,3 @@ def _interrupted_message(output_dir: str) -> str:
     where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
     state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
     return f"preprocess: interrupted, nothing published: {where} {state}"
-
-
-def main(argv=None, inputs_checked: bool = False):
-    """`inputs_checked`: as run()'s (python -m preprocess checks them before this module is imported)."""
-    argv = sys.argv[1:] if argv is None else argv
-    args, beam_args = parse_args(argv)
-    try:
-        _run_and_report(argv, args, PipelineOptions(beam_args), inputs_checked)
-    except KeyboardInterrupt:
-        # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
-        if args.verbose:
-            raise
-        print(_interrupted_message(output_dir_of(args)), file=sys.stderr)
-        from preprocess.launch.process_exit import exit_without_teardown  # noqa: PLC0415
-
-        exit_without_teardown(130)
-
-
-def import_tensorflow_quietly(enabled: bool = True) -> None:
-    """Import TensorFlow, its devices probed, with its native start-up lines filtered (native_logs.py)."""
-    with native_logs.filtered_native_stderr(enabled=enabled):
-        import tensorflow as tf  # noqa: PLC0415 - only where the job runs here
-
-        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
-
-
-def _run_and_report(argv, args, options, inputs_checked: bool):
-    # Before TensorFlow is imported (build_pipeline, summary): it reads its C++ log level once. Quiet
-    # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
-    logs.configure_launcher(args.verbose, local=progress.runs_locally(options))
-    if not args.verbose:
-        fault_logs.quiet_input_faults()
-    template = bool(options.view_as(GoogleCloudOptions).template_location)
-    try:
-        # Before TensorFlow and tf.Transform are imported (seconds): a mistake here is said at once.
-        if not inputs_checked:
-            input_checks.check_inputs(args.input, output_dir_of(args), args.labels, template=template)
-    except input_checks.InputError as exc:
-        if args.verbose:
-            raise
-        refuse(str(exc))
-    if progress.runs_locally(options):
-        # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
-        import_tensorflow_quietly(enabled=not args.verbose)
-    from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415 - TensorFlow
-
-    try:
-        manifest = run(argv, inputs_checked=True)
-    except PublishedThenSuperseded as exc:
-        # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
-        print(f"preprocess: run published, then superseded by a newer run: {exc}")
-        return
-    except OverwriteRefusedError as exc:
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except dataflow_job.JobContinuesError as exc:
-        # The job is fine and goes on: a message, not a traceback.
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except SupersededRunError as exc:
-        # Not a failure of this run's data: another run's dataset is there, complete.
-        sys.exit(f"preprocess: {exc}")
-    except INPUT_FAULTS as exc:
-        # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
-        if args.verbose:
-            raise
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except Exception as exc:
-        # The runner may wrap the publish step's error: a bucket that refuses the overwrite is said plainly.
-        if args.verbose or OverwriteRefusedError.__name__ not in f"{type(exc).__name__} {exc}":
-            raise
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if manifest is not None:
-        output_dir = args.output.rstrip("/")
-        print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))

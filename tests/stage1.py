@@ -62,20 +62,21 @@ def run_stage1(input_spec, output_dir, *extra_args, image_size=32, encoding="flo
     ]
     if importlib.util.find_spec("apache_beam") is None and os.environ.get(STAGE1_PYTHON_VARIABLE):
         return _run_stage1_in(os.environ[STAGE1_PYTHON_VARIABLE], argv)
+    from preprocess import options  # noqa: PLC0415
     from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - needs Beam and tf.Transform
 
-    return preprocess_pipeline.run(argv)
+    return preprocess_pipeline.run(*options.parse_args(argv))
 
 
 def _run_stage1_in(python: str, argv: list[str]) -> dict:
-    """`preprocess.pipeline.run(argv)` in a process of `python` (this checkout first on its path)."""
+    """`preprocess.pipeline.run` of `argv` in a process of `python` (this checkout first on its path)."""
     with tempfile.TemporaryDirectory() as scratch:
         manifest_path = os.path.join(scratch, "manifest.json")
         code = (
             "import json, sys\n"
-            "from preprocess import pipeline\n"
+            "from preprocess import options, pipeline\n"
             "with open(sys.argv[1], 'w') as out:\n"
-            "    json.dump(pipeline.run(sys.argv[2:]), out)\n"
+            "    json.dump(pipeline.run(*options.parse_args(sys.argv[2:])), out)\n"
         )
         env = {
             **os.environ,

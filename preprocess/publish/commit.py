@@ -83,7 +83,7 @@ from apache_beam.io.filesystems import FileSystems
 from dataset_contract import leases
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
-from preprocess.options import DEFAULT_RETENTION_DAYS
+from preprocess.config import DEFAULT_RETENTION_DAYS
 from preprocess.publish import manifest_switch
 from preprocess.publish.manifest_switch import swap_manifest
 from preprocess.publish.runs import (

@@ -13,9 +13,9 @@ import logging
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.features import CHANNELS
+from preprocess.config import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.decode import outcomes, source_sizes
 from preprocess.errors import TooManyFailuresError
-from preprocess.options import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.publish.commit import publish_run
 from preprocess.publish.fingerprint import compute_fingerprint
 from preprocess.publish.runs import RunPaths, run_started_at

@@ -12,7 +12,7 @@ from preprocess.launch import dataflow_job
 def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
     gcs_emulator, gcs_dir, monkeypatch, capsys
 ):
-    def interrupted(argv, inputs_checked=False):
+    def interrupted(config, beam_args):
         raise dataflow_job.JobContinuesError(
             "interrupted: the launcher stops, but Dataflow job J goes on (Ctrl-C does not cancel it); ...\n"
             "  to cancel it: gcloud dataflow jobs cancel J --region europe-west4"

@@ -49,9 +49,9 @@ def test_center_crop_window_is_the_stored_square_then_its_center(height, width):
 
 def test_the_flag_grows_the_stored_size_and_keeps_the_crop():
     args, _ = parse_args(["--input", "x", "--output", "y", "--image-size", "224", "--crop-margin", "0.14"])
-    assert (args.image_size, args.crop_size, args.crop_margin) == (255, 224, 0.14)
+    assert (args.stored_size, args.image_size, args.crop_margin) == (255, 224, 0.14)
     args, _ = parse_args(["--input", "x", "--output", "y", "--image-size", "64"])
-    assert (args.image_size, args.crop_size, args.crop_margin) == (64, 64, 0.0)
+    assert (args.stored_size, args.image_size, args.crop_margin) == (64, 64, 0.0)
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ import re
 import pytest
 from PIL import Image
 
-from preprocess import pipeline
 from preprocess.decode.failure_budget import FAILED, FOUND, UNIQUE, FailureBudget
 from preprocess.errors import TooManyFailuresError
+from preprocess.launch import command
 
 
 def _known(found, unique, failed=None):
@@ -81,7 +81,7 @@ def test_a_corpus_that_is_mostly_not_images_fails_while_decoding_with_the_counts
         for index in range(30):
             (folder / f"notes-{index}.jpg").write_bytes(f"not an image {label} {index}".encode())
     with pytest.raises(SystemExit) as exited:
-        pipeline.main(
+        command.main(
             [
                 "--input",
                 str(tmp_path / "corpus"),
@@ -93,7 +93,7 @@ def test_a_corpus_that_is_mostly_not_images_fails_while_decoding_with_the_counts
                 "0.2",
             ]
         )
-    # The input's fault: exit 2, its message alone on stderr (preprocess/pipeline.py).
+    # The input's fault: exit 2, its message alone on stderr (preprocess/launch/command.py).
     assert exited.value.code == 2
     message = capsys.readouterr().err
     assert "stopped early: at least 13 of the 62 inputs found fail (certain)" in message

@@ -14,7 +14,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineS
 
 from preprocess import filesystem
 from preprocess import pipeline as stage1
-from preprocess.launch import dataflow_job, local_runner
+from preprocess.launch import command, dataflow_job, local_runner
 from preprocess.publish.runs import tft_temp_dir
 from tests.stage1 import write_corpus
 
@@ -70,7 +70,7 @@ def _launch(monkeypatch, runner, corpus, output, *extra):
     runner.output_dir = str(output)
     monkeypatch.setattr(stage1.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
     monkeypatch.setattr(local_runner, "runner_for", lambda options, verbose=False: runner)
-    stage1.main(["--input", corpus, "--output", str(output), *DATAFLOW_FLAGS, *extra])
+    command.main(["--input", corpus, "--output", str(output), *DATAFLOW_FLAGS, *extra])
 
 
 def test_ctrl_c_leaves_the_running_job_and_its_transform_directory_and_says_how_to_cancel(

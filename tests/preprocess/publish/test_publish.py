@@ -24,8 +24,8 @@ from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import pipeline as preprocess_pipeline
+from preprocess.config import DEFAULT_RETENTION_DAYS
 from preprocess.inspect.summary import format_summary
-from preprocess.options import DEFAULT_RETENTION_DAYS
 from preprocess.publish import commit as publish
 from preprocess.publish.commit import SupersededRunError, missing_run_files
 from preprocess.publish.runs import RunPaths, new_run_id

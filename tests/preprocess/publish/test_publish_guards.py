@@ -18,8 +18,9 @@ import pytest
 
 from dataset_contract import manifest as manifest_lib
 from pipelines import workflow
-from preprocess import errors, pipeline
-from preprocess.options import DEFAULT_MAX_FAILED_FRACTION
+from preprocess import errors
+from preprocess.config import DEFAULT_MAX_FAILED_FRACTION
+from preprocess.launch import command
 from preprocess.publish import commit as publish
 from preprocess.publish.runs import is_run_id, new_run_id
 from tests.stage1 import run_stage1, write_corpus
@@ -54,7 +55,7 @@ def test_a_run_whose_failed_inputs_exceed_the_max_fraction_publishes_nothing_and
     output = tmp_path / "dataset"
     assert DEFAULT_MAX_FAILED_FRACTION < 0.5
     with pytest.raises(SystemExit) as exited:
-        pipeline.main(["--input", str(inputs), "--output", str(output), *STAGE1_ARGS])
+        command.main(["--input", str(inputs), "--output", str(output), *STAGE1_ARGS])
     # The input's fault, not the code's: a user's mistake, exit 2, the message on stderr.
     assert exited.value.code == 2
     message = capsys.readouterr().err
@@ -81,7 +82,7 @@ def test_a_run_that_a_newer_run_superseded_stops_before_decoding_with_one_messag
     newer = new_run_id().replace(new_run_id()[:4], "2999", 1)
     (output / manifest_lib.MANIFEST_FILE).write_text(json.dumps({"format_version": 2, "run": {"id": newer}}))
     with pytest.raises(SystemExit) as exited:
-        pipeline.main(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+        command.main(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
     message = str(exited.value)
     own = re.match(r"preprocess: run (\S+) is superseded: ", message)
     assert own and is_run_id(own.group(1)) and own.group(1) < newer, message

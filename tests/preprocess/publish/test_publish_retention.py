@@ -28,7 +28,7 @@ from google.cloud import storage
 
 from dataset_contract import leases, verification
 from dataset_contract import manifest as manifest_lib
-from preprocess import filesystem
+from preprocess import filesystem, options
 from preprocess import pipeline as preprocess_pipeline
 from preprocess.publish import commit as publish
 from preprocess.publish import manifest_switch
@@ -59,7 +59,9 @@ def published(tmp_path_factory):
     """A dataset written by the real stage 1 (`python -m preprocess`, in process)."""
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
     output = tmp_path_factory.mktemp("published") / "dataset"
-    manifest = preprocess_pipeline.run(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+    manifest = preprocess_pipeline.run(
+        *options.parse_args(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+    )
     return Published(corpus.root, str(output), manifest)
 
 

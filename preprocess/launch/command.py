@@ -1,0 +1,111 @@
+"""`python -m preprocess`: parse the flags once, check the inputs once, run, and end with one exit code.
+
+Exit codes: 0 done (also: published, then superseded by a newer run); 2 a user's mistake or the
+input's fault (said in a few lines, no traceback); 1 a superseded run, a launcher Python the worker
+image cannot load, or an error of the code (with its traceback); 130 Ctrl-C (a Dataflow job goes on,
+and the message says how to cancel it).
+"""
+
+import sys
+
+from preprocess import options
+from preprocess.inputs import checks as input_checks
+from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
+
+
+def main(argv=None) -> None:
+    """The command: returns when the run is done, raises SystemExit with the code of any other end."""
+    argv = sys.argv[1:] if argv is None else argv
+    # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
+    # --output are answered before TensorFlow and Beam's pipeline code are imported (~8 s, and log noise).
+    config, beam_args = options.parse_args(argv, check_beam_flags=False)
+    try:
+        check_launcher_python(beam_args)
+    except LauncherPythonError as exc:
+        sys.exit(f"preprocess: {exc}")
+    # Beam's options are imported for this (a second or two), only when flags are left for Beam.
+    options.check_beam_args(beam_args, options.build_parser())
+    # A template may be made before its input exists (input_checks.check_inputs).
+    template = any(arg.split("=", 1)[0] == "--template_location" for arg in beam_args)
+    try:
+        input_checks.check_inputs(config.input, config.output, config.labels, template=template)
+    except input_checks.InputError as exc:
+        if config.verbose:
+            raise
+        options.refuse(str(exc))
+    try:
+        _run_and_report(config, beam_args)
+    except KeyboardInterrupt:
+        from preprocess import pipeline  # noqa: PLC0415 - loaded by now
+
+        # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
+        if config.verbose:
+            raise
+        print(pipeline._interrupted_message(pipeline.output_dir_of(config)), file=sys.stderr)
+        from preprocess.launch.process_exit import exit_without_teardown  # noqa: PLC0415
+
+        exit_without_teardown(130)
+
+
+def import_tensorflow_quietly(enabled: bool = True) -> None:
+    """Import TensorFlow, its devices probed, with its native start-up lines filtered (native_logs.py)."""
+    from dataset_contract import native_logs  # noqa: PLC0415
+
+    with native_logs.filtered_native_stderr(enabled=enabled):
+        import tensorflow as tf  # noqa: PLC0415 - only where the job runs here
+
+        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
+
+
+def _run_and_report(config, beam_args: list[str]) -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
+
+    from preprocess.launch import fault_logs, logs, progress  # noqa: PLC0415
+
+    local = progress.runs_locally(PipelineOptions(beam_args))
+    # Before TensorFlow is imported (the pipeline, the summary): it reads its C++ log level once. Quiet
+    # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
+    logs.configure_launcher(config.verbose, local=local)
+    if not config.verbose:
+        fault_logs.quiet_input_faults()
+    if local:
+        # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
+        import_tensorflow_quietly(enabled=not config.verbose)
+    from preprocess import pipeline  # noqa: PLC0415 - TensorFlow, Beam
+    from preprocess.errors import INPUT_FAULTS  # noqa: PLC0415
+    from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415
+    from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415
+    from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415
+    from preprocess.publish.manifest_switch import OverwriteRefusedError  # noqa: PLC0415
+
+    try:
+        manifest = pipeline.run(config, beam_args)
+    except pipeline.PublishedThenSuperseded as exc:
+        # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
+        print(f"preprocess: run published, then superseded by a newer run: {exc}")
+        return
+    except OverwriteRefusedError as exc:
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except JobContinuesError as exc:
+        # The job is fine and goes on: a message, not a traceback.
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except SupersededRunError as exc:
+        # Not a failure of this run's data: another run's dataset is there, complete.
+        sys.exit(f"preprocess: {exc}")
+    except INPUT_FAULTS as exc:
+        # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
+        if config.verbose:
+            raise
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        # The runner may wrap the publish step's error: a bucket that refuses the overwrite is said plainly.
+        if config.verbose or OverwriteRefusedError.__name__ not in f"{type(exc).__name__} {exc}":
+            raise
+        print(f"preprocess: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if manifest is not None:
+        output_dir = config.output.rstrip("/")
+        print(format_summary(manifest, output_dir, read_error_examples(output_dir, manifest)))
