@@ -1,14 +1,4 @@
-"""TensorFlow's native start-up chatter, filtered out of stderr as it is written.
-
-The lines TensorFlow's native libraries print while they load, before
-TF_CPP_MIN_LOG_LEVEL takes effect ("All log messages before
-absl::InitializeLog() ...", glog-style INFO lines, "failed call to cuInit"
-on a machine without a GPU) reach the terminal of every command that imports
-TensorFlow: `python -m train`, `python -m preprocess` and its local worker
-processes. Shared by both stages (no TensorFlow here): warnings and errors
-from the native side are kept, and a fatal error that aborts the process
-(a libtpu or driver abort) still reaches the log before it dies.
-"""
+"""TensorFlow's native start-up chatter, filtered out of stderr as it is written."""
 
 import contextlib
 import os

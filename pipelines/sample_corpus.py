@@ -1,30 +1,4 @@
-"""Deterministic synthetic image corpora for the demo, the tests and the benchmarks.
-
-Nothing can be downloaded at run time, so every corpus the project uses is
-generated here, from a seed, byte for byte the same on every run (with the
-same Pillow and numpy builds: encoders may change their output between
-versions):
-
-- `write_sample_corpus`: a class-per-folder tree of shape images (circle,
-  cross, square, star, triangle) that a small CNN learns to >= 90% at 64x64,
-  salted with what real corpora contain: JPEG, PNG, WebP, BMP and GIF files of
-  varied sizes, grayscale, CMYK, RGBA with a transparent background, JPEGs
-  with an EXIF orientation, a PNG named `.jpg`, exact duplicates, with
-  `near_duplicates=True` altered copies (one under another class) and, unless
-  `include_broken=False`, one file of each kind of broken input (truncated,
-  empty, not an image, a decompression bomb, identical content under two
-  labels). The returned `CorpusInfo` says what each file is and how stage 1
-  must treat it.
-- `write_photo_corpus`: large photo-like JPEGs (1-3 megapixels, q90) whose
-  sizes on disk are those of real photos, for the benchmarks.
-- `write_manifest_csv` / `write_manifest_jsonl`: the same corpus as a
-  `uri,label[,split]` manifest, the other input form of stage 1.
-
-From the command line:
-
-    python -m pipelines.sample_corpus --out /tmp/shapes
-    python -m pipelines.sample_corpus --out /tmp/photos --kind photos --num 100
-"""
+"""Deterministic synthetic image corpora for the demo, the tests and the benchmarks."""
 
 import argparse
 import csv

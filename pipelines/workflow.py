@@ -1,12 +1,4 @@
-"""The two-stage batch workflow, defined once: preprocess, check, train.
-
-`run_workflow` is shared by the local workflow (DirectRunner + local
-training) and the cloud one (Dataflow + TPU): they differ only in the Beam
-flags handed to stage 1 and in how stage 2 is launched. Stage 2 never starts
-on a stage 1 that failed or left an incomplete dataset: the check between
-them reads the manifest exactly as stage 2 will, and over every split
-(train and validation non-empty, every listed shard present at its size).
-"""
+"""The two-stage batch workflow, defined once: preprocess, check, train."""
 
 import dataclasses
 import logging

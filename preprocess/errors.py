@@ -1,12 +1,5 @@
-"""Why an input was not written: stable reason codes and the error record.
-
-Every input that is found but not written ends up as exactly one line of
-the error log ({"uri", "reason", "detail"}; the `errors-*.jsonl` files the
-manifest's `error_files` lists) or as a counted duplicate, so the
-manifest's accounting (found = written + failed + duplicates) always holds.
-The codes are part of the dataset format: users grep for them, so they never
-change meaning.
-"""
+"""Why an input was not written: the reason codes, the error record and the one reader of the error log; the
+errors that are the input's fault (a run's, not one image's)."""
 
 import dataclasses
 import json

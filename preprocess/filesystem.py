@@ -1,32 +1,4 @@
-"""File operations that are safe to retry, on local disk and gs:// alike (Beam FileSystems).
-
-Every step of the job may run twice, at once or after a crash at any line,
-so each operation here either happens whole or not at all, and doing it
-again gives the same result:
-
-- `write_atomically`: a reader sees the old file or the complete new one,
-  never a part. A GCS object upload is atomic by itself (the object appears
-  when the upload completes); on local disk the file is written under a
-  temporary name and renamed into place (`os.rename` replaces atomically).
-- `delete_files`: deleting a file that is already gone is not an error.
-  On GCS the deletes go out in batches of 100 (one request each), not one
-  listing and one request per file as `FileSystems.delete` does.
-- `copy_file`: a server-side copy on GCS (the destination appears whole),
-  an atomic write on local disk.
-- A write under a fixed name (`write_bytes`, `copy_file`,
-  `write_concatenation`: a packed shard named by its sources' digest, the
-  transform graph's copy, build.json, the packed error files) is skipped on
-  GCS when an object of the same size and md5 is already there: a retried
-  bundle then writes nothing, which on a bucket with a retention policy,
-  which refuses to replace a young object (403), is what lets it succeed.
-- `UncommittedFile`: a file written in place (a bundle attempt's shard
-  file) that is kept only by `commit()`. One dropped after a failure is
-  discarded: on GCS its upload is cancelled and no object appears, even
-  when the garbage collector closes it later (see `_AbortWhenDropped`).
-
-`gcs_io` hands each thread one Beam GcsIO (one storage client, one pool of
-HTTP connections), made once and reused for every object that thread reads.
-"""
+"""File operations that are safe to retry, on local disk and gs:// alike (Beam FileSystems)."""
 
 import base64
 import contextlib

@@ -1,13 +1,4 @@
-"""The label vocabulary analyzer: the train split's distinct class names, sorted, as a vocabulary file.
-
-tft.vocabulary orders by frequency, which would renumber the classes
-whenever the class balance changes; a class's index here is its position in
-the sorted names. preprocess/transform.py's preprocessing_fn applies it.
-
-A module of its own because it subclasses a tf.Transform class, so
-importing it imports TensorFlow: only the analysis loads it
-(preprocess/transform.py stays free of TensorFlow at import).
-"""
+"""The label vocabulary analyzer: the train split's distinct class names, sorted, as a vocabulary file."""
 
 import uuid
 

@@ -1,30 +1,4 @@
-"""tf.Transform: the analysis on the train split and the transform of every split.
-
-The raw examples reach tf.Transform as Arrow record batches (TFXIO), the
-columnar form it works on internally, so no per-example dict conversion sits
-between the decode step and the analyzers. The transform graph written to
-`transform_fn/` is the single definition of the model input:
-
-  image        (pixel - mean) / std per channel, float32, flattened H*W*3
-               (for the uint8 and jpeg encodings: the raw pixel bytes, unchanged,
-               and the model normalizes at read time with the same statistics)
-  label        index of the class name in the sorted label vocabulary
-  normalization_mean, normalization_std
-               the statistics the transform used, as float32 [3] per example,
-               so the manifest records exactly what the graph applies
-
-Analyzers: mean and std of every training pixel per channel: each image's
-per-channel mean and mean square in float32, accumulated over images in
-float64 (mean of per-image means is the pixel mean: every image has H*W
-pixels after resize), and the label vocabulary ordered by class name (a custom
-analyzer; tft.vocabulary orders by frequency, which would renumber classes
-whenever the class balance changes; preprocess/label_vocabulary.py).
-
-TensorFlow, tf.Transform and TFXIO are imported by the functions that use
-them, not with the module: the pipeline module imports this one, and a
-worker process that only lists, hashes and deduplicates files must not pay
-TensorFlow's and tf.Transform's ~530 MB (benchmarks/RESULTS.md, issue 20).
-"""
+"""tf.Transform: the analysis on the train split and the transform of every split."""
 
 import functools
 from typing import TYPE_CHECKING

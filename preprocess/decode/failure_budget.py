@@ -1,30 +1,4 @@
-"""--max-failed-fraction checked while the images are decoded, not only once they all are.
-
-The final check (finalize.py) counts every input's fate, after hours of
-decoding on a large job; a job that cannot read its bucket (a missing
-permission: every read a 403) would spend them all to fail at the end. So
-the decode step also fails the job as soon as the threshold is certain, or
-as good as certain, to be crossed. Each decoding DoFn instance knows, as a
-side input, what is settled before decoding (`KnownOutcomesFn`: the inputs
-found, the unique inputs to decode, and the failures so far by reason),
-and counts its own attempts and failures (`FailureBudget`). It fails the
-job when either:
-
-- certain: the failures before decoding plus its own already exceed the
-  fraction of the inputs found (its own are a lower bound of all
-  decoding failures);
-- as good as certain: its own attempts are a uniform random sample of the
-  unique inputs (the decode step's input is spread at random by a
-  reshuffle), so Hoeffding's inequality bounds the decoding failure rate of
-  all of them from below by its own rate minus sqrt(ln(1/delta) / 2n),
-  with delta = 1e-9 (checked at n = 256, 512, 1024, ...: a few dozen
-  checks per instance, so that a false alarm anywhere in a 1,000-worker
-  job stays below about 1e-5); if the failures before decoding plus that
-  bound times the unique inputs exceed the fraction, the job stops.
-
-Counts are committed per bundle: a bundle that fails and is retried is not
-counted twice. The error names the counts by reason, as the final check's.
-"""
+"""--max-failed-fraction checked while the images are decoded, not only once they all are."""
 
 import collections
 import math

@@ -1,24 +1,4 @@
-"""Turn the bytes of one image file into the fixed-size RGB array stage 1 writes.
-
-`load_image` is the one call the Beam job makes per input: recognise the
-format by content, refuse bad input with an `ImageError` whose `reason` goes
-to the error log, decode (JPEG at reduced DCT scale when the target is much
-smaller), turn the image upright by its EXIF orientation, convert any mode to
-RGB (transparency composited onto white), and resize with the geometry in
-`dataset_contract.geometry`.
-
-The serving signature repeats every step with TF ops
-(`train/serving/decode.py`); the choices here are made so that it can:
-
-- EXIF orientation is read only from the EXIF block (JPEG APP1, PNG eXIf
-  before the image data, WebP EXIF chunk), never from XMP, because that is
-  what the in-graph parser reads.
-- BMP alpha is ignored: most 32-bit BMPs carry an undefined fourth byte, and
-  TF's decoder cannot tell the two apart.
-
-PIL only, no TensorFlow: this runs on Dataflow workers once per image, on
-corpora of millions, so it avoids copies it does not need.
-"""
+"""Turn the bytes of one image file into the fixed-size RGB array stage 1 writes."""
 
 import io
 

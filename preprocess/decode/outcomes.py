@@ -1,15 +1,4 @@
-"""What became of the inputs, as the keys of one count (pipeline.py, "CountOutcomes").
-
-Stage 1 accounts for every input: found (a listed file or a listing error),
-dropped as a copy of another, dropped as a near-duplicate of another
-(`--near-duplicates drop`: preprocess/near_duplicates/), failed (with its reason), or written (to a
-split, under a class). A tree's files that are not inputs (not images by
-their extension, or directly in the root) are counted apart, as skipped by
-extension: they are not found inputs, so found = written + failed +
-duplicates + near-duplicates holds over the images. The job counts all of them in one combine, keyed by
-these tuples, instead of one combine per figure (each would add its own
-stages), and `tally` turns the counts into the manifest's figures.
-"""
+"""What became of the inputs, as the keys of one count (pipeline.py, "CountOutcomes")."""
 
 FOUND = ("found",)
 DUPLICATE = ("duplicate",)

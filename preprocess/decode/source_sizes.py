@@ -1,11 +1,4 @@
-"""The manifest's `source_image_sizes`: how large the decoded source images were, before resizing.
-
-One small combine over (width, height) pairs, taken where the images are
-decoded (decode_stage.py gives each example its source size): the count,
-the smallest and largest image (by pixels), and a histogram of the longest
-side in powers of two from 64 to 8192, then one bin for anything larger
-(docs/dataset_format.md). Its accumulator has a fixed size.
-"""
+"""The manifest's `source_image_sizes`: how large the decoded source images were, before resizing."""
 
 import apache_beam as beam
 

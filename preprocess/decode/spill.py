@@ -1,28 +1,4 @@
-"""A spill of decoded images to disk, so no runner has to hold a split in memory.
-
-tf.Transform's transform needs the analysis result, and the analysis needs
-every training image: between the two, a runner must keep the decoded split
-somewhere. Dataflow spills it to disk by itself; Beam's local runner keeps
-every PCollection that crosses a stage boundary in memory, so the local job's
-memory would grow with the corpus (a 224x224 image is 147 KiB of pixels).
-Decoding twice would double the job's dominant cost instead.
-
-So the decoded record batches are written once, as they are produced, to
-Arrow IPC stream files in the run's staging directory
-(`staging/<run id>/decoded/`, `WriteBatchPartsFn`, one file per bundle and
-split, rolled over at `part_bytes`), and the transform reads them back
-(`read_batch_part`) after the analysis is done. Only the list of part paths
-crosses the stage boundary. The cost is one write and one read of the raw
-pixels, small next to decoding a JPEG.
-
-The near-duplicate audit spills decoded examples to the same kind of part
-files (`ArrowPartFile`, `new_part_path`; preprocess/near_duplicates/routing.py),
-a row's part path and index being its locator.
-
-Retry-safe: every attempt writes files of its own (a uuid in the name), only
-the committed attempt's paths are read back, and nothing is deleted here;
-the run's staging goes after the run has published (preprocess/publish/commit.py).
-"""
+"""A spill of decoded images to disk, so no runner has to hold a split in memory."""
 
 import uuid
 

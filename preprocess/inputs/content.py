@@ -1,42 +1,4 @@
-"""Exact-duplicate removal and the deterministic split, reading each file about once.
-
-Duplicates are found by content, and the split is a function of content, so
-the same corpus gives the same split on every run and every runner, and two
-copies of one image can never land in two splits. A file is read whole only
-when it is decoded (decode_stage.py, which also hashes it), so finding
-duplicates must not read every file beforehand:
-
-1. Each file's content key is a digest of the MD5 of its bytes (reading.content_key). On
-   GCS the listing gives it (`md5Hash`), so keying a listed object reads
-   nothing: the object is downloaded once in all, when it is decoded. (A
-   composite object has no MD5 and is hashed; a local file is read and
-   hashed; a manifest's row costs one metadata request.) Copies share a
-   key, so a key seen once is an image with no copy. The split is assigned
-   from the key, so it is known before decoding, and so is the label
-   vocabulary.
-2. Only the files that share a key with another are hashed in full
-   (SHA-256), and the copies are resolved on that hash: the MD5 finds the
-   copies, the SHA-256 confirms them, so a crafted MD5 collision is never
-   taken for a copy. In a corpus of photos that is the duplicates alone. The
-   copies of one key are spread over the workers (a reshuffle) before they
-   are hashed, each copy an element of its own: 100K copies of a "photo
-   unavailable" placeholder are hashed by every worker at once, not one
-   after another inside the one call that received their group.
-
-What the outputs report is unchanged by where the key came from: a
-duplicate's line names its URI and the kept copy's, an error record its URI,
-reason and detail, and a written record carries the SHA-256 of the bytes
-decoded (decode_stage.py), never the MD5.
-
-A file larger than --max-file-mb is a `too_large` error at step 1, before any
-of it is read: its size comes from the listing (or a stat, or the object's
-metadata).
-
-Only (key or hash, uri, label) travels through the shuffles here, never the
-image bytes, so they stay small whatever the corpus size; and the copies of
-one key are counted by a combiner and then streamed past its decision, never
-gathered, so a million copies of one placeholder image cost O(N), not O(N^2).
-"""
+"""Exact-duplicate removal and the deterministic split, reading each file about once."""
 
 import dataclasses
 import heapq

@@ -1,41 +1,4 @@
-"""Where the images are: list a class-per-folder tree or read a CSV/JSONL manifest.
-
-Both forms produce `InputRecord`s (uri, label, split or None). A manifest row
-that cannot be used becomes an error record right here, so every input is
-accounted for from the first step.
-
-Nothing here holds the whole listing, in one element or one worker, because a
-corpus can hold 100M files:
-
-- a tree is listed in three steps: the class folders (one listing of the
-  root, with a delimiter on GCS), spread over the workers; each folder's
-  name ranges (`plan_listing_ranges`: one range for a folder of up to a few
-  thousand files, else split), spread over the workers; then each range's
-  files, streamed as they are listed (`os.scandir` locally; on GCS the
-  storage client's paged listing, 1,000 names a request, from the range's
-  `start_offset` to its `end_offset`). Paging is serial, so a folder of 5M
-  files listed as one range is one thread paging for 15-25 minutes; its
-  ranges are listed by every worker at once. Beam's `FileSystems.match`
-  returns one list of every match, and GcsIO's `list_files` keeps a set of
-  every name it has seen, so neither is used for the files. The listing
-  gives each file's size (a GCS listing has it; locally a stat), and on GCS
-  its MD5 (`md5Hash`, absent for a composite object), which the records
-  carry: the size limit and the exact-duplicate key need no other request
-  (reading.content_key).
-- a manifest is read with Beam's `ReadFromText`, which splits the file into
-  byte ranges read in parallel. A row is parsed alone, so a bad row names the
-  manifest and quotes the row (a line number is not known to a worker that
-  reads from the middle of the file); CSV quoting works within a row, a quoted
-  field cannot span lines.
-
-Which files are inputs, and how a manifest's rows read, are the rules of
-preprocess/inputs/rules.py (Keras' `image_dataset_from_directory`: image
-extensions only, sub-folders belong to their class; sidecars and the root's
-files skipped and counted; a manifest's header names its columns).
-
-The records then go through `MixClasses`, which spreads them over the workers
-and mixes the classes (see there).
-"""
+"""Where the images are: list a class-per-folder tree or read a CSV/JSONL manifest."""
 
 import dataclasses
 import functools

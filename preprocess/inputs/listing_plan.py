@@ -1,36 +1,4 @@
-"""Where to split a large GCS folder's listing so that each range holds about as many names.
-
-GCS lists names in sorted order, a page of up to 1,000 at a time, and a
-range of names [start, end) can be listed by a pager of its own
-(`startOffset`/`endOffset`). Paging is serial: a range that holds 99% of a
-5M-file folder is one thread paging for 15-25 minutes, whatever the other
-ranges do. So the boundaries must split the names by how many each range
-holds, not by how the name space looks: a few odd names (`README.jpg`,
-`a.jpg`) before a bulk prefix (`img_0000000.jpg` ... `img_4999999.jpg`)
-must not get ranges of their own while the bulk gets one.
-
-There is no count request. The names are seen as a trie, by the characters
-that follow a prefix, and counted with pages (`count_children`): one request
-for a page of names from a prefix gives every child of it that the page
-ends past, with its exact count, and says which child goes on beyond the
-page (it holds at least what was seen: a *full* child). A child whose names
-fit in a page is counted exactly; a full one is estimated:
-
-- by a descent (`_measure`): its first full child is expanded, then that
-  one's, down to a node whose names fit in pages; on the way up, a full
-  node holds its exact children plus as many times the measured child as it
-  has full children (Knuth's estimator of a tree's size, along one path);
-- its other full siblings are taken to be like the measured one, which a
-  corpus's numbered or hashed names are. That is checked once per parent:
-  the first sibling expanded is measured too, and if it is not within a
-  factor of 2 of its assumption, each sibling is measured.
-
-The largest estimated node is expanded until none holds more than the ideal
-(total / ranges) or the request budget is spent; the leaves, in name order,
-are then packed into ranges of at most the ideal each. A range's start is
-the prefix of its first leaf, so the ranges tile the names whatever the
-estimates were: a wrong estimate costs balance, never a file.
-"""
+"""Where to split a large GCS folder's listing so that each range holds about as many names."""
 
 import dataclasses
 import heapq

@@ -1,9 +1,4 @@
-"""The readable report of a dataset: what was written and what failed.
-
-Printed by the job when it ends and by `python -m preprocess.inspect`; built
-from the manifest alone, plus, when given, a few example URIs per failure
-reason from the error log's files (`read_error_examples`).
-"""
+"""The readable report of a dataset: what was written and what failed."""
 
 import statistics
 import sys

@@ -1,15 +1,4 @@
-"""Keeping the runner's tracebacks of an input's fault off the terminal.
-
-When a step raises one of the errors that are the input's fault, not the
-code's (preprocess/errors.py's INPUT_FAULTS: too many failed inputs, an
-empty train split), Beam logs the step's traceback at ERROR, in the launcher
-and in each local worker process, before the launcher says the same in a
-few lines. `quiet_input_faults` drops those records (unless --verbose); every
-other error keeps its traceback. A local worker process, besides logging it,
-prints the traceback to its stderr (Beam's harness), which is the terminal's:
-the launcher tells its workers through the environment (ENV_VAR) to drop
-those writes too (`quiet_worker_stderr`, preprocess/launch/local_worker.py).
-"""
+"""Keeping the runner's tracebacks of an input's fault off the terminal."""
 
 import logging
 import os

@@ -1,31 +1,4 @@
-"""The engine that runs stage 1 on this machine when the runner is the DirectRunner.
-
-Beam 2.77's DirectRunner does not run a batch pipeline itself: it first tries
-the Prism runner (a Go binary it downloads on first use), and runs the
-pipeline there if that works, else falls back to the FnApiRunner, the
-in-process portable runner with its `--direct_num_workers` SDK worker
-processes. Stage 1 asks for the FnApiRunner directly, for two reasons:
-
-- the same job runs the same way on every machine: with network access the
-  DirectRunner would run it on Prism, offline on the FnApiRunner, and the
-  README's `--direct_running_mode` / `--direct_num_workers` are the
-  FnApiRunner's options;
-- the failed Prism attempt is not free: it serializes the whole pipeline
-  (~150 stages after tf.Transform's expansion) once more before falling back,
-  ~12 s of a small job on a 2-core machine (benchmarks/RESULTS.md, target 1).
-
-Any other runner (Dataflow, `--runner PrismRunner`, ...) is left to Beam.
-
-Its worker processes run Beam's harness through preprocess/launch/local_worker.py,
-which exits without the interpreter's teardown: the runner stops the workers
-one after the other, and each teardown took ~1 s.
-
-A small local job runs in this process even when worker processes were
-asked for (`--in-process-below`): each worker imports TensorFlow and Beam,
-7 s of a job over 8 images on 2 cores (22.4 s with them, 15.1 s without),
-more than two workers save below about a thousand photos
-(benchmarks/RESULTS.md, the fixed cost).
-"""
+"""The engine that runs stage 1 on this machine when the runner is the DirectRunner."""
 
 import itertools
 import logging

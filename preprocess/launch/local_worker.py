@@ -1,18 +1,4 @@
-"""The SDK worker process of a local run: Beam's own harness, minus the interpreter's teardown.
-
-The local runner (preprocess/launch/local_runner.py) starts `--direct_num_workers`
-of these in place of `python -m apache_beam.runners.worker.sdk_worker_main`.
-Each runs that same harness. When the harness returns, the runner has every
-result of the worker; the runner then stops the workers one after the
-other, waiting for each to exit, and the teardown of an interpreter holding
-TensorFlow takes about a second. So the worker exits at once instead
-(preprocess/launch/process_exit.py), with the harness's status.
-
-At a Ctrl-C (SIGINT) it exits at once and quietly: the launcher, which
-gets the same signal, says what happened. Before the harness starts, the libraries' loggers get the log level the
-runner chose for its workers (preprocess/launch/logs.py): the harness logs INFO
-lines of its own until it has read its options.
-"""
+"""The SDK worker process of a local run: Beam's own harness, minus the interpreter's teardown."""
 
 import os
 import signal

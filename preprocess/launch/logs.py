@@ -1,25 +1,4 @@
-"""What a local run prints: its progress, warnings and the summary, not the libraries' INFO lines.
-
-Beam, tf.Transform, TFX-BSL and TensorFlow log dozens of INFO lines per run
-("struct2tensor is not available", "BatchElements statistics", "Assets
-written to", ...), and every worker process of the local runner forwards its
-own through the runner ("Worker: severity: INFO ... Creating client data
-channel"), so the progress line and the summary drown. Unless `--verbose`:
-
-- the launcher (`configure_launcher`) keeps INFO for this project's own
-  messages and WARNING for the libraries' loggers, and TensorFlow's C++ INFO
-  lines off (TF_CPP_MIN_LOG_LEVEL, which the worker processes inherit);
-- the local runner's worker processes (`worker_log_options`, Beam's own
-  worker options, which the runner hands to them) log at WARNING, and their
-  harness does not repeat its warnings about the launcher's options, which
-  the launcher has already parsed; preprocess/launch/local_worker.py applies that
-  level to the libraries' loggers before Beam's harness starts
-  (`configure_worker`), so its first lines are quiet too.
-
-Dataflow is left alone: its workers' logs go to Cloud Logging, not to the
-launcher's terminal, and the launcher's INFO lines from Beam (the job's
-link, its states) are that run's progress.
-"""
+"""What a local run prints: its progress, warnings and the summary, not the libraries' INFO lines."""
 
 import json
 import logging

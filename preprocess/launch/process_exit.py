@@ -1,10 +1,4 @@
-"""Ending a stage-1 process once its work is done, without the interpreter's teardown.
-
-With TensorFlow and Beam loaded, tearing the interpreter down (freeing every
-module and object) takes a second or more after the work is done: a tenth of
-a small job for `python -m preprocess`, and a second per worker process that
-the local runner stops one after the other (preprocess/launch/local_worker.py).
-"""
+"""Ending a stage-1 process once its work is done, without the interpreter's teardown."""
 
 import atexit
 import logging

@@ -1,29 +1,4 @@
-"""Progress of a local stage 1 run that a person can follow: images per stage and the rate.
-
-Beam's metrics reach the driver only when a DirectRunner job ends, and in
-`--direct_running_mode=multi_processing` the DoFns run in other processes. So:
-
-- DoFns count into a `ProgressCounter(stage)` (`.inc(n)`). Each process sums
-  its counts in memory and a background thread writes them, at most twice a
-  second and only when they changed, to one small JSON file of its own
-  (`{"decoded": 1234, ...}`, replaced atomically) in a local directory.
-- `ProgressReporter`, a context manager around `pipeline.run()` and
-  `wait_until_finish()` in the driver, makes that directory, sums the files
-  from a thread every `interval` seconds and prints one line:
-
-      [0:42] hashed 1234 (56.7/s) | decoded 1100 (51.2/s) | encoded 1000 (45.1/s) | failed 6
-
-  and a last line with the averages when the job ends.
-
-The directory reaches the workers as an environment variable that the
-reporter sets before the runner starts them (worker processes, Prism's
-loopback workers and in-process threads all inherit it), so nothing about it
-is pickled into the pipeline. Where it is not set (Dataflow, which has its
-own monitoring UI; a DoFn under test) `inc` costs one dict lookup.
-
-Counts are approximate (a retried bundle counts twice; the last half second
-of a worker that exits may be missed); the manifest written at the end is exact.
-"""
+"""Progress of a local stage 1 run that a person can follow: images per stage and the rate."""
 
 import atexit
 import collections

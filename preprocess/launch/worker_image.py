@@ -1,20 +1,4 @@
-"""The Dataflow worker image built from the repository's Dockerfile, and the launcher Python it needs.
-
-Beam pickles the pipeline's functions with the launcher's Python, and the
-workers unpickle them with the image's: across Python minor versions the
-bytecode and pickles differ, and a worker fails to load the job, late and
-obscurely (Dataflow reports a stuck or crashing harness, not the cause). So
-a launch that names a worker image (`--sdk_container_image`) from a Python
-other than the image's is refused here, before anything is built.
-
-`IMAGE_PYTHON` is the Python of the Dockerfile's base image,
-`apache/beam_python3.11_sdk`; tests/pipelines/test_worker_container.py
-holds the two together. Without `--sdk_container_image`, Dataflow picks
-Beam's own image for the launcher's Python, so nothing can mismatch.
-
-Light on purpose (argparse and sys): `python -m preprocess` and
-`python -m pipelines.dataflow` check before they import Beam or TensorFlow.
-"""
+"""The Dataflow worker image built from the repository's Dockerfile, and the launcher Python it needs."""
 
 import argparse
 import sys

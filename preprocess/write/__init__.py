@@ -1,1 +1,3 @@
-"""Writing the run's files: records encoded per encoding, shards sized by bytes, tf.Transform's output."""
+"""Writing the run's files: records encoded per encoding, shards sized by bytes, tf.Transform's output.
+
+Design notes: docs/internals.md."""

@@ -1,21 +1,4 @@
-"""Serialized tf.train.Examples, per encoding: from decoded images (one pass) or transformed batches.
-
-uint8 and jpeg records are encoded straight from the decoded pixels, in the
-step that decodes them (`EncodeDecodedFn`): their normalization is applied
-at read time, so nothing waits for tf.Transform's statistics. bfloat16 and
-float32 records hold normalized values, so they are encoded from the record
-batches tf.Transform's transform produced (`EncodeExamplesFn`), a record
-batch at a time: the float image column is converted to the target dtype for
-the whole batch in one numpy call, and only the final `tf.train.Example`
-assembly is per row.
-
-Both yield `(split, serialized example, class name)`, so one shard writer and
-one class count serve every split and both paths.
-
-TensorFlow (for the tf.train.Example proto) is imported on the first record,
-not with the module: the pipeline module imports this one, and a worker
-process that only lists, hashes and deduplicates files must not load it.
-"""
+"""Serialized tf.train.Examples, per encoding: from decoded images (one pass) or transformed batches."""
 
 import io
 

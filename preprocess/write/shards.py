@@ -1,41 +1,4 @@
-"""Writing TFRecord shards sized by bytes, each record written once (and the error log's files, alike).
-
-Records go to disk once, at their final place, and only when a bundle ends
-with a small remainder is a little copied:
-
-1. `WriteShardFilesFn`: each bundle attempt writes the records of every split
-   straight into the run's directory (`runs/<run id>/`), one file per split,
-   rolling over to a new file before the record that would take it past the
-   split's target size (`file_target_bytes`: the shard size, or less so that
-   a small split still gets about `min_shards` files). It computes each file's sha256 and size from the
-   framed bytes as it writes them, and emits a small `WrittenFile` entry.
-2. `plan_shards` runs once all entries of the job are known (a list of these
-   small entries, never records): a file of at least half the target size is
-   a shard as it is, no copy; the small files that end bundles (at most one
-   per bundle and split) are packed into shards of about the target size, at
-   least `min_shards` shards in all when there are files enough. A packed
-   shard is the concatenation of its files (TFRecord files concatenate into
-   a valid TFRecord file), written by `WriteShardFn` atomically under a name
-   derived from its sources (`filesystem.write_atomically`).
-
-So per record the job writes its bytes once, plus at most half a target
-per bundle and split for the packed remainders.
-
-Retry-safe under Dataflow's semantics: every bundle attempt writes files of
-its own (a fresh id in their names), so a retried, duplicated or dead attempt
-never touches the files of the one the runner commits; only the committed
-attempts' entries are planned. A packed shard's name and bytes follow from
-its plan alone, so writing it again gives the same file, and its sources are
-never deleted here (a retry needs them). Files no manifest names (a
-discarded attempt's, a packed shard's sources) go when the run publishes:
-preprocess/publish/commit.py removes every file of the run's directory its manifest
-does not name.
-
-File names say the split first, then the bundle attempt and the file's
-number within it (`train-3f9c0a1b2c4d4e5f8a9b0c1d2e3f4a5b-0002.tfrecord`, a full uuid4), or for a packed shard
-a digest of its sources (`train-packed-9e107d9d372b.tfrecord`). Readers do
-not parse them: they read the shards the manifest lists.
-"""
+"""Writing TFRecord shards sized by bytes, each record written once (and the error log's files, alike)."""
 
 import dataclasses
 import hashlib

@@ -1,22 +1,4 @@
-"""tf.Transform's output (`transform_fn/`, `transformed_metadata/`) written into the run's directory.
-
-tf.Transform's own `WriteTransformFn` takes its destination when the graph
-is built, and publishes by deleting the destination and renaming over it, so
-a retry or a second run of the same template would destroy a published
-graph. Here the destination is `runs/<run id>/` (the run id a side input,
-made when the job runs), and each file is copied once, atomically, from the
-SavedModel tf.Transform wrote in its temporary directory: a retry copies the
-same bytes to the same names. `tft.TFTransformOutput(<output>/runs/<run id>)`
-loads the result.
-
-The transform of every split then loads the graph from this copy, not from
-tf.Transform's temporary directory, so that directory is needed only until
-the copy is made (see runs.tft_temp_dir).
-
-TensorFlow and tf.Transform are imported by the functions that need them:
-the finalize step imports this module, and reading the vocabulary needs
-neither.
-"""
+"""tf.Transform's output (`transform_fn/`, `transformed_metadata/`) written into the run's directory."""
 
 import json
 

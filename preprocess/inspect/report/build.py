@@ -1,12 +1,4 @@
-"""Gather what the report shows and write the page (local path or gs://).
-
-Reads, whatever the dataset's size: the manifest; the shards only until each
-class of the split has its examples or `max_read_bytes` is spent (the
-caller's `inspect.sample_examples`); the error log until each reason has its
-examples (at most 16 MB); the near-duplicate files until `max_groups` groups
-are picked (at most 64 MB); and, for the groups' thumbnails, the members'
-source files (each at most 32 MB, all together at most `max_read_bytes`).
-"""
+"""Gather what the report shows and write the page (local path or gs://)."""
 
 import dataclasses
 import posixpath

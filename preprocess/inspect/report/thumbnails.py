@@ -1,12 +1,4 @@
-"""Small embedded images for the report: pixels, or a source file, as a data: URI.
-
-A stored image (the contact sheet) is shown as training sees it; a source
-image (a near-duplicate group's member) is read by stage 1's own reader
-(`preprocess.inputs.reading`: local or gs://, through Beam's filesystems), decoded
-as stage 1 decodes it (orientation, CMYK, transparency, decompression bombs)
-and shrunk. A source that cannot be
-read or decoded gives the reason instead, for a placeholder.
-"""
+"""Small embedded images for the report: pixels, or a source file, as a data: URI."""
 
 import base64
 import dataclasses
