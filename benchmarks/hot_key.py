@@ -30,9 +30,8 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median, timed
 
 DISTINCT = "distinct"
 COPIES = "copies"
@@ -111,29 +110,31 @@ def run_once(folder: str, variant: str, workers: int) -> tuple[float, int, int]:
     fractions = {"train": 1.0}
     names = sorted(name for name in os.listdir(folder) if name.endswith(".jpg"))
     options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_processing")
-    start = time.perf_counter()
-    pipeline = beam.Pipeline(options=options)
-    # The records are made in the pipeline (a Create of N records would be pickled into the job).
-    records = (
-        pipeline
-        | "Folder" >> beam.Create([folder])
-        | "Records"
-        >> beam.FlatMap(
-            lambda folder: (
-                InputRecord(os.path.join(folder, name), "a", size=os.path.getsize(os.path.join(folder, name)))
-                for name in names
+    with timed() as timing:
+        pipeline = beam.Pipeline(options=options)
+        # The records are made in the pipeline (a Create of N records would be pickled into the job).
+        records = (
+            pipeline
+            | "Folder" >> beam.Create([folder])
+            | "Records"
+            >> beam.FlatMap(
+                lambda folder: (
+                    InputRecord(
+                        os.path.join(folder, name), "a", size=os.path.getsize(os.path.join(folder, name))
+                    )
+                    for name in names
+                )
             )
+            | "Spread" >> beam.Reshuffle()
         )
-        | "Spread" >> beam.Reshuffle()
-    )
-    if variant == SERIAL:
-        result = _one_element_dedup(records, fractions)
-    else:
-        result = records | "Deduplicate" >> DeduplicateByContent(fractions)
-    _ = result["unique"] | "Count" >> beam.combiners.Count.Globally()
-    run = pipeline.run()
-    run.wait_until_finish()
-    seconds = time.perf_counter() - start
+        if variant == SERIAL:
+            result = _one_element_dedup(records, fractions)
+        else:
+            result = records | "Deduplicate" >> DeduplicateByContent(fractions)
+        _ = result["unique"] | "Count" >> beam.combiners.Count.Globally()
+        run = pipeline.run()
+        run.wait_until_finish()
+    seconds = timing.wall_seconds
     query = run.metrics().query(MetricsFilter().with_name("hashed_in_full_per_bundle"))
     per_bundle = [distribution.committed for distribution in query["distributions"]]
     bundles = sum(distribution.count for distribution in per_bundle)

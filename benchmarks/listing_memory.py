@@ -32,12 +32,20 @@ import hashlib
 import json
 import os
 import posixpath
-import resource
 import subprocess
 import sys
-import time
 
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median, mib
+from benchmarks.measure import (
+    finish_report,
+    format_table,
+    machine_description,
+    machine_load,
+    median,
+    mib,
+    reset_peak_rss,
+    status_bytes,
+    timed,
+)
 
 NUM_CLASSES = 10
 _STREAMED = "streamed"
@@ -71,25 +79,6 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _reset_peak_rss() -> bool:
-    """Start the peak RSS (VmHWM) over from the current RSS (Linux >= 4.0); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    """VmHWM: the peak RSS since the start, or since the last `_reset_peak_rss`."""
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _list_in_one_element(root: str):
     """The listing as it was before issue 10 (preprocess/inputs/listing.py at 1c70835), for comparison."""
     from apache_beam.io.filesystems import FileSystems
@@ -120,17 +109,16 @@ def measure_listing(approach: str, root: str) -> dict:
     import preprocess.inputs.listing  # noqa: F401
 
     # The imports' own peak would hide a listing that stays below it: the peak is measured from here.
-    peak_since_imports = _reset_peak_rss()
+    peak_since_imports = reset_peak_rss()
     baseline = _rss_bytes()
     listing = _list_streamed if approach == _STREAMED else _list_in_one_element
-    start = time.perf_counter()
-    count = sum(1 for _ in listing(root))
-    seconds = time.perf_counter() - start
+    with timed() as timing:
+        count = sum(1 for _ in listing(root))
     return {
         "files": count,
-        "seconds": seconds,
+        "seconds": timing.wall_seconds,
         "baseline_rss_bytes": baseline,
-        "peak_rss_bytes": _peak_rss_bytes(),
+        "peak_rss_bytes": status_bytes("VmHWM"),
         "peak_since_imports": peak_since_imports,
     }
 

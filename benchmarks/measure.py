@@ -1,4 +1,6 @@
-"""Running a command as a subprocess and measuring it: wall time, peak memory of its process tree, phases.
+"""The benchmarks' one measuring harness: a command run as a subprocess (wall time, CPU, peak memory of its
+process tree, phases), a block of this process (`timed`, `reset_peak_rss`, `status_bytes`), ratios
+(`scaling_ratios`), and the report (machine, load, tables, JSON).
 
 Memory is sampled from /proc every `interval` seconds: the resident set of
 the command's whole process tree (the main process and every descendant, e.g.
@@ -14,6 +16,7 @@ grew. These mark the phases of a job from outside, without touching its code
 (stage 1 writes its decoded spill, then its shards).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -337,3 +340,51 @@ def format_table(header: list[str], rows: list[list]) -> str:
 
 def mib(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:,.0f}"
+
+
+@dataclasses.dataclass
+class Timing:
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's user + system time, every thread's
+
+
+@contextlib.contextmanager
+def timed():
+    """`with timed() as timing:` the block's wall and CPU seconds, in `timing` once it ends."""
+    timing = Timing()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield timing
+    finally:
+        timing.wall_seconds = time.perf_counter() - wall
+        timing.cpu_seconds = time.process_time() - cpu
+
+
+def status_bytes(key: str) -> int:
+    """A size of /proc/self/status in bytes: VmRSS (now), VmHWM (the peak since start or reset_peak_rss)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak RSS (VmHWM) over from its current RSS (Linux >= 4.0); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def scaling_ratios(runs: list[dict], key: str, factor, **where) -> list[float]:
+    """How a figure grows with the input: per repeat, `key` of the run at `factor` over the run at 1 (runs with
+    "repeat" and "factor"; `where` selects among them, e.g. contender=...)."""
+    ratios = []
+    for repeat in sorted({run["repeat"] for run in runs}):
+        chosen = [r for r in runs if r["repeat"] == repeat and all(r.get(k) == v for k, v in where.items())]
+        by_factor = {run["factor"]: run[key] for run in chosen}
+        ratios.append(by_factor[factor] / by_factor[1])
+    return ratios

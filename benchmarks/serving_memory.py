@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 from benchmarks.adversarial_images import (
     ADVERSARIAL_IMAGES,
@@ -35,7 +34,15 @@ from benchmarks.adversarial_images import (
     one_row_png,
     ordinary_jpeg,
 )
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load
+from benchmarks.measure import (
+    finish_report,
+    format_table,
+    machine_description,
+    machine_load,
+    reset_peak_rss,
+    status_bytes,
+    timed,
+)
 
 TARGET_BYTES = 300 * 10**6
 BASELINE_COMMIT = "1c70835"  # main before issue 14
@@ -131,31 +138,21 @@ def measure_child(export_dir: str, image_path: str) -> dict:
     serve(image_bytes=tf.constant([warmup]))
     with open(image_path, "rb") as handle:
         batch = tf.constant([handle.read()])
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")  # reset VmHWM to the current RSS
-    before = _status_bytes("VmRSS")
-    start = time.perf_counter()
-    try:
-        outputs = serve(image_bytes=batch)
-        result = {
-            "valid": bool(outputs["valid"].numpy()[0]) if "valid" in outputs else True,
-            "error": outputs["error"].numpy()[0].decode() if "error" in outputs else "",
-        }
-    except tf.errors.OpError as error:
-        result = {
-            "valid": False,
-            "error": f"raised {type(error).__name__}: {error.message.splitlines()[0][:120]}",
-        }
-    seconds = time.perf_counter() - start
-    return {**result, "seconds": seconds, "peak_growth_bytes": _status_bytes("VmHWM") - before}
-
-
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    reset_peak_rss()
+    before = status_bytes("VmRSS")
+    with timed() as timing:
+        try:
+            outputs = serve(image_bytes=batch)
+            result = {
+                "valid": bool(outputs["valid"].numpy()[0]) if "valid" in outputs else True,
+                "error": outputs["error"].numpy()[0].decode() if "error" in outputs else "",
+            }
+        except tf.errors.OpError as error:
+            result = {
+                "valid": False,
+                "error": f"raised {type(error).__name__}: {error.message.splitlines()[0][:120]}",
+            }
+    return {**result, "seconds": timing.wall_seconds, "peak_growth_bytes": status_bytes("VmHWM") - before}
 
 
 def run_child(export_dir: str, image_path: str, timeout: float) -> dict:

@@ -34,6 +34,7 @@ from benchmarks.measure import (
     mib,
     python_module,
     run_measured,
+    scaling_ratios,
 )
 
 
@@ -168,10 +169,7 @@ def main(argv=None) -> dict:
             rows,
         )
     )
-    ratios = []
-    for repeat in range(args.repeats):
-        peaks = {run["factor"]: run["peak_rss_bytes"] for run in runs if run["repeat"] == repeat}
-        ratios.append(peaks[args.factor] / peaks[1])
+    ratios = scaling_ratios(runs, "peak_rss_bytes", args.factor)
     main_ratio = median(r["peak_rss_main_bytes"] for r in runs if r["factor"] == args.factor) / median(
         r["peak_rss_main_bytes"] for r in runs if r["factor"] == 1
     )
