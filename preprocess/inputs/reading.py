@@ -113,11 +113,6 @@ def size_and_md5(uri: str) -> tuple[int, str | None]:
         return fs.metadata(uri).size_in_bytes, None
 
 
-def file_size(uri: str) -> int:
-    """A file's size in bytes without reading it (see size_and_md5)."""
-    return size_and_md5(uri)[0]
-
-
 def read_file_bytes(uri: str, max_bytes: int | None = None, size: int | None = None) -> bytearray | bytes:
     """The whole file; ImageError(TOO_LARGE) past `max_bytes` (read no further), ImageError(UNREADABLE)
     for a deterministic failure, else the failure itself.
