@@ -94,7 +94,6 @@ import subprocess
 import sys
 import tempfile
 
-from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
 from pipelines.tpu import interpreter as tpu_interpreter
@@ -102,6 +101,7 @@ from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
+from preprocess import options
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train import install_lines
@@ -124,13 +124,6 @@ IMAGENET_CROP_MARGIN = 0.143
 STAGE2_FIELDS = ("model", "epochs", "global_batch_size", "learning_rate", "augment", "checkpoint_every")
 # Those handed on to python -m train as given (train_argv sets the model, epochs and batch itself).
 FORWARDED_FIELDS = ("augment", "learning_rate", "checkpoint_every", *train_flags.names_in(RECIPE))
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,18 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="TPU VM software version. Default: from the table in pipelines/tpu/runtime.py for the accelerator "
         f"type and tensorflow-tpu {tpu_runtime.TENSORFLOW_TPU_VERSION} (--dry-run prints the choice and why).",
     )
-    parser.add_argument(
-        "--image-size", type=int, default=224, help="The square the model sees (default 224)."
+    # python -m preprocess's own flags (preprocess/config.py), with this workflow's defaults where they differ.
+    options.add_stage1_flags(
+        parser,
+        ("image_size", "crop_margin", "encoding"),
+        overrides={
+            "image_size": {"help": "The square the model sees (default 224)."},
+            "crop_margin": {
+                "default": None,
+                "help": "Stage 1 stores round(SIZE x (1 + F)) squares so that training takes random SIZE crops "
+                f"(evaluation and serving the center). Default: {IMAGENET_CROP_MARGIN} for the ImageNet backbones "
+                "(256 stored for 224), 0 for small_cnn.",
+            },
+        },
     )
-    parser.add_argument(
-        "--crop-margin",
-        type=_fraction,
-        default=None,
-        help="Stage 1 stores round(SIZE x (1 + F)) squares so that training takes random SIZE crops (evaluation "
-        f"and serving the center). Default: {IMAGENET_CROP_MARGIN} for the ImageNet backbones (256 stored for "
-        "224), 0 for small_cnn.",
-    )
-    parser.add_argument("--encoding", choices=features.ENCODINGS, default=features.UINT8)
     # python -m train's own flags (train/config.py), with a TPU fine-tuning run's defaults where they differ.
     train_flags.add_config_flags(
         parser,
@@ -447,7 +442,6 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
     A dry run builds a template, which may come before its input exists: only the output's place is checked.
     """
-    from preprocess import options  # noqa: PLC0415 - Beam's options: not for --help
     from preprocess.inputs import checks as input_checks
 
     problem = options.beam_args_problem(dataflow_args, build_parser())

@@ -29,6 +29,7 @@ from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import DefaultsHelpFormatter
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
+from preprocess import options
 from preprocess.launch import logs
 from train import flags
 from train.config import MODELS, TrainConfig
@@ -48,14 +49,12 @@ DEMO_GLOBAL_BATCH_SIZE = 32
 DEMO_LEARNING_RATE = 2e-3
 
 
+# The fields of python -m preprocess the workflow takes as flags (preprocess/config.py).
+STAGE1_FIELDS = ("image_size", "encoding", "crop_margin", "max_failed_fraction", "retention_days")
 # The flags that only stage 1 reads: given with --skip-preprocess they would change nothing.
 STAGE1_FLAGS = (
     "--input",
-    "--image-size",
-    "--encoding",
-    "--crop-margin",
-    "--max-failed-fraction",
-    "--retention-days",
+    *(options.flag_of(name) for name in STAGE1_FIELDS),
     "--workers",
     "--sample-images-per-class",
 )
@@ -94,30 +93,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Reuse WORKDIR/dataset as it is (the stage 1 flags are then refused: they would change nothing).",
     )
-    stage1.add_argument(
-        "--image-size",
-        type=int,
-        default=DEMO_IMAGE_SIZE,
-        help="Height and width the model sees (default %(default)s, the demo's; python -m preprocess's is 224).",
-    )
-    stage1.add_argument(
-        "--encoding", choices=features.ENCODINGS, default=features.UINT8, help="Record encoding."
-    )
-    stage1.add_argument(
-        "--crop-margin",
-        type=float,
-        default=0.0,
-        help="Stage 1 stores images this much larger for random-crop augmentation (see python -m preprocess --help).",
-    )
-    stage1.add_argument(
-        "--max-failed-fraction",
-        default=None,
-        help="Above this fraction of failed inputs stage 1 publishes nothing (default: stage 1's, 0.05).",
-    )
-    stage1.add_argument(
-        "--retention-days",
-        default=None,
-        help="How long the dataset a re-run supersedes stays for the jobs reading it (default: stage 1's, 7).",
+    # python -m preprocess's own flags (preprocess/config.py), with the demo's defaults where they differ.
+    options.add_stage1_flags(
+        stage1,
+        STAGE1_FIELDS,
+        overrides={
+            "image_size": {
+                "default": DEMO_IMAGE_SIZE,
+                "help": "Height and width the model sees (default %(default)s, the demo's; python -m preprocess's "
+                "is 224).",
+            },
+            "max_failed_fraction": {
+                "default": None,
+                "help": "Above this fraction of failed inputs stage 1 publishes nothing (default: stage 1's, 0.05).",
+            },
+            "retention_days": {
+                "default": None,
+                "help": "How long the dataset a re-run supersedes stays for the jobs reading it (default: stage "
+                "1's, 7).",
+            },
+        },
     )
     stage1.add_argument(
         "--workers",
@@ -173,19 +168,10 @@ def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
         input_spec,
         "--output",
         dataset_dir,
-        "--image-size",
-        str(args.image_size),
-        "--encoding",
-        args.encoding,
-        "--crop-margin",
-        str(args.crop_margin),
+        *options.stage1_argv(args, STAGE1_FIELDS),
         "--runner",
         "DirectRunner",
     ]
-    if args.max_failed_fraction is not None:
-        argv += ["--max-failed-fraction", args.max_failed_fraction]
-    if args.retention_days is not None:
-        argv += ["--retention-days", args.retention_days]
     if args.workers > 1:
         argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]
     if args.verbose:

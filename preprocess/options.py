@@ -22,21 +22,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     groups: dict[str, list[str]] = {}
     for field in dataclasses.fields(Stage1Config):
-        flag = "--" + field.name.replace("_", "-")
-        groups.setdefault(field.metadata["group"], []).append(flag)
-        if field.type is bool:
-            parser.add_argument(flag, action="store_true", help=field.metadata["help"])
-            continue
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-        parser.add_argument(
-            flag,
-            type=field.metadata["parse"],
-            default=default,
-            help=field.metadata["help"],
-            **field.metadata["flag"],
-        )
+        groups.setdefault(field.metadata["group"], []).append(flag_of(field.name))
+        _add_flag(parser, field)
     group_flags(parser, {title: tuple(flags) for title, flags in groups.items()})
     return parser
+
+
+def flag_of(name: str) -> str:
+    """A Stage1Config field's flag: image_size -> --image-size."""
+    return "--" + name.replace("_", "-")
+
+
+def _add_flag(target, field: dataclasses.Field, **overrides) -> None:
+    settings = {"help": field.metadata["help"], **field.metadata["flag"]}
+    if field.type is bool:
+        target.add_argument(flag_of(field.name), action="store_true", **{**settings, **overrides})
+        return
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    settings.update({"type": field.metadata["parse"], "default": default, **overrides})
+    target.add_argument(flag_of(field.name), dest=field.name, **settings)
+
+
+def add_stage1_flags(target, names, overrides: dict[str, dict] | None = None) -> None:
+    """Add the flags of Stage1Config's fields `names` to `target` (a parser or an argument group), for a
+    workflow that runs stage 1: the same checks and help as python -m preprocess's. `overrides`: {field:
+    {"default": .., "help": ..}} where the workflow's own differ (a default of None: stage 1's)."""
+    fields = {field.name: field for field in dataclasses.fields(Stage1Config)}
+    for name in names:
+        _add_flag(target, fields[name], **(overrides or {}).get(name, {}))
+
+
+def stage1_argv(args: argparse.Namespace, names) -> list[str]:
+    """The python -m preprocess flags of `args`' values for the fields `names` (None: not given)."""
+    argv = []
+    for name in names:
+        value = getattr(args, name)
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag_of(name))
+        else:
+            argv += [flag_of(name), ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
+    return argv
 
 
 def refuse(message: str, prog: str = PROG):

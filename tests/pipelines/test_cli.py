@@ -60,3 +60,27 @@ def test_every_help_groups_its_flags_and_shows_the_defaults(tmp_path, module, gr
         assert f" {title} " in f" {text} ", title
     for default in defaults:
         assert default in text, default
+
+
+@pytest.mark.parametrize("module", ["pipelines.local", "pipelines.dataflow"])
+def test_a_workflows_stage_1_flags_are_checked_as_python_m_preprocess_checks_them(module, capsys):
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--workdir", "w", "--crop-margin", "2"])
+    assert exited.value.code == 2
+    assert "--crop-margin: expected a fraction between 0 and 1, got 2" in capsys.readouterr().err
+
+
+def test_the_local_workflow_hands_stage_1_only_the_flags_given_as_it_takes_them():
+    from pipelines import local
+
+    args = local.build_parser().parse_args(
+        ["--workdir", "w", "--max-failed-fraction", "0.5", "--crop-margin", "0.14"]
+    )
+    argv = local.preprocess_argv(args, "images", "dataset")
+    assert argv[argv.index("--max-failed-fraction") + 1] == "0.5"
+    assert argv[argv.index("--crop-margin") + 1] == "0.14"
+    assert argv[argv.index("--image-size") + 1] == str(local.DEMO_IMAGE_SIZE)
+    assert "--retention-days" not in argv  # not given: stage 1's own default
