@@ -56,13 +56,13 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
     """Runs stage 1 and waits for it; returns its run's manifest. WorkflowError if it fails, or if a
     newer run of stage 1 into the same directory superseded it (training would not read this run)."""
     from preprocess import options  # noqa: PLC0415 - see the imports
-    from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - see the imports
+    from preprocess.launch import launcher  # noqa: PLC0415 - see the imports
     from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415 - see the imports
 
     log.info("stage 1: python -m preprocess %s", " ".join(preprocess_argv))
     try:
         # Both workflows check the input before stage 1 (local.precheck_problem, dataflow.precheck_problem).
-        return preprocess_pipeline.run(*options.parse_args(preprocess_argv))
+        return launcher.run(*options.parse_args(preprocess_argv))
     except SupersededRunError as exc:
         raise WorkflowError(
             f"stage 1 (preprocess) was superseded, so training will not start: {exc}"

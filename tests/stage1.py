@@ -63,20 +63,21 @@ def run_stage1(input_spec, output_dir, *extra_args, image_size=32, encoding="flo
     if importlib.util.find_spec("apache_beam") is None and os.environ.get(STAGE1_PYTHON_VARIABLE):
         return _run_stage1_in(os.environ[STAGE1_PYTHON_VARIABLE], argv)
     from preprocess import options  # noqa: PLC0415
-    from preprocess import pipeline as preprocess_pipeline  # noqa: PLC0415 - needs Beam and tf.Transform
+    from preprocess.launch import launcher  # noqa: PLC0415 - needs Beam and tf.Transform
 
-    return preprocess_pipeline.run(*options.parse_args(argv))
+    return launcher.run(*options.parse_args(argv))
 
 
 def _run_stage1_in(python: str, argv: list[str]) -> dict:
-    """`preprocess.pipeline.run` of `argv` in a process of `python` (this checkout first on its path)."""
+    """`preprocess.launch.launcher.run` of `argv` in a process of `python` (this checkout first on its path)."""
     with tempfile.TemporaryDirectory() as scratch:
         manifest_path = os.path.join(scratch, "manifest.json")
         code = (
             "import json, sys\n"
-            "from preprocess import options, pipeline\n"
+            "from preprocess import options\n"
+            "from preprocess.launch import launcher\n"
             "with open(sys.argv[1], 'w') as out:\n"
-            "    json.dump(pipeline.run(*options.parse_args(sys.argv[2:])), out)\n"
+            "    json.dump(launcher.run(*options.parse_args(sys.argv[2:])), out)\n"
         )
         env = {
             **os.environ,

@@ -36,12 +36,13 @@ def main(argv=None) -> None:
     try:
         _run_and_report(config, beam_args)
     except KeyboardInterrupt:
-        from preprocess import pipeline  # noqa: PLC0415 - loaded by now
+        from preprocess.launch import launcher  # noqa: PLC0415 - loaded by now
+        from preprocess.pipeline import output_dir_of  # noqa: PLC0415
 
         # One line, from the launcher alone (local workers exit quietly at a Ctrl-C: local_worker.py).
         if config.verbose:
             raise
-        print(pipeline._interrupted_message(pipeline.output_dir_of(config)), file=sys.stderr)
+        print(launcher._interrupted_message(output_dir_of(config)), file=sys.stderr)
         from preprocess.launch.process_exit import exit_without_teardown  # noqa: PLC0415
 
         exit_without_teardown(130)
@@ -71,16 +72,16 @@ def _run_and_report(config, beam_args: list[str]) -> None:
     if local:
         # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
         import_tensorflow_quietly(enabled=not config.verbose)
-    from preprocess import pipeline  # noqa: PLC0415 - TensorFlow, Beam
     from preprocess.errors import INPUT_FAULTS  # noqa: PLC0415
     from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415
+    from preprocess.launch import launcher  # noqa: PLC0415 - TensorFlow, Beam
     from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415
     from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415
     from preprocess.publish.manifest_switch import OverwriteRefusedError  # noqa: PLC0415
 
     try:
-        manifest = pipeline.run(config, beam_args)
-    except pipeline.PublishedThenSuperseded as exc:
+        manifest = launcher.run(config, beam_args)
+    except launcher.PublishedThenSuperseded as exc:
         # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
         print(f"preprocess: run published, then superseded by a newer run: {exc}")
         return

@@ -5,8 +5,7 @@ what it raises then, preprocess.launch.dataflow_job.JobContinuesError; the workf
 from google.cloud import storage
 
 from pipelines import dataflow
-from preprocess import pipeline as preprocess_pipeline
-from preprocess.launch import dataflow_job
+from preprocess.launch import dataflow_job, launcher
 
 
 def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
@@ -23,7 +22,7 @@ def test_ctrl_c_during_stage_1_says_the_job_goes_on_and_starts_no_training(
     bucket = storage.Client().bucket(gcs_emulator.bucket)
     for name in ("cat/1.jpg", "dog/1.jpg"):
         bucket.blob(f"{raw}/{name}").upload_from_string(b"\xff\xd8 bytes are not read before stage 1")
-    monkeypatch.setattr(preprocess_pipeline, "run", interrupted)
+    monkeypatch.setattr(launcher, "run", interrupted)
     trained = []
     monkeypatch.setattr(dataflow, "build_package", lambda uri: trained.append(uri))
     code = dataflow.main(

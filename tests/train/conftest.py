@@ -1,6 +1,6 @@
 """Fixtures for the stage 2 tests: datasets written by the real stage 1 job.
 
-`stage1_dataset(encoding)` runs `preprocess.pipeline.run` (DirectRunner, in
+`stage1_dataset(encoding)` runs `preprocess.launch.launcher.run` (DirectRunner, in
 process) on one small generated corpus, once per encoding per test session,
 and returns the dataset directory. The images are 32x32 (the smallest size
 every model of `--model` accepts) and every split has 2 shards (so two input

@@ -23,9 +23,9 @@ import pytest
 from google.cloud import storage
 
 from dataset_contract import manifest as manifest_lib
-from preprocess import pipeline as preprocess_pipeline
 from preprocess.config import DEFAULT_RETENTION_DAYS
 from preprocess.inspect.summary import format_summary
+from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish.commit import SupersededRunError, missing_run_files
 from preprocess.publish.runs import RunPaths, new_run_id
@@ -368,11 +368,11 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
 def test_the_launcher_reports_its_own_runs_manifest_or_names_the_newer_run_that_superseded_it(staged, output):
     """python -m preprocess reads dataset.json after its job: it must not report another run's dataset."""
     old_id, new_id = staged.old["run"]["id"], staged.new_run_id
-    assert preprocess_pipeline.own_manifest(output, old_id) == staged.old
+    assert launcher.own_manifest(output, old_id) == staged.old
     publish.publish_run(output, new_id, staged.new)
-    assert preprocess_pipeline.own_manifest(output, new_id)["run"]["id"] == new_id
+    assert launcher.own_manifest(output, new_id)["run"]["id"] == new_id
     with pytest.raises(SupersededRunError) as raised:
-        preprocess_pipeline.own_manifest(output, old_id)
+        launcher.own_manifest(output, old_id)
     message = str(raised.value)
     assert (
         f"run {old_id} published into {output}, but run {new_id}, which started later, has published"
@@ -381,7 +381,7 @@ def test_the_launcher_reports_its_own_runs_manifest_or_names_the_newer_run_that_
     assert f"runs/{old_id}/ for the retention period" in message
     never_published = run_id_between(old_id, new_id)
     with pytest.raises(SupersededRunError, match=f"run {never_published} is superseded: run {new_id}"):
-        preprocess_pipeline.own_manifest(output, never_published)
+        launcher.own_manifest(output, never_published)
 
 
 @pytest.fixture

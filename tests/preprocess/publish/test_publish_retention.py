@@ -29,7 +29,7 @@ from google.cloud import storage
 from dataset_contract import leases, verification
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem, options
-from preprocess import pipeline as preprocess_pipeline
+from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import manifest_switch
 from preprocess.publish.runs import RunPaths, new_run_id
@@ -59,7 +59,7 @@ def published(tmp_path_factory):
     """A dataset written by the real stage 1 (`python -m preprocess`, in process)."""
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
     output = tmp_path_factory.mktemp("published") / "dataset"
-    manifest = preprocess_pipeline.run(
+    manifest = launcher.run(
         *options.parse_args(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
     )
     return Published(corpus.root, str(output), manifest)
@@ -170,7 +170,7 @@ def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_
     # Stage 1 (Beam), stage 2 (TensorFlow's gs://) and the launcher all read run B's manifest.
     assert publish.read_published_manifest(gcs_dir)["run"]["id"] == b_id
     assert verification.read_manifest(gcs_dir)["run"]["id"] == b_id
-    assert retained_ids(preprocess_pipeline.own_manifest(gcs_dir, b_id)) == [a_id]
+    assert retained_ids(launcher.own_manifest(gcs_dir, b_id)) == [a_id]
     from train.data import checks  # noqa: PLC0415 - stage 2's own reader
 
     assert checks.read_manifest(gcs_dir)["run"]["id"] == b_id

@@ -1,0 +1,273 @@
+"""The launcher's side of a run of stage 1: start the job, wait for it, and tell what became of it.
+
+`run(config, beam_args)` builds the graph (preprocess/pipeline.py), runs it on the runner Beam's flags
+name, and returns the run's manifest; it raises SupersededRunError when a newer run published, an input
+fault with a message for a person, or JobContinuesError when Ctrl-C leaves a Dataflow job running.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import errors, filesystem
+from preprocess.config import Stage1Config
+from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
+from preprocess.launch import dataflow_job, local_runner, progress, worker_image
+from preprocess.pipeline import build_pipeline, job_config, output_dir_of
+from preprocess.publish.commit import (
+    RETAINED_RUNS,
+    SupersededRunError,
+    published_run_id,
+    read_published_manifest,
+    superseded_message,
+)
+from preprocess.publish.manifest_switch import check_publishable
+from preprocess.publish.runs import STAGING_DIR, new_run_id, tft_temp_dir
+
+
+def own_manifest(output_dir: str, run_id: str) -> dict | None:
+    """The manifest `dataset.json` holds if it is run `run_id`'s; SupersededRunError if a newer run's.
+
+    None if it names an older run or none (the job did not publish: a dry run).
+    """
+    manifest = read_published_manifest(output_dir)
+    current = published_run_id(manifest)
+    if current == run_id:
+        return manifest
+    if current > run_id:
+        retained = {entry["id"]: entry for entry in manifest.get(RETAINED_RUNS, [])}
+        if run_id in retained:
+            raise SupersededRunError(
+                f"run {run_id} published into {output_dir}, but run {current}, which started later, has "
+                f"published since (at {retained[run_id]['superseded_at']}): dataset.json names run {current}. "
+                f"Run {run_id}'s files stay in {output_dir}/runs/{run_id}/ for the retention period "
+                "(--retention-days)."
+            )
+        raise SupersededRunError(superseded_message(output_dir, run_id, current))
+    return None
+
+
+def _remove_tft_temp(output_dir: str, build_id: str):
+    """This build's tf.Transform directory, best effort (publish.py's cleanup retries what is left)."""
+    try:
+        filesystem.delete_tree(tft_temp_dir(output_dir, build_id))
+        filesystem.remove_empty_directory(manifest_lib.join(output_dir, STAGING_DIR))
+    except Exception as exc:  # noqa: BLE001 - a leftover temporary directory never fails a run
+        logging.warning(
+            "could not remove tf.Transform's temporary directory %s (%s); the next publish removes it "
+            "once idle",
+            tft_temp_dir(output_dir, build_id),
+            exc,
+        )
+
+
+def _fault_message(text: str, name: str) -> str:
+    """The message of the exception `name` inside a runner's error `text` (which may quote its traceback)."""
+    message = text[text.rindex(f"{name}: ") + len(name) + 2 :]
+    return message.split(" [while running", 1)[0].splitlines()[0].strip()
+
+
+def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
+    """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
+    try:
+        paths = sorted(
+            m.path for m in filesystem.match(manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl"))
+        )
+    except Exception:  # noqa: BLE001 - no log yet
+        return {}, {}
+    sample = errors.read_error_log(paths, per_reason)
+    return sample.counts, {
+        reason: [record.uri for record in records] for reason, records in sample.examples.items()
+    }
+
+
+def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
+    """The run's failure as one of errors.INPUT_FAULTS, with a message for a person; None if it is none.
+
+    The runner wraps a step's exception in its own (with the step's
+    traceback in the text): the fault is recognized by its class name.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if TooManyFailuresError.__name__ in text:
+        return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
+    if EmptyTrainSplitError.__name__ not in text:
+        return None
+    counts, examples = failures_by_reason(output_dir, run_id)
+    lines = [
+        f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
+        "published (dataset.json is unchanged)."
+    ]
+    if counts:
+        lines.append(f"{sum(counts.values())} inputs failed, by reason:")
+        lines += [
+            f"  {reason} {count}: {', '.join(examples[reason])}{', ...' if count > len(examples[reason]) else ''}"
+            for reason, count in sorted(counts.items(), key=lambda item: -item[1])
+        ]
+        lines.append(
+            f"Every failure, with its detail: {manifest_lib.join(output_dir, 'runs', run_id, 'errors-*.jsonl')}"
+        )
+    else:
+        lines.append(
+            "No input failed: the split gave train none (see --split, or the manifest's split column)."
+        )
+    return EmptyTrainSplitError("\n".join(lines))
+
+
+def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
+    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
+
+    The caller checks the inputs first (preprocess.inputs.checks.check_inputs: `python -m preprocess`
+    and the workflows do), so that a wrong path is said before Beam starts.
+
+    Raises SupersededRunError, naming both runs, if a run that started later
+    has published: whether this run then failed (it publishes nothing) or
+    had published first. On Dataflow, a launch of a request whose job is
+    already running attaches to that job instead of starting a second one,
+    and Ctrl-C raises JobContinuesError while the job runs on
+    (preprocess/launch/dataflow_job.py).
+    """
+    worker_image.check_launcher_python(beam_args)
+    output_dir = output_dir_of(args)
+    build_id = uuid.uuid4().hex[:12]
+    options = PipelineOptions(beam_args)
+    template = bool(options.view_as(GoogleCloudOptions).template_location)
+    # A template's runs make their ids when they run; a job launched here is this run.
+    run_id = None if template else new_run_id()
+    # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
+    # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
+    never_overwrite = check_publishable(output_dir)
+    if never_overwrite:
+        logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
+    if dataflow_job.runs_remotely(options) and not template:
+        # A retried launch of the same request finds the job by its name (dataflow_job.py).
+        request = {key: value for key, value in job_config(args, build_id).items() if key != "build_id"}
+        dataflow_job.set_job_identity(
+            options,
+            output_dir,
+            request,
+            beam_args,
+            {dataflow_job.RUN_ID_LABEL: run_id, dataflow_job.BUILD_ID_LABEL: build_id},
+        )
+    local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
+    pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
+    build_pipeline(pipeline, args, build_id, run_id)
+    result = None
+    try:
+        # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
+        local = progress.runs_locally(options)
+        with (
+            progress.ProgressReporter(enabled=local),
+            stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
+        ):
+            try:
+                result = pipeline.run()
+            except Exception as exc:
+                if not dataflow_job.is_already_exists(exc):
+                    raise
+                result, labels = dataflow_job.attach_to_running_job(options, exc)
+                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                logging.warning(
+                    "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
+                    "starting a second job (give --job_name to start a separate one)",
+                    result.job_id(),
+                    run_id,
+                )
+            state = result.wait_until_finish()
+    except KeyboardInterrupt as interrupt:
+        if not dataflow_job.is_finished(result):
+            raise dataflow_job.JobContinuesError(
+                dataflow_job.continues_message(result, options)
+            ) from interrupt
+        raise
+    except Exception as exc:
+        if run_id is not None:
+            # The runner's error may wrap the step's; say plainly if the reason is a newer run.
+            try:
+                own_manifest(output_dir, run_id)
+            except SupersededRunError as superseded:
+                raise superseded from exc
+            except Exception:  # noqa: BLE001 - could not tell: the job's own error says more
+                pass
+            fault = input_fault(exc, output_dir, run_id)
+            if fault is not None:
+                raise fault from exc
+        raise
+    finally:
+        # This build's tf.Transform directory serves the job until it ends (tf.Transform may write
+        # into it until the very end, and a Dataflow job outlives an interrupted launcher: its
+        # workers load the analysis from it). A template's is shared by its runs: publish.py removes
+        # it once idle.
+        if not template and dataflow_job.is_finished(result):
+            _remove_tft_temp(output_dir, build_id)
+    if run_id is None:
+        logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
+        return None
+    try:
+        manifest = own_manifest(output_dir, run_id)
+    except SupersededRunError as exc:
+        if str(state) == "DONE":
+            # The job succeeded, so its publish step published (a superseded one fails the job): the
+            # run did its work, and a newer run has published since.
+            newer = published_run_id(read_published_manifest(output_dir))
+            raise PublishedThenSuperseded(
+                f"run {run_id} published into {output_dir}, but run {newer}, which started later, has "
+                f"published since and is the dataset there now. This run succeeded: nothing to retry"
+            ) from exc
+        raise
+    if manifest is None:
+        logging.info("pipeline finished in state %s without publishing run %s (a dry run?)", state, run_id)
+    return manifest
+
+
+class PublishedThenSuperseded(SupersededRunError):
+    """This run published, then a run that started later published too: not a failure of this run (the
+    launcher exits 0), but its dataset is not the published one (the workflow does not train on it)."""
+
+
+@contextlib.contextmanager
+def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
+    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line.
+
+    Not through KeyboardInterrupt: the runner would then close its worker
+    processes in the middle of their bundles, and its threads would log the
+    broken connections (a hundred lines and more), or wait for a worker that
+    is waiting for them. The workers get the same Ctrl-C and exit quietly
+    (preprocess/launch/local_worker.py). Nothing the run wrote is published: only its
+    last step switches dataset.json, and its unpublished files are removed by
+    a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
+    running when its launcher stops.
+    """
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        print(_interrupted_message(output_dir), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_message(output_dir: str) -> str:
+    """The one line a Ctrl-C prints: what was published is untouched."""
+    try:
+        published = published_run_id(read_published_manifest(output_dir))
+    except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
+        published = None
+    where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
+    state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
+    return f"preprocess: interrupted, nothing published: {where} {state}"
