@@ -1,88 +1,14 @@
 """The cloud workflow: stage 1 on Dataflow, then training on a Cloud TPU VM.
 
-Run it on a single-host TPU VM itself and it does everything: stage 1 on
-Dataflow, the check, then training on this VM, started detached under the
-supervisor (below), in a venv of its own with this package's [tpu] extra
-(~/tf-image-pipeline/tpu-venv, made at the first run: pipelines/tpu/interpreter.py),
-since the launcher's install has Beam and generic TensorFlow:
+On a single-host TPU VM itself it does everything (stage 1, the check, training detached under the
+supervisor):
 
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-(the worker image built from the repository's Dockerfile: see its header).
-
-Run it anywhere else (a laptop, Cloud Shell) with the TPU's name and it
-runs stage 1 on Dataflow, checks the dataset, stages this package next to
-it, and prints (and writes to WORKDIR/jobs/train_tpu_vm.json) the exact
-commands that create the TPU and train there:
-
-    python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
-        --project PROJECT --region us-central1 --tpu my-tpu --zone us-central1-a \\
-        --accelerator-type v4-32 --optimizer sgd --warmup-epochs 5 --label-smoothing 0.1
-
-The commands (pipelines/tpu/launch.py):
-- `gcloud compute tpus tpu-vm create NAME --accelerator-type TYPE --version RUNTIME`,
-  the runtime chosen from the accelerator type and tensorflow-tpu 2.20.0 by the
-  table in pipelines/tpu/runtime.py, which cites the docs behind each entry
-  (`--runtime-version` overrides it; the choice and its reason are printed).
-- Single-host TPUs (up to 8 chips: v5litepod-8, v4-8, v5p-8, v6e-8): one ssh
-  command that installs the staged package with its [tpu] extra and starts
-  `python3 -m train ... --tpu local` under `python3 -m train.tools.supervisor`,
-  detached from ssh (`setsid nohup`, log in ~/tf-image-pipeline/train.log),
-  with the PJRT environment Google's TPU test harness sets for TensorFlow.
-- Multi-host slices (v4-32, v5litepod-16, v6e-16, ...): TPUStrategy is
-  single-client. The install goes on every worker, and every worker's TPU
-  server (the runtime's tpu-runtime service) is moved to the client's
-  TensorFlow version; then training starts on worker 0 only, supervised, with
-  `--tpu NAME`, from where one process drives every host's chips and every
-  host's input pipeline (each host reads its own shards). Running `python -m
-  train` on every worker would start one coordinator per worker, each
-  re-initializing the whole slice.
-
-The supervisor restarts training after an interruption (exit 143 after
-SIGTERM; on a slice a peer's preemption reaches worker 0 as a runtime error)
-and stops after success, a setup error (exit 2), or failures that advance no
-checkpoint. Each restart resumes from the last checkpoint in --model-dir.
-
-What Cloud TPU does to the VM (pipelines/tpu/lifecycle.py): `--spot` creates
-a TPU Spot VM, which `python -m pipelines.tpu.restart --spec SPEC` (run on
-your machine) deletes and recreates after a preemption (it also relaunches
-training where nothing supervises it, and ends printing the delete command
-when training finished or stopped for good); `--autocheckpoint`
-(default: on for single-host v2-v4 and v5e) makes maintenance wait for the
-SIGTERM checkpoint (its create needs `gcloud alpha`: without it the launch
-stops, before stage 1, saying how to get it); every VM gets a boot script
-that resumes training after a reboot. Otherwise, and on every slice (only
-worker 0's process sees signals), what an event can lose is bounded by the
-interval checkpoint (--checkpoint-every, python -m train's default 10m).
---dry-run prints these choices.
-
-Training runs the recipe: stage 1 stores --crop-margin squares (default 0.143
-for the ImageNet backbones: 256 stored, random 224 crops), the recipe flags
-(--weights, --optimizer, --base-learning-rate, --warmup-epochs/--warmup-steps,
---weight-decay, --label-smoothing, --ema, ...), --augment and
---learning-rate are forwarded when given, and the global batch defaults to
-128 per chip, the learning rate following it (train/model/recipe.py).
-
-`--dry-run` builds both job descriptions and submits nothing: the Dataflow
-job as a template file (`--template_location`, which stages the package
-built from setup.py but does not start a job) and the training job spec,
-both written under `--dry-run-dir` (default ./dry-run).
-
-Stage 1's Dataflow job is named from the output directory and the request
-(preprocess/launch/dataflow_job.py): re-running this command while that job runs
-waits for it instead of starting a second one. Ctrl-C stops this launcher,
-not the job: it prints the `gcloud dataflow jobs cancel` command and exits
-130 without starting training.
-
-Why a TPU VM and not a Vertex AI custom job: on a TPU VM our code runs on
-the TPU host itself, where the input pipeline this project optimizes runs,
-with plain `pip install` of the package and no container image to build and
-keep in step with TensorFlow's TPU runtime; the same `python -m train`
-command is what one debugs with over ssh. Flags this module does not know
-(--machine_type, --max_num_workers, --disk_size_gb, --service_account_email,
---network, ...) go to Dataflow untouched.
+Anywhere else, with the TPU's name, it runs stage 1 and prints the commands that create the TPU and
+train there. How it works: docs/internals.md; the user's guide: docs/cloud.md.
 """
 
 import argparse
