@@ -2,7 +2,7 @@
 
 Stage 1 keeps a superseded run's files for a retention period
 (docs/dataset_format.md), but a training run may last longer, or resume
-weeks later from its pin (train/data/dataset_pin.py). So a job that trains on a
+weeks later from its pin (train/dataset_pin.py). So a job that trains on a
 run holds a lease on it: an object
 
     leases/<run id>/<holder>.<expiry, YYYYmmddTHHMMSSZ>.json
@@ -13,6 +13,18 @@ tells whether any lease is live, without a read. The job writes a new one
 before the last expires (a new name each time: on a bucket that refuses
 overwrites, none is ever replaced) and removes its older ones. Stage 1's
 cleanup never removes a run that has a live lease, whatever its age.
+
+A remover (stage 1's garbage collection) announces itself in the same
+directory before it removes a run's files:
+
+    leases/<run id>/removing.<expiry, YYYYmmddTHHMMSSZ>.<attempt>.json
+
+and lists the directory again after writing it; a trainer lists it after
+writing its lease. Whichever writes second sees the other's object, so one
+of the two always backs off (the remover leaves the run, the trainer does not
+read it). A removal marker is live until its expiry (`REMOVAL_MARKER_SECONDS`
+after it was written), so one left by a remover that died, or on a bucket
+that refuses to delete it yet, stops leases only that long.
 
 Neither Beam nor TensorFlow is imported here: each stage lists and writes
 the objects with its own I/O.
@@ -25,7 +37,10 @@ import re
 
 LEASES_DIR = "leases"
 _LEASE = re.compile(r"(?P<holder>[0-9a-f]{16})\.(?P<expiry>\d{8}T\d{6}Z)\.json")
+_REMOVAL = re.compile(r"removing\.(?P<expiry>\d{8}T\d{6}Z)\.(?P<attempt>[0-9a-f]{8,32})\.json")
 _EXPIRY_FORMAT = "%Y%m%dT%H%M%SZ"
+# How long a removal marker stops leases on its run: a remover's work per call is bounded (minutes).
+REMOVAL_MARKER_SECONDS = 3600
 
 
 def holder_id(model_dir: str) -> str:
@@ -61,3 +76,28 @@ def live_holders(names, now: datetime.datetime) -> set[str]:
         if parsed is not None and parsed[1] > now:
             holders.add(parsed[0])
     return holders
+
+
+def removal_marker_name(run_id: str, attempt: str, expires_at: datetime.datetime) -> str:
+    """`leases/<run id>/removing.<expiry>.<attempt>.json`, relative to the dataset directory."""
+    stamp = expires_at.astimezone(datetime.timezone.utc).strftime(_EXPIRY_FORMAT)
+    return posixpath.join(run_leases_dir(run_id), f"removing.{stamp}.{attempt}.json")
+
+
+def parse_removal_marker(name: str) -> tuple[str, datetime.datetime] | None:
+    """(attempt, expiry) of a removal marker's base name, or None if it is not one."""
+    match = _REMOVAL.fullmatch(posixpath.basename(name))
+    if match is None:
+        return None
+    expiry = datetime.datetime.strptime(match.group("expiry"), _EXPIRY_FORMAT)
+    return match.group("attempt"), expiry.replace(tzinfo=datetime.timezone.utc)
+
+
+def live_removals(names, now: datetime.datetime) -> set[str]:
+    """The attempts with a removal marker among `names` (listed in `leases/<run id>/`) live at `now`."""
+    attempts = set()
+    for name in names:
+        parsed = parse_removal_marker(name)
+        if parsed is not None and parsed[1] > now:
+            attempts.add(parsed[0])
+    return attempts
