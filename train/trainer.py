@@ -394,6 +394,9 @@ class RunDataset:
 
     pinned: dataset_pin.PinnedDataset
     image_format: dataset.ImageFormat
+    # The chief's lease on the run (dataset_lease.py), taken before it committed to the run, refreshed
+    # until the run ends; None elsewhere.
+    lease: dataset_lease.DatasetLease | None = None
 
     @property
     def manifest(self) -> dict:
@@ -466,24 +469,40 @@ def train_and_evaluate(config: TrainConfig, strategy: tf.distribute.Strategy | N
     interval = parse_checkpoint_interval(config.checkpoint_every)
     preemption_check = parse_preemption_check(config.preemption_check_every)
     data = resolve_dataset(config)
-    run = start_run(config, data, strategy, interval, preemption_check)
-    state = build_training_state(config, data, run)
-    outcome = fit_run(config, data, run, state)
-    return finish_run(config, data, run, state, outcome)
+    try:
+        run = start_run(config, data, strategy, interval, preemption_check)
+        state = build_training_state(config, data, run)
+        outcome = fit_run(config, data, run, state)
+        return finish_run(config, data, run, state, outcome)
+    finally:
+        if data.lease is not None:
+            data.lease.stop()  # the last lease stays: a resume within its day finds the run there
 
 
 def resolve_dataset(config: TrainConfig) -> RunDataset:
     """Phase 1: the dataset run to train on, checked against the model; nothing is built yet.
 
     The model dir's pinned dataset run on a resume, else the one dataset.json
-    names (dataset_pin.py).
+    names (dataset_pin.py). The chief leases the run before it commits to it
+    (dataset_lease.py): from here on stage 1's cleanup leaves the run alone.
     """
     if requests_tpu(config):  # before anything is read: the flags alone say a TPU will be used
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
-    pinned = dataset_pin.resolve_dataset(config.data_dir, config.model_dir)
-    checks.check_model_fits(config.model, pinned.manifest)
-    checks.check_dataset(config.data_dir, pinned.manifest, verify_sha256=config.verify_data)
-    return RunDataset(pinned=pinned, image_format=dataset.ImageFormat.from_manifest(pinned.manifest))
+    pinned, lease = dataset_lease.resolve_and_lease(
+        config.data_dir, config.model_dir, enabled=dataset_lease.is_chief_process()
+    )
+    try:
+        checks.check_model_fits(config.model, pinned.manifest)
+        checks.check_dataset(config.data_dir, pinned.manifest, verify_sha256=config.verify_data)
+    except BaseException:
+        if lease is not None and not pinned.recorded:
+            lease.release()  # a first start that will not read the run: its lease would only keep it
+        elif lease is not None:
+            lease.stop()  # a resume keeps its run leased for when the command is fixed
+        raise
+    return RunDataset(
+        pinned=pinned, image_format=dataset.ImageFormat.from_manifest(pinned.manifest), lease=lease
+    )
 
 
 def start_run(
@@ -618,8 +637,6 @@ def fit_run(config: TrainConfig, data: RunDataset, run: Run, state: TrainingStat
             notice,
             accelerator.xla_autoclustering(run.choice.xla == accelerator.XLA_AUTOCLUSTERING),
             dataset_pin.explain_vanished_shards(data.pinned),
-            # The chief keeps stage 1's cleanup off the run while training reads it (dataset_lease.py).
-            dataset_lease.held(data.pinned, config.model_dir, enabled=run.chief),
         ):
             fit_from_step(
                 state.model,

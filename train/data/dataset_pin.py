@@ -130,7 +130,7 @@ def missing_shards(data_dir: str, manifest: dict, splits=TRAINING_SPLITS) -> lis
     return [path for path, present in zip(paths, exists, strict=True) if not present]
 
 
-def _read_pin(model_dir: str, data_dir: str) -> PinnedDataset | None:
+def read_pin(model_dir: str, data_dir: str) -> PinnedDataset | None:
     """The model dir's pin, or None if it has none; DatasetError if it is damaged."""
     pin_path = manifest_lib.join(model_dir, PIN_FILE)
     pin_data = _read_bytes_or_none(pin_path)
@@ -169,7 +169,7 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
     gone (see the module docstring); never switches to the published run.
     """
     manifest_path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
-    pinned = _read_pin(model_dir, data_dir)
+    pinned = read_pin(model_dir, data_dir)
     if pinned is None:
         data, where = checks.read_published_manifest(data_dir)
         manifest = checks.parse_manifest(data, where=where)
@@ -184,10 +184,10 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
             )
         return PinnedDataset(data_dir, manifest, data, pinned_at=_utc_now(), recorded=False)
 
-    published = _published_bytes_or_none(data_dir)
+    published = published_bytes_or_none(data_dir)
     if published is not None and manifest_lib.manifest_sha256(published) == pinned.manifest_sha256:
         return pinned
-    published_state, published_run = _describe_published(published, manifest_path)
+    published_state, published_run = describe_published(published, manifest_path)
     pinned_run = describe_run(pinned.manifest, pinned.manifest_sha256)
     missing = missing_shards(data_dir, pinned.manifest)
     if missing:
@@ -211,7 +211,7 @@ def resolve_dataset(data_dir: str, model_dir: str) -> PinnedDataset:
     return pinned
 
 
-def _published_bytes_or_none(data_dir: str) -> bytes | None:
+def published_bytes_or_none(data_dir: str) -> bytes | None:
     """The published manifest's bytes (following format 3's pointer), or None if there is none."""
     try:
         return checks.read_published_manifest(data_dir)[0]
@@ -219,7 +219,7 @@ def _published_bytes_or_none(data_dir: str) -> bytes | None:
         return None
 
 
-def _describe_published(data: bytes | None, manifest_path: str) -> tuple[str, str | None]:
+def describe_published(data: bytes | None, manifest_path: str) -> tuple[str, str | None]:
     """What `dataset.json` holds now ('DIR/dataset.json now names run B'), and that run ('run B') if any."""
     if data is None:
         return f"{manifest_path} is gone", None

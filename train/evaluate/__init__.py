@@ -8,7 +8,8 @@ moving average) and the split of the dataset run the model was trained on
 metrics.json unless --data), through the training's own evaluation pipeline
 (every example once, static shapes). It reports accuracy, loss (mean
 cross-entropy), per-class precision and recall, and the confusion matrix;
-as text, or as one JSON object with --json.
+as text, or as one JSON object with --json. While it reads, it holds a lease
+on the run (train/dataset_lease.py), so that stage 1's cleanup leaves it alone.
 
     scores.py   the report from a confusion matrix and a summed loss (numpy only)
     split.py    the model and the split, one evaluation pass (TensorFlow)

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train.data import checks, dataset, dataset_pin
+from train.data import checks, dataset, dataset_lease
 from train.errors import ConfigError, DatasetError
 from train.evaluate import scores
 from train.serving import export
@@ -66,7 +66,16 @@ def evaluate_split(model_dir: str, split: str, data_dir: str | None = None, batc
     """The evaluation report (scores.report) of MODEL_DIR's model on `split`, with where it came from."""
     run = read_run_metrics(model_dir)
     data_dir = data_dir or run["data_dir"]
-    pinned = dataset_pin.resolve_dataset(data_dir, model_dir)
+    # Leased before it is read, held while it is read: stage 1's cleanup leaves the run alone meanwhile.
+    pinned, lease = dataset_lease.resolve_and_lease(data_dir, model_dir)
+    try:
+        return _evaluate_pinned(model_dir, split, data_dir, batch_size, pinned, run)
+    finally:
+        if lease is not None:
+            lease.stop()
+
+
+def _evaluate_pinned(model_dir, split, data_dir, batch_size, pinned, run) -> dict:
     manifest = pinned.manifest
     check_split(manifest, split, data_dir)
     checks.check_dataset(data_dir, manifest, splits=(split,))
