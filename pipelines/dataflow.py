@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         "The defaults here (resnet50, 224 px, 30 epochs, 128 images per chip) are a TPU fine-tuning run's; "
         "python -m train's (small_cnn, 10 epochs, a per-device batch) are a first run on one machine's.",
     )
-    parser.add_argument("--input", required=True, help="gs:// image tree or CSV/JSONL manifest.")
+    parser.add_argument(
+        "--input", help="gs:// image tree or CSV/JSONL manifest (required unless --skip-preprocess)."
+    )
     parser.add_argument("--workdir", required=True, help="gs:// directory for the dataset, model, staging.")
     parser.add_argument("--project", required=True)
     parser.add_argument("--region", required=True, help="Dataflow region, e.g. us-central1.")
@@ -134,7 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train_flags.add_config_flags(parser, train_flags.names_in(RECIPE))
     tpu_lifecycle.add_lifecycle_flags(parser)  # --spot, --autocheckpoint
-    parser.add_argument("--skip-preprocess", action="store_true", help="Reuse WORKDIR/dataset.")
+    parser.add_argument(
+        "--skip-preprocess",
+        action="store_true",
+        help="Reuse WORKDIR/dataset as it is. Without it, stage 1 is skipped all the same when WORKDIR/dataset "
+        "was built from these inputs with these stage 1 flags: the same command run again goes on to training.",
+    )
     parser.add_argument("--dry-run", action="store_true", help="Write both job descriptions; submit nothing.")
     parser.add_argument("--dry-run-dir", default="dry-run", help="Local directory for --dry-run output.")
     parser.add_argument(
@@ -363,6 +370,19 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.
     return pid
 
 
+# The flags that only stage 1 reads: given with --skip-preprocess they would change nothing. (Not
+# --image-size: it also sizes training's default batch.)
+STAGE1_FLAGS = ("--input", "--crop-margin", "--encoding", "--sdk_container_image", "--setup-file")
+
+
+def stage1_flags_given(argv: list[str], dataflow_args: list[str]) -> list[str]:
+    """The STAGE1_FLAGS among `argv` (as --flag VALUE or --flag=VALUE), then the flags left for Dataflow."""
+    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    return [flag for flag in STAGE1_FLAGS if flag in given] + [
+        token.split("=", 1)[0] for token in dataflow_args if token.startswith("--")
+    ]
+
+
 def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> str | None:
     """What is wrong before stage 1 is launched: a flag Dataflow does not know, the input, the output; or None.
 
@@ -384,14 +404,27 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, dataflow_args = build_parser().parse_known_args(argv)
+    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
+        print(
+            f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
+            f"reuses {WorkflowPaths(args.workdir).dataset_dir} as it is: they would change nothing. Drop them, or "
+            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
+            "stage 1 by itself when the dataset was built from them).",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.skip_preprocess and args.input is None:
+        print("error: --input is required (or --skip-preprocess to reuse WORKDIR/dataset)", file=sys.stderr)
+        return 2
     if args.sdk_container_image:
         try:
             check_launcher_python(["--sdk_container_image", args.sdk_container_image])
         except LauncherPythonError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    if not args.workdir.startswith("gs://") or not args.input.startswith("gs://"):
+    if not args.workdir.startswith("gs://") or not (args.input or "gs://").startswith("gs://"):
         print(
             "error: --input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS",
             file=sys.stderr,
@@ -466,6 +499,7 @@ def main(argv=None) -> int:
             preprocess_argv=stage1_argv,
             launch_training=launch_training,
             model_dir=paths.model_dir,
+            skip_if_built=True,
         )
     except WorkflowError as exc:
         from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415 - Beam: not before --help

@@ -74,7 +74,7 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         import_tensorflow_quietly(enabled=not config.verbose)
     from preprocess.errors import INPUT_FAULTS  # noqa: PLC0415
     from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415
-    from preprocess.launch import launcher  # noqa: PLC0415 - TensorFlow, Beam
+    from preprocess.launch import job_record, launcher  # noqa: PLC0415 - TensorFlow, Beam
     from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415
     from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415
     from preprocess.publish.manifest_switch import OverwriteRefusedError  # noqa: PLC0415
@@ -88,6 +88,9 @@ def _run_and_report(config, beam_args: list[str]) -> None:
     except OverwriteRefusedError as exc:
         print(f"preprocess: {exc}", file=sys.stderr)
         sys.exit(2)
+    except job_record.RelaunchRefused as exc:
+        print(f"preprocess: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     except JobContinuesError as exc:
         # The job is fine and goes on: a message, not a traceback.
         print(f"preprocess: {exc}", file=sys.stderr)

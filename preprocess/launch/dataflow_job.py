@@ -9,15 +9,17 @@ Three things the launcher must get right about a job it does not run itself:
   (`is_finished`), and an interrupted launcher says the job goes on and how
   to cancel it (`JobContinuesError`, exit 130 in preprocess/pipeline.py).
 - **A relaunch is idempotent.** An orchestrator's retry (Airflow, a re-run of
-  the same command) must not start a second full job beside the first. The
-  job gets a stable name (`stable_job_name`): the output directory and a
-  fingerprint of the inputs and flags. Dataflow refuses to create a job
-  whose name a running job in the region holds (`DataflowJobAlreadyExistsError`),
-  so the second launch learns of the first instead of duplicating it, and
-  attaches to it (`attach_to_running_job`): it waits for that job and
-  reports its run. A different request (other flags, other inputs) gets a
-  different name and runs; the publish step's compare-and-swap settles which
-  run's dataset stays. `--job_name` given by hand is kept as it is.
+  the same command) must not start a second full job beside the first. A
+  request (the output directory, a fingerprint of the inputs and flags:
+  `request_digest`) is recorded in the output directory with its job
+  (preprocess/launch/job_record.py), so a relaunch finds the running job whatever
+  `--job_name` it is given (Airflow appends a unique suffix to it), waits for
+  that job and reports its run (`attach_to_job`). Without `--job_name` the
+  job is named from the request too (`stable_job_name`), and Dataflow's
+  refusal of a second active job of that name (`DataflowJobAlreadyExistsError`)
+  is a second guard. A different request (other flags, other inputs) runs;
+  the publish step settles which run's dataset stays. The request is also a
+  job label (`request`).
 - **The attached job's run is known.** The launcher that submitted the job
   chose its run id and build id (preprocess/publish/runs.py); they ride along as job
   labels (`run-id`, `build-id`), so a launcher that attaches reports that
@@ -37,6 +39,7 @@ _JOB_NAME_PREFIX = "preprocess-"
 _NAME_FINGERPRINT_CHARS = 20
 RUN_ID_LABEL = "run-id"
 BUILD_ID_LABEL = "build-id"
+REQUEST_LABEL = "request"
 _ALREADY_EXISTS_ID = re.compile(r"with id: ([\w-]+)")
 
 
@@ -97,10 +100,16 @@ def fingerprint(config: dict, beam_args: list[str]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
+def request_digest(output_dir: str, config: dict, beam_args: list[str]) -> str:
+    """20 hex digits: the same for every launch of the same request into the same output directory,
+    whatever its --job_name and --labels."""
+    request = fingerprint(config, _without_identity_args(beam_args))
+    return hashlib.sha256(f"{output_dir}\n{request}".encode()).hexdigest()[:_NAME_FINGERPRINT_CHARS]
+
+
 def stable_job_name(output_dir: str, config: dict, beam_args: list[str]) -> str:
     """`preprocess-<digest>`: the same for every launch of the same request into the same output directory."""
-    digest = hashlib.sha256(f"{output_dir}\n{fingerprint(config, beam_args)}".encode()).hexdigest()
-    return _JOB_NAME_PREFIX + digest[:_NAME_FINGERPRINT_CHARS]
+    return _JOB_NAME_PREFIX + request_digest(output_dir, config, beam_args)
 
 
 def _without_identity_args(beam_args: list[str]) -> list[str]:
@@ -129,7 +138,8 @@ def set_job_identity(
     """
     cloud = options.view_as(GoogleCloudOptions)
     if not cloud.job_name or cloud.job_name.startswith("beamapp-"):
-        cloud.job_name = stable_job_name(output_dir, config, _without_identity_args(beam_args))
+        cloud.job_name = stable_job_name(output_dir, config, beam_args)
+    ids = {REQUEST_LABEL: request_digest(output_dir, config, beam_args), **ids}
     labels = [label for label in (cloud.labels or []) if label.split("=", 1)[0] not in ids]
     cloud.labels = labels + [f"{key}={_label_value(value)}" for key, value in ids.items()]
     return cloud.job_name
@@ -172,10 +182,42 @@ def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=N
     `exc`: Dataflow's refusal, which names the job's id; `client`: a Dataflow
     application client (made from the options when None).
     """
-    from apache_beam.runners.dataflow.dataflow_runner import DataflowPipelineResult
-
     client = client or _application_client(options)
     found = _ALREADY_EXISTS_ID.search(str(exc))
     job_id = found.group(1) if found else client.job_id_for_name(options.view_as(GoogleCloudOptions).job_name)
+    return attach_to_job(options, job_id, client)
+
+
+def attach_to_job(options: PipelineOptions, job_id: str, client=None):
+    """(PipelineResult of Dataflow job `job_id`, which waiting on follows, its labels)."""
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowPipelineResult
+
+    client = client or _application_client(options)
     job = client.get_job(job_id)
     return DataflowPipelineResult(job, _AttachedRunner(client), options), dict(job.labels or {})
+
+
+def _state_name(state) -> str:
+    """`RUNNING` for JobState.JOB_STATE_RUNNING (an enum member, or its name)."""
+    name = getattr(state, "name", None) or str(state)
+    return name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
+
+
+def recorded_job_state(options: PipelineOptions, client=None):
+    """job_record.claim's `job_state`: asks Dataflow about a recorded launch's job, by id once it has
+    one, else by name (running jobs only); the client is made at the first question."""
+    made = []
+
+    def state(record) -> tuple[str | None, str | None]:
+        if not made:
+            made.append(client or _application_client(options))
+        dataflow = made[0]
+        if record.job_id:
+            return record.job_id, _state_name(dataflow.get_job(record.job_id).current_state)
+        try:
+            job_id = dataflow.job_id_for_name(record.job_name)
+        except ValueError:  # Beam's client: no running job of that name
+            return None, None
+        return job_id, "RUNNING"
+
+    return state

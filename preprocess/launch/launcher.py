@@ -20,7 +20,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
 from preprocess.config import Stage1Config
 from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
-from preprocess.launch import dataflow_job, local_runner, progress, worker_image
+from preprocess.launch import dataflow_job, job_record, local_runner, progress, worker_image
 from preprocess.pipeline import build_pipeline, job_config, output_dir_of
 from preprocess.publish.commit import (
     RETAINED_RUNS,
@@ -131,8 +131,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     has published: whether this run then failed (it publishes nothing) or
     had published first. On Dataflow, a launch of a request whose job is
     already running attaches to that job instead of starting a second one,
-    and Ctrl-C raises JobContinuesError while the job runs on
-    (preprocess/launch/dataflow_job.py).
+    whatever its --job_name (preprocess/launch/job_record.py; RelaunchRefused
+    when Dataflow cannot be asked), and Ctrl-C raises JobContinuesError while
+    the job runs on (preprocess/launch/dataflow_job.py).
     """
     worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
@@ -146,19 +147,36 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     never_overwrite = check_publishable(output_dir)
     if never_overwrite:
         logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
+    claimed = attached = None
     if dataflow_job.runs_remotely(options) and not template:
-        # A retried launch of the same request finds the job by its name (dataflow_job.py).
+        # A retried launch of the same request finds its job, whatever --job_name it is given (Airflow
+        # appends a unique suffix): the request and its job are recorded in the output directory.
         request = {key: value for key, value in job_config(args, build_id).items() if key != "build_id"}
-        dataflow_job.set_job_identity(
+        job_name = dataflow_job.set_job_identity(
             options,
             output_dir,
             request,
             beam_args,
             {dataflow_job.RUN_ID_LABEL: run_id, dataflow_job.BUILD_ID_LABEL: build_id},
         )
+        decision, record = job_record.claim(
+            output_dir,
+            dataflow_job.request_digest(output_dir, request, beam_args),
+            job_name,
+            run_id,
+            build_id,
+            dataflow_job.recorded_job_state(options),
+        )
+        claimed, attached = (record, None) if decision == job_record.SUBMIT else (None, record)
     local_runner.run_small_jobs_in_process(options, args.input, args.in_process_below)
     pipeline = beam.Pipeline(runner=local_runner.runner_for(options, args.verbose), options=options)
-    build_pipeline(pipeline, args, build_id, run_id)
+    if attached is None:
+        try:
+            build_pipeline(pipeline, args, build_id, run_id)
+        except BaseException:
+            if claimed is not None:
+                job_record.abandon(claimed)  # no job: the next launch need not wait for one
+            raise
     result = None
     try:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
@@ -167,20 +185,36 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
             progress.ProgressReporter(enabled=local),
             stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
         ):
-            try:
-                result = pipeline.run()
-            except Exception as exc:
-                if not dataflow_job.is_already_exists(exc):
-                    raise
-                result, labels = dataflow_job.attach_to_running_job(options, exc)
-                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
-                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+            if attached is not None:
+                result, _ = dataflow_job.attach_to_job(options, attached.job_id)
+                run_id, build_id = attached.run_id or run_id, attached.build_id or build_id
                 logging.warning(
-                    "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
-                    "starting a second job (give --job_name to start a separate one)",
-                    result.job_id(),
+                    "Dataflow job %s (%s, run %s) is already running this request (recorded in %s): waiting "
+                    "for it instead of starting a second job",
+                    attached.job_id,
+                    attached.job_name,
                     run_id,
+                    attached.path,
                 )
+            else:
+                try:
+                    result = pipeline.run()
+                except Exception as exc:
+                    if not dataflow_job.is_already_exists(exc):
+                        if claimed is not None:
+                            job_record.abandon(claimed)  # no job: the next launch need not wait for one
+                        raise
+                    result, labels = dataflow_job.attach_to_running_job(options, exc)
+                    run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                    build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                    logging.warning(
+                        "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
+                        "starting a second job",
+                        result.job_id(),
+                        run_id,
+                    )
+                if claimed is not None and dataflow_job.is_remote_job(result):
+                    job_record.record_job_id(claimed, result.job_id())
             state = result.wait_until_finish()
     except KeyboardInterrupt as interrupt:
         if not dataflow_job.is_finished(result):

@@ -5,7 +5,9 @@ Dataflow cannot run here: the runner is a stub whose job stays RUNNING, and the 
 jobs list) a fake. The rest is real: the launcher's `main`, the job graph it builds, its options.
 """
 
+import concurrent.futures
 import logging
+import threading
 import uuid
 
 import pytest
@@ -13,8 +15,8 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
 from preprocess import filesystem
-from preprocess import pipeline as stage1
-from preprocess.launch import command, dataflow_job, local_runner
+from preprocess.launch import command, dataflow_job, job_record, local_runner
+from preprocess.launch import launcher as stage1  # the launcher's side of a run: run, own_manifest
 from preprocess.publish.runs import tft_temp_dir
 from tests.stage1 import write_corpus
 
@@ -192,3 +194,166 @@ def test_the_run_id_survives_the_trip_through_a_job_label():
     options = PipelineOptions(DATAFLOW_FLAGS)
     dataflow_job.set_job_identity(options, "gs://b/ds", {}, [], {dataflow_job.RUN_ID_LABEL: run_id})
     assert dataflow_job.label_to_run_id(_labels(options)[dataflow_job.RUN_ID_LABEL]) == run_id
+
+
+# ------------------------------------------------------------------ a relaunch under another job name
+
+
+class FakeDataflow:
+    """Dataflow's jobs API as the launcher uses it: jobs submitted by `SubmittingRunner`, each RUNNING
+    for `polls` questions about it, then `final`."""
+
+    def __init__(self, polls=3, final=None):
+        from google.cloud.dataflow import JobState  # noqa: PLC0415
+
+        self.jobs = {}
+        self.gets = []
+        self.polls = polls
+        self.final = final or JobState.JOB_STATE_DONE
+        self.running = JobState.JOB_STATE_RUNNING
+
+    def submit(self, name, labels):
+        job = FakeJob(
+            f"2026-11-27_01_02_03-{len(self.jobs) + 1}", labels, [self.running] * self.polls + [self.final]
+        )
+        job.name = name
+        self.jobs[job.id] = job
+        return job
+
+    def job_id_for_name(self, name):
+        for job in self.jobs.values():
+            if job.name == name and job.current_state == self.running:
+                return job.id
+        raise ValueError(f"No running job found with name '{name}'")
+
+    def get_job(self, job_id):
+        self.gets.append(job_id)
+        job = self.jobs[job_id]
+        job.advance()
+        return job
+
+    def list_messages(self, job_id, **kwargs):
+        return [], None
+
+
+class SubmittingRunner(PipelineRunner):
+    """Submits the job to a FakeDataflow; the launcher's wait is then interrupted (an orchestrator's task
+    killed or timed out while its job runs on)."""
+
+    def __init__(self, service):
+        self.service = service
+        self.submitted = []
+
+    def run_pipeline(self, pipeline, options):
+        cloud = options.view_as(GoogleCloudOptions)
+        job = self.service.submit(cloud.job_name, _labels(options))
+        self.submitted.append(cloud.job_name)
+        return RunningJob(job.id)
+
+
+def _airflow_launch(monkeypatch, service, corpus, output, job_name):
+    """python -m preprocess on Dataflow as Airflow's operators launch it: --job_name with a unique suffix."""
+    runner = SubmittingRunner(service)
+    monkeypatch.setattr(dataflow_job, "_application_client", lambda options: service)
+    monkeypatch.setattr(local_runner, "runner_for", lambda options, verbose=False: runner)
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    command.main(["--input", corpus, "--output", str(output), *DATAFLOW_FLAGS, "--job_name", job_name])
+    return runner
+
+
+def test_a_relaunch_under_another_job_name_waits_for_the_running_job_instead_of_starting_a_second(
+    monkeypatch, tmp_path, corpus, caplog
+):
+    service = FakeDataflow(polls=4)
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:  # Airflow's first try: its task dies, the job runs on
+        _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-20261127-7f3a9c01")
+    assert exited.value.code == 130
+    (first_job,) = service.jobs.values()
+    first_run = dataflow_job.label_to_run_id(first_job.labels[dataflow_job.RUN_ID_LABEL])
+    reported = []
+    monkeypatch.setattr(stage1, "own_manifest", lambda output_dir, run_id: reported.append(run_id))
+    with caplog.at_level(logging.WARNING):
+        retry = _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-20261127-e41b0d77")
+
+    assert retry.submitted == []  # no second job...
+    assert len(service.jobs) == 1
+    assert first_job.current_state == service.final  # ...it waited for the first to end...
+    assert reported == [first_run]  # ...and reports the first job's run
+    assert "already running this request (recorded in" in caplog.text
+    (record,) = job_record.read_records(str(output), first_job.labels[dataflow_job.REQUEST_LABEL]).values()
+    assert (record.job_id, record.job_name) == (first_job.id, "preprocess-daily-20261127-7f3a9c01")
+
+
+def test_a_relaunch_after_the_recorded_job_ended_starts_a_new_job(monkeypatch, tmp_path, corpus):
+    from google.cloud.dataflow import JobState  # noqa: PLC0415
+
+    service = FakeDataflow(polls=0, final=JobState.JOB_STATE_FAILED)
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-1")
+    with pytest.raises(SystemExit):
+        _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-2")
+    assert [job.name for job in service.jobs.values()] == ["preprocess-daily-1", "preprocess-daily-2"]
+    request = next(iter(service.jobs.values())).labels[dataflow_job.REQUEST_LABEL]
+    assert sorted(job_record.read_records(str(output), request)) == [1, 2]
+
+
+def test_a_relaunch_that_cannot_ask_dataflow_about_the_recorded_job_refuses_with_what_to_do(
+    monkeypatch, tmp_path, corpus, capsys
+):
+    service = FakeDataflow()
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-1")
+    capsys.readouterr()
+
+    def forbidden(job_id):
+        raise PermissionError("403 Permission 'dataflow.jobs.get' denied on project proj")
+
+    monkeypatch.setattr(service, "get_job", forbidden)
+    with pytest.raises(SystemExit) as exited:
+        _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-2")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 4, err
+    assert "dataflow.jobs.get" in err and "gcloud dataflow jobs list --filter=name=preprocess-daily-1" in err
+    assert f"remove {output}/{job_record.LAUNCHES_DIR}/" in err
+    assert len(service.jobs) == 1
+
+
+@pytest.mark.parametrize("launches", [2, 3, 8])
+@pytest.mark.parametrize("where", ["local disk", "gcs emulator"])
+def test_launches_of_one_request_at_once_start_exactly_one_job_and_the_others_wait_for_it(
+    request, tmp_path, launches, where
+):
+    if where == "gcs emulator":
+        request.getfixturevalue("gcs_read_faults")  # the forwarder enforces ifGenerationMatch
+        output = request.getfixturevalue("gcs_dir")
+    else:
+        output = str(tmp_path / "out")
+    barrier = threading.Barrier(launches)
+    jobs = {}  # job name -> id, once "submitted"
+
+    def job_state(record):
+        job_id = record.job_id or jobs.get(record.job_name)
+        return (job_id, "RUNNING") if job_id else (None, None)
+
+    def launch(index):
+        barrier.wait()
+        decision, record = job_record.claim(
+            output, "0123456789abcdef0123", f"airflow-{index}", f"run-{index}", BUILD_ID, job_state,
+            poll_seconds=0.05,
+        )  # fmt: skip
+        if decision == job_record.SUBMIT:
+            jobs[record.job_name] = f"job-of-{index}"
+            job_record.record_job_id(record, f"job-of-{index}")
+        return decision, record
+
+    with concurrent.futures.ThreadPoolExecutor(launches) as pool:
+        outcomes = list(pool.map(launch, range(launches)))
+    submitted = [record for decision, record in outcomes if decision == job_record.SUBMIT]
+    assert len(submitted) == 1, outcomes
+    (winner,) = submitted
+    assert all(record.job_id == jobs[winner.job_name] for _, record in outcomes)
+    assert list(job_record.read_records(output, "0123456789abcdef0123")) == [1]

@@ -1,0 +1,236 @@
+"""The identity of a stage 1 job on Dataflow, recorded in its output directory, so that a relaunch finds
+the running job whatever name the scheduler gives it.
+
+Dataflow refuses a second active job of the same name, and the launcher names a job from its request
+(preprocess/launch/dataflow_job.py). But orchestrators name jobs their own way: Airflow's Dataflow operators
+append a unique suffix to `--job_name` by default, so their retry of a running job would start a second
+full one. So the launcher records the job of each request (the output directory, the inputs and the
+flags: `dataflow_job.request_digest`) where every launch of the same request looks first:
+
+    OUTPUT/launches/<request>.<attempt, 4 digits>.json      job name, run id, build id, when
+    OUTPUT/launches/<request>.<attempt>.job.json            the job's id, once Dataflow has given one
+
+each created only if absent (`ifGenerationMatch=0` on GCS, `O_EXCL` on local disk) and never replaced,
+so the same protocol holds on a bucket that refuses overwrites. A launch lists `launches/<request>.*`
+(one listing) and asks Dataflow about the newest attempt's job:
+
+- none recorded, or that job has ended (or was never submitted, `SUBMIT_GRACE_SECONDS` after it was
+  recorded): the launch creates the next attempt and submits its own job;
+- that job is running, or is still being submitted by another launch: the launch waits for that job
+  instead of starting a second one, and reports its run (`ATTACH`);
+- Dataflow cannot be asked (no permission on its API, another project): it refuses (`RelaunchRefused`,
+  exit 2), saying how to check on that job and how to start anew.
+
+Two launches of one request at once both try to create the same attempt: exactly one succeeds and
+submits; the other reads its record and waits for its job. A launch whose submission fails removes its
+record (best effort; else the grace period lets the next launch go on).
+"""
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+
+from apache_beam.io.filesystems import FileSystems
+
+from dataset_contract import manifest as manifest_lib
+from preprocess import filesystem
+
+LAUNCHES_DIR = "launches"
+# How long a recorded launch may take to get its job id from Dataflow (staging the package and the
+# SDK, the job graph's upload) before a later launch of the same request counts it as dead.
+SUBMIT_GRACE_SECONDS = 15 * 60
+_POLL_SECONDS = 10.0
+SUBMIT = "submit"
+ATTACH = "attach"
+# Dataflow's job states after which a job does nothing more (JOB_STATE_*).
+_ENDED = {"DONE", "FAILED", "CANCELLED", "UPDATED", "DRAINED"}
+_RECORD = re.compile(r"(?P<request>[0-9a-f]+)\.(?P<attempt>\d{4,})(?P<job>\.job)?\.json")
+
+log = logging.getLogger(__name__)
+
+
+class RelaunchRefused(Exception):
+    """A launch of this request is recorded and its job's state cannot be known: what to do."""
+
+    exit_code = 2
+
+
+@dataclasses.dataclass
+class JobRecord:
+    """One attempt at running a request on Dataflow."""
+
+    output_dir: str
+    request: str
+    attempt: int
+    job_name: str
+    run_id: str | None
+    build_id: str | None
+    created_at: str
+    job_id: str | None = None
+
+    @property
+    def path(self) -> str:
+        return record_path(self.output_dir, self.request, self.attempt)
+
+    @property
+    def age_seconds(self) -> float:
+        created = datetime.datetime.fromisoformat(self.created_at.replace("Z", "+00:00"))
+        return (datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()
+
+
+def record_path(output_dir: str, request: str, attempt: int, job: bool = False) -> str:
+    return manifest_lib.join(output_dir, LAUNCHES_DIR, f"{request}.{attempt:04d}{'.job' if job else ''}.json")
+
+
+def create_if_absent(path: str, data: bytes) -> bool:
+    """Create `path` holding `data` only if no object or file has that name; True if this call made it."""
+    if filesystem.is_local(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+    if FileSystems.get_scheme(path) != "gs":
+        raise ValueError(f"{path}: a job record needs local disk or gs://")
+    from apache_beam.io.gcp.gcsio import parse_gcs_path  # noqa: PLC0415 - GCS only
+    from google.api_core import exceptions  # noqa: PLC0415 - GCS only
+
+    bucket_name, name = parse_gcs_path(path)
+    client = filesystem.gcs_io(path).client
+    try:
+        client.bucket(bucket_name).blob(name).upload_from_string(
+            data, content_type="application/json", if_generation_match=0
+        )
+    except exceptions.PreconditionFailed:
+        return False
+    return True
+
+
+def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
+    """The recorded attempts of `request`, by attempt, with their job ids (one listing, a read each)."""
+    pattern = manifest_lib.join(output_dir, LAUNCHES_DIR, f"{request}.*.json")
+    try:
+        names = [metadata.path for metadata in filesystem.match(pattern)]
+    except Exception:  # noqa: BLE001 - no launches/ yet (Beam raises on a pattern under a missing dir)
+        return {}
+    records, job_ids = {}, {}
+    for path in names:
+        found = _RECORD.fullmatch(os.path.basename(path))
+        if found is None or found.group("request") != request:
+            continue
+        try:
+            content = json.loads(filesystem.read_bytes(path))
+        except (OSError, ValueError):
+            continue  # being written, or damaged: the attempt does not count
+        attempt = int(found.group("attempt"))
+        if found.group("job"):
+            job_ids[attempt] = content.get("job_id")
+        else:
+            records[attempt] = JobRecord(output_dir=output_dir, request=request, attempt=attempt, **content)
+    for attempt, job_id in job_ids.items():
+        if attempt in records:
+            records[attempt].job_id = job_id
+    return records
+
+
+def _new_record(output_dir, request, attempt, job_name, run_id, build_id) -> JobRecord:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return JobRecord(output_dir, request, attempt, job_name, run_id, build_id, now)
+
+
+def _create(record: JobRecord) -> bool:
+    content = {
+        "job_name": record.job_name,
+        "run_id": record.run_id,
+        "build_id": record.build_id,
+        "created_at": record.created_at,
+    }
+    return create_if_absent(record.path, json.dumps(content, indent=2).encode("utf-8"))
+
+
+def claim(
+    output_dir: str,
+    request: str,
+    job_name: str,
+    run_id: str | None,
+    build_id: str,
+    job_state: Callable[[JobRecord], tuple[str | None, str | None]],
+    grace_seconds: float = SUBMIT_GRACE_SECONDS,
+    poll_seconds: float = _POLL_SECONDS,
+) -> tuple[str, JobRecord]:
+    """(SUBMIT, this launch's new record) or (ATTACH, the record of the running job to wait for, its
+    job id set). See the module docstring.
+
+    `job_state(record)`: (job id, state without its JOB_STATE_ prefix) of the record's job, or
+    (None, None) when Dataflow knows no running job of it; it raises when Dataflow cannot be asked,
+    which raises RelaunchRefused.
+    """
+    while True:
+        records = read_records(output_dir, request)
+        newest = records[max(records)] if records else None
+        if newest is not None:
+            try:
+                job_id, state = job_state(newest)
+            except Exception as exc:  # noqa: BLE001 - whatever the API says, the answer is the same
+                raise RelaunchRefused(_refusal(newest, exc)) from exc
+            if state is not None and state not in _ENDED:
+                newest.job_id = job_id
+                return ATTACH, newest
+            if state is None and newest.job_id is None and newest.age_seconds < grace_seconds:
+                log.info(
+                    "a launch of this request is submitting Dataflow job %s (recorded in %s): waiting for it",
+                    newest.job_name,
+                    newest.path,
+                )
+                time.sleep(poll_seconds)
+                continue
+        attempt = newest.attempt + 1 if newest is not None else 1
+        record = _new_record(output_dir, request, attempt, job_name, run_id, build_id)
+        if _create(record):
+            return SUBMIT, record
+        # Another launch created this attempt first: read it and decide again.
+
+
+def record_job_id(record: JobRecord, job_id: str) -> None:
+    """Record the id Dataflow gave the attempt's job (so a relaunch asks for it by id)."""
+    record.job_id = job_id
+    path = record_path(record.output_dir, record.request, record.attempt, job=True)
+    try:
+        create_if_absent(path, json.dumps({"job_id": job_id}).encode("utf-8"))
+    except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
+        log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
+
+
+def abandon(record: JobRecord) -> None:
+    """Remove the record of an attempt whose job was never submitted (best effort)."""
+    try:
+        filesystem.delete_files([record.path])
+    except Exception as exc:  # noqa: BLE001 - the grace period lets the next launch go on
+        log.warning(
+            "could not remove %s (%s): the next launch of this request waits up to %d minutes for its job",
+            record.path,
+            exc,
+            SUBMIT_GRACE_SECONDS // 60,
+        )
+
+
+def _refusal(record: JobRecord, exc: BaseException) -> str:
+    reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    return (
+        f"a launch of this same request is recorded in {record.path} (Dataflow job {record.job_name}"
+        f"{f', id {record.job_id}' if record.job_id else ''}, run {record.run_id}, {record.created_at}), "
+        f"and Dataflow cannot be asked whether it still runs ({reason}).\n"
+        f"  if it runs, wait for it: gcloud dataflow jobs list --filter=name={record.job_name}\n"
+        "  to start anew once it has ended: launch again with the permission to view Dataflow jobs "
+        f"(roles/dataflow.viewer), or remove {record.path}"
+    )
