@@ -53,6 +53,9 @@ bucket with a retention policy of that many seconds, the way GCS does: the bucke
 than the period is answered 403 ``retentionPolicyNotMet`` (a batch of deletes that holds one such object is
 refused as a whole: a simplification, GCS answers each part on its own). With
 ``forwarder.default_event_based_hold``, the bucket's metadata says so and every object counts as held.
+Other bucket settings (soft delete, versioning, default storage class, Autoclass, lifecycle rules) go into
+``forwarder.bucket_fields`` as GCS names them; ``forwarder.bucket_metadata_status = 403`` answers a read
+of the bucket's metadata as GCS does for an account without ``storage.buckets.get``.
 
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
@@ -633,6 +636,11 @@ class FaultInjectingForwarder:
         # A default event-based hold: every object is held (never released here), so none may go or change.
         self.default_event_based_hold = False
         self.refused_by_retention: list[tuple[str, str]] = []
+        # More fields of the bucket's metadata, as GCS names them (``softDeletePolicy``, ``versioning``,
+        # ``storageClass``, ``autoclass``, ``lifecycle``, ...): the emulator knows none of them.
+        self.bucket_fields: dict = {}
+        # Answer a read of the bucket's metadata with this status instead (403: no storage.buckets.get).
+        self.bucket_metadata_status: int | None = None
         self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
         self.media_bytes: collections.Counter[str] = collections.Counter()
@@ -746,10 +754,13 @@ class FaultInjectingForwarder:
         return None
 
     def bucket_metadata(self, data: bytes) -> bytes:
-        """The bucket's metadata as the emulator answered it, with the retention policy of this forwarder."""
-        if self.retention_seconds is None and not self.default_event_based_hold:
+        """The bucket's metadata as the emulator answered it, with the retention policy and the
+        ``bucket_fields`` of this forwarder."""
+        if self.retention_seconds is None and not self.default_event_based_hold and not self.bucket_fields:
             return data
-        metadata = json.loads(data)
+        metadata = {**json.loads(data), **self.bucket_fields}
+        if self.retention_seconds is None and not self.default_event_based_hold:
+            return json.dumps(metadata).encode()
         if self.default_event_based_hold:
             metadata["defaultEventBasedHold"] = True
             return json.dumps(metadata).encode()
@@ -810,6 +821,16 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
         body = _read_request_body(self)
         with forwarder._lock:
             forwarder.requests.append(request_kind(self.command, self.path))
+        if (
+            forwarder.bucket_metadata_status is not None
+            and self.command == "GET"
+            and _BUCKET_METADATA_PATH.fullmatch(self.path)
+        ):
+            status = forwarder.bucket_metadata_status
+            message = f"the test forwarder answers {status} to a read of the bucket's metadata"
+            error = {"error": {"code": status, "message": message, "errors": [{"reason": "forbidden"}]}}
+            self._answer(status, json.dumps(error).encode(), [("Content-Type", "application/json")])
+            return
         read = _object_read(self.command, self.path)
         status = forwarder.fault_for(read) if read is not None else None
         refusal = forwarder.retention_refusal(self.command, self.path, body) if status is None else None

@@ -3,6 +3,9 @@
 `run(config, beam_args)` builds the graph (preprocess/pipeline.py), runs it on the runner Beam's flags
 name, and returns the run's manifest; it raises SupersededRunError when a newer run published, an input
 fault with a message for a person, or JobContinuesError when Ctrl-C leaves a Dataflow job running.
+On Dataflow a relaunch of the same request waits for its running job, whatever its --job_name
+(job_record.py). Into a gs:// output, the launch first states the bucket's cost rules and warns where
+one multiplies the cost (bucket_costs.py).
 """
 
 import contextlib
@@ -20,7 +23,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
 from preprocess.config import Stage1Config
 from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
-from preprocess.launch import dataflow_job, job_record, local_runner, progress, worker_image
+from preprocess.launch import bucket_costs, dataflow_job, job_record, local_runner, progress, worker_image
 from preprocess.pipeline import build_pipeline, job_config, output_dir_of
 from preprocess.publish.commit import (
     RETAINED_RUNS,
@@ -147,6 +150,10 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     never_overwrite = check_publishable(output_dir)
     if never_overwrite:
         logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
+    if filesystem.FileSystems.get_scheme(output_dir) == "gs":
+        # What superseded runs and training reads will cost in this bucket, said before any work.
+        for line in bucket_costs.launch_lines(output_dir, read_published_manifest(output_dir)):
+            print(f"preprocess: {line}", flush=True)
     claimed = attached = None
     if dataflow_job.runs_remotely(options) and not template:
         # A retried launch of the same request finds its job, whatever --job_name it is given (Airflow

@@ -200,11 +200,14 @@ def _remove_quietly(path: str):
 def legacy_removal_markers(data_dir: str, run_id: str) -> list[str]:
     """`runs/<run id>.deleting.*`: the removal markers of stage 1 before its commit log (issue 31), which a
     job launched with that code may still write (one listing)."""
-    pattern = manifest_lib.join(data_dir, manifest_lib.RUNS_DIR, f"{run_id}.{_LEGACY_REMOVAL_MARKER}.*")
+    runs = manifest_lib.join(data_dir, manifest_lib.RUNS_DIR)
+    prefix = f"{run_id}.{_LEGACY_REMOVAL_MARKER}."
     try:
-        return tf.io.gfile.glob(pattern)
+        # listdir, not glob: on GCS, TensorFlow's glob lists everything below runs/, every shard of every run.
+        names = tf.io.gfile.listdir(runs)
     except tf.errors.NotFoundError:
         return []
+    return [manifest_lib.join(runs, name) for name in names if name.startswith(prefix)]
 
 
 def is_chief_process() -> bool:
