@@ -1,5 +1,5 @@
 """Leases without windows (train/dataset_lease.py): each window between a reader and stage 1's remover,
-held open with a barrier, on real runs of stage 1 and stage 1's real remover (preprocess/publish.py).
+held open with a barrier, on real runs of stage 1 and stage 1's real remover (preprocess/publish/commit.py).
 
 The dataset directory holds runs A and B (tests/train/test_dataset_pin.py's TwoRuns); the reader is
 `resolve_and_lease`, the phase of `python -m train` (and of `train.evaluate`) that chooses the run; the
@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from dataset_contract import leases
 from dataset_contract import manifest as manifest_lib
-from preprocess import publish
+from preprocess.publish import commit as publish
 from tests.train.data.test_dataset_pin import TwoRuns
 from train.data import dataset_lease, dataset_pin
 from train.errors import DatasetError
