@@ -370,9 +370,10 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.
     return pid
 
 
-# The flags that only stage 1 reads: given with --skip-preprocess they would change nothing. (Not
-# --image-size: it also sizes training's default batch.)
-STAGE1_FLAGS = ("--input", "--crop-margin", "--encoding", "--sdk_container_image", "--setup-file")
+# The flags that only stage 1 reads: given with --skip-preprocess they would change nothing. Not
+# --image-size (it also sizes training's default batch), nor --input (required until --skip-preprocess
+# could do without it: commands that give both keep working).
+STAGE1_FLAGS = ("--crop-margin", "--encoding", "--sdk_container_image", "--setup-file")
 
 
 def stage1_flags_given(argv: list[str], dataflow_args: list[str]) -> list[str]:

@@ -136,7 +136,11 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
         if found.group("job"):
             job_ids[attempt] = content.get("job_id")
         else:
-            records[attempt] = JobRecord(output_dir=output_dir, request=request, attempt=attempt, **content)
+            fields = {key: content.get(key) for key in ("job_name", "run_id", "build_id", "created_at")}
+            if fields["job_name"] and fields["created_at"]:
+                records[attempt] = JobRecord(
+                    output_dir=output_dir, request=request, attempt=attempt, **fields
+                )
     for attempt, job_id in job_ids.items():
         if attempt in records:
             records[attempt].job_id = job_id

@@ -82,8 +82,8 @@ def test_other_stage_1_flags_or_a_changed_input_run_stage_1(built, monkeypatch, 
 @pytest.mark.parametrize(
     "extra,named",
     [
-        (["--input", "gs://b/raw"], "--input"),
         (["--encoding", "jpeg", "--crop-margin=0.1"], "--crop-margin, --encoding"),
+        (["--input", "gs://b/raw", "--sdk_container_image", "img"], "--sdk_container_image"),
         (["--max_num_workers", "5"], "--max_num_workers"),
     ],
 )
@@ -92,3 +92,13 @@ def test_stage_1_flags_with_skip_preprocess_are_refused(capsys, extra, named):
     err = capsys.readouterr().err
     assert code == 2 and f"error: {named} given with --skip-preprocess" in err, err
     assert "Traceback" not in err
+
+
+def test_skip_preprocess_needs_no_input_and_still_accepts_one(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(dataflow, "run_workflow", lambda **kwargs: ran.append(kwargs))
+    for raw in (None, "gs://b/raw"):
+        assert (
+            launch(raw, "gs://b/run", "--skip-preprocess", "--dry-run", "--dry-run-dir", str(tmp_path)) == 0
+        )
+    assert ran == []  # a dry run builds descriptions only

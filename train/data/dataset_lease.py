@@ -311,7 +311,7 @@ def _resume(data_dir, model_dir, pinned, lease_on, removal_wait_seconds):
                 raise DatasetError(gone) from exc
         raise
     if lapsed:
-        log.warning(
+        log.info(
             "the lease %s held on dataset run %s %s while no job read it; re-checked: the run is whole, and "
             "leased again",
             model_dir,

@@ -81,7 +81,7 @@ def test_the_dry_run_of_the_tpu_launch_shows_the_spot_autocheckpoint_and_restart
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = dataflow.main(
-            ["--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
+            ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
              "--tpu", "my-tpu", "--accelerator-type", "v5litepod-8", "--spot", "--skip-preprocess", "--dry-run",
              "--dry-run-dir", str(tmp_path)]
         )  # fmt: skip
@@ -107,7 +107,7 @@ def test_the_dry_run_of_the_tpu_launch_shows_the_spot_autocheckpoint_and_restart
 
 def test_autocheckpoint_on_where_cloud_tpu_has_none_is_a_message_and_exit_2(tmp_path, capsys):
     code = dataflow.main(
-        ["--workdir", "gs://b/run", "--project", "p", "--region", "r", "--tpu", "t",
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r", "--tpu", "t",
          "--accelerator-type", "v6e-8", "--autocheckpoint", "on", "--skip-preprocess", "--dry-run",
          "--dry-run-dir", str(tmp_path)]
     )  # fmt: skip

@@ -8,6 +8,7 @@ holds: when both are done, the run the reader holds is whole, or the reader said
 """
 
 import datetime
+import logging
 import os
 import threading
 import time
@@ -251,7 +252,8 @@ def test_a_resume_whose_lease_lapsed_but_whose_run_is_whole_is_leased_again(two_
     root, model_dir = str(two_runs.root), str(tmp_path / "model")
     old = _pin_run_a_with_a_lapsed_lease(two_runs, model_dir)
     two_runs.publish_b()
-    pinned, lease = dataset_lease.resolve_and_lease(root, model_dir)
+    with caplog.at_level(logging.INFO, logger=dataset_lease.__name__):
+        pinned, lease = dataset_lease.resolve_and_lease(root, model_dir)
     lease.stop()
     assert pinned.run_id == two_runs.run_a
     assert live_holders(root, two_runs.run_a) == {old.holder}
