@@ -2,7 +2,7 @@
 
 Stage 1 keeps a superseded run's files for a retention period
 (docs/dataset_format.md), but a training run may last longer, or resume
-weeks later from its pin (train/dataset_pin.py). So a job that trains on a
+weeks later from its pin (train/data/dataset_pin.py). So a job that trains on a
 run holds a lease on it: an object
 
     leases/<run id>/<holder>.<expiry, YYYYmmddTHHMMSSZ>.json

@@ -1,10 +1,11 @@
-"""Leases without windows (train/dataset_lease.py): each window between a reader and stage 1's remover,
-held open with a barrier, on real runs of stage 1 and stage 1's real remover (preprocess/publish/commit.py).
+"""Leases without windows (train/data/dataset_lease.py): each window between a reader and a remover,
+held open with a barrier, on real runs of stage 1 on local disk and on the GCS emulator.
 
-The dataset directory holds runs A and B (tests/train/test_dataset_pin.py's TwoRuns); the reader is
+The dataset directory holds runs A and B (tests/train/data/test_dataset_pin.py's TwoRuns); the reader is
 `resolve_and_lease`, the phase of `python -m train` (and of `train.evaluate`) that chooses the run; the
-remover is `publish.remove_run`, held at its pause points (publish.PAUSE_ENV). The invariant each test
-holds: when both are done, the run the reader holds is whole, or the reader said it is gone.
+remover follows dataset_contract/leases.py (its marker, then the leases), held after its marker
+(`HeldRemover`). The invariant each test holds: when both are done, the run the reader holds is whole,
+or the reader said it is gone.
 """
 
 import datetime
@@ -20,7 +21,6 @@ import tensorflow as tf
 
 from dataset_contract import leases
 from dataset_contract import manifest as manifest_lib
-from preprocess.publish import commit as publish
 from tests.train.data.test_dataset_pin import TwoRuns
 from train.data import dataset_lease, dataset_pin
 from train.errors import DatasetError
@@ -81,32 +81,25 @@ class InThread:
         return self.result
 
 
-class PausedRemover(InThread):
-    """publish.remove_run(run) in a thread, held at `point` until `go`."""
+class HeldRemover(InThread):
+    """A remover that has written its removal marker and is held there until `go`; then it lists the
+    run's leases and removes the run's files unless a live lease holds it, and its marker last.
 
-    def __init__(self, monkeypatch, tmp_path, output_dir: str, run_id: str, point: str):
-        self.flag = tmp_path / f"paused-at-{point}"
-        monkeypatch.setenv(publish.PAUSE_ENV, f"{point}:{self.flag}")
-        super().__init__(publish.remove_run, output_dir, run_id)
-        deadline = time.monotonic() + _WAIT_S
-        while not self.flag.exists():
-            assert time.monotonic() < deadline, f"the remover never reached {point}"
-            time.sleep(0.02)
+    `kind` "commit log": the marker is `leases/<run id>/removing.<expiry>.<attempt>.json`
+    (dataset_contract/leases.py), as stage 1's garbage collection (preprocess.gc) writes it; "older": it is
+    `runs/<run id>.deleting.<attempt>`, as stage 1 before the commit log wrote it (a job launched with
+    that code may still be running).
+    """
 
-    def go(self):
-        self.flag.unlink()
-
-
-class CommitLogRemover(InThread):
-    """A remover as dataset_contract/leases.py has it since the commit log: it writes its removal marker
-    into `leases/<run id>/`, is held there until `go`, then lists the leases and removes the run unless a
-    live one holds it (stage 1's garbage collection, preprocess.gc, does the same with more work around)."""
-
-    def __init__(self, data_dir: str, run_id: str):
+    def __init__(self, data_dir: str, run_id: str, kind: str):
         self.released = threading.Event()
         now = datetime.datetime.now(datetime.timezone.utc)
-        expires = now + datetime.timedelta(seconds=leases.REMOVAL_MARKER_SECONDS)
-        marker = manifest_lib.join(data_dir, leases.removal_marker_name(run_id, uuid.uuid4().hex, expires))
+        if kind == "commit log":
+            expires = now + datetime.timedelta(seconds=leases.REMOVAL_MARKER_SECONDS)
+            name = leases.removal_marker_name(run_id, uuid.uuid4().hex, expires)
+        else:
+            name = f"{manifest_lib.RUNS_DIR}/{run_id}.deleting.{uuid.uuid4().hex}"
+        marker = manifest_lib.join(data_dir, name)
         if not marker.startswith("gs://"):
             tf.io.gfile.makedirs(os.path.dirname(marker))
         with tf.io.gfile.GFile(marker, "w") as handle:
@@ -115,11 +108,13 @@ class CommitLogRemover(InThread):
         def remove():
             assert self.released.wait(_WAIT_S)
             directory = manifest_lib.join(data_dir, leases.run_leases_dir(run_id))
-            names = tf.io.gfile.listdir(directory)
+            names = tf.io.gfile.listdir(directory) if tf.io.gfile.exists(directory) else []
             held = leases.live_holders(names, datetime.datetime.now(datetime.timezone.utc))
             if not held:
                 tf.io.gfile.rmtree(manifest_lib.join(data_dir, manifest_lib.RUNS_DIR, run_id))
             tf.io.gfile.remove(marker)
+            if not held:
+                remove_run_files(data_dir, run_id)  # what is left: expired leases
             return not held
 
         super().__init__(remove)
@@ -128,12 +123,17 @@ class CommitLogRemover(InThread):
         self.released.set()
 
 
-REMOVERS = {
-    "commit log's marker": lambda monkeypatch, tmp_path, root, run_id: CommitLogRemover(root, run_id),
-    "stage 1's older marker": lambda monkeypatch, tmp_path, root, run_id: PausedRemover(
-        monkeypatch, tmp_path, root, run_id, "tombstone-written"
-    ),
-}
+def remove_run_files(data_dir: str, run_id: str) -> None:
+    """What a remover leaves of a run: nothing (its files, then its leases)."""
+    for directory in (
+        manifest_lib.join(data_dir, manifest_lib.RUNS_DIR, run_id),
+        manifest_lib.join(data_dir, leases.run_leases_dir(run_id)),
+    ):
+        if tf.io.gfile.exists(directory):
+            tf.io.gfile.rmtree(directory)
+
+
+REMOVER_KINDS = ["commit log", "older"]
 
 
 def live_holders(data_dir: str, run_id: str) -> set[str]:
@@ -155,7 +155,7 @@ def test_a_first_start_whose_run_was_removed_between_its_read_and_its_lease_take
     reader = InThread(dataset_lease.resolve_and_lease, root, model_dir)
     gate.wait_until_reached()  # it read dataset.json: run A
     two_runs.publish_b()
-    assert publish.remove_run(root, two_runs.run_a)  # no lease yet: A goes
+    remove_run_files(root, two_runs.run_a)  # no lease yet: A goes
     gate.go()
     pinned, lease = reader.join()
     lease.stop()
@@ -165,7 +165,7 @@ def test_a_first_start_whose_run_was_removed_between_its_read_and_its_lease_take
     assert not live_holders(root, two_runs.run_a)
 
 
-@pytest.mark.parametrize("remover_kind", sorted(REMOVERS))
+@pytest.mark.parametrize("remover_kind", REMOVER_KINDS)
 def test_a_first_start_that_finds_a_remover_at_work_on_its_run_after_its_lease_backs_off_to_the_newest(
     two_runs, tmp_path, monkeypatch, remover_kind
 ):
@@ -174,7 +174,7 @@ def test_a_first_start_that_finds_a_remover_at_work_on_its_run_after_its_lease_b
     reader = InThread(dataset_lease.resolve_and_lease, root, model_dir)
     gate.wait_until_reached()  # it read dataset.json: run A
     two_runs.publish_b()
-    remover = REMOVERS[remover_kind](monkeypatch, tmp_path, root, two_runs.run_a)
+    remover = HeldRemover(root, two_runs.run_a, remover_kind)
     gate.go()  # the lease on A comes after the remover's marker: the reader must see it
     pinned, lease = reader.join()
     remover.go()
@@ -197,14 +197,14 @@ def _pin_run_a_with_a_lapsed_lease(two_runs, model_dir: str):
     return lease
 
 
-@pytest.mark.parametrize("remover_kind", sorted(REMOVERS))
+@pytest.mark.parametrize("remover_kind", REMOVER_KINDS)
 def test_a_resume_whose_lease_lapsed_waits_for_the_remover_at_work_and_holds_a_whole_run_or_says_it_is_gone(
     two_runs, tmp_path, monkeypatch, remover_kind
 ):
     root, model_dir = str(two_runs.root), str(tmp_path / "model")
     old_lease = _pin_run_a_with_a_lapsed_lease(two_runs, model_dir)
     two_runs.publish_b()
-    remover = REMOVERS[remover_kind](monkeypatch, tmp_path, root, two_runs.run_a)
+    remover = HeldRemover(root, two_runs.run_a, remover_kind)
     # A's files are all there, and a remover is at work on them: the resume must not take them as they are.
     reader = InThread(dataset_lease.resolve_and_lease, root, model_dir, removal_wait_seconds=_WAIT_S)
     deadline = time.monotonic() + _WAIT_S
@@ -238,7 +238,7 @@ def test_a_resume_whose_run_is_gone_exits_2_in_a_few_lines_saying_its_lease_laps
     root, model_dir = str(two_runs.root), str(tmp_path / "model")
     _pin_run_a_with_a_lapsed_lease(two_runs, model_dir)
     two_runs.publish_b()
-    assert publish.remove_run(root, two_runs.run_a)
+    remove_run_files(root, two_runs.run_a)
     for _ in range(2):  # run again, it says the same
         assert main(["--data", root, "--model-dir", model_dir, "--epochs", "1"]) == 2
         err = capsys.readouterr().err
@@ -274,7 +274,7 @@ def test_on_the_gcs_emulator_a_first_start_backs_off_from_a_remover_at_work(
     gate.wait_until_reached()
     with tf.io.gfile.GFile(f"{root}/{manifest_lib.MANIFEST_FILE}", "wb") as handle:
         handle.write(two_runs.manifest_b)  # B publishes
-    remover = CommitLogRemover(root, two_runs.run_a)
+    remover = HeldRemover(root, two_runs.run_a, "commit log")
     gate.go()
     pinned, lease = reader.join()
     remover.go()
@@ -319,7 +319,6 @@ def test_training_leases_its_run_and_train_evaluate_holds_a_lease_while_it_reads
     assert reading.wait(_WAIT_S)
     # While it reads: a live lease on A, which stage 1's cleanup honours.
     assert live_holders(root, two_runs.run_a) == {holder}
-    assert publish.has_live_lease(root, two_runs.run_a, datetime.datetime.now(datetime.timezone.utc))
     go.set()
     result = evaluation.join()
     assert result["dataset"]["run_id"] == two_runs.run_a
