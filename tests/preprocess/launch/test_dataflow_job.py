@@ -13,8 +13,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
 from preprocess import filesystem
-from preprocess import pipeline as stage1
-from preprocess.launch import command, dataflow_job, local_runner
+from preprocess.launch import command, dataflow_job, launcher, local_runner
 from preprocess.publish.runs import tft_temp_dir
 from tests.stage1 import write_corpus
 
@@ -68,7 +67,7 @@ def corpus(tmp_path_factory):
 
 def _launch(monkeypatch, runner, corpus, output, *extra):
     runner.output_dir = str(output)
-    monkeypatch.setattr(stage1.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
+    monkeypatch.setattr(launcher.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
     monkeypatch.setattr(local_runner, "runner_for", lambda options, verbose=False: runner)
     command.main(["--input", corpus, "--output", str(output), *DATAFLOW_FLAGS, *extra])
 
@@ -176,7 +175,7 @@ def test_a_relaunch_of_a_running_request_attaches_to_its_job_instead_of_starting
     )
     runner = StubDataflowRunner(refusal)
     reported = []
-    monkeypatch.setattr(stage1, "own_manifest", lambda output, run_id: reported.append(run_id))
+    monkeypatch.setattr(launcher, "own_manifest", lambda output, run_id: reported.append(run_id))
     with caplog.at_level(logging.WARNING):
         _launch(monkeypatch, runner, corpus, tmp_path / "out")
     assert job.id in client.gets  # it waited for the running job...
