@@ -6,7 +6,7 @@ import signal
 
 def _exit_at_ctrl_c(signum, frame):
     # A Ctrl-C in the terminal reaches every process of its group. The launcher stops the run and says
-    # so in one line (preprocess/pipeline.py), and its runner waits for each worker to exit: the worker
+    # so in one line (preprocess/launch/launcher.py), and its runner waits for each worker to exit: the worker
     # exits now, without the traceback of a KeyboardInterrupt, and with status 0, as any other would
     # make the runner print a traceback per worker ("Worker subprocess exited with return code ...").
     os._exit(0)

@@ -15,8 +15,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
 from preprocess import filesystem
-from preprocess.launch import command, dataflow_job, job_record, local_runner
-from preprocess.launch import launcher as stage1  # the launcher's side of a run: run, own_manifest
+from preprocess.launch import command, dataflow_job, job_record, launcher, local_runner
 from preprocess.publish.runs import tft_temp_dir
 from tests.stage1 import write_corpus
 
@@ -70,7 +69,7 @@ def corpus(tmp_path_factory):
 
 def _launch(monkeypatch, runner, corpus, output, *extra):
     runner.output_dir = str(output)
-    monkeypatch.setattr(stage1.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
+    monkeypatch.setattr(launcher.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
     monkeypatch.setattr(local_runner, "runner_for", lambda options, verbose=False: runner)
     command.main(["--input", corpus, "--output", str(output), *DATAFLOW_FLAGS, *extra])
 
@@ -178,7 +177,7 @@ def test_a_relaunch_of_a_running_request_attaches_to_its_job_instead_of_starting
     )
     runner = StubDataflowRunner(refusal)
     reported = []
-    monkeypatch.setattr(stage1, "own_manifest", lambda output, run_id: reported.append(run_id))
+    monkeypatch.setattr(launcher, "own_manifest", lambda output, run_id: reported.append(run_id))
     with caplog.at_level(logging.WARNING):
         _launch(monkeypatch, runner, corpus, tmp_path / "out")
     assert job.id in client.gets  # it waited for the running job...
@@ -272,7 +271,7 @@ def test_a_relaunch_under_another_job_name_waits_for_the_running_job_instead_of_
     (first_job,) = service.jobs.values()
     first_run = dataflow_job.label_to_run_id(first_job.labels[dataflow_job.RUN_ID_LABEL])
     reported = []
-    monkeypatch.setattr(stage1, "own_manifest", lambda output_dir, run_id: reported.append(run_id))
+    monkeypatch.setattr(launcher, "own_manifest", lambda output_dir, run_id: reported.append(run_id))
     with caplog.at_level(logging.WARNING):
         retry = _airflow_launch(monkeypatch, service, corpus, output, "preprocess-daily-20261127-e41b0d77")
 
