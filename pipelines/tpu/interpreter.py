@@ -1,22 +1,6 @@
 """The `[tpu]` interpreter the on-VM mode trains in: a venv the launcher makes on the TPU VM.
 
-`python -m pipelines.dataflow ... --tpu local` runs on the TPU VM from an
-install with Beam (stage 1's launcher), but training needs the TPU build of
-TensorFlow, and the two cannot share one environment: tf.Transform and
-tfx-bsl require generic `tensorflow`, which replaces `tensorflow-tpu`
-(/work/shared/TPU-FACTS.md; `[all]` has no TPU build, `[tpu]` has no Beam).
-So training gets its own venv, ~/tf-image-pipeline/tpu-venv, made from this
-package's sdist with its [tpu] extra (the same install line a TPU VM gets
-from the cloud launch, train/install_lines.py), and the supervisor and
-`python -m train` run on that venv's python. The venv is made once and kept
-while the package is the same: the sdist's sha256 is recorded in it, and a
-different package installs again.
-
-Making that venv needs venv's ensurepip, which Debian and Ubuntu (the TPU VM
-images) ship apart, as `python3.X-venv`; and the launcher needs Python 3.11
-(`[all]`: Beam and tf.Transform), where the images ship 3.10. The launch
-checks the first before stage 1 (`venv_problem`); scripts/tpu_vm_setup.sh
-brings both, or says what to run.
+Why and how: docs/internals.md.
 """
 
 import hashlib

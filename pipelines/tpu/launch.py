@@ -1,61 +1,6 @@
 """The commands that put this package on a TPU VM and start training there, supervised and detached from ssh.
 
-For a single-host TPU VM (one command, on the VM):
-
-    gcloud storage cp gs://BUCKET/run/packages/tf-image-pipeline.tar.gz /tmp/tf-image-pipeline.tar.gz \\
-      && pip install '/tmp/tf-image-pipeline.tar.gz[tpu]' \\
-      && mkdir -p tf-image-pipeline && printf '%s' '<start.sh>' > tf-image-pipeline/start.sh \\
-      && rm -f tf-image-pipeline/stopped && bash tf-image-pipeline/start.sh
-
-where start.sh (`start_script`) exports the PJRT environment and runs
-
-    { setsid nohup python3 -m train.tools.supervisor --pid-file tf-image-pipeline/supervisor.pid ... -- \\
-        python3 -m train ... --tpu local >> tf-image-pipeline/train.log 2>&1 < /dev/null & }
-
-unless training still runs or ended for good (the supervisor's `stopped`
-file). The VM is created with a boot script that runs start.sh again at
-every boot, so training resumes after a reboot (pipelines/tpu/lifecycle.py:
-the create command, spot, Autocheckpoint, and the off-VM loop that recreates
-a preempted spot TPU).
-
-For a multi-host slice: the install and `tpu_server_setup_command` on every
-worker (`--worker=all`), then the supervised launch on worker 0 only, with
-`--tpu NAME` (TPUStrategy is single-client: one process drives every host),
-once every worker's TPU server answers (`python3 -m train.tools.tpu_servers`:
-restarted servers take a while, and a client started before them fails to
-initialize the TPU and exits 2, which the supervisor does not retry).
-
-The environment is the one Google's TPU test harness gives TensorFlow
-(GoogleCloudPlatform/ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py,
-export_env_variables):
-
-    if is_pod: TPU_LOAD_LIBRARY=0
-    if not is_pod and is_pjrt: NEXT_PLUGGABLE_DEVICE_USE_C_API=true,
-        TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/home/$USER/.local/lib/python3.10/site-packages/libtpu/libtpu.so
-
-The library path is found where pip put libtpu rather than assumed (the
-harness's is one user's ~/.local under Python 3.10). The harness's other
-variables are for its own workloads and are not set: TF_USE_LEGACY_KERAS=1
-selects tf-keras (this project is Keras 3), PYTHONPATH points at its model
-garden checkout, and its TF_XLA_FLAGS configure SparseCore embedding tables.
-PJRT_DEVICE=TPU appears only in the harness's PyTorch/XLA configs.
-
-On a slice, worker 0's client and every worker's TPU server must run the
-same TensorFlow. The runtime images start the server as the `tpu-runtime`
-systemd service, a `grpc_tpu_worker` container named by TF_DOCKER_URL in
-/etc/systemd/system/tpu-runtime.service; the harness's set_up_pjrt points
-that at `grpc_tpu_worker:tf-X.Y.Z-pjrt` for the TensorFlow it installed and
-restarts the service, and `tpu_server_setup_command` does the same for
-tensorflow-tpu 2.20.0 (the version the install pins).
-
-Supervision: training runs under `python -m train.tools.supervisor` (see its
-docstring for the policy and why it is not a systemd unit), given the TPU
-(its restarts wait for the TPU's health and, on a slice, for every worker's
-server) and MODEL_DIR/supervisor.json (its heartbeat and why it stopped, for
-the off-VM loop, pipelines/tpu/restart.py), started with
-`setsid nohup ... &`: a new session with no controlling terminal, so the end
-of the ssh session sends it no SIGHUP, and every output goes to a log file,
-so ssh can close the connection at once.
+The commands for a single-host VM and a slice, and the environment they set: docs/internals.md.
 """
 
 import importlib.util
@@ -145,7 +90,7 @@ def tpu_server_setup_command(tensorflow_version: str) -> str:
 
 
 def training_environment(multi_host: bool) -> list[tuple[str, str]]:
-    """(name, shell value) pairs the training process gets, as the harness sets them (module docstring)."""
+    """(name, shell value) pairs the training process gets, as the harness sets them (docs/internals.md)."""
     if multi_host:
         # The client on worker 0 leaves the chips to the TPU servers (python -m train sets it too for --tpu NAME).
         return [("TPU_LOAD_LIBRARY", "0")]

@@ -1,49 +1,6 @@
 """What a TPU VM is created with so that training survives what Cloud TPU does to it, and what it cannot.
 
-Three events end a training process on a Cloud TPU VM:
-
-- Maintenance of the host. Without Autocheckpoint it starts at once, with no
-  SIGTERM first (AUTOCHECKPOINT_DOC: "the procedure is initiated immediately,
-  without leaving time for users to perform progress-preserving actions").
-  With `--autocheckpoint-enabled` at creation, Cloud TPU sends SIGTERM to the
-  process using the TPU device and waits until it exits, or 5 minutes, before
-  maintenance: `python -m train` saves a checkpoint on SIGTERM and exits 143.
-  The docs allow it on TPU v2 to v4 and v5e, created through the Cloud TPU API,
-  and call it a Public Preview; it is created with `gcloud alpha`. By default
-  (`--autocheckpoint auto`) it is on where that holds on a single-host VM, the
-  one case where our process is the one using the TPU device: on a multi-host
-  slice that process is each worker's TPU server, and worker 0's client gets
-  no signal.
-- A reboot (after maintenance, or by hand). The disk stays: the VM is created
-  with a startup script (metadata `startup-script`, run as root at every boot)
-  that runs ~/tf-image-pipeline/start.sh as its owner; the launch writes that
-  script (pipelines/tpu/launch.py). It resumes training from the last
-  checkpoint unless the supervisor ended it for good (success, a setup error,
-  giving up: its `stopped` file).
-- A spot preemption (`--spot`). A TPU Spot VM cannot be restarted: it must be
-  deleted and created again (SPOT_DOC), with a fresh disk. Nothing on the VM
-  survives to do that, and a queued resource does not do it either: a
-  preempted one is SUSPENDED, "no longer eligible for further allocation"
-  (QUEUED_RESOURCES_DOC). So an off-VM loop does: `python -m
-  pipelines.tpu.restart --spec SPEC`, run on the user's machine with the
-  user's gcloud credentials, watches the TPU's state and, once it is
-  PREEMPTED, deletes it and runs the spec's create and launch commands again;
-  training resumes from the model dir's last checkpoint. The same loop
-  relaunches training on a READY TPU where nothing supervises it (a launch
-  whose ssh failed, a supervisor heartbeat that stopped) and ends, printing
-  the delete command, when training finished or stopped for good.
-
-The create needs `gcloud alpha` for Autocheckpoint (the only track with
---autocheckpoint-enabled); `autocheckpoint_gcloud_problem` asks this
-machine's gcloud for it before anything is created.
-
-What each machine kind can lose, then (the guarantee the docs state): at most
-the interval checkpoint, --checkpoint-every of training (python -m train's
-default 10m), on every kind: a spot preemption (its notice reaches the VM, but
-nothing guarantees the save finishes), maintenance without Autocheckpoint,
-any event on a multi-host slice (only worker 0's process sees signals), a
-SIGKILL or a crash. Nothing on a single-host VM with Autocheckpoint for
-maintenance, where the SIGTERM save completes within Cloud TPU's 5 minutes.
+Why and how: docs/internals.md.
 """
 
 import argparse
@@ -74,7 +31,7 @@ done
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
-    """How the TPU VM is created and how training comes back after each event (module docstring)."""
+    """How the TPU VM is created and how training comes back after each event (docs/internals.md)."""
 
     spot: bool
     autocheckpoint: bool

@@ -2,42 +2,7 @@
 
     python -m pipelines.tpu.restart --spec gs://BUCKET/run/jobs/train_tpu_vm.json [--poll-seconds 60]
 
-(the spec `python -m pipelines.dataflow ... --tpu NAME` wrote and printed,
-or its --dry-run's local copy). A TPU Spot VM cannot be restarted after a
-preemption: it must be deleted and created again, and the new VM has a fresh
-disk (https://cloud.google.com/tpu/docs/spot). Nothing on the VM survives to
-do that, so this loop runs off the VM, with your gcloud credentials. Why not
-a queued resource instead: a preempted queued resource is SUSPENDED, "no
-longer eligible for further allocation"
-(https://cloud.google.com/tpu/docs/queued-resources), so it would need the
-same delete-and-recreate loop, and plain `tpu-vm create` keeps one path for
-spot and on-demand TPUs.
-
-Each poll:
-  - MODEL_DIR/metrics.json exists (python -m train writes it last): training
-    finished; the loop prints the command that deletes the TPU (it is billed
-    until deleted) and ends, exit 0;
-  - MODEL_DIR/supervisor.json (the supervisor's status, train/tools/run_status.py)
-    says supervision stopped for good (a setup error, a crash loop, no
-    progress, a TPU that did not come back): the loop prints why and the
-    delete command, and ends, exit 1;
-  - the TPU is PREEMPTED or TERMINATED: delete it, then run the spec's
-    commands again (create, install, launch): training resumes from the last
-    checkpoint in the model dir;
-  - the TPU does not exist (deleted, or a recreation found no capacity): run
-    the spec's commands;
-  - the TPU is READY: if the last launch did not complete (a create whose
-    ssh failed, common in a new VM's first minute), run the launch commands
-    again (install, a slice's TPU servers, launch; not the create); if the
-    supervisor's heartbeat has not changed for --heartbeat-timeout (nothing
-    supervises training there: a boot that did not resume it, a supervisor
-    killed), run the supervised launch again (the last command; should it
-    fail, the next poll runs them all);
-  - anything else (CREATING, REPAIRING, ...): wait.
-A command that fails is tried again at the next poll, until it succeeds.
-Ctrl-C ends the loop and leaves the TPU as it is. A spec whose create needs
-`gcloud alpha` (Autocheckpoint) is refused before anything is created when
-this machine's gcloud has no alpha commands, with how to get them.
+What the loop does at each state of the TPU, and why it runs off the VM: docs/internals.md.
 """
 
 import argparse
@@ -174,7 +139,7 @@ def _tell_delete(tpu: dict) -> str:
 def watch(
     spec: dict, poll_seconds: float, max_polls: int | None = None, heartbeat_timeout: float = 900.0
 ) -> int:
-    """The loop (module docstring). 0: training finished; 1: it stopped for good; 124: max_polls ran out."""
+    """The loop (docs/internals.md). 0: training finished; 1: it stopped for good; 124: max_polls ran out."""
     tpu = spec["tpu"]
     status_uri = run_status.status_uri(spec["model_dir"])
     heartbeat = Heartbeat(heartbeat_timeout)

@@ -1,55 +1,13 @@
 """Which TPU VM software version ("runtime") a training run gets, from the accelerator type and TensorFlow.
 
 `choose_runtime` decides it from a table, RUNTIMES, in which every entry names the documents it comes
-from (listed above them).
+from (docs/internals.md has them).
 """
 
 import dataclasses
 import re
 
 from train import install_lines
-
-# The image a TPU VM boots, and the documents behind the table.
-#
-# `gcloud compute tpus tpu-vm create --version` picks the image a TPU VM boots:
-# the OS, the TPU driver, and on a multi-host slice the `tpu-runtime` service
-# that runs TensorFlow's TPU server (a `grpc_tpu_worker` container) on every
-# worker. `choose_runtime` decides it from a table, RUNTIMES, in which every
-# entry names the documents it comes from:
-#
-#   RUNTIMES_DOC   https://cloud.google.com/tpu/docs/runtimes
-#                  the base image per generation: "Trillium (v6e): v2-alpha-tpuv6e,
-#                  v5p: v2-alpha-tpuv5, v5e: v2-alpha-tpuv5-lite, v4 and older:
-#                  tpu-ubuntu2204-base"; TensorFlow images are named
-#                  tpu-vm-tf-x.y.z[-pod][-{device_api}].
-#   HARNESS_DAG    Google's own TPU test harness, GoogleCloudPlatform/ml-auto-solutions,
-#                  dags/solutions_team/solutionsteam_tf_release_supported.py: its
-#                  TensorFlow release tests create v4-8, v4-32, v5p-8 and v5p-32 with
-#                  v2-alpha-tpuv5 and v5e-4, v5e-16 with v2-alpha-tpuv5-lite, then
-#                  install `tensorflow-tpu==X.Y.Z -f libtpu-tf-releases` on top
-#                  (configs/tensorflow/common.py, install_tf).
-#   HARNESS_COMMON dags/solutions_team/configs/tensorflow/common.py: set_up_pjrt
-#                  points every worker's tpu-runtime service at
-#                  gcr.io/cloud-tpu-v2-images/grpc_tpu_worker:tf-X.Y.Z-pjrt (the
-#                  client's TensorFlow version) and restarts it; export_env_variables
-#                  sets the environment of the training process (tpu_launch.py).
-#
-# The TensorFlow is the TPU build, `tensorflow-tpu`, whose newest release on
-# the registry is 2.20.0 (there is no 2.21). The docs list no
-# `tpu-vm-tf-2.20.0-*` image (the newest named ones are 2.18/2.19, with
-# hardware suffixes such as `-pjrt-v5e-and-v6` and `-pjrt-v5p-and-below`, see
-# tensorflow/tensorflow#82208), so for 2.20.0 every entry is the base image the
-# docs give for the generation, with tensorflow-tpu 2.20.0 installed on top,
-# which is what the harness does for its release tests. On a multi-host slice
-# the workers' TPU servers are moved to the same TensorFlow as the client
-# (tpu_launch.tpu_server_setup_command), so the client on worker 0 and the
-# servers it drives always agree.
-#
-# Accelerator types (https://cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e):
-# v2, v3, v4 and v5p name TensorCores (two per chip) and hold 4 chips per host
-# (v4-8: 4 chips, one host; v4-32: 16 chips, 4 hosts); v5e (`v5litepod-N`) and
-# v6e (`v6e-N`) name chips and hold up to 8 per host (v5litepod-8: one host;
-# v5litepod-16: a multi-host slice).
 
 # The newest tensorflow-tpu on the registry (no 2.21 exists): the one the [tpu] extra installs.
 TENSORFLOW_TPU_VERSION = install_lines.TENSORFLOW_TPU_VERSION

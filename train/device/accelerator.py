@@ -2,6 +2,7 @@
 
 `choose_defaults` is a pure function of a DeviceDescription and the flags, so every rule is unit-tested
 without a GPU or a TPU; `describe_devices` builds the description from the running TensorFlow.
+docs/internals.md says what `auto` means on each device, and why.
 """
 
 import contextlib
@@ -9,40 +10,6 @@ import dataclasses
 
 from train.errors import ConfigError
 from train.loop.plan import TPU_STEPS_PER_EXECUTION, TrainingPlan
-
-# What `auto` means, and why:
-#
-#   mixed precision  TPU: bfloat16 (the MXU computes in bfloat16 anyway; no loss scaling).
-#                    GPU with compute capability >= 8.0 (Ampere and later): bfloat16, same range
-#                    as float32, so no loss scaling. Older GPUs: float16, with the dynamic loss
-#                    scaling Keras adds for the mixed_float16 policy (LossScaleOptimizer).
-#                    CPU: float32 (no faster low-precision path).
-#   XLA              TPU: always compiled. GPU: on. One replica: Keras' jit_compile=True, which
-#                    compiles the whole train step. Several replicas (MirroredStrategy, multi-
-#                    worker): TensorFlow's XLA auto-clustering instead, because Keras compiles
-#                    the step *including* the cross-replica all-reduce into one XLA program on
-#                    one device, which fails ("Trying to access resource ... located in device
-#                    GPU:1 from device GPU:0"; Keras' own jit_compile="auto" is off under any
-#                    tf.distribute strategy for that reason). CPU: off.
-#   steps/execution  TPU: 32 (a host round trip costs about a small step). GPU: 8, one replica or
-#                    several. Keras syncs device to host after every execution (train/loop/multi_step.py
-#                    says where), so K steps per execution make that once per K steps. One replica
-#                    runs Keras' own K-step loop. Several replicas under MirroredStrategy or
-#                    MultiWorkerMirroredStrategy run train/loop/multi_step.py's tf.range loop around
-#                    strategy.run instead, because Keras 3 (3.15.1 as pinned) builds its loop from
-#                    tf.cond inside tf.while_loop, where the cross-replica merge_call cannot run
-#                    ("You must feed a value for placeholder tensor", keras-team/keras#19246;
-#                    reproduced on two logical CPU devices). CPU: 1 (no dispatch to amortize).
-#
-# Every choice is overridable: --mixed-precision, --jit-compile, --steps-per-execution.
-# The batch per replica and the files read at once are train/device/device_defaults.py's.
-#
-# Steps per execution must divide an epoch's steps (plan.plan_training). An
-# epoch of the dataset's length is rounded down to a multiple of them; a fixed
-# one (--steps-per-epoch, --steps) keeps its length and runs the divisor
-# nearest the wanted number within a factor of two (plan.steps_per_execution_dividing).
-# When none is that near, `steps_per_execution_warning` says what was lost
-# against the device default (or the flag) and how to get it back.
 
 TPU, GPU, CPU = "tpu", "gpu", "cpu"
 
@@ -144,7 +111,7 @@ def choose_defaults(
     jit_compile: str = "auto",
     steps_per_execution: int | None = None,
 ) -> AcceleratorChoice:
-    """The fast path for `device`, with explicit flags winning (the comment at the top says what auto means)."""
+    """The fast path for `device`, with explicit flags winning (what auto means: docs/internals.md)."""
     notes: list[str] = []
     policy = _policy(device, mixed_precision, notes)
     xla = _xla(device, jit_compile, notes)

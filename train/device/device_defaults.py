@@ -1,50 +1,18 @@
 """What a run trains with when the flags do not say: the batch per replica and the files each host reads at once.
 
 A pure function of the device kind, the model and the image size (no TensorFlow here);
-train.loop.plan.plan_training applies it. The references behind each figure are above the tables.
+train.loop.plan.plan_training applies it. docs/internals.md has the references behind each figure.
 """
 
 import dataclasses
 
 from train.config import EFFICIENTNET_B0
 
-# Where the figures come from.
-#
-# The global batch, without --global-batch-size, is a batch per replica times
-# the replicas. The per-replica figure at 224x224 follows the published
-# reference configurations (no figure here was measured on this project's
-# machines: none of them has an accelerator TensorFlow can use):
-#
-#   TPU  128 per replica. tensorflow/models official/legacy/image_classification/configs/examples/
-#        resnet/imagenet/tpu.yaml and efficientnet/imagenet/efficientnet-b0-tpu.yaml: `batch_size: 128`,
-#        `use_per_replica_batch_size: true` (1024 on a v3-8; official/vision's imagenet_resnet50_tpu.yaml
-#        runs 4096 on 32 replicas, the same 128). A replica is a TensorCore on v2/v3 and a chip on v4
-#        (megacore), v5e, v5p and v6e, so this is 128 per chip there: 1024 on a v5litepod-8, 8192 on a
-#        v5litepod-64. Google's TPU test harness gives ResNet-50 the same 128 per chip.
-#   GPU  128 per GPU, half of the 256 of tensorflow/models official/vision/configs/experiments/
-#        image_classification/imagenet_resnet50_gpu.yaml (global 2048 on 8 GPUs in float16) and of
-#        official/legacy/.../resnet/imagenet/gpu.yaml (256 per replica): those ran on 32 GB V100s,
-#        and the half keeps activations in the memory of a 16 GB GPU (T4, V100-16GB). MobileNetV2's
-#        GPU reference (imagenet_mobilenetv2_gpu.yaml) is 1024 = 128 x 8.
-#   CPU  32 per replica: a CPU has no parallel lanes to fill, so a larger batch only makes each step
-#        (and the first progress line) slower; it stays small.
-#
-# Larger inputs take less: the batch scales by 224^2 / pixels (activation
-# memory grows with the pixels: 96 per replica at 256, 32 at 448), and by a
-# per-model factor for models whose references use a smaller batch than
-# ResNet-50 on the same device (EfficientNet-B0 on GPUs: efficientnet-b0-gpu.yaml
-# runs 32 per GPU in float32, 64 per GPU in this project's 16-bit activations,
-# while its TPU reference keeps 128). Smaller inputs keep the 224 figure: the
-# learning rate follows the batch, so a default that grew with small images
-# would change the recipe, not only the speed. The result is rounded down to a
-# multiple of 8 (the per-replica batch TPU and GPU matrix units tile by), and
-# a default larger than the train split shrinks to fit it (plan_training).
-
 TPU, GPU, CPU = "tpu", "gpu", "cpu"  # train.device.accelerator's device kinds
 
 REFERENCE_IMAGE_SIZE = 224
 PER_REPLICA_BATCH = {TPU: 128, GPU: 128, CPU: 32}
-# (model, device kind) -> the model's reference batch over ResNet-50's on that device (the comment above).
+# (model, device kind) -> the model's reference batch over ResNet-50's on that device (docs/internals.md).
 MODEL_BATCH_FACTOR = {(EFFICIENTNET_B0, GPU): 0.5}
 BATCH_MULTIPLE = 8
 
@@ -69,7 +37,7 @@ class BatchDefault:
 
 
 def default_per_replica_batch(kind: str, model: str, image_size: int) -> BatchDefault:
-    """The batch per replica for `model` on `image_size` squares on a device of `kind` (the comment at the top)."""
+    """The batch per replica for `model` on `image_size` squares on a device of `kind` (docs/internals.md)."""
     base = PER_REPLICA_BATCH.get(kind, PER_REPLICA_BATCH[CPU])
     factor = MODEL_BATCH_FACTOR.get((model, kind), 1.0)
     scale = min(1.0, (REFERENCE_IMAGE_SIZE / image_size) ** 2)

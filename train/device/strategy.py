@@ -1,7 +1,7 @@
 """Choosing the tf.distribute strategy, once, and what follows from it (hosts, chief).
 
-`resolve_strategy` is the only place that decides where training runs: a TPU, several GPUs, a
-TF_CONFIG cluster, or the default strategy (the rules are above _find_tpu).
+`resolve_strategy` is the only place that decides where training runs: a TPU (one VM or a slice), several
+GPUs, a TF_CONFIG cluster, or the default strategy. docs/internals.md has the rules.
 """
 
 import glob
@@ -28,39 +28,6 @@ NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
 NVIDIA_DRIVER_FILE_ENV = "TRAIN_NVIDIA_DRIVER_FILE"
 
 log = logging.getLogger(__name__)
-
-
-# The rules, and TPUs single host and multi-host.
-#
-# `resolve_strategy` is the only place that decides where training runs:
-#
-#   a TPU (--tpu NAME|local, $TPU_NAME, or TPU devices on this VM) -> TPUStrategy
-#   TF_CONFIG naming a cluster                                     -> MultiWorkerMirroredStrategy
-#   more than one GPU                                              -> MirroredStrategy
-#   otherwise                                                      -> the default strategy (one device)
-#
-# `--strategy tpu|mirrored|multiworker|default` forces a choice; asking for
-# something this machine does not have stops with a StrategyError.
-#
-# A GPU that TensorFlow cannot see is refused rather than trained around: when
-# the machine has an NVIDIA driver (/proc/driver/nvidia/version) but TensorFlow
-# lists no GPU (typically `tensorflow` installed without its CUDA libraries),
-# every strategy but TPUStrategy stops with a StrategyError naming the GPU
-# install line. `--allow-cpu` trains on the CPU on purpose.
-#
-# TPUs, single host and multi-host. TensorFlow drives a TPU slice from one
-# Python process (TPUStrategy is single-client):
-#
-#   --tpu local   on a single-host TPU VM: the chips are attached to this VM; the
-#                 resolver has an empty cluster and initialize_tpu_system runs locally.
-#   --tpu NAME    a multi-host slice (v4-32, v5litepod-16, ...), run on its worker 0:
-#                 the resolver asks the Cloud TPU API for every worker of the slice,
-#                 experimental_connect_to_cluster connects to the TensorFlow server
-#                 each worker runs, and initialize_tpu_system initializes the whole
-#                 slice. Each host then runs its own input pipeline (see dataset.py),
-#                 reading its own shards, while this one process runs the steps.
-#                 `python -m train` sets TPU_LOAD_LIBRARY=0 for it, so that this
-#                 process leaves worker 0's chips to that worker's TPU server.
 
 
 def _find_tpu() -> str | None:
@@ -166,7 +133,7 @@ def _mirrored() -> tf.distribute.MirroredStrategy:
 def resolve_strategy(
     name: str = AUTO, tpu: str | None = None, allow_cpu: bool = False
 ) -> tf.distribute.Strategy:
-    """The strategy to build the model, optimizer and metrics in; the rules are in the comment above _find_tpu.
+    """The strategy to build the model, optimizer and metrics in; the rules: docs/internals.md.
 
     `allow_cpu` lets a machine with an NVIDIA driver but no GPU visible to TensorFlow train on its CPU.
     """

@@ -1,53 +1,6 @@
 """Checkpoints at step boundaries, preemption (SIGTERM), and resuming from the latest checkpoint.
 
-A tf.train.CheckpointManager holds the model, the optimizer (with its
-iteration counter, so the learning-rate schedule resumes where it was) and
-the global step (training steps completed, counted on the host by
-StepCounter). Checkpoint numbers are global steps: `ckpt-1200`. The
-manager writes each checkpoint's files first and switches the `checkpoint`
-index file to it last, so a process killed mid-save leaves the previous
-checkpoint as the latest, never a half-written one; it writes to gs:// as
-well as to local disk.
-
-When a checkpoint is written (SaveCheckpoints):
-  - every `--checkpoint-every` steps or minutes, at the end of a step (an
-    execution of `steps_per_execution` steps), mid-epoch included;
-  - at every epoch end, after that epoch's evaluation;
-  - on SIGTERM (how spot VMs, preemptible capacity and TPU maintenance
-    events announce that the machine goes away, typically 30 s ahead),
-    SIGHUP (the ssh session that started training closed) or SIGINT
-    (Ctrl-C; `python -m train` then exits with status 130): the signal
-    handler only sets a flag (PreemptionNotice); at the next step boundary
-    the callback saves a checkpoint at that step and stops training, and
-    `python -m train` exits with status 143 (128 + SIGTERM), the code
-    supervisors treat as "terminated, restart me". A SIGKILL loses at most
-    one checkpoint interval.
-
-Why not tf.distribute.experimental.PreemptionCheckpointHandler: in TF 2.21
-it is a no-op on Google Cloud TPU and CPU VMs (its `run` and
-`save_checkpoint_if_preempted` return at once there, with a warning), on
-GCE GPU VMs it polls the metadata server for maintenance events instead of
-catching SIGTERM, and Keras 3's `model.fit` has no hook for it (it wants to
-wrap each step function). The protocol above is the same one, by hand:
-flag on signal, save at the next step boundary, exit.
-
-Under MultiWorkerMirroredStrategy a checkpoint save is a collective: every
-worker must save at the same step. A signal may reach one worker only, and
-time-based intervals depend on each worker's clock, so the workers agree
-(WorkerAgreement: a sum all-reduce of the flags, plus a host sync) before
-deciding. Not at every step: that would cost a collective per step. They
-agree every `--preemption-check-every` steps, by default about a second's
-worth of them (the step count re-derived at each agreement from the chief's
-measured step time, which the agreement itself carries, so that every worker
-computes the same next step). A signal is then acted on within about a
-second, well inside the ~30 s notice. Saves on a step interval need no
-agreement: every worker counts the same steps. Only the chief's checkpoint
-is kept; the other workers write theirs (the save is a collective) to a
-scratch directory on local disk that is deleted right after, never to the
-shared model dir.
-
-Resuming: the same command again restores the latest checkpoint and goes on
-from its global step, mid-epoch included (trainer.fit_from_step).
+How saving, stopping on a signal and resuming work, and why: docs/internals.md.
 """
 
 import logging
@@ -329,7 +282,7 @@ def make_worker_agreement(strategy, every, start_step: int = 0) -> WorkerAgreeme
 
 
 class SaveCheckpoints(keras.callbacks.Callback):
-    """Save on the interval, at epoch ends, and on preemption (then stop); see the module docstring.
+    """Save on the interval, at epoch ends, and on preemption (then stop); docs/internals.md says how.
 
     Put it after StepCounter and after the epoch-end evaluation.
     """

@@ -1,24 +1,7 @@
 """Evaluation during training: at every epoch end and every --eval-every steps, exactly.
 
-The evaluation pipeline pads its last batches with blank images of weight 0
-(dataset.make_eval_dataset). Keras's `loss` from evaluate() averages the
-per-batch losses over padded batches, so it reads low by the padding
-fraction; the weighted `cross_entropy` metric counts real examples only.
-`exact_logs` therefore reports `loss` = `cross_entropy`: what TensorBoard
-plots as the validation loss, what learning_curves.png draws, and what
-metrics.json holds are the same exact number.
-
-Evaluation runs on its own Keras model that shares the trained layers
-(build_evaluation_model): Keras 3 resets and reuses a model's compiled
-metrics, its loss tracker included, in evaluate(), so evaluating the
-training model mid-epoch (--eval-every) would replace the epoch's running
-training loss and accuracy with the validation ones.
-
-Evaluate with explicit steps on a fresh pass each time, never through
-fit(validation_data=...): Keras 3.15 caches fit's validation iterator and,
-under a tf.distribute strategy, takes one batch from it before every
-evaluation, so from the second evaluation on an exactly sized evaluation
-dataset is found empty.
+The reported validation loss counts real examples only, and evaluation runs on its own model and a fresh
+pass each time (why: docs/internals.md).
 """
 
 import keras

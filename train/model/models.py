@@ -1,26 +1,7 @@
 """The models `--model` can name, all with the same input and head.
 
-Every classifier is: the input layer (a batch of images of the dataset's
-crop shape in the pipeline's dtype, dataset.ImageFormat) -> the input
-convention (below) -> a backbone sub-model named "backbone" (pooled
-features) -> a Dense head -> float32 class probabilities. The backbone is
-what pretrained weights load into and what --freeze-backbone-epochs freezes.
-
-Input convention, per model:
-  - small_cnn: standardized pixels, (pixel - mean) / std with the manifest's
-    statistics. The bfloat16 / float32 encodings hold exactly that (Keras casts
-    a floating input to each layer's compute dtype, so the bfloat16 ->
-    compute-dtype cast happens once, on the device); uint8 / jpeg pixels are
-    standardized by the model's first layer (a Normalization layer, float32),
-    on the device.
-  - keras.applications models (pretrained.APPLICATIONS): 0-255 RGB pixels
-    through the application's own preprocess_input, which is what their
-    ImageNet weights expect (pretrained.py lists each). uint8 / jpeg pixels
-    go straight in; bfloat16 / float32 values are first turned back into
-    pixels (value * std + mean, float32). The same with or without
-    pretrained weights, so that weights from one run fit the next.
-The serving export feeds the model what the training pipeline feeds it, so
-it follows the same convention without knowing about it.
+Every classifier is the input layer -> the model's input convention -> a backbone sub-model named
+"backbone" -> a Dense head -> float32 probabilities (the conventions per model: docs/internals.md).
 """
 
 import contextlib
@@ -109,7 +90,7 @@ def build_model(
     With `input_normalized`, the inputs are (pixel - mean) / std (the
     bfloat16/float32 encodings), else pixels (uint8/jpeg, or any 0-255
     floats). The first layers turn them into the model's input convention
-    (module docstring), in float32. `weights`: None (random), "imagenet"
+    (docs/internals.md), in float32. `weights`: None (random), "imagenet"
     (keras.applications only) or a path (pretrained.load_backbone_weights).
     """
     weights = normalize_weights_flag(weights)  # 'none' is random, any case of 'imagenet' is ImageNet

@@ -1,7 +1,7 @@
 """The keras.applications backbones, their input conventions, and pretrained weights for them (--weights).
 
-Each backbone gets RGB pixels through its own application's preprocess_input, so published weights
-and a run's own weights fit it alike; the conventions, as looked up in Keras, are above Application.
+Each backbone gets RGB pixels through its own application's preprocess_input, so published weights and a
+run's own weights fit it alike (the conventions, as looked up in Keras: docs/internals.md).
 """
 
 import contextlib
@@ -20,51 +20,6 @@ import tensorflow as tf
 from dataset_contract import manifest as manifest_lib
 from train.errors import ConfigError
 from train.model.weights_flag import BACKBONE_WEIGHTS_FILE, IMAGENET, WEIGHTS_FILE_SUFFIXES, is_weights_file
-
-# Input conventions and weights, as looked up in Keras 3 (keras/src/applications/*.py as pinned).
-#
-# Every keras.applications model was trained on ImageNet with its own input
-# scaling, and its published weights are only right for that scaling. Looked
-# up in Keras 3 (keras/src/applications/*.py as pinned), not guessed:
-#
-#   resnet50          caffe: RGB -> BGR, minus the ImageNet mean per channel, no scaling
-#                     (resnet50.preprocess_input, mode "caffe")
-#   mobilenetv2       tf: pixel / 127.5 - 1, i.e. [-1, 1] (mobilenet_v2.preprocess_input, mode "tf")
-#   mobilenetv3small,
-#   mobilenetv3large  [0, 255] pixels; the model rescales them itself (include_preprocessing=True:
-#                     Rescaling(1/127.5, offset=-1) as its first layer); preprocess_input is a no-op
-#   efficientnetb0    [0, 255] pixels; the model rescales (1/255) and normalizes with the ImageNet
-#                     mean and variance itself (a Normalization layer whose statistics come with the
-#                     weights); preprocess_input is a no-op
-#
-# So the classifier (models.py) feeds every application backbone RGB pixels in
-# 0-255 units through that application's own `preprocess_input`, wrapped in
-# `ApplicationPreprocessing` (float32 whatever the mixed-precision policy),
-# and builds the applications that have the switch with their built-in
-# preprocessing on. The stored dataset's mean/std then only serve to turn
-# offline-normalized encodings (bfloat16, float32) back into pixels. This is
-# the same whether the weights are ImageNet's, a file, or random (training from
-# scratch): weights made by one run of this package fit the next.
-#
-# Weights:
-#   --weights imagenet   keras.applications' own mechanism (`weights="imagenet"`: downloaded once into
-#                        ~/.keras/models, hash-checked). Before anything is built, the file Keras will ask
-#                        for is looked up (the application's own get_file call, intercepted): in Keras'
-#                        cache it is used; otherwise, when its origin cannot be reached (offline), the run
-#                        stops with the file's name, its URL, and the two ways to provide it: put it in
-#                        ~/.keras/models, or pass it as --weights PATH
-#   --weights PATH       a weights file of the backbone, local or gs://: a `.weights.h5` file (what a
-#                        run writes as MODEL_DIR/backbone.weights.h5, or `keras.applications.X(
-#                        include_top=False, weights=...).save_weights(...)`), the legacy-HDF5 `.h5` file
-#                        Keras publishes for the backbone without its top (loaded by topology, as
-#                        keras.applications loads it), or a directory holding backbone.weights.h5
-#                        (a finished run's --model-dir)
-#   --weights none       random (the default)
-# Only the backbone is loaded: the head is new (the classes differ).
-#
-# Every application is built under its own Keras name and renamed BACKBONE afterwards: Keras 3 builds
-# EfficientNet's download name from the model's `name=` (`efficientnetb0_notop.h5`), so a backbone
-# built as name="backbone" would ask for `backbone_notop.h5`, which does not exist.
 
 BACKBONE = "backbone"  # the name of the backbone sub-model inside every classifier
 WEIGHTS_SUFFIX = ".weights.h5"
@@ -176,7 +131,7 @@ def application_backbone(name: str, image_shape: tuple[int, int, int], weights: 
             backbone = build()
     else:
         backbone = build()
-    # Keras' own name until here: EfficientNet names its download after it (the comment above BACKBONE).
+    # Keras' own name until here: EfficientNet names its download after it (docs/internals.md).
     backbone.name = BACKBONE
     return backbone
 

@@ -3,7 +3,7 @@
     python -m train --data DATA --model-dir RUN --model my_models:tiny_net
 
 The function gets (input_shape, num_classes) and returns a keras.Model from normalized float32 images
-to logits; the contract and what the package adds around it are above resolve_function.
+to logits (the contract: docs/internals.md, docs/library.md).
 """
 
 import importlib
@@ -16,37 +16,6 @@ from train.errors import ConfigError
 from train.model import pretrained
 
 __all__ = ["UserNetwork", "build_network", "build_user_classifier", "is_user_model", "resolve_function"]
-
-
-# The contract.
-#
-#     # my_models.py, importable (on PYTHONPATH, or installed)
-#     def tiny_net(input_shape, num_classes):
-#         inputs = keras.Input(input_shape)                  # float32, normalized: (pixel - mean) / std
-#         x = keras.layers.Conv2D(16, 3, activation="relu")(inputs)
-#         x = keras.layers.GlobalAveragePooling2D()(x)
-#         return keras.Model(inputs, keras.layers.Dense(num_classes)(x))   # logits
-#
-#     python -m train --data DATA --model-dir RUN --model my_models:tiny_net
-#
-# The function gets `(input_shape, num_classes)`: the (size, size, 3) images
-# the model sees (the crop size with a crop margin) and the number of classes.
-# It returns a keras.Model from normalized float32 images, (pixel - mean) / std
-# per channel with the dataset's statistics, to [batch, num_classes] logits.
-#
-# The package wraps it as it wraps its own backbones (models.py): the input
-# layer in the pipeline's dtype -> normalization to float32 (on the device, for
-# the uint8 / jpeg encodings) -> the network, as the sub-model named "backbone"
-# (UserNetwork) -> float32 softmax. So it gets the same input pipeline and
-# augmentation, strategy scope, mixed-precision policy, checkpoints and resume,
-# EMA, evaluation, serving export (raw image bytes in) and `.keras` file.
-# `--weights PATH` loads a `backbone.weights.h5` that a run of the same function
-# wrote; `--weights imagenet` and `--freeze-backbone-epochs` do not apply (the
-# network has no separate head).
-#
-# A function that cannot be imported, or returns something other than a
-# keras.Model with num_classes outputs, is a ConfigError before training starts
-# (the command line: exit status 2).
 
 
 def resolve_function(spec: str) -> Callable:

@@ -1,67 +1,6 @@
 """Stage 1's per-image decode and resize, rebuilt from TF ops for the serving signature, in bounded memory.
 
-The exported SavedModel takes encoded image bytes from strangers and must
-turn them into the tensor stage 1 would have written, in a fresh process
-with no Python: pure graph ops, no `py_function`, no PIL. Per image:
-
-1. **Inspect** (`image_header.inspect`): format by content, stored size from
-   the header, the decoder's memory need, and any problem the header shows,
-   with stage 1's reason codes. Nothing is decoded yet.
-2. **Plan** (`plan`): refuse above the file size limit (stage 1's
-   `--max-file-mb`, recorded in the manifest) as `too_large`; above the pixel limit (stage 1's
-   `--max-pixels`, recorded in the manifest) and the decode budget
-   (`ServingLimits.max_decode_bytes`); read the EXIF orientation; compute,
-   with the shared integer geometry (`dataset_contract.geometry`), the size
-   stage 1 resizes to and the window of it that survives the crop, then the
-   window of the *source* that window is computed from (plus the filter's
-   support), in stored orientation and at the JPEG DCT scale PIL's `draft`
-   would pick.
-3. **Decode** (`decode_window`): only that source window where the format
-   allows (JPEG: `decode_and_crop_jpeg` at 1/2, 1/4 or 1/8 scale, the
-   accurate integer IDCT PIL uses); other formats are decoded whole (TF has
-   no partial decode for them) and cut.
-4. **Resize** (`resize_window`): the window, in bands of rows, through the
-   same antialiased bilinear filter `tf.image.resize` uses
-   (`ScaleAndTranslate`, "triangle"), translated so that it computes exactly
-   the cropped part of the full resize; each band is converted to RGB first
-   (gray, palette, alpha composited onto white with PIL's integer blend),
-   so no full-image RGB, float or int32 copy is ever made. Then the small
-   result is turned upright and, for `pad`, letterboxed.
-
-So memory per image is the decoder's need for the header's size (bounded by
-the limits before decoding) plus O(output); a 1xW image is never stretched
-into a W-times-larger tensor (its crop reads ~3 source pixels).
-
-`decode_batch` runs that for a batch with per-image results: images whose
-header shows a problem are not decoded; the rest are decoded one at a time
-in a tf.data pipeline whose `ignore_errors` turns a decoder's failure on one
-image (a corrupt zlib/LZW/entropy stream is only found by decoding it) into
-that image's `decode_error` or `truncated`, instead of an error for the whole
-batch. That is a graph op (IgnoreErrorsDataset), loadable by TF Serving.
-Truncated files: TF's JPEG decoder raises on one (`try_recover_truncated`
-stays off: it would return a partly grey image where stage 1 refuses the
-file), as libpng, giflib and libwebp do; the header then tells `truncated`
-(no end marker, declared sizes past the end) from `decode_error`. Where
-stage 1 accepts a damaged file (PIL reads a PNG without IEND, a GIF without
-its trailer, a BMP with bytes after its pixels), the header step repairs the
-bytes so TF accepts it too.
-
-Tolerance against `preprocess.decode.image.load_image` on the same bytes:
-the decoded pixels are identical (same libjpeg-turbo accurate IDCT at every
-DCT scale, baseline and progressive; same libwebp, libpng, GIF palettes),
-except CMYK JPEG, where TF's CMYK->RGB rounds differently (at most 1 level).
-The resize adds at most 1 level per pixel (mean under 0.2) in every case
-measured, because PIL rounds to 8 bits between its horizontal and vertical
-passes and TF does not; tests/train/serving/test_serving_image.py holds mean <= 0.5
-and max <= 2.
-
-Known gaps (each one an error for that image, never for the batch): a GIF
-whose first frame does not cover the canvas (TF fills the rest black, PIL
-with the background), 1/4/16-bit or RLE BMPs, OS/2 BMP headers, lossless or
-hierarchical JPEG, an animated WebP whose first frame does not cover the
-canvas (refused: TF's own animated WebP decoder crashes the process),
-orientation given only in XMP (ignored by both stages), and the EXIF chunk
-of a WebP with more than 256 chunks before it.
+How it matches stage 1 and bounds memory: docs/internals.md.
 """
 
 import dataclasses

@@ -1,34 +1,7 @@
 """The serving SavedModel: encoded image bytes in, per-image class probabilities, names and errors out.
 
-    MODEL_DIR/export/                       signature `serving_default`:
-        image_bytes    tf.string [None]         JPEG/PNG/GIF/BMP/WebP file contents
-        -> probabilities  float32 [None, num_classes]   zeros where not valid
-           label          tf.string [None]       the most probable class name, "" where not valid
-           valid          tf.bool [None]         whether the image could be used
-           error          tf.string [None]       "" or "<reason>: <detail>", reason one of stage 1's
-                                                 codes: empty_file, not_an_image, truncated,
-                                                 decode_error, too_many_pixels, too_large
-      signature `serving_config`: request (any int32 scalar, ignored) -> image_size,
-                                  resize_method, max_pixels, max_decode_bytes, max_file_bytes, labels
-      assets.extra/serving_config.json        the same, plus the signature's names, for clients
-      assets.extra/tf_serving_warmup_requests TF Serving replays these at load (train/serving/warmup.py)
-      assets.extra/dataset_lineage.json       the dataset run trained on: run id, manifest sha256,
-                                              dataset dir, created_at (train/data/dataset_pin.py)
-
-The input is named `image_bytes` so that TF Serving's REST API takes
-base64: `{"instances": [{"b64": "<base64 of the file>"}]}` (see the README).
-
-The signature runs the same steps as stage 1 + the evaluation pipeline, each
-a function of its own: decode and resize to uint8 pixels in bounded memory
-(train/serving/decode.py: `decode_batch`), then what the evaluation pipeline
-gives the model (`model_input`): the center crop of a dataset with a crop
-margin (augment.center_crop), and for the bfloat16 / float32 encodings the
-pixels normalized with the manifest's mean and std (dataset.normalize) in the
-model's input dtype; for uint8 / jpeg the pixels themselves (the model
-normalizes them in its first layer, as in training). Then the model, unless the batch is
-empty (`predict_unless_empty`: an empty request never runs a model op). One bad
-image never fails the batch: it comes back with valid=false and its error.
-It needs only TensorFlow to load: `tf.saved_model.load(path).signatures['serving_default']`.
+It runs stage 1's decode and the evaluation pipeline's input in-graph, then the model (the signatures and
+files: docs/internals.md; how to serve it: docs/serving.md).
 """
 
 import json

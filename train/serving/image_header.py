@@ -1,31 +1,7 @@
 """What an encoded image says about itself, read in-graph before any pixel is decoded.
 
-The serving signature takes bytes from strangers. TensorFlow's decoders
-allocate whatever the header asks for (up to 2^29 pixels) and fail the whole
-batch on bad data; one decoder (animated WebP) even crashes the process. So
-each image is inspected first, with string ops that cannot fail:
-
-- the format by content (magic bytes), as stage 1 does;
-- the stored width and height from the header (JPEG SOF, PNG IHDR, GIF
-  logical screen and first image descriptor, BMP info header, WebP
-  VP8/VP8L/VP8X), and how many bytes the decoder will need for them
-  (`decode_bytes`: a progressive JPEG keeps every DCT coefficient, 2 bytes
-  per sample; lossless WebP an extra 4 bytes per pixel; a GIF one byte per
-  pixel of every frame it holds);
-- a problem, with stage 1's reason code (dataset_contract/image_errors.py)
-  and a detail, where the header alone shows one: truncated (declared sizes
-  past the end of the data), or something the decoder cannot take;
-- the bytes to hand the decoder (`payload`): the data itself, or a repaired
-  copy where stage 1 (PIL) accepts what TensorFlow's decoder would refuse or
-  must not see: a GIF cut after its first frame (giflib reads every frame
-  into memory; a 100-frame GIF would cost 100 frames), a PNG whose IEND chunk
-  is missing, a BMP with bytes after its pixels, an animated WebP's first
-  frame as a still image;
-- where the EXIF block sits (for the orientation).
-
-The decoder can still reject the payload (a corrupt zlib or LZW stream is
-only found by decoding it); `looks_truncated` then says whether to report it
-as `truncated` or `decode_error`.
+The serving signature inspects each image with string ops that cannot fail (format, size, the bytes its
+decoder will need, a problem with stage 1's reason code) before decoding it (why: docs/internals.md).
 """
 
 import typing

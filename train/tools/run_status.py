@@ -1,22 +1,6 @@
 """The supervisor's status object in the model dir: a heartbeat while it supervises, the reason when it stops.
 
-    MODEL_DIR/supervisor.json   {"state": "running", "detail": "run 3", "run": 3, "saved_step": 1200,
-                                 "heartbeat": 41, "updated": "2026-11-27T09:00:00Z", "host": ..., "pid": ...}
-
-`python -m train.tools.supervisor --status-uri MODEL_DIR/supervisor.json` (the TPU
-launch passes it, pipelines/tpu/launch.py) rewrites it every
---heartbeat-seconds with a growing `heartbeat`, and at once on each change
-of state: `running` (a run of the command), `waiting` (before a restart:
-the delay, the TPU's health, a slice's servers), `exited` (told to stop: a
-shutdown or a kill; the boot script resumes the run) and `stopped` (for
-good: `reason` says why, `status` the last exit status). The off-VM loop
-(pipelines/tpu/restart.py) reads it: a heartbeat that stops changing means
-nothing supervises training on a READY TPU, and `stopped` ends the loop.
-
-The model dir, not the VM's disk: the loop runs on the user's machine, and a
-spot VM's disk goes with it. gs:// objects are written with `gcloud storage
-cp` (on every TPU VM image, as the VM's service account, which writes the
-checkpoints there too): plain Python, no TensorFlow, no storage client.
+Why and how: docs/internals.md.
 """
 
 import datetime

@@ -2,23 +2,7 @@
 
     python3 -m train.tools.tpu_servers --tpu NAME --zone ZONE --project PROJECT [--timeout 900]
 
-On a slice, TensorFlow drives every worker's chips from worker 0 through the
-TPU server each worker runs (the `tpu-runtime` service's grpc_tpu_worker
-container, gRPC on port 8470). The launch restarts those servers on the
-client's TensorFlow (pipelines/tpu/launch.py), and after a reboot or a
-recreation they come up on their own time. A client started before they
-answer fails to initialize the TPU, exits 2, and a first run's exit 2 is a
-setup error the supervisor does not retry. So worker 0's start script runs
-this first: it asks Cloud TPU for the slice's workers (their network
-endpoints, as TensorFlow's TPUClusterResolver does) and waits until a TCP
-connection to each endpoint succeeds, or says which workers do not answer
-and exits 2 after --timeout.
-
-The supervisor uses the same pieces before each restart on a slice
-(train/tools/supervisor.py), and asks Cloud TPU for the TPU's health (`state` and
-`health`: READY and HEALTHY, not UNHEALTHY_MAINTENANCE) after a maintenance
-event's save. Plain Python and gcloud (on every TPU VM image, authenticated
-as the VM's service account); no TensorFlow import.
+Why worker 0's start script waits: docs/internals.md.
 """
 
 import argparse
