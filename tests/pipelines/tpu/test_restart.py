@@ -231,3 +231,16 @@ def test_on_a_slice_a_quiet_heartbeat_relaunches_worker_0_only_and_a_failed_laun
     workers = (tmp_path / "ssh_workers").read_text().split()
     assert workers == ["--worker=0", "--worker=all", "--worker=0"], workers
     assert "create" not in verbs(text) and "delete" not in verbs(text)
+
+
+def test_the_old_command_name_pipelines_tpu_restart_still_runs_the_restart_loop():
+    # docs/cloud.md showed `python -m pipelines.tpu_restart` before the move to pipelines/tpu/.
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.tpu_restart", "--help"],
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--spec" in result.stdout
