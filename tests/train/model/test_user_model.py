@@ -118,7 +118,7 @@ def test_the_run_is_also_a_keras_file_that_keras_loads(user_run, user_module_imp
     data_dir, model_dir, metrics = user_run
     assert metrics["keras_model"] == os.path.join(model_dir, export.KERAS_FILE)
     model = keras.models.load_model(metrics["keras_model"])
-    images, _, weights = next(iter(train.load_dataset(data_dir, "validation", batch_size=8)))
+    images, _ = next(iter(train.load_dataset(data_dir, "validation", batch_size=8)))
     probabilities = model(images).numpy()
     assert probabilities.shape == (8, len(metrics["validation"]["confusion_matrix"]))
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
