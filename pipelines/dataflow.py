@@ -11,7 +11,6 @@ Anywhere else, with the TPU's name, it runs stage 1 and prints the commands that
 train there. How it works: docs/internals.md; the user's guide: docs/cloud.md.
 """
 
-import argparse
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import sys
 import tempfile
 
 from dataset_contract import manifest as manifest_lib
-from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
+from dataset_contract.cli_help import CommandParser, group_flags
 from pipelines.tpu import interpreter as tpu_interpreter
 from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import lifecycle as tpu_lifecycle
@@ -52,10 +51,9 @@ STAGE2_FIELDS = ("model", "epochs", "global_batch_size", "learning_rate", "augme
 FORWARDED_FIELDS = ("augment", "learning_rate", "checkpoint_every", *train_flags.names_in(RECIPE))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m pipelines.dataflow",
-        formatter_class=DefaultsHelpFormatter,
         description="Preprocess on Dataflow, then train on a Cloud TPU VM. Unknown flags go to Dataflow.",
         epilog="The TPU VM's runtime comes from the accelerator type and tensorflow-tpu "
         f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu/runtime.py). Training starts detached from "
