@@ -12,6 +12,13 @@ directly in the root (which have no class) are skipped: not failures, but
 `SkippedFile`s, counted by extension in the manifest. Hidden files and OS
 debris (`.DS_Store`, `Thumbs.db`) are passed over without a count.
 
+A pre-split tree (`ROOT/<split>/<class>/<image>`, as TFDS' ImageFolder reads
+it: every top folder named train, val/valid/validation or test) gives each
+image the split of its top folder, in the same field a manifest's split
+column sets (`InputRecord.split`), so it wins over the content rule and the
+near-duplicate audit alike (`tree_splits`). Top folders of which some name a
+split and others do not are refused (`MixedTreeError`).
+
 A manifest's columns are found from its header, when it has one
 (`ManifestLayout`): the common names (uri/path/filename/file/image,
 label/class/category, split), in any order, a pandas index column ignored;
@@ -123,6 +130,39 @@ _INDEX_HEADERS = ("", "unnamed: 0", "index")
 def split_name(text: str) -> str | None:
     """The split a manifest's split cell names ('val' -> 'validation'), or None if it names none."""
     return _SPLIT_NAMES.get(text.strip().lower())
+
+
+# The top folders of a pre-split tree (any case). Fewer than a manifest's split names: a class folder
+# called `dev` or `eval` is more likely a class than a split.
+SPLIT_FOLDER_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing")
+
+
+class MixedTreeError(ValueError):
+    """Some top folders of a tree name splits (train, val, test) and others do not: neither layout."""
+
+
+def tree_splits(folder_names) -> dict[str, str] | None:
+    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree.
+
+    A tree is pre-split when every top folder names a split (SPLIT_FOLDER_NAMES); MixedTreeError when
+    only some do, because either reading of it would be wrong: the split folders taken as classes (a
+    class `train` holding every class's images), or the class folders left out.
+    """
+    names = sorted(folder_names)
+    splits = {name: split_name(name) for name in names if name.lower() in SPLIT_FOLDER_NAMES}
+    if not splits:
+        return None
+    if len(splits) == len(names):
+        return splits
+    others = [name for name in names if name not in splits]
+    shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    raise MixedTreeError(
+        f"its top folders mix split folders ({', '.join(sorted(splits))}) and other folders ({shown}). "
+        "Either every top folder is a split holding class folders (ROOT/train/<class>/<image>, "
+        "ROOT/validation/<class>/..., ROOT/test/<class>/...), or every top folder is a class "
+        "(ROOT/<class>/<image>, split by stage 1's --split): move the class folders into a split folder, "
+        "or rename a class folder that only looks like a split."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
