@@ -57,15 +57,16 @@ def group_flags(parser: argparse.ArgumentParser, groups: dict[str, tuple[str, ..
         parser._action_groups.append(group)
 
 
+def _normal_flag(flag: str) -> str:
+    # --image_size for --image-size, --Runner for --runner: compared with '-' and '_' alike.
+    return flag.replace("_", "-").lower()
+
+
 def did_you_mean(word: str, candidates) -> str:
     """' (did you mean --x?)' for the closest of `candidates` to the flag `word`, or ''."""
 
-    # --image_size for --image-size, --Runner for --runner: compare with '-' and '_' alike.
-    def normal(flag):
-        return flag.replace("_", "-").lower()
-
-    by_normal = {normal(candidate): candidate for candidate in candidates}
-    close = difflib.get_close_matches(normal(word), list(by_normal), n=1, cutoff=0.75)
+    by_normal = {_normal_flag(candidate): candidate for candidate in candidates}
+    close = difflib.get_close_matches(_normal_flag(word), list(by_normal), n=1, cutoff=0.75)
     return f" (did you mean {by_normal[close[0]]}?)" if close else ""
 
 
@@ -120,6 +121,19 @@ class CommandParser(argparse.ArgumentParser):
             for word in unknown_words(words)
         ]
         return "; ".join(problems)
+
+    def mixed_up_flags_problem(self, words: list[str]) -> str | None:
+        """The unknown flags among `words` that are this parser's own with dashes and underscores (or
+        case) mixed up (`--image_size` for `--image-size`), said as unknown_flags_problem says them; None
+        when there is none. No other parser's flag can be one of them, so a command that passes unknown
+        flags on (to Beam) can refuse these before it imports that parser."""
+        ours = {_normal_flag(flag) for flag in self.flags()}
+        mixed_up = [
+            word
+            for word in unknown_words(words)
+            if word.startswith("--") and _normal_flag(word) in ours and word not in self.flags()
+        ]
+        return self.unknown_flags_problem(mixed_up) if mixed_up else None
 
     def parse_args(self, args=None, namespace=None):
         parsed, extras = self.parse_known_args(args, namespace)

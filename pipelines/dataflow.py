@@ -404,7 +404,11 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, dataflow_args = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, dataflow_args = parser.parse_known_args(argv)
+    mixed_up = parser.mixed_up_flags_problem(dataflow_args)  # ours for certain: said before Beam is imported
+    if mixed_up:
+        parser.refuse(mixed_up)
     if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
         print(
             f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "

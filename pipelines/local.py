@@ -16,7 +16,6 @@ dataset directory) and WORKDIR/model (checkpoints, logs, metrics.json and
 the serving export). Paths may be gs:// URIs.
 """
 
-import argparse
 import difflib
 import logging
 import os
@@ -26,7 +25,7 @@ import tempfile
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from dataset_contract.cli_help import DefaultsHelpFormatter
+from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import options
@@ -63,11 +62,10 @@ TRAIN_FIELDS = ("model", "epochs", "steps", "global_batch_size", "learning_rate"
 SAMPLE_CORPUS_MARKER = "sample_corpus.json"  # WORKDIR/sample_corpus.json: what the corpus there was made with
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     train_defaults = TrainConfig(data_dir="", model_dir="")
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m pipelines.local",
-        formatter_class=DefaultsHelpFormatter,
         allow_abbrev=False,  # a prefix of a stage 1 flag must not pass for it (STAGE1_FLAGS)
         description="Preprocess (Beam DirectRunner) then train (Keras) on this machine. Run again with the "
         "same command, it resumes: stage 1 is skipped when WORKDIR/dataset was built from the same inputs and "

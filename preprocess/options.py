@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import difflib
 import sys
 
 from dataset_contract.cli_help import CommandParser, group_flags
@@ -96,15 +97,44 @@ def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
     return unknown
 
 
+def runner_problem(beam_args: list[str]) -> str | None:
+    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know: Beam would
+    stop with a traceback when the pipeline starts); None when it is fine or not given.
+
+    Resolved as Beam resolves it (runner.create_runner): any case, 'Direct' for 'DirectRunner', or the
+    full name of a PipelineRunner subclass (a name with a dot).
+    """
+    value = None
+    for index, word in enumerate(beam_args):
+        if word == "--runner" and index + 1 < len(beam_args):
+            value = beam_args[index + 1]
+        elif word.startswith("--runner="):
+            value = word.split("=", 1)[1]
+    if value is None or "." in value:
+        return None
+    from apache_beam.options.pipeline_options import StandardOptions  # noqa: PLC0415
+
+    known = {name.lower(): name for name in StandardOptions.KNOWN_RUNNER_NAMES}
+    if value.lower() in known or value.lower() + "runner" in known:
+        return None
+    close = difflib.get_close_matches(value.lower(), list(known), n=1, cutoff=0.6)
+    hint = f" (did you mean {known[close[0]]}?)" if close else ""
+    return (
+        f"--runner {value}: no such Beam runner{hint}; choose DirectRunner (this machine), DataflowRunner, "
+        "PrismRunner, ... or give a PipelineRunner subclass's full module.Class name"
+    )
+
+
 def beam_args_problem(beam_args: list[str], parser: CommandParser) -> str | None:
     """What is wrong with the flags `parser` left for Beam: a flag that is neither `parser`'s nor a Beam
-    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it); or None."""
+    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it), or a
+    --runner Beam does not know; or None."""
     if not beam_args:
         return None  # Beam is not even imported
     beam_flags = beam_option_flags()
     unknown = unknown_flags(beam_args, beam_flags)
     if not unknown:
-        return None
+        return runner_problem(beam_args)
     return (
         parser.unknown_flags_problem(unknown, beam_flags)
         + ". Flags other than this command's own must be Apache Beam pipeline options "
@@ -127,6 +157,9 @@ def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
+    mixed_up = parser.mixed_up_flags_problem(beam_args)  # ours for certain: said before Beam is imported
+    if mixed_up:
+        parser.refuse(mixed_up)
     config = Stage1Config(**vars(args))
     for problem in config.problems():
         refuse(problem)

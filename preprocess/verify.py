@@ -14,18 +14,19 @@ Prints one line per problem naming the shard, and exits 1 if there is any
 (2 if the directory has no usable manifest).
 """
 
-import argparse
 import os
 import sys
 import time
 
 from dataset_contract import manifest as manifest_lib
-from dataset_contract import verification
-from preprocess.inspect.summary import format_bytes, read_manifest_or_explain
+from dataset_contract.cli_help import CommandParser
+
+# verification and summary import TensorFlow: imported in main, after the flags (--help and a typo come
+# back at once).
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m preprocess.verify",
         description="Check every shard of a dataset directory against its manifest (dataset.json) and "
         "every record against the dataset's schema. Exit status 0: all good; 1: problems (listed); "
@@ -53,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
+    from dataset_contract import verification  # noqa: PLC0415
+    from preprocess.inspect.summary import format_bytes, read_manifest_or_explain  # noqa: PLC0415
+
     data_dir = args.data_dir.rstrip("/")
     manifest = read_manifest_or_explain(data_dir)
     if manifest is None:

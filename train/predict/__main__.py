@@ -4,6 +4,8 @@ import argparse
 import json
 import sys
 
+from dataset_contract.cli_help import CommandParser
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -12,12 +14,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m train.predict",
         description="Classify image files with the serving export of a training run: one line per file, its "
         "top classes or its error.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("export", metavar="EXPORT", help="MODEL_DIR/export (or MODEL_DIR); local or gs://.")
     parser.add_argument("files", metavar="FILE", nargs="+", help="Image files (local or gs://).")
