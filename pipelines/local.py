@@ -23,7 +23,7 @@ import shlex
 import sys
 import tempfile
 
-from dataset_contract import features
+from dataset_contract import features, geometry
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
@@ -304,6 +304,12 @@ def precheck_problem(args, paths: WorkflowPaths) -> str | None:
         input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")
     except input_checks.InputError as exc:
         return str(exc)
+    from preprocess.inputs import size_check  # noqa: PLC0415
+
+    stored = geometry.stored_size(args.image_size, args.crop_margin)
+    warning = size_check.check_image_size(args.input, stored, args.image_size, geometry.CROP, args.encoding)
+    if warning:
+        logging.warning("%s", warning)
     return None
 
 

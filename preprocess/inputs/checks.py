@@ -289,7 +289,7 @@ def _open_binary(path: str):
     return open(path, "rb")  # noqa: SIM115 - returned to a with
 
 
-def _manifest_sample(path: str) -> tuple[list[str], bool]:
+def manifest_sample(path: str) -> tuple[list[str], bool]:
     """(the first MANIFEST_SAMPLE_ROWS lines of a manifest, True if that is all of it)."""
     lines = []
     with _open_binary(path) as handle:
@@ -316,7 +316,7 @@ def survey_manifest(path: str, labels=None) -> InputSurvey:
             f"--input {path}: no such manifest file. Give a CSV/JSONL manifest of uri,label[,split], or a "
             "folder of class folders."
         )
-    lines, complete = _manifest_sample(path)
+    lines, complete = manifest_sample(path)
     layout = inputs.detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
     items = [item for line in lines for item in inputs.parse_manifest_line(line, kind, path, layout)]
     if labels:

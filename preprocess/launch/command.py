@@ -33,6 +33,10 @@ def main(argv=None) -> None:
         if config.verbose:
             raise
         options.refuse(str(exc))
+    if not template:
+        from preprocess.inputs import size_check  # noqa: PLC0415
+
+        size_check.warn_if_upscaled(config)
     try:
         _run_and_report(config, beam_args)
     except KeyboardInterrupt:
