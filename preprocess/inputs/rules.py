@@ -32,6 +32,7 @@ import json
 import os
 import posixpath
 
+from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 
@@ -41,9 +42,9 @@ JSONL = "jsonl"
 
 # Files that are never images and never inputs: OS and VCS debris in a tree, passed over without a count.
 _IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
-# The files of a tree that are inputs, by extension (any case): Keras' image_dataset_from_directory takes
-# .bmp .gif .jpeg .jpg .png; WebP is added as the decoder reads it (preprocess/decode/image.py).
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
+# The files of a tree that are inputs, by extension (any case): Keras' list and WebP
+# (preprocess/decode/image.py reads it); declared in dataset_contract, which stage 2 reads too.
+IMAGE_EXTENSIONS = features.SOURCE_IMAGE_EXTENSIONS
 # A manifest row quoted in an error's detail is cut to this many characters.
 _QUOTED_ROW_CHARS = 200
 
