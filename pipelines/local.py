@@ -226,6 +226,8 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
         f"({metrics['epochs']} epochs"
         + (f", {speed:.0f} images/s)" if speed else ", trained by an earlier run)")
     )
+    if validation.get("warning"):
+        lines.append(f"  {validation['warning']}")
     if "export_dir" in metrics:
         uri, truth, predicted, probability = predict_one(metrics["export_dir"], paths.dataset_dir, manifest)
         lines.append(f"  prediction by the exported model on {uri}:")
