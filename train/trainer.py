@@ -776,5 +776,5 @@ def write_run_outputs(
         result["export_dir"] = export.export_serving_model(
             model, data.manifest, export.export_path(config.model_dir), lineage=data.pinned.lineage
         )
-        result["keras_model"] = export.save_keras_model(model, config.model_dir)
+        result["keras_model"] = export.save_keras_model(model, config.model_dir, data.manifest)
     _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import train
+import train.errors
 import train.model.models  # noqa: F401 - registers the package's layers with Keras (load_model needs them)
 from dataset_contract import native_logs
 from train.__main__ import main as train_main
@@ -234,3 +235,33 @@ def test_freezing_the_backbone_of_a_users_network_is_refused(
     assert train_main([*argv, "--global-batch-size", "8", "--freeze-backbone-epochs", "1"]) == 2
     error = capsys.readouterr().err
     assert "--freeze-backbone-epochs" in error and "one network with its own head" in error
+
+
+def test_plain_keras_gets_the_class_names_and_the_exports_inputs_from_the_model_dir(
+    user_run, user_module_importable, sample_corpus, tmp_path
+):
+    data_dir, model_dir, metrics = user_run
+    labels = json.load(open(os.path.join(data_dir, "dataset.json")))["labels"]
+    model = train.load_model(model_dir)
+    assert model.class_names == labels
+    # The file alone carries them, for code that loads it with Keras itself.
+    assert keras.models.load_model(metrics["keras_model"]).get_layer("dataset_info").class_names == labels
+    good, _, _ = good_and_bad_files(sample_corpus, tmp_path)
+    images = train.load_image(good, model_dir)
+    assert images.shape == (len(good), *model.input_shape[1:])
+    # The same numbers as the serving export on the same files: stage 1's geometry, not a squashed image.
+    serve = tf.saved_model.load(metrics["export_dir"]).signatures[export.SIGNATURE]
+    served = serve(image_bytes=tf.constant([open(path, "rb").read() for path in good]))["probabilities"]
+    np.testing.assert_allclose(model.predict(images, verbose=0), served.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="broken.jpg: not_an_image"):
+        train.load_image([good[0], str(tmp_path / "broken.jpg")], model_dir)
+
+
+def test_loading_a_users_model_without_its_module_says_what_to_import(user_run):
+    _, model_dir, _ = user_run
+    sys.modules.pop("my_nets", None)
+    with pytest.raises(train.errors.SetupError) as raised:
+        train.load_model(model_dir)
+    message = str(raised.value)
+    assert "cannot import module 'my_nets'" in message and "put its directory on PYTHONPATH" in message
+    assert len(message.splitlines()) == 1
