@@ -315,6 +315,47 @@ def precheck_problem(args, paths: WorkflowPaths) -> str | None:
     return None
 
 
+def _as_path(spec: str) -> str:
+    spec = str(spec).rstrip("/")
+    return spec if "://" in spec else os.path.abspath(spec)
+
+
+def stage1_changes(args, input_spec: str, manifest: dict | None) -> list[str]:
+    """What this command's stage 1 would build differently from the published dataset `manifest`, as flags:
+    `--image-size 96 (the dataset's: 64)`; the inputs when no flag differs (files added, removed or changed)."""
+    if manifest is None:
+        return ["there is no published dataset"]
+    image = manifest.get("image", {})
+    published = {
+        "--input": (manifest.get("source") or {}).get("input"),
+        "--image-size": manifest_lib.crop_size(image) if image else None,
+        "--encoding": image.get("encoding"),
+        "--crop-margin": image.get("crop_margin", 0.0),
+    }
+    asked = {
+        "--input": input_spec,
+        "--image-size": args.image_size,
+        "--encoding": args.encoding,
+        "--crop-margin": args.crop_margin,
+    }
+
+    def same(flag) -> bool:
+        if flag == "--crop-margin":
+            return float(published[flag]) == float(asked[flag])
+        if flag == "--input":
+            return _as_path(published[flag]) == _as_path(asked[flag])
+        return str(published[flag]) == str(asked[flag])
+
+    changes = [
+        f"{flag} {asked[flag]} (the dataset's: {published[flag]})"
+        for flag in asked
+        if published[flag] is not None and not same(flag)
+    ]
+    return changes or [
+        f"the files of {input_spec} changed since the dataset was built: added, removed or modified"
+    ]
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -345,7 +386,7 @@ def main(argv=None) -> int:
     # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
     # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
     console.import_tensorflow(args.verbose)
-    stage1_argv = None
+    stage1_argv = input_spec = None
     if not args.skip_preprocess:
         input_spec = args.input if args.input is not None else sample_corpus_input(args)
         stage1_argv = preprocess_argv(args, input_spec, paths.dataset_dir)
@@ -367,9 +408,12 @@ def main(argv=None) -> int:
             launch_training=lambda manifest: _train_and_evaluate(config),
             model_dir=paths.model_dir,
             skip_if_built=True,
+            describe_stage1_changes=lambda published: stage1_changes(args, input_spec, published),
         )
     except (WorkflowError, SetupError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # A resume refused for another plan names only flags this command takes (resume_check.PlanChangedError).
+        message = exc.message_for(build_parser().flags()) if hasattr(exc, "message_for") else str(exc)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
         print(str(exc), file=sys.stderr)
