@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+from dataset_contract import log_format
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser, group_flags
 from pipelines.tpu import interpreter as tpu_interpreter
@@ -402,7 +403,7 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_format.configure(logging.INFO)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, dataflow_args = parser.parse_known_args(argv)

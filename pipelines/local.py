@@ -23,7 +23,7 @@ import shlex
 import sys
 import tempfile
 
-from dataset_contract import features, geometry
+from dataset_contract import features, geometry, log_format
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
@@ -359,7 +359,7 @@ def stage1_changes(args, input_spec: str, manifest: dict | None) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_format.configure(logging.INFO)
     # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
     logs.configure_launcher(args.verbose)
     if args.skip_preprocess and stage1_flags_given(argv):

@@ -19,6 +19,7 @@ import sys
 import time
 
 from dataset_contract import manifest as manifest_lib
+from dataset_contract import native_logs
 from dataset_contract.cli_help import CommandParser
 
 # verification and summary import TensorFlow: imported in main, after the flags (--help and a typo come
@@ -50,11 +51,15 @@ def build_parser() -> CommandParser:
         default=min(8, os.cpu_count() or 1),
         help="Shards checked at a time (default: the number of cores, at most 8).",
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="Show TensorFlow's start-up lines (dropped by default)."
+    )
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
+    native_logs.import_tensorflow_quietly(args.verbose)
     from dataset_contract import verification  # noqa: PLC0415
     from preprocess.inspect.summary import format_bytes, read_manifest_or_explain  # noqa: PLC0415
 

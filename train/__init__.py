@@ -16,6 +16,14 @@ __all__ = ["load_dataset", "load_image", "load_model"]
 def __getattr__(name: str):
     # The library surface, imported on first use: `import train` (and `python -m train --help`) must not
     # import TensorFlow.
+    if name in ("load_dataset", "load_model", "load_image"):
+        # TensorFlow's native start-up lines (a "failed call to cuInit" that reads as an error) are dropped,
+        # unless TF_CPP_MIN_LOG_LEVEL=0 asks for them.
+        import os
+
+        from dataset_contract import native_logs
+
+        native_logs.import_tensorflow_quietly(verbose=os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0")
     if name == "load_dataset":
         from train.library import load_dataset
 

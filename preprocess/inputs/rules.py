@@ -230,7 +230,9 @@ def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: Manife
             return
         lowered = tuple(cell.strip().lower() for cell in row)
         if lowered == layout.header or [cell for cell in lowered[:2]] == ["uri", "label"]:
-            return  # the header
+            # The header. (A bare `return`, the comment on its own line: Beam warns about "yield and return"
+            # in a FlatMap's function when a line starts with "return " followed by anything.)
+            return
         yield _record_from_row(row, layout, line, manifest_path)
         return
     try:

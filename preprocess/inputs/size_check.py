@@ -184,4 +184,4 @@ def warn_if_upscaled(config) -> None:
         config.labels,
     )
     if warning:
-        log.warning("warning: %s", warning)
+        log.warning("%s", warning)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from dataset_contract import features
+from dataset_contract import features, native_logs
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser
 
@@ -350,6 +350,9 @@ def build_parser() -> CommandParser:
         "is then written only if --out is given.",
     )
     parser.add_argument(
+        "--verbose", action="store_true", help="Show TensorFlow's start-up lines (dropped by default)."
+    )
+    parser.add_argument(
         "--max-groups",
         type=int,
         default=DEFAULT_MAX_GROUPS,
@@ -362,6 +365,7 @@ def build_parser() -> CommandParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
+    native_logs.import_tensorflow_quietly(args.verbose)
     if args.max_groups < 0:
         print(f"{parser.prog}: error: --max-groups must be 0 or more, not {args.max_groups}", file=sys.stderr)
         return 2

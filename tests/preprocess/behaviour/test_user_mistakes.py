@@ -177,5 +177,8 @@ def test_an_image_size_larger_than_most_sources_is_said_with_the_datasets_estima
 def test_the_image_size_warning_is_printed_before_the_run_which_goes_on(tmp_path, two_classes):
     result = _preprocess(tmp_path, "--input", two_classes, "--output", tmp_path / "out", "--image-size", "48")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "warning: --image-size 48 is larger than 6 of the 6 source images sampled" in result.stderr
+    assert (
+        "WARNING preprocess.inputs.size_check: --image-size 48 is larger than 6 of the 6 source images"
+        in (result.stderr)
+    )
     assert (tmp_path / "out" / "dataset.json").exists()
