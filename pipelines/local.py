@@ -208,7 +208,7 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
         "",
         "Done.",
         f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, "
-        f"failures: {manifest_lib.describe_error_files(manifest)})",
+        f"failures: {manifest_lib.describe_error_files(manifest, paths.dataset_dir)})",
         f"  model:        {paths.model_dir}  (metrics.json, checkpoints, TensorBoard logs)",
         f"  export:       {metrics.get('export_dir', '(not exported)')}",
         f"  images:       {inputs['num_found']} found, {inputs['num_written']} written, "
@@ -416,8 +416,9 @@ def main(argv=None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
-        print(str(exc), file=sys.stderr)
-        print(f"resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr)
+        print(
+            f"{exc}; resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr
+        )
         return 130 if exc.signal_name == "SIGINT" else 143
     with console.filtered_native_stderr(enabled=not args.verbose):  # the export's first uint8 decode
         text = report(paths, manifest, metrics)

@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
-        print(str(exc), file=sys.stderr)
-        print(f"resume with: {resume_command(argv)}", file=sys.stderr)
+        # One line: what stopped, where the checkpoint is, the command that resumes.
+        print(f"{exc}; resume with: {resume_command(argv)}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE if exc.signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop (setting up, or the final evaluation and export): the last

@@ -215,7 +215,19 @@ def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
     if len(cells) in (3, 4) and _is_integer(cells[0]) and not _is_integer(cells[1]):
         # pandas' to_csv(header=False): 0,a.jpg,cat[,train]
         return ManifestLayout(1, 2, 3 if len(cells) == 4 else None, num_columns=len(cells))
+    if len(cells) == 1 and _names_columns_split_by_other_delimiter(cells[0]):
+        # A header separated by ';' or a tab (a spreadsheet's export in some locales): still the header, so
+        # it is passed over and not counted with the rows, which cannot be read (bad_manifest_row).
+        return ManifestLayout(header=tuple(cells))
     return ManifestLayout()
+
+
+def _names_columns_split_by_other_delimiter(cell: str) -> bool:
+    for delimiter in (";", "\t", "|"):
+        names = [name.strip() for name in cell.split(delimiter)]
+        if len(names) > 1 and set(names) & set(URI_COLUMNS) and set(names) & set(LABEL_COLUMNS):
+            return True
+    return False
 
 
 def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: ManifestLayout | None = None):

@@ -118,6 +118,14 @@ def test_a_csv_whose_rows_are_all_bad_is_refused_with_their_reason(tmp_path, two
     assert not (tmp_path / "out").exists()
 
 
+def test_a_semicolon_header_is_not_counted_as_a_bad_row(tmp_path, two_classes):
+    manifest = tmp_path / "labels.csv"
+    rows = "".join(f"{two_classes}/cat/{index}.jpg;cat\n" for index in range(3))
+    manifest.write_text("path;label\n" + rows)
+    result = _preprocess(tmp_path, "--input", manifest, "--output", tmp_path / "out")
+    assert_refused(result, "none of its rows can be used", "bad_manifest_row 3)")
+
+
 def test_a_manifest_whose_files_are_not_there_is_refused(tmp_path):
     manifest = tmp_path / "lists" / "labels.csv"
     write_text(manifest, "filename,label\nimages/a.jpg,cat\nimages/b.jpg,dog\n")

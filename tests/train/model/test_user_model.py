@@ -265,3 +265,23 @@ def test_loading_a_users_model_without_its_module_says_what_to_import(user_run):
     message = str(raised.value)
     assert "cannot import module 'my_nets'" in message and "put its directory on PYTHONPATH" in message
     assert len(message.splitlines()) == 1
+
+
+def test_predict_given_a_folder_classifies_the_images_in_it(user_run, sample_corpus, tmp_path, capsys):
+    _, model_dir, _ = user_run
+    good, _, _ = good_and_bad_files(sample_corpus, tmp_path)
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    copies = [
+        folder / f"a{os.path.splitext(good[0])[1]}",
+        folder / "nested" / f"b{os.path.splitext(good[1])[1]}",
+    ]
+    for source, copy in zip(good[:2], copies, strict=True):
+        copy.write_bytes(open(source, "rb").read())
+    (folder / "notes.txt").write_text("not an image, not an input")
+    (tmp_path / "empty").mkdir()
+    assert predict_main([model_dir, str(folder), str(tmp_path / "empty"), "--top-k", "1"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [*map(str, sorted(copies)), str(tmp_path / "empty")]
+    assert "error" not in lines[0] and "error" not in lines[1]
+    assert lines[2].endswith("error: a folder without image files (.jpg .jpeg .png .gif .bmp .webp)")
