@@ -1,19 +1,28 @@
-"""The --help format every command of the package shares: argument groups, each flag's default shown.
+"""The command line every command of the package shares: one parser class, its --help format.
 
-argparse's ArgumentDefaultsHelpFormatter appends "(default: X)" to every flag; this one skips the
-flags whose help already states its default (the word "default" in it: a default that needs a
-sentence, e.g. "one pass over the train split"), switches (store_true: off unless given) and flags
-without a default, where "(default: None)" would say nothing. It lives here, in the one module both
-stages import, so that `preprocess`, `train` and `pipelines` print their defaults the same way.
+CommandParser is the argparse parser of every command (`preprocess`, `preprocess.inspect`,
+`preprocess.verify`, `train`, `train.evaluate`, `train.predict`, `pipelines.local`,
+`pipelines.dataflow`): a mistake is a line or two and exit 2, never argparse's whole usage, and an
+unknown flag gets the nearest known one (`--epocs` -> `--epochs`, `--image_size` -> `--image-size`).
+It imports nothing heavy, so a command parses its flags before it imports TensorFlow or Beam.
+
+DefaultsHelpFormatter: argparse's ArgumentDefaultsHelpFormatter appends "(default: X)" to every flag;
+this one skips the flags whose help already states its default (the word "default" in it: a default
+that needs a sentence, e.g. "one pass over the train split"), switches (store_true: off unless given)
+and flags without a default, where "(default: None)" would say nothing, required flags included.
 """
 
 import argparse
+import difflib
+import sys
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if "default" in text.lower() or action.default in (None, False, True, argparse.SUPPRESS):
+            return text
+        if action.required:
             return text
         if not action.option_strings:
             return text
@@ -46,3 +55,98 @@ def group_flags(parser: argparse.ArgumentParser, groups: dict[str, tuple[str, ..
     for group in earlier_groups:
         parser._action_groups.remove(group)
         parser._action_groups.append(group)
+
+
+def _normal_flag(flag: str) -> str:
+    # --image_size for --image-size, --Runner for --runner: compared with '-' and '_' alike.
+    return flag.replace("_", "-").lower()
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """' (did you mean --x?)' for the closest of `candidates` to the flag `word`, or ''."""
+
+    by_normal = {_normal_flag(candidate): candidate for candidate in candidates}
+    close = difflib.get_close_matches(_normal_flag(word), list(by_normal), n=1, cutoff=0.75)
+    return f" (did you mean {by_normal[close[0]]}?)" if close else ""
+
+
+def unknown_words(words: list[str]) -> list[str]:
+    """The words argparse left over, as a user typed them: flags (without '=value'), and stray values.
+
+    A value right after an unknown flag (`--image-szie 64`) belongs to it and is not listed again.
+    """
+    unknown, previous_was_flag = [], False
+    for word in words:
+        if word.startswith("-"):
+            unknown.append(word.split("=", 1)[0])
+            previous_was_flag = "=" not in word
+        elif not previous_was_flag:
+            unknown.append(word)
+        else:
+            previous_was_flag = False
+    return unknown
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every command: argparse, with mistakes said in a few lines and exit 2.
+
+    - An unknown flag names the nearest known one, dashes and underscores alike
+      (`unknown flag --image_size (did you mean --image-size?)`); a stray word is named as such.
+    - Any other mistake (a missing required flag, a bad value, a wrong choice) is argparse's own
+      sentence, without the usage block: `PROG: error: ...` then `(see PROG --help)`.
+    - `refuse(message)` is the same for the checks a command makes after parsing.
+    The --help format is DefaultsHelpFormatter unless another is given. For commands that pass what
+    they do not know to another parser (Beam's options), `parse_known_args` is argparse's, and
+    `unknown_flags_problem(words, more_flags)` says what is wrong with the words left over.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def flags(self) -> list[str]:
+        """Every long flag this parser takes."""
+        return [flag for flag in self._option_string_actions if flag.startswith("--")]
+
+    def unknown_flags_problem(self, words: list[str], more_flags=()) -> str | None:
+        """What is wrong with the words no flag took: each unknown flag with the nearest of this parser's
+        flags and `more_flags`, each stray word; or None when `words` is empty."""
+        if not words:
+            return None
+        known = self.flags() + list(more_flags)
+        problems = [
+            f"unknown flag {word}{did_you_mean(word, known)}"
+            if word.startswith("-")
+            else f"unexpected argument {word!r}"
+            for word in unknown_words(words)
+        ]
+        return "; ".join(problems)
+
+    def mixed_up_flags_problem(self, words: list[str]) -> str | None:
+        """The unknown flags among `words` that are this parser's own with dashes and underscores (or
+        case) mixed up (`--image_size` for `--image-size`), said as unknown_flags_problem says them; None
+        when there is none. No other parser's flag can be one of them, so a command that passes unknown
+        flags on (to Beam) can refuse these before it imports that parser."""
+        ours = {_normal_flag(flag) for flag in self.flags()}
+        mixed_up = [
+            word
+            for word in unknown_words(words)
+            if word.startswith("--") and _normal_flag(word) in ours and word not in self.flags()
+        ]
+        return self.unknown_flags_problem(mixed_up) if mixed_up else None
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        problem = self.unknown_flags_problem(extras)
+        if problem:
+            self.refuse(problem)
+        return parsed
+
+    def error(self, message: str):
+        self.refuse(message)
+
+    def refuse(self, message: str):
+        """Exit 2 with `message`: a user's mistake, said in a line or two, without a traceback."""
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"(see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)

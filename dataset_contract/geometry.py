@@ -18,6 +18,23 @@ RESIZE_METHODS = (CROP, PAD)
 ALPHA_BACKGROUND = (255, 255, 255)
 PAD_VALUE = 0
 
+# The largest --image-size any command takes. A 2048 px uint8 image is 12.6 MB a record (50 MB in
+# float32), and a model at that size needs a batch of a few images per accelerator; past it is a typo
+# (100000 for 1000 filled 20 GB of memory before the kernel ended stage 1).
+MAX_IMAGE_SIZE = 2048
+
+
+def image_size_problem(size: int) -> str | None:
+    """Why `size` cannot be an --image-size (not positive, or past MAX_IMAGE_SIZE); None if it can."""
+    if size < 1:
+        return f"expected a positive number of pixels, got {size}"
+    if size > MAX_IMAGE_SIZE:
+        return (
+            f"{size} px is past the limit of {MAX_IMAGE_SIZE} (a {size}x{size} uint8 image is "
+            f"{size * size * 3 / 1e6:,.0f} MB a record); classifiers take 224-512"
+        )
+    return None
+
 
 def _scaled(length, target, reference):
     """round(length * target / reference), half up, in integer arithmetic."""

@@ -77,3 +77,19 @@ def filtered_native_stderr(enabled: bool = True):
             filter_process.wait(timeout=_FILTER_DRAIN_SECONDS)
         except subprocess.TimeoutExpired:
             pass  # a process started meanwhile still holds the pipe: the filter ends with it
+
+
+def import_tensorflow_quietly(verbose: bool = False) -> None:
+    """Import TensorFlow with its devices probed, the start-up noise filtered unless `verbose`.
+
+    For the commands and library entry points that import TensorFlow after their own start (inspect,
+    verify, `train.load_dataset`): TF_CPP_MIN_LOG_LEVEL 1 (a user's own setting wins) keeps the later INFO
+    lines off as well. A no-op once TensorFlow is imported.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")
+    with filtered_native_stderr(enabled=not verbose):
+        import tensorflow as tf  # noqa: PLC0415
+
+        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here, not at import

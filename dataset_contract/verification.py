@@ -99,10 +99,7 @@ def read_published_bytes(data_dir: str) -> tuple[bytes, str]:
     """
     path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
-        raise manifest_lib.ManifestError(
-            f"{path}: not found. Stage 1 writes it last, after every shard is final, so a directory "
-            "without it is not a dataset (wrong path, or preprocess has not finished)"
-        )
+        raise manifest_lib.ManifestError(f"{path}: not found. {_not_a_dataset_hint(data_dir)}")
     with tf.io.gfile.GFile(path, "rb") as handle:
         data = handle.read()
     try:
@@ -122,6 +119,55 @@ def read_published_bytes(data_dir: str) -> tuple[bytes, str]:
     newest_path = manifest_lib.join(directory, posixpath.basename(newest))
     with tf.io.gfile.GFile(newest_path, "rb") as handle:
         return handle.read(), newest_path
+
+
+# Sub-folders of a directory looked into for images, when saying what a directory without a manifest holds.
+_HINT_FOLDERS = 8
+
+
+def _holds_images(directory: str) -> bool:
+    """Whether `directory` holds image files, directly or in one of its first few sub-folders (a class tree,
+    or a pre-split one: one level further)."""
+    folders, depth = [directory], 0
+    while folders and depth < 3:
+        next_folders = []
+        for folder in folders[:_HINT_FOLDERS]:
+            try:
+                names = tf.io.gfile.listdir(folder)
+            except tf.errors.OpError:
+                continue
+            if any(
+                posixpath.splitext(name.rstrip("/"))[1].lower() in features.SOURCE_IMAGE_EXTENSIONS
+                for name in names
+            ):
+                return True
+            next_folders += [
+                manifest_lib.join(folder, name.rstrip("/"))
+                for name in sorted(names)
+                if not name.startswith(".") and tf.io.gfile.isdir(manifest_lib.join(folder, name.rstrip("/")))
+            ][:_HINT_FOLDERS]
+        folders, depth = next_folders, depth + 1
+    return False
+
+
+def _not_a_dataset_hint(data_dir: str) -> str:
+    """What a directory without a manifest is, and what to do: a workdir (its dataset/ is one level down),
+    a folder of images (stage 1 has not run on it), or neither."""
+    data_dir = data_dir.rstrip("/")
+    inner = manifest_lib.join(data_dir, "dataset")
+    if tf.io.gfile.exists(manifest_lib.join(inner, manifest_lib.MANIFEST_FILE)):
+        return f"Did you mean {inner}? (the dataset a workflow writes into its --workdir)"
+    if not tf.io.gfile.isdir(data_dir):
+        return f"{data_dir} does not exist: give the --output of a finished `python -m preprocess` run"
+    if _holds_images(data_dir):
+        return (
+            f"{data_dir} holds images, not a dataset: run `python -m preprocess --input {data_dir} --output "
+            "DATASET_DIR` first, then give DATASET_DIR"
+        )
+    return (
+        "Stage 1 writes it last, after every shard is final, so a directory without it is not a dataset "
+        "(wrong path, or preprocess has not finished)"
+    )
 
 
 def read_manifest(data_dir: str) -> dict:

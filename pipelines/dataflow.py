@@ -11,7 +11,6 @@ Anywhere else, with the TPU's name, it runs stage 1 and prints the commands that
 train there. How it works: docs/internals.md; the user's guide: docs/cloud.md.
 """
 
-import argparse
 import json
 import logging
 import os
@@ -20,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+from dataset_contract import log_format
 from dataset_contract import manifest as manifest_lib
-from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
+from dataset_contract.cli_help import CommandParser, group_flags
 from pipelines.tpu import interpreter as tpu_interpreter
 from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import lifecycle as tpu_lifecycle
@@ -52,10 +52,9 @@ STAGE2_FIELDS = ("model", "epochs", "global_batch_size", "learning_rate", "augme
 FORWARDED_FIELDS = ("augment", "learning_rate", "checkpoint_every", *train_flags.names_in(RECIPE))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m pipelines.dataflow",
-        formatter_class=DefaultsHelpFormatter,
         description="Preprocess on Dataflow, then train on a Cloud TPU VM. Unknown flags go to Dataflow.",
         epilog="The TPU VM's runtime comes from the accelerator type and tensorflow-tpu "
         f"{tpu_runtime.TENSORFLOW_TPU_VERSION} (table: pipelines/tpu/runtime.py). Training starts detached from "
@@ -404,9 +403,13 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_format.configure(logging.INFO)
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, dataflow_args = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, dataflow_args = parser.parse_known_args(argv)
+    mixed_up = parser.mixed_up_flags_problem(dataflow_args)  # ours for certain: said before Beam is imported
+    if mixed_up:
+        parser.refuse(mixed_up)
     if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
         print(
             f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "

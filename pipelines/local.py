@@ -16,7 +16,6 @@ dataset directory) and WORKDIR/model (checkpoints, logs, metrics.json and
 the serving export). Paths may be gs:// URIs.
 """
 
-import argparse
 import difflib
 import logging
 import os
@@ -24,9 +23,9 @@ import shlex
 import sys
 import tempfile
 
-from dataset_contract import features
+from dataset_contract import features, geometry, log_format
 from dataset_contract import manifest as manifest_lib
-from dataset_contract.cli_help import DefaultsHelpFormatter
+from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
 from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import options
@@ -63,11 +62,10 @@ TRAIN_FIELDS = ("model", "epochs", "steps", "global_batch_size", "learning_rate"
 SAMPLE_CORPUS_MARKER = "sample_corpus.json"  # WORKDIR/sample_corpus.json: what the corpus there was made with
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     train_defaults = TrainConfig(data_dir="", model_dir="")
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m pipelines.local",
-        formatter_class=DefaultsHelpFormatter,
         allow_abbrev=False,  # a prefix of a stage 1 flag must not pass for it (STAGE1_FLAGS)
         description="Preprocess (Beam DirectRunner) then train (Keras) on this machine. Run again with the "
         "same command, it resumes: stage 1 is skipped when WORKDIR/dataset was built from the same inputs and "
@@ -210,7 +208,7 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
         "",
         "Done.",
         f"  dataset:      {paths.dataset_dir}  (manifest: dataset.json, "
-        f"failures: {manifest_lib.describe_error_files(manifest)})",
+        f"failures: {manifest_lib.describe_error_files(manifest, paths.dataset_dir)})",
         f"  model:        {paths.model_dir}  (metrics.json, checkpoints, TensorBoard logs)",
         f"  export:       {metrics.get('export_dir', '(not exported)')}",
         f"  images:       {inputs['num_found']} found, {inputs['num_written']} written, "
@@ -228,6 +226,8 @@ def report(paths: WorkflowPaths, manifest: dict, metrics: dict) -> str:
         f"({metrics['epochs']} epochs"
         + (f", {speed:.0f} images/s)" if speed else ", trained by an earlier run)")
     )
+    if validation.get("warning"):
+        lines.append(f"  {validation['warning']}")
     if "export_dir" in metrics:
         uri, truth, predicted, probability = predict_one(metrics["export_dir"], paths.dataset_dir, manifest)
         lines.append(f"  prediction by the exported model on {uri}:")
@@ -306,13 +306,60 @@ def precheck_problem(args, paths: WorkflowPaths) -> str | None:
         input_checks.check_inputs(args.input, paths.dataset_dir, output_flag="--workdir")
     except input_checks.InputError as exc:
         return str(exc)
+    from preprocess.inputs import size_check  # noqa: PLC0415
+
+    stored = geometry.stored_size(args.image_size, args.crop_margin)
+    warning = size_check.check_image_size(args.input, stored, args.image_size, geometry.CROP, args.encoding)
+    if warning:
+        logging.warning("%s", warning)
     return None
+
+
+def _as_path(spec: str) -> str:
+    spec = str(spec).rstrip("/")
+    return spec if "://" in spec else os.path.abspath(spec)
+
+
+def stage1_changes(args, input_spec: str, manifest: dict | None) -> list[str]:
+    """What this command's stage 1 would build differently from the published dataset `manifest`, as flags:
+    `--image-size 96 (the dataset's: 64)`; the inputs when no flag differs (files added, removed or changed)."""
+    if manifest is None:
+        return ["there is no published dataset"]
+    image = manifest.get("image", {})
+    published = {
+        "--input": (manifest.get("source") or {}).get("input"),
+        "--image-size": manifest_lib.crop_size(image) if image else None,
+        "--encoding": image.get("encoding"),
+        "--crop-margin": image.get("crop_margin", 0.0),
+    }
+    asked = {
+        "--input": input_spec,
+        "--image-size": args.image_size,
+        "--encoding": args.encoding,
+        "--crop-margin": args.crop_margin,
+    }
+
+    def same(flag) -> bool:
+        if flag == "--crop-margin":
+            return float(published[flag]) == float(asked[flag])
+        if flag == "--input":
+            return _as_path(published[flag]) == _as_path(asked[flag])
+        return str(published[flag]) == str(asked[flag])
+
+    changes = [
+        f"{flag} {asked[flag]} (the dataset's: {published[flag]})"
+        for flag in asked
+        if published[flag] is not None and not same(flag)
+    ]
+    return changes or [
+        f"the files of {input_spec} changed since the dataset was built: added, removed or modified"
+    ]
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_format.configure(logging.INFO)
     # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
     logs.configure_launcher(args.verbose)
     if args.skip_preprocess and stage1_flags_given(argv):
@@ -339,7 +386,7 @@ def main(argv=None) -> int:
     # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
     # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
     console.import_tensorflow(args.verbose)
-    stage1_argv = None
+    stage1_argv = input_spec = None
     if not args.skip_preprocess:
         input_spec = args.input if args.input is not None else sample_corpus_input(args)
         stage1_argv = preprocess_argv(args, input_spec, paths.dataset_dir)
@@ -361,13 +408,17 @@ def main(argv=None) -> int:
             launch_training=lambda manifest: _train_and_evaluate(config),
             model_dir=paths.model_dir,
             skip_if_built=True,
+            describe_stage1_changes=lambda published: stage1_changes(args, input_spec, published),
         )
     except (WorkflowError, SetupError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # A resume refused for another plan names only flags this command takes (resume_check.PlanChangedError).
+        message = exc.message_for(build_parser().flags()) if hasattr(exc, "message_for") else str(exc)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
-        print(str(exc), file=sys.stderr)
-        print(f"resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr)
+        print(
+            f"{exc}; resume with: {shlex.join(['python', '-m', 'pipelines.local', *argv])}", file=sys.stderr
+        )
         return 130 if exc.signal_name == "SIGINT" else 143
     with console.filtered_native_stderr(enabled=not args.verbose):  # the export's first uint8 decode
         text = report(paths, manifest, metrics)

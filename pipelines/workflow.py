@@ -110,13 +110,14 @@ def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
     return manifest if recorded == stage1_fingerprint(preprocess_argv)["sha256"] else None
 
 
-def check_model_dir_is_new(model_dir: str) -> None:
+def check_model_dir_is_new(model_dir: str, stage1_changes: list[str] | None = None) -> None:
     """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
 
     Training pins the dataset run a model dir started on (train/data/dataset_pin.py),
     and every run of stage 1 publishes a new run: a model dir from an earlier
     workflow would resume on that earlier run, never on the one this workflow
-    is about to write. Asked before stage 1, so that nothing is spent first.
+    is about to write. Asked before stage 1, so that nothing is spent first. `stage1_changes`: what
+    differs from the published dataset's build, as the workflow's flags say it (named in the message).
     """
     import tensorflow as tf  # noqa: PLC0415 - see the imports (a gs:// model dir needs its filesystem)
 
@@ -129,10 +130,15 @@ def check_model_dir_is_new(model_dir: str) -> None:
         if tf.io.gfile.exists(manifest_lib.join(model_dir, name))
     ]
     if held:
+        why = (
+            f"({'; '.join(stage1_changes)})"
+            if stage1_changes
+            else "(the inputs or the stage 1 flags differ from what the published one was built from, or there "
+            "is none)"
+        )
         raise WorkflowError(
             f"{model_dir} already holds a model ({', '.join(held)}), trained on the dataset run it started on; "
-            "stage 1 would build a new dataset (the inputs or the stage 1 flags differ from what the published "
-            "one was built from, or there is none), which that model would not train on. "
+            f"stage 1 would build a new dataset {why}, which that model would not train on. "
             "To train a new model on a new dataset, remove that directory or use another --workdir; "
             "to resume or finish that model on its own dataset, run with the stage 1 flags it was built with, "
             "or with --skip-preprocess and no stage 1 flags"
@@ -147,6 +153,7 @@ def run_workflow(
     model_dir: str | None = None,
     skip_if_built: bool = False,
     say: Callable[[str], None] = print,
+    describe_stage1_changes: Callable[[dict | None], list[str]] | None = None,
 ):
     """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
 
@@ -154,7 +161,8 @@ def run_workflow(
     stage 1 flags and inputs (already_built): the same command run again resumes training instead
     of building a dataset that its model dir would not train on. With stage 1 to run, `model_dir`
     (where stage 2 will train) must not hold a model yet (check_model_dir_is_new). Returns
-    (manifest, whatever `launch_training(manifest)` returned).
+    (manifest, whatever `launch_training(manifest)` returned). `describe_stage1_changes(published manifest or
+    None)`: what differs from the published dataset, for the refusal of a model dir that holds a model.
     """
     if preprocess_argv is not None and skip_if_built:
         built = already_built(dataset_dir, preprocess_argv)
@@ -165,7 +173,10 @@ def run_workflow(
             )
             preprocess_argv = None
     if preprocess_argv is not None and model_dir is not None:
-        check_model_dir_is_new(model_dir)
+        changes = None
+        if describe_stage1_changes is not None:
+            changes = describe_stage1_changes(published_manifest_or_none(dataset_dir))
+        check_model_dir_is_new(model_dir, changes)
     own = run_stage1(preprocess_argv) if preprocess_argv is not None else None
     manifest = check_stage1_output(dataset_dir)
     if own is not None and manifest["run"]["id"] != own["run"]["id"]:

@@ -53,6 +53,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def image_size(text: str) -> int:
+    """--image-size, of every command that runs stage 1: a whole number of pixels up to MAX_IMAGE_SIZE."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of pixels like 224, got {text!r}"
+        ) from None
+    problem = geometry.image_size_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -143,7 +157,9 @@ class Stage1Config:
         IO,
         _class_names,
     )
-    image_size: int = setting(224, "Output height and width (default 224).", IMAGES, _positive_int)
+    image_size: int = setting(
+        224, f"Output height and width (default 224), at most {geometry.MAX_IMAGE_SIZE}.", IMAGES, image_size
+    )
     resize_method: str = setting(
         geometry.CROP,
         "crop: scale the short side, center-crop (default); pad: scale the long side, letterbox in black.",

@@ -5,17 +5,16 @@ import dataclasses
 import difflib
 import sys
 
-from dataset_contract.cli_help import DefaultsHelpFormatter, group_flags
+from dataset_contract.cli_help import CommandParser, group_flags
 from preprocess.config import Stage1Config
 
 PROG = "python -m preprocess"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """The command's parser: a flag per Stage1Config field (--image-size for image_size), in --help groups."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=PROG,
-        formatter_class=DefaultsHelpFormatter,
         description="Turn a corpus of images into a dataset directory of resized, sharded TFRecords "
         "with a manifest (dataset.json) holding the train split's normalization statistics. Any flag not listed here is passed to Apache Beam "
         "(--runner, --project, --region, --temp_location, --num_workers, --sdk_container_image, ...).",
@@ -88,62 +87,62 @@ def beam_option_flags() -> list[str]:
 
 
 def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
-    """The command-line words of `beam_args` that no flag in `known` takes: unknown flags, stray values.
-
-    A value right after an unknown flag (`--image-szie 64`) belongs to it and is not listed again.
-    """
+    """The command-line words of `beam_args` that no flag in `known` takes, as argparse leaves them
+    (unknown flags, their values, stray words: cli_help.unknown_words tells them apart)."""
     parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     for flag in known:
         # Any flag with an optional value: only whether it is known matters here, Beam checks its value.
         parser.add_argument(flag, nargs="?")
     _, unknown = parser.parse_known_args(beam_args)
-    words, previous_was_flag = [], False
-    for word in unknown:
-        if word.startswith("-"):
-            words.append(word.split("=", 1)[0])
-            previous_was_flag = "=" not in word
-        elif not previous_was_flag:
-            words.append(word)
-        else:
-            previous_was_flag = False
-    return words
+    return unknown
 
 
-def did_you_mean(word: str, candidates) -> str:
-    """' (did you mean --x?)' for the closest of `candidates`, or ''."""
+def runner_problem(beam_args: list[str]) -> str | None:
+    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know: Beam would
+    stop with a traceback when the pipeline starts); None when it is fine or not given.
 
-    # --image_size for --image-size, --runner for --runner: compare with '-' and '_' alike.
-    def normal(flag):
-        return flag.replace("_", "-").lower()
+    Resolved as Beam resolves it (runner.create_runner): any case, 'Direct' for 'DirectRunner', or the
+    full name of a PipelineRunner subclass (a name with a dot).
+    """
+    value = None
+    for index, word in enumerate(beam_args):
+        if word == "--runner" and index + 1 < len(beam_args):
+            value = beam_args[index + 1]
+        elif word.startswith("--runner="):
+            value = word.split("=", 1)[1]
+    if value is None or "." in value:
+        return None
+    from apache_beam.options.pipeline_options import StandardOptions  # noqa: PLC0415
 
-    by_normal = {normal(candidate): candidate for candidate in candidates}
-    close = difflib.get_close_matches(normal(word), list(by_normal), n=1, cutoff=0.75)
-    return f" (did you mean {by_normal[close[0]]}?)" if close else ""
+    known = {name.lower(): name for name in StandardOptions.KNOWN_RUNNER_NAMES}
+    if value.lower() in known or value.lower() + "runner" in known:
+        return None
+    close = difflib.get_close_matches(value.lower(), list(known), n=1, cutoff=0.6)
+    hint = f" (did you mean {known[close[0]]}?)" if close else ""
+    return (
+        f"--runner {value}: no such Beam runner{hint}; choose DirectRunner (this machine), DataflowRunner, "
+        "PrismRunner, ... or give a PipelineRunner subclass's full module.Class name"
+    )
 
 
-def beam_args_problem(beam_args: list[str], parser: argparse.ArgumentParser) -> str | None:
+def beam_args_problem(beam_args: list[str], parser: CommandParser) -> str | None:
     """What is wrong with the flags `parser` left for Beam: a flag that is neither `parser`'s nor a Beam
-    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it); or None."""
+    pipeline option (Beam would only warn 'Discarding unparseable args' and run without it), or a
+    --runner Beam does not know; or None."""
     if not beam_args:
         return None  # Beam is not even imported
     beam_flags = beam_option_flags()
     unknown = unknown_flags(beam_args, beam_flags)
     if not unknown:
-        return None
-    ours = [flag for flag in parser._option_string_actions if flag.startswith("--")]  # noqa: SLF001
-    problems = [
-        f"unknown flag {word}{did_you_mean(word, ours + beam_flags)}"
-        if word.startswith("-")
-        else f"unexpected argument {word!r}"
-        for word in unknown
-    ]
+        return runner_problem(beam_args)
     return (
-        "; ".join(problems) + ". Flags other than this command's own must be Apache Beam pipeline options "
+        parser.unknown_flags_problem(unknown, beam_flags)
+        + ". Flags other than this command's own must be Apache Beam pipeline options "
         "(--runner, --project, --temp_location, ...)."
     )
 
 
-def check_beam_args(beam_args: list[str], parser: argparse.ArgumentParser, prog: str = PROG) -> None:
+def check_beam_args(beam_args: list[str], parser: CommandParser, prog: str = PROG) -> None:
     """Refuses (exit 2) the flags beam_args_problem finds wrong."""
     problem = beam_args_problem(beam_args, parser)
     if problem:
@@ -158,6 +157,9 @@ def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[
     """
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
+    mixed_up = parser.mixed_up_flags_problem(beam_args)  # ours for certain: said before Beam is imported
+    if mixed_up:
+        parser.refuse(mixed_up)
     config = Stage1Config(**vars(args))
     for problem in config.problems():
         refuse(problem)

@@ -14,18 +14,20 @@ Prints one line per problem naming the shard, and exits 1 if there is any
 (2 if the directory has no usable manifest).
 """
 
-import argparse
 import os
 import sys
 import time
 
 from dataset_contract import manifest as manifest_lib
-from dataset_contract import verification
-from preprocess.inspect.summary import format_bytes, read_manifest_or_explain
+from dataset_contract import native_logs
+from dataset_contract.cli_help import CommandParser
+
+# verification and summary import TensorFlow: imported in main, after the flags (--help and a typo come
+# back at once).
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m preprocess.verify",
         description="Check every shard of a dataset directory against its manifest (dataset.json) and "
         "every record against the dataset's schema. Exit status 0: all good; 1: problems (listed); "
@@ -49,11 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=min(8, os.cpu_count() or 1),
         help="Shards checked at a time (default: the number of cores, at most 8).",
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="Show TensorFlow's start-up lines (dropped by default)."
+    )
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
+    native_logs.import_tensorflow_quietly(args.verbose)
+    from dataset_contract import verification  # noqa: PLC0415
+    from preprocess.inspect.summary import format_bytes, read_manifest_or_explain  # noqa: PLC0415
+
     data_dir = args.data_dir.rstrip("/")
     manifest = read_manifest_or_explain(data_dir)
     if manifest is None:

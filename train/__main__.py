@@ -39,7 +39,7 @@ import argparse
 import shlex
 import sys
 
-from dataset_contract.cli_help import DefaultsHelpFormatter
+from dataset_contract.cli_help import CommandParser
 from train import flags
 from train.config import MODEL_AND_MACHINE, TrainConfig
 
@@ -49,10 +49,9 @@ PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m train",
-        formatter_class=DefaultsHelpFormatter,
         description="Train a Keras image classifier on a dataset directory written by `python -m preprocess`, "
         "evaluate it on the validation split and export a SavedModel that serves encoded image bytes. "
         "Ctrl-C (SIGINT) saves a checkpoint at the next step and exits with status 130, SIGTERM or SIGHUP "
@@ -103,8 +102,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TrainingPreempted as exc:
-        print(str(exc), file=sys.stderr)
-        print(f"resume with: {resume_command(argv)}", file=sys.stderr)
+        # One line: what stopped, where the checkpoint is, the command that resumes.
+        print(f"{exc}; resume with: {resume_command(argv)}", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE if exc.signal_name == "SIGINT" else PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop (setting up, or the final evaluation and export): the last

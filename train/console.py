@@ -18,13 +18,14 @@ local chips, which the worker's own TPU server drives (TPU_LOAD_LIBRARY=0).
 import logging
 import os
 
+from dataset_contract import log_format
 from dataset_contract.native_logs import filtered_native_stderr, is_native_noise  # noqa: F401 - re-exported
 
 
 def configure(verbose: bool, tpu: str | None = None) -> None:
     """Logging levels and pre-import environment; call before importing TensorFlow."""
     level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")  # unless configured already
+    log_format.configure()  # unless configured already
     for name in ("", "tensorflow", "absl", "keras"):
         logging.getLogger(name).setLevel(level)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")

@@ -30,8 +30,7 @@ class TrainingPreempted(Exception):
 
     def __init__(self, step: int, checkpoint_dir: str, signal_name: str | None = None):
         super().__init__(
-            f"stopped by {signal_name or 'SIGTERM'} at step {step}, checkpoint saved in {checkpoint_dir}; "
-            "run the same command again to resume from there"
+            f"stopped by {signal_name or 'SIGTERM'} at step {step}, checkpoint saved in {checkpoint_dir}"
         )
         self.step = step
         self.checkpoint_dir = checkpoint_dir

@@ -71,7 +71,7 @@ from train.data import checks, dataset, dataset_lease, dataset_pin
 from train.device import accelerator, device_defaults
 from train.device import strategy as strategy_lib
 from train.errors import TrainingPreempted
-from train.loop import metrics, multi_step, plots, progress_lines, resume_check
+from train.loop import learned_nothing, metrics, multi_step, plots, progress_lines, resume_check
 from train.loop.checkpoints import (
     Checkpoints,
     PreemptionNotice,
@@ -683,12 +683,24 @@ def finish_run(
         run.strategy, model, run.eval_data, run.eval_steps, data.num_classes
     )
     result["validation"]["confusion_matrix"] = counts.tolist()
+    warning = learned_nothing.learned_nothing_warning(
+        result["validation"]["confusion_matrix"],
+        result["validation"]["cross_entropy"],
+        data.manifest["labels"],
+        weights=config.weights,
+        steps=progress.step,
+        model=config.model,
+    )
+    if warning:
+        result["validation"]["warning"] = warning
     if run.chief:
         write_run_outputs(config, data, model, result, counts, outcome)
         run.printer(
             f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
             f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
         )
+        if warning:
+            run.printer(warning)
         run.printer(progress_lines.final_line(result, config.model_dir, METRICS_FILE))
     return result
 
@@ -764,5 +776,5 @@ def write_run_outputs(
         result["export_dir"] = export.export_serving_model(
             model, data.manifest, export.export_path(config.model_dir), lineage=data.pinned.lineage
         )
-        result["keras_model"] = export.save_keras_model(model, config.model_dir)
+        result["keras_model"] = export.save_keras_model(model, config.model_dir, data.manifest)
     _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)

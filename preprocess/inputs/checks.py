@@ -16,6 +16,8 @@ name. The job itself still accounts for every input.
 Empty class folders and files at the root of the tree (which have no class)
 are not mistakes that stop a run: they are named in a warning, and the job
 leaves them out (the root's files are counted as skipped in the manifest).
+A pre-split tree (ROOT/<split>/<class>/...) is surveyed split folder by split
+folder; one that mixes split folders and class folders is refused.
 """
 
 import concurrent.futures
@@ -24,6 +26,7 @@ import logging
 import os
 import posixpath
 
+from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inputs import rules as inputs
 
@@ -55,6 +58,8 @@ class InputSurvey:
     classes: tuple[str, ...]
     empty_classes: tuple[str, ...] = ()
     root_files: tuple[str, ...] = ()
+    # A pre-split tree's splits (its split folders name them), in manifest order; () for other inputs.
+    splits: tuple[str, ...] = ()
 
 
 def _is_gcs(path: str) -> bool:
@@ -164,13 +169,42 @@ def _gcs_tree(root: str):
     return folders, sorted(name for name in root_files if inputs.is_input_name(name))
 
 
+def _tree_folders(root: str, gcs: bool):
+    """(folders, root files) of a tree, and {split: folder} for a pre-split tree (else {}).
+
+    A pre-split tree's class folders are those of its split folders, named `split/class` here; the
+    files directly in a split folder are counted with the root's.
+    """
+    folders, root_files = _gcs_tree(root) if gcs else _local_tree(root)
+    try:
+        splits = inputs.tree_splits(name for name, _ in folders)
+    except inputs.MixedTreeError as exc:
+        raise InputError(f"--input {root}: {exc}") from None
+    if splits is None:
+        return folders, root_files, {}
+    class_folders, split_folders = [], {}
+    for name, path in folders:
+        inner, files = _gcs_tree(path) if gcs else _local_tree(path)
+        class_folders += [(f"{name}/{inner_name}", inner_path) for inner_name, inner_path in inner]
+        root_files += [f"{name}/{file}" for file in files]
+        split_folders.setdefault(splits[name], []).append(name)
+    return class_folders, sorted(root_files), split_folders
+
+
 def survey_directory(root: str, labels=None) -> InputSurvey:
-    """Checks a class-per-folder tree: at least two classes hold images (any depth below their folder)."""
+    """Checks a class-per-folder tree (or a pre-split one): at least two classes hold images (any depth
+    below their folder)."""
     root = root.rstrip("/") if _is_gcs(root) else root
     gcs = _is_gcs(root)
-    folders, root_files = _gcs_tree(root) if gcs else _local_tree(root)
+    folders, root_files, split_folders = _tree_folders(root, gcs)
     root_images = [name for name in root_files if inputs.is_image_name(name)]
     if not folders:
+        if split_folders:
+            raise InputError(
+                f"--input {root}: its split folders ({', '.join(sorted(sum(split_folders.values(), [])))}) "
+                "hold no class folders: a pre-split tree is ROOT/<split>/<class>/<image>, as TFDS' "
+                "ImageFolder reads it."
+            )
         if root_images:
             raise InputError(
                 f"--input {root} holds {len(root_images)} images ({_examples(root_images)}) but no class "
@@ -186,7 +220,13 @@ def survey_directory(root: str, labels=None) -> InputSurvey:
             found = list(pool.map(_gcs_folder_has_image, [path for _, path in folders]))
     else:
         found = [_local_folder_has_image(path) for _, path in folders]
-    classes = [name for (name, _), has in zip(folders, found, strict=True) if has is not False]
+
+    def class_of(name):  # a pre-split tree's "split/class" -> "class"
+        return name.rsplit("/", 1)[-1]
+
+    classes = sorted(
+        {class_of(name) for (name, _), has in zip(folders, found, strict=True) if has is not False}
+    )
     empty = [name for (name, _), has in zip(folders, found, strict=True) if has is False]
     if labels:
         classes = [name for name in classes if name in set(labels)]
@@ -216,14 +256,26 @@ def survey_directory(root: str, labels=None) -> InputSurvey:
         )
     if root_files:
         log.warning(
-            "%d file%s directly in %s (%s) %s in no class folder: skipped (counted in the manifest)",
+            "%d file%s directly in %s%s (%s) %s in no class folder: skipped (counted in the manifest)",
             len(root_files),
             "s" if len(root_files) != 1 else "",
             root,
+            " or its split folders" if split_folders else "",
             _examples(root_files),
             "are" if len(root_files) != 1 else "is",
         )
-    return InputSurvey(inputs.DIRECTORY, tuple(classes), tuple(empty), tuple(root_files))
+    splits = tuple(split for split in manifest_lib.SPLITS if split in split_folders)
+    if split_folders:
+        named = ", ".join(f"{'+'.join(split_folders[split])}/ -> {split}" for split in splits)
+        log.info("%s is a pre-split tree: %s; --split is not used", root, named)
+        if manifest_lib.VALIDATION not in split_folders:
+            log.warning(
+                "%s has no validation folder (val/, valid/ or validation/): training needs a validation "
+                "split; move some of each class's images into %s/validation/<class>/",
+                root,
+                root.rstrip("/"),
+            )
+    return InputSurvey(inputs.DIRECTORY, tuple(classes), tuple(empty), tuple(root_files), splits)
 
 
 # ----------------------------------------------------------------------------------------- a manifest
@@ -237,7 +289,7 @@ def _open_binary(path: str):
     return open(path, "rb")  # noqa: SIM115 - returned to a with
 
 
-def _manifest_sample(path: str) -> tuple[list[str], bool]:
+def manifest_sample(path: str) -> tuple[list[str], bool]:
     """(the first MANIFEST_SAMPLE_ROWS lines of a manifest, True if that is all of it)."""
     lines = []
     with _open_binary(path) as handle:
@@ -264,7 +316,7 @@ def survey_manifest(path: str, labels=None) -> InputSurvey:
             f"--input {path}: no such manifest file. Give a CSV/JSONL manifest of uri,label[,split], or a "
             "folder of class folders."
         )
-    lines, complete = _manifest_sample(path)
+    lines, complete = manifest_sample(path)
     layout = inputs.detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
     items = [item for line in lines for item in inputs.parse_manifest_line(line, kind, path, layout)]
     if labels:

@@ -25,7 +25,8 @@ class UniqueInput:
     split: str
     # Bytes, as keyed: the decode's read allocates the file's buffer once, at this size (reading.py).
     size: int | None = dataclasses.field(default=None, compare=False)
-    # Whether the input manifest named the split (near-duplicate grouping never changes it then).
+    # Whether the input named the split, a manifest's split column or a pre-split tree's folder
+    # (near-duplicate grouping never changes it then).
     split_given: bool = dataclasses.field(default=False, compare=False)
 
 

@@ -21,6 +21,7 @@ from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's
     JSONL,
     InputRecord,
     ManifestLayout,
+    MixedTreeError,
     SkippedFile,
     detect_manifest_layout,
     extension_of,
@@ -31,6 +32,7 @@ from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's
     parse_manifest_line,
     parse_manifest_rows,
     split_name,
+    tree_splits,
 )
 
 _GCS_PREFIX = "gs://"
@@ -75,11 +77,8 @@ def _list_gcs_level(folder: str, start: str | None = None, end: str | None = Non
     return listing, prefix, bucket
 
 
-def list_class_folders(root: str):
-    """(class name, folder uri) for every folder directly below `root`, in no particular order.
-
-    As many elements as classes: small next to the files, whatever the corpus.
-    """
+def _top_folders(root: str):
+    """(name, folder uri) for every folder directly below `root`, hidden ones left out."""
     root = root.rstrip("/")
     if root.startswith(_GCS_PREFIX):
         listing, prefix, bucket = _list_gcs_level(root)
@@ -97,20 +96,56 @@ def list_class_folders(root: str):
                 yield entry.name, os.path.join(root, entry.name)
 
 
+def tree_roots(root: str) -> list[tuple[str | None, str]]:
+    """(split, folder) of the folders whose sub-folders are the classes: [(None, root)] for a class tree,
+    one per split folder for a pre-split tree (input_rules.tree_splits; MixedTreeError for a mix)."""
+    folders = list(_top_folders(root))
+    splits = tree_splits(name for name, _ in folders)
+    if splits is None:
+        return [(None, root.rstrip("/"))]
+    return [(splits[name], folder) for name, folder in folders]
+
+
+class ClassFolder(NamedTuple):
+    """A class's folder; `split` when it is in a pre-split tree's split folder (then every image has it)."""
+
+    label: str
+    folder: str
+    split: str | None = None
+
+
+def list_class_folders(root: str):
+    """A ClassFolder for every class folder of the tree at `root`, in no particular order: the folders
+    directly below it, or below each of its split folders (a pre-split tree: one per split and class).
+
+    As many elements as classes (times splits): small next to the files, whatever the corpus.
+    """
+    for split, top in tree_roots(root):
+        for name, folder in _top_folders(top):
+            yield ClassFolder(name, folder, split)
+
+
 def list_root_files(root: str):
-    """A SkippedFile (at_root) for every file directly in `root`: it has no class folder, so no class."""
-    root = root.rstrip("/")
-    if root.startswith(_GCS_PREFIX):
-        listing, prefix, bucket = _list_gcs_level(root)
-        for blob in listing:
-            name = blob.name[len(prefix) :]
-            if is_input_name(name):
-                yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
-        return
-    with os.scandir(root) as entries:
-        for entry in entries:
-            if is_input_name(entry.name) and not entry.is_dir():
-                yield SkippedFile(os.path.join(root, entry.name), extension_of(entry.name), at_root=True)
+    """A SkippedFile (at_root) for every file directly in `root`, or in a split folder of a pre-split tree:
+    it has no class folder, so no class."""
+    tops = [root.rstrip("/")]
+    try:
+        roots = tree_roots(root)
+    except MixedTreeError:
+        roots = []  # said by list_class_folders
+    tops += [folder for split, folder in roots if split is not None]
+    for top in tops:
+        if top.startswith(_GCS_PREFIX):
+            listing, prefix, bucket = _list_gcs_level(top)
+            for blob in listing:
+                name = blob.name[len(prefix) :]
+                if is_input_name(name):
+                    yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
+            continue
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if is_input_name(entry.name) and not entry.is_dir():
+                    yield SkippedFile(os.path.join(top, entry.name), extension_of(entry.name), at_root=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +161,7 @@ class ListingRange:
     folder: str
     start: str | None = None
     end: str | None = None
+    split: str | None = None  # the split folder's, in a pre-split tree
 
     def holds(self, name: str) -> bool:
         return (self.start is None or name >= self.start) and (self.end is None or name < self.end)
@@ -158,11 +194,11 @@ def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_
     boundaries give the same files in all (ListingRange); these give ranges
     of at most about twice the ideal (tests/preprocess/inputs/test_listing_plan.py).
     """
-    label, folder = class_folder
+    label, folder, split = ClassFolder(*class_folder)
     if folder.startswith(_GCS_PREFIX):
         listing, _, _ = _list_gcs_level(folder, page_size=min(split_above + 1, 1000))
         if sum(1 for _ in zip(range(split_above + 1), listing, strict=False)) <= split_above:
-            yield ListingRange(label, folder)
+            yield ListingRange(label, folder, split=split)
             return
         boundaries = plan_boundaries(
             functools.partial(_gcs_page, folder),
@@ -174,7 +210,7 @@ def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_
         boundaries = _sampled_boundaries(folder, split_above, ranges or LOCAL_LISTING_RANGES)
     starts = [None, *sorted(set(boundaries) - {""})]
     for start, end in zip(starts, [*starts[1:], None], strict=True):
-        yield ListingRange(label, folder, start, end)
+        yield ListingRange(label, folder, start, end, split)
 
 
 def _gcs_page(folder: str, start: str, end: str | None, limit: int) -> tuple[list[str], bool]:
@@ -205,14 +241,14 @@ def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
     return {sample[index * len(sample) // target] for index in range(1, target)}
 
 
-def _file_item(uri: str, name: str, label: str, size, md5: str | None = None):
+def _file_item(uri: str, name: str, label: str, size, md5: str | None = None, split: str | None = None):
     """The InputRecord of an image file of a class, or the SkippedFile of any other file."""
     if is_image_name(name):
-        return InputRecord(uri=uri, label=label, size=size, md5=md5)
+        return InputRecord(uri=uri, label=label, split=split, size=size, md5=md5)
     return SkippedFile(uri, extension_of(name))
 
 
-def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str):
+def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str, split: str | None = None):
     """Every file below gs://bucket/folder_prefix, at any depth (one listing without a delimiter)."""
     listing = _gcs_client(f"{_GCS_PREFIX}{bucket}").list_blobs(
         bucket, prefix=folder_prefix, fields="items(name,size,md5Hash),nextPageToken"
@@ -222,11 +258,16 @@ def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str):
         # A name ending in "/" is a folder's placeholder object; a hidden folder's files are passed over.
         if relative and not relative.endswith("/") and all(map(is_input_name, relative.split("/"))):
             yield _file_item(
-                f"{_GCS_PREFIX}{bucket}/{blob.name}", relative, label, blob.size, md5_hex(blob.md5_hash)
+                f"{_GCS_PREFIX}{bucket}/{blob.name}",
+                relative,
+                label,
+                blob.size,
+                md5_hex(blob.md5_hash),
+                split,
             )
 
 
-def _list_local_subtree(folder: str, label: str):
+def _list_local_subtree(folder: str, label: str, split: str | None = None):
     """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
     for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
         subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
@@ -238,7 +279,7 @@ def _list_local_subtree(folder: str, label: str):
                 size = os.stat(path).st_size
             except FileNotFoundError:
                 continue  # a dangling link, or a file gone since
-            yield _file_item(path, name, label, size)
+            yield _file_item(path, name, label, size, split=split)
 
 
 def list_range(listing_range: ListingRange):
@@ -249,7 +290,7 @@ def list_range(listing_range: ListingRange):
     range holds (one page of names on GCS, one directory-entry buffer
     locally).
     """
-    label, folder = listing_range.label, listing_range.folder
+    label, folder, split = listing_range.label, listing_range.folder, listing_range.split
     _RANGES_LISTED.inc()
     if folder.startswith(_GCS_PREFIX):
         listing, prefix, bucket = _list_gcs_level(folder, listing_range.start, listing_range.end)
@@ -259,19 +300,24 @@ def list_range(listing_range: ListingRange):
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
             if is_input_name(name) and listing_range.holds(name):
                 yield _file_item(
-                    f"{_GCS_PREFIX}{bucket}/{blob.name}", name, label, blob.size, md5_hex(blob.md5_hash)
+                    f"{_GCS_PREFIX}{bucket}/{blob.name}",
+                    name,
+                    label,
+                    blob.size,
+                    md5_hex(blob.md5_hash),
+                    split,
                 )
         for subfolder in sorted(listing.prefixes):  # complete once the items are consumed
             name = subfolder[len(prefix) :].rstrip("/")
             if is_input_name(name) and listing_range.holds(name):
-                yield from _list_gcs_subtree(subfolder, bucket, label)
+                yield from _list_gcs_subtree(subfolder, bucket, label, split)
         return
     with os.scandir(folder) as entries:
         for entry in entries:
             if not is_input_name(entry.name) or not listing_range.holds(entry.name):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                yield from _list_local_subtree(entry.path, label)
+                yield from _list_local_subtree(entry.path, label, split)
                 continue
             if entry.is_dir():
                 continue  # a link to a folder: not followed, as os.walk does not
@@ -279,19 +325,21 @@ def list_range(listing_range: ListingRange):
                 size = entry.stat().st_size  # through a link to a file: the file's
             except FileNotFoundError:
                 continue  # a dangling link, as Beam's local match skipped it; or a file gone since
-            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size)
+            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size, split=split)
 
 
-def list_class_files(class_folder: tuple[str, str]):
-    """InputRecord for every image in one class folder, at any depth (as one range), streamed as it is listed."""
-    label, folder = class_folder
-    for item in list_range(ListingRange(label, folder)):
+def list_class_files(class_folder):
+    """InputRecord for every image in one class folder (a ClassFolder or (label, folder)), at any depth
+    (as one range), streamed as it is listed."""
+    label, folder, split = ClassFolder(*class_folder)
+    for item in list_range(ListingRange(label, folder, split=split)):
         if isinstance(item, InputRecord):
             yield item
 
 
 def list_directory_tree(root: str):
-    """Every image at `root/<class>/.../<file>`, the class taken from the folder name (one process, streamed)."""
+    """Every image at `root/<class>/.../<file>` (or `root/<split>/<class>/...`), the class taken from the
+    folder name (one process, streamed)."""
     for class_folder in list_class_folders(root):
         yield from list_class_files(class_folder)
 

@@ -12,6 +12,13 @@ directly in the root (which have no class) are skipped: not failures, but
 `SkippedFile`s, counted by extension in the manifest. Hidden files and OS
 debris (`.DS_Store`, `Thumbs.db`) are passed over without a count.
 
+A pre-split tree (`ROOT/<split>/<class>/<image>`, as TFDS' ImageFolder reads
+it: every top folder named train, val/valid/validation or test) gives each
+image the split of its top folder, in the same field a manifest's split
+column sets (`InputRecord.split`), so it wins over the content rule and the
+near-duplicate audit alike (`tree_splits`). Top folders of which some name a
+split and others do not are refused (`MixedTreeError`).
+
 A manifest's columns are found from its header, when it has one
 (`ManifestLayout`): the common names (uri/path/filename/file/image,
 label/class/category, split), in any order, a pandas index column ignored;
@@ -25,6 +32,7 @@ import json
 import os
 import posixpath
 
+from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 
@@ -34,9 +42,9 @@ JSONL = "jsonl"
 
 # Files that are never images and never inputs: OS and VCS debris in a tree, passed over without a count.
 _IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
-# The files of a tree that are inputs, by extension (any case): Keras' image_dataset_from_directory takes
-# .bmp .gif .jpeg .jpg .png; WebP is added as the decoder reads it (preprocess/decode/image.py).
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
+# The files of a tree that are inputs, by extension (any case): Keras' list and WebP
+# (preprocess/decode/image.py reads it); declared in dataset_contract, which stage 2 reads too.
+IMAGE_EXTENSIONS = features.SOURCE_IMAGE_EXTENSIONS
 # A manifest row quoted in an error's detail is cut to this many characters.
 _QUOTED_ROW_CHARS = 200
 
@@ -125,6 +133,39 @@ def split_name(text: str) -> str | None:
     return _SPLIT_NAMES.get(text.strip().lower())
 
 
+# The top folders of a pre-split tree (any case). Fewer than a manifest's split names: a class folder
+# called `dev` or `eval` is more likely a class than a split.
+SPLIT_FOLDER_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing")
+
+
+class MixedTreeError(ValueError):
+    """Some top folders of a tree name splits (train, val, test) and others do not: neither layout."""
+
+
+def tree_splits(folder_names) -> dict[str, str] | None:
+    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree.
+
+    A tree is pre-split when every top folder names a split (SPLIT_FOLDER_NAMES); MixedTreeError when
+    only some do, because either reading of it would be wrong: the split folders taken as classes (a
+    class `train` holding every class's images), or the class folders left out.
+    """
+    names = sorted(folder_names)
+    splits = {name: split_name(name) for name in names if name.lower() in SPLIT_FOLDER_NAMES}
+    if not splits:
+        return None
+    if len(splits) == len(names):
+        return splits
+    others = [name for name in names if name not in splits]
+    shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    raise MixedTreeError(
+        f"its top folders mix split folders ({', '.join(sorted(splits))}) and other folders ({shown}). "
+        "Either every top folder is a split holding class folders (ROOT/train/<class>/<image>, "
+        "ROOT/validation/<class>/..., ROOT/test/<class>/...), or every top folder is a class "
+        "(ROOT/<class>/<image>, split by stage 1's --split): move the class folders into a split folder, "
+        "or rename a class folder that only looks like a split."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ManifestLayout:
     """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one.
@@ -174,7 +215,19 @@ def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
     if len(cells) in (3, 4) and _is_integer(cells[0]) and not _is_integer(cells[1]):
         # pandas' to_csv(header=False): 0,a.jpg,cat[,train]
         return ManifestLayout(1, 2, 3 if len(cells) == 4 else None, num_columns=len(cells))
+    if len(cells) == 1 and _names_columns_split_by_other_delimiter(cells[0]):
+        # A header separated by ';' or a tab (a spreadsheet's export in some locales): still the header, so
+        # it is passed over and not counted with the rows, which cannot be read (bad_manifest_row).
+        return ManifestLayout(header=tuple(cells))
     return ManifestLayout()
+
+
+def _names_columns_split_by_other_delimiter(cell: str) -> bool:
+    for delimiter in (";", "\t", "|"):
+        names = [name.strip() for name in cell.split(delimiter)]
+        if len(names) > 1 and set(names) & set(URI_COLUMNS) and set(names) & set(LABEL_COLUMNS):
+            return True
+    return False
 
 
 def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: ManifestLayout | None = None):
@@ -189,7 +242,9 @@ def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: Manife
             return
         lowered = tuple(cell.strip().lower() for cell in row)
         if lowered == layout.header or [cell for cell in lowered[:2]] == ["uri", "label"]:
-            return  # the header
+            # The header. (A bare `return`, the comment on its own line: Beam warns about "yield and return"
+            # in a FlatMap's function when a line starts with "return " followed by anything.)
+            return
         yield _record_from_row(row, layout, line, manifest_path)
         return
     try:

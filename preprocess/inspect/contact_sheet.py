@@ -25,26 +25,27 @@ through Beam's FileSystems; see preprocess/inspect/report/).
     python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
 """
 
-import argparse
+from __future__ import annotations
+
 import dataclasses
 import io
 import math
 import posixpath
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
-from dataset_contract import features, verification
+from dataset_contract import features, native_logs
 from dataset_contract import manifest as manifest_lib
-from preprocess.inspect.report import build as report_build
-from preprocess.inspect.summary import (
-    format_bytes,
-    format_summary,
-    read_error_examples,
-    read_manifest_or_explain,
-)
+from dataset_contract.cli_help import CommandParser
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# TensorFlow (and the modules that import it: verification, summary, the report) is imported where it is
+# used, after the flags are parsed: --help and a typo come back at once, not after seconds of start-up.
 
 # Without --classes, a sheet of a 1000-class dataset would be 1000 rows tall.
 MAX_DEFAULT_CLASSES = 64
@@ -108,6 +109,11 @@ def sample_examples(
     Stops as soon as every class has what the split can give it (the
     manifest's count, at most `per_class`) or after `max_bytes` of records.
     """
+    import tensorflow as tf  # noqa: PLC0415 - after the flags (module docstring)
+
+    from dataset_contract import verification  # noqa: PLC0415
+    from preprocess.inspect.summary import format_bytes  # noqa: PLC0415
+
     labels = list(range(len(manifest["labels"]))) if labels is None else labels
     per_class_counts = manifest["splits"][split]["num_examples_per_class"]
     wanted = {label: min(per_class, per_class_counts.get(manifest["labels"][label], 0)) for label in labels}
@@ -270,6 +276,8 @@ def render_contact_sheet(
 
 def write_png(image: Image.Image, path: str):
     """Save as PNG to a local path or gs://."""
+    import tensorflow as tf  # noqa: PLC0415 - after the flags (module docstring)
+
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     parent = posixpath.dirname(path)
@@ -303,8 +311,8 @@ def contact_sheet(
     return sheet, layout, sample
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m preprocess.inspect",
         description="Print a dataset's manifest as a readable summary and write a contact sheet PNG of its "
         "images (one row per class), decoded from the shards.",
@@ -342,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
         "is then written only if --out is given.",
     )
     parser.add_argument(
+        "--verbose", action="store_true", help="Show TensorFlow's start-up lines (dropped by default)."
+    )
+    parser.add_argument(
         "--max-groups",
         type=int,
         default=DEFAULT_MAX_GROUPS,
@@ -352,10 +363,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
+    native_logs.import_tensorflow_quietly(args.verbose)
     if args.max_groups < 0:
-        print(f"--max-groups must be 0 or more, not {args.max_groups}", file=sys.stderr)
+        print(f"{parser.prog}: error: --max-groups must be 0 or more, not {args.max_groups}", file=sys.stderr)
         return 2
+    from preprocess.inspect.summary import (  # noqa: PLC0415 - TensorFlow, after the flags
+        format_bytes,
+        format_summary,
+        read_error_examples,
+        read_manifest_or_explain,
+    )
+
     data_dir = args.data_dir.rstrip("/")
     manifest = read_manifest_or_explain(data_dir)
     if manifest is None:
@@ -396,6 +416,8 @@ def main(argv=None) -> int:
 
 def write_report(args, data_dir: str, manifest: dict) -> int:
     """--report: sample the split's classes and write the HTML page; the exit status."""
+    from preprocess.inspect.report import build as report_build  # noqa: PLC0415 - TensorFlow, after the flags
+
     sample = None
     if args.split in manifest["splits"] and manifest["splits"][args.split]["shards"]:
         try:

@@ -123,7 +123,7 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     across = near.get("groups_across_splits", 0)
     if across:
         lines.append(
-            f"    {_plural(across, 'group')} across splits (the input manifest named the members' splits)"
+            f"    {_plural(across, 'group')} across splits (the input named the members' splits: a manifest's split column, or a pre-split tree's folders)"
         )
     if mode == "drop":
         lines.append(f"    dropped: {near.get('dropped', 0)} (all but the largest image of each group)")

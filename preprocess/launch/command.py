@@ -8,6 +8,7 @@ and the message says how to cancel it).
 
 import sys
 
+from dataset_contract import log_format
 from preprocess import options
 from preprocess.inputs import checks as input_checks
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
@@ -19,6 +20,7 @@ def main(argv=None) -> None:
     # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
     # --output are answered before TensorFlow and Beam's pipeline code are imported (~8 s, and log noise).
     config, beam_args = options.parse_args(argv, check_beam_flags=False)
+    log_format.configure()  # the launcher's warnings (input checks) in the one format of every command
     try:
         check_launcher_python(beam_args)
     except LauncherPythonError as exc:
@@ -33,6 +35,10 @@ def main(argv=None) -> None:
         if config.verbose:
             raise
         options.refuse(str(exc))
+    if not template:
+        from preprocess.inputs import size_check  # noqa: PLC0415
+
+        size_check.warn_if_upscaled(config)
     try:
         _run_and_report(config, beam_args)
     except KeyboardInterrupt:

@@ -27,13 +27,14 @@ from preprocess.launch import bucket_costs, dataflow_job, job_record, local_runn
 from preprocess.pipeline import build_pipeline, job_config, output_dir_of
 from preprocess.publish.commit import (
     RETAINED_RUNS,
+    TFT_TEMP_GRACE_SECONDS,
     SupersededRunError,
     published_run_id,
     read_published_manifest,
     superseded_message,
 )
 from preprocess.publish.manifest_switch import check_publishable
-from preprocess.publish.runs import STAGING_DIR, new_run_id, tft_temp_dir
+from preprocess.publish.runs import STAGING_DIR, TFT_TEMP_PREFIX, is_run_id, new_run_id, tft_temp_dir
 
 
 def own_manifest(output_dir: str, run_id: str) -> dict | None:
@@ -303,12 +304,42 @@ def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
         signal.signal(signal.SIGINT, previous)
 
 
+def _leftovers(output_dir: str, published: str | None) -> tuple[int, list[str]]:
+    """(bytes, folders) an interrupted run leaves: everything in staging/, and the run folders of runs newer
+    than the published one (their unpublished shards)."""
+    num_bytes, folders = 0, set()
+    for top in (STAGING_DIR, manifest_lib.RUNS_DIR):
+        base = manifest_lib.join(output_dir, top)
+        for metadata in filesystem.list_files(base):
+            name = metadata.path[len(base) :].lstrip("/").split("/")[0]
+            run_id = name.split(".")[0]
+            if top == manifest_lib.RUNS_DIR and (not is_run_id(run_id) or run_id <= (published or "")):
+                continue
+            num_bytes += metadata.size_in_bytes
+            folders.add(manifest_lib.join(base, "") if top == STAGING_DIR else manifest_lib.join(base, name))
+    return num_bytes, sorted(folders)
+
+
 def _interrupted_message(output_dir: str) -> str:
-    """The one line a Ctrl-C prints: what was published is untouched."""
+    """What a Ctrl-C prints: what was published is untouched, and what the run left behind (its size,
+    what removes it)."""
     try:
         published = published_run_id(read_published_manifest(output_dir))
     except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
         published = None
     where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
     state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
-    return f"preprocess: interrupted, nothing published: {where} {state}"
+    message = f"preprocess: interrupted, nothing published: {where} {state}"
+    try:
+        num_bytes, folders = _leftovers(output_dir, published)
+        from preprocess.inspect.summary import format_bytes  # noqa: PLC0415 - TensorFlow, loaded by a run already
+    except Exception:  # noqa: BLE001 - a listing that fails must not hide the first line
+        return message
+    if not num_bytes:
+        return message
+    grace_days = TFT_TEMP_GRACE_SECONDS / 86400
+    return (
+        f"{message}\n  left behind: {format_bytes(num_bytes)} of temporary and unpublished files in "
+        f"{', '.join(folders)}; the next run that publishes to {output_dir} removes them (tf.Transform's "
+        f"{STAGING_DIR}/{TFT_TEMP_PREFIX}* once unused for {grace_days:g} days), or delete them now"
+    )

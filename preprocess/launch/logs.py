@@ -4,6 +4,8 @@ import json
 import logging
 import os
 
+from dataset_contract import log_format
+
 LIBRARY_LOGGERS = ("apache_beam", "absl", "tensorflow", "tensorflow_transform", "tfx_bsl")
 # Loggers of Beam's worker harness that warn about the options it re-parses from the launcher
 # ("Discarding unparseable args", "No semi_persistent_directory found"): nothing a user can act on.
@@ -23,7 +25,7 @@ def configure_launcher(verbose: bool, local: bool = True) -> None:
 
     Call before TensorFlow is imported: its C++ logging reads the environment once.
     """
-    logging.getLogger().setLevel(logging.INFO)
+    log_format.configure(logging.INFO)
     if verbose or not local:
         return
     for name in LIBRARY_LOGGERS:

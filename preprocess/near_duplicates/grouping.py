@@ -122,7 +122,7 @@ class SignedImage:
     uri: str
     label: str
     split: str  # its split before grouping
-    split_given: bool  # True when the input manifest named the split (then it is never changed)
+    split_given: bool  # True when the input named the split (manifest column, split folder): never changed
     source_pixels: int = 0  # width * height of the source image (drop mode keeps the largest)
     num_bytes: int = 0  # the source file's size (tie-break after source_pixels)
     locator: tuple = ()  # opaque to grouping, carried through: where the pipeline keeps the decoded image

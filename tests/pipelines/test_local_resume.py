@@ -86,8 +86,19 @@ def test_the_same_command_again_skips_stage1_and_resumes_training(tmp_path, caps
         for previous, value in zip(["", *argv], argv, strict=False)
     ]
     assert local.main(other_size) == 2
-    assert "already holds a model" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    # The refusal names the stage 1 flag that differs, with the dataset's value.
+    assert "already holds a model" in error and "--image-size 40 (the dataset's: 32)" in error
     assert read_manifest(workdir / "dataset")["run"]["id"] == built["run"]["id"]
+
+    # A longer run of the same model dir: refused by train's plan check, with flags pipelines.local takes.
+    longer = [
+        ("6" if previous == "--steps" else value) for previous, value in zip(["", *argv], argv, strict=False)
+    ]
+    assert local.main(longer) == 2
+    error = capsys.readouterr().err
+    assert "To resume it: the same command with --steps 4" in error, error
+    assert "--steps-per-epoch 2" not in error and "with --warmup-steps" not in error
 
     # Other inputs are another fingerprint.
     stage1_argv = local.preprocess_argv(

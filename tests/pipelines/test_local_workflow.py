@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -52,6 +53,10 @@ def test_local_workflow_writes_a_dataset_a_model_and_an_export_that_agree(tmp_pa
     printed = capsys.readouterr().out
     assert "validation accuracy" in printed
     assert "prediction by the exported model" in printed
+    # The error log's path is whole, not relative to the dataset directory.
+    assert re.search(rf"failures: (\d+ files, )?{re.escape(str(workdir / 'dataset'))}/runs/", printed), (
+        printed
+    )
     for reason in manifest["inputs"]["failures_by_reason"]:
         assert reason in printed
     # The altered copies the corpus plants are found, and the summary says where to look at them.

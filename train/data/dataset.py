@@ -1,7 +1,8 @@
 """The input pipeline: the shards of one split -> batches a TPU can consume at full speed.
 
     make_train_dataset   one input pipeline's endless, shuffled stream of (images, labels)
-    make_eval_dataset    one input pipeline's single pass over a split: (images, labels, weights)
+    make_eval_dataset    one input pipeline's single pass over a split: (images, labels, weights), padded
+    make_split_pass      one pass over a split as Keras and TFDS give it: (images, labels), partial last batch
     distribute_train_dataset / distribute_eval_dataset
                          the same under a strategy, one pipeline per host
     input_share          which shards each host reads: whole shards of its own, and the few
@@ -457,6 +458,47 @@ def make_eval_dataset(
     batches = batches.concatenate(blank.repeat(total_batches - real_batches))
     # take(): a shard holding more records than the manifest says must not add a step.
     return batches.take(total_batches).prefetch(AUTOTUNE).with_options(pipeline_options())
+
+
+def make_split_pass(data_dir: str, manifest: dict, split: str, batch_size: int) -> tf.data.Dataset:
+    """One pass over `split` as Keras' image_dataset_from_directory and TFDS give it: (images, labels).
+
+    Every example exactly once and nothing else: batches of `batch_size`, the last one partial (the
+    batch dimension is None), in an order fixed by the manifest, so that
+    `model.predict` lines up with the labels of another pass (the same order on every pass). Keras' plain `metrics=["accuracy"]` and its
+    loss count it right (the padded form of make_eval_dataset needs `weighted_metrics`). The dataset's
+    cardinality is known (`len(ds)`), so Keras never warns that the input ran out of data. With a crop
+    margin, the center crops, as evaluation and serving take them. Not for a multi-host strategy: its
+    replicas need make_eval_dataset's static shapes and equal step counts.
+    """
+    image_format = ImageFormat.from_manifest(manifest)
+    shards = split_shards(manifest, split)
+    num_examples = sum(int(shard["num_examples"]) for shard in shards)
+    files = _share_files(data_dir, input_share(shards, 1, 0))
+    # deterministic=True: several files are still read at once, but their records come out in the same
+    # round-robin order on every pass.
+    records = files.interleave(
+        _read_records,
+        cycle_length=max(1, min(len(shards), DEFAULT_PARALLEL_FILES)),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=True,
+    )
+    # take(): a shard holding more records than the manifest says must not add examples; fewer is an
+    # error at the end of the pass (assert_cardinality), never a silently short evaluation.
+    batches = records.take(num_examples).batch(batch_size, drop_remainder=False)
+
+    def to_model_input(serialized):
+        parsed = parse_batch(serialized)
+        images = decode_images(parsed[features.IMAGE], image_format)
+        if image_format.has_crop_margin:
+            images = center_crop(images, image_format.input_shape[0])
+        return images, tf.cast(parsed[features.LABEL], tf.int32)
+
+    batches = batches.map(to_model_input, num_parallel_calls=AUTOTUNE, deterministic=True)
+    batches = batches.apply(tf.data.experimental.assert_cardinality(math.ceil(num_examples / batch_size)))
+    options = pipeline_options()
+    options.deterministic = True
+    return batches.prefetch(AUTOTUNE).with_options(options)
 
 
 def distribute_train_dataset(

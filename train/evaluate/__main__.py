@@ -1,18 +1,17 @@
 """python -m train.evaluate --model-dir MODEL_DIR [--split test] [--data DATA_DIR] [--json]: see __init__.py."""
 
-import argparse
 import json
 import sys
 
 from dataset_contract import manifest as manifest_lib
+from dataset_contract.cli_help import CommandParser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m train.evaluate",
         description="Evaluate a trained model (MODEL_DIR/model.keras) on a split of the dataset run it was "
         "trained on: accuracy, loss, per-class precision and recall, confusion matrix.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--model-dir", required=True, help="The --model-dir of a finished training run.")
     parser.add_argument("--split", default=manifest_lib.TEST, help="The split to evaluate.")

@@ -8,6 +8,7 @@ evaluation.py      exact evaluation at epoch ends and every N steps
 metrics.py         weighted evaluation metrics (padding-proof) and the example counter
 summaries.py       TensorBoard scalars and profiles
 progress_lines.py  what a run prints: its plan, a line per epoch with an ETA, where the export went
+learned_nothing.py the warning for a model that predicts one class or a uniform guess, with what to try
 progress_file.py   the last saved step, for the supervisor's no-progress stop; no TensorFlow
 plots.py           learning_curves.png and confusion_matrix.png
 """

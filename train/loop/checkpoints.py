@@ -319,9 +319,8 @@ class SaveCheckpoints(keras.callbacks.Callback):
     def _stop_for_preemption(self) -> None:
         self.preempted_at_step = self._progress.step
         self.model.stop_training = True
-        log.warning(
-            "stopped at step %d with a checkpoint there; run the same command to resume", self._progress.step
-        )
+        # INFO: the command's own last line says it, with the command that resumes (train/__main__.py).
+        log.info("stopped at step %d with a checkpoint there", self._progress.step)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._call = (batch, time.perf_counter())

@@ -113,6 +113,52 @@ def differences(recorded: dict, wanted: dict) -> list[tuple[str, str]]:
     ]
 
 
+def _flag_name(flag_and_value: str) -> str:
+    return flag_and_value.split(" ", 1)[0]
+
+
+class PlanChangedError(ConfigError):
+    """A resume whose plan differs from the checkpoint's: every difference, and the flags that restore it.
+
+    str() is python -m train's message (any of its flags may restore the plan). A command that takes fewer
+    flags (pipelines.local) says it with `message_for(its flags)`: only flags it accepts are suggested, and
+    the values its flags do not set are named as following from them (a warmup follows from the epochs).
+    """
+
+    def __init__(
+        self, model_dir: str, state: str, asked: list[str], changed: list[tuple[str, str]], total_steps=None
+    ):
+        self.model_dir, self.state, self.asked, self.changed = model_dir, state, asked, changed
+        self.total_steps = total_steps
+        super().__init__(self.message_for())
+
+    def message_for(self, accepted_flags=None) -> str:
+        changed = [was for was, _ in self.changed]
+        accepted = None if accepted_flags is None else set(accepted_flags)
+        length = [was for was in changed if _flag_name(was) in ("--epochs", "--steps-per-epoch")]
+        if accepted is not None and length and "--steps-per-epoch" not in accepted and "--steps" in accepted:
+            # A command without --steps-per-epoch restores the run's length with --steps (its total).
+            changed = [f"--steps {self.total_steps}"] + [was for was in changed if was not in length]
+        restore = [was for was in changed if accepted is None or _flag_name(was) in accepted]
+        follow = [was for was in changed if was not in restore]
+        how = (
+            f"the same command with {' '.join(restore)}"
+            if restore
+            else "the same command with the flags it was started with"
+        )
+        if follow:
+            how += f" ({', '.join(_flag_name(was) for was in follow)}: set by this command from those, not a flag of it)"
+        return (
+            f"{self.model_dir} holds a run {self.state} planned differently; this command's plan has "
+            f"{', '.join(self.asked)}. A checkpoint's step only means something under its own plan (another batch "
+            "size makes it another epoch; other epochs or another schedule move the learning rate under it), so "
+            "nothing was trained.\n"
+            f"  To resume it: {how}\n"
+            f"  To train further or differently: a new --model-dir, with --weights {self.model_dir} to start from "
+            "its backbone"
+        )
+
+
 def latest_checkpoint_step(model_dir: str) -> int | None:
     """The global step of the latest checkpoint in MODEL_DIR (checkpoints are numbered by it), or None."""
     latest = tf.train.latest_checkpoint(manifest_lib.join(model_dir, CHECKPOINT_DIR))
@@ -153,15 +199,8 @@ def check_resume(model_dir: str, plan: TrainingPlan, recipe: Recipe, chief: bool
             if finished
             else f"at step {step} of {recorded.get('total_steps', '?')}"
         )
-        asked = ", ".join(described_differences(recorded, wanted))
-        restore = " ".join(was for was, _ in changed)
-        raise ConfigError(
-            f"{model_dir} holds a run {state} planned differently; this command's plan has {asked}. "
-            "A checkpoint's step only means something under its own plan (another batch size makes it another "
-            "epoch; other epochs or another schedule move the learning rate under it), so nothing was trained.\n"
-            f"  To resume it: the same command with {restore}\n"
-            f"  To train further or differently: a new --model-dir, with --weights {model_dir} to start from its "
-            "backbone"
+        raise PlanChangedError(
+            model_dir, state, described_differences(recorded, wanted), changed, recorded.get("total_steps")
         )
     if step >= recorded["total_steps"]:
         return (

@@ -4,6 +4,8 @@ import argparse
 import json
 import sys
 
+from dataset_contract.cli_help import CommandParser
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -12,15 +14,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    parser = CommandParser(
         prog="python -m train.predict",
         description="Classify image files with the serving export of a training run: one line per file, its "
         "top classes or its error.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("export", metavar="EXPORT", help="MODEL_DIR/export (or MODEL_DIR); local or gs://.")
-    parser.add_argument("files", metavar="FILE", nargs="+", help="Image files (local or gs://).")
+    parser.add_argument(
+        "files",
+        metavar="FILE",
+        nargs="+",
+        help="Image files, or folders of them (every image below, sorted); local or gs://.",
+    )
     parser.add_argument("--top-k", type=positive_int, default=3, help="Classes shown per file.")
     parser.add_argument("--json", action="store_true", help="One JSON object per line.")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="Files per request to the model.")
@@ -35,7 +41,7 @@ def main(argv=None) -> int:
     console.configure(args.verbose)
     console.import_tensorflow(args.verbose)
     from train.errors import SetupError
-    from train.predict.predictor import Predictor
+    from train.predict.predictor import Predictor, expand_folders
 
     try:
         predictor = Predictor(args.export)
@@ -45,7 +51,8 @@ def main(argv=None) -> int:
     failed = 0
     # The export's first uint8 decode makes oneDNN log a note on CPUs without AVX-512: start-up noise.
     with console.filtered_native_stderr(enabled=not args.verbose):
-        for prediction in predictor.predict_files(args.files, args.top_k, args.batch_size):
+        files = expand_folders(args.files)  # a folder: the images in it, as stage 1 reads a tree
+        for prediction in predictor.predict_files(files, args.top_k, args.batch_size):
             failed += prediction.error is not None
             print(json.dumps(prediction.as_dict()) if args.json else prediction.as_line(), flush=True)
     return 1 if failed else 0

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from dataset_contract import features
 from train.errors import ConfigError
 
 SIGNATURE = (
@@ -46,12 +47,36 @@ def export_dir_of(path: str) -> str:
     )
 
 
+def expand_folders(paths: list[str]) -> list[str]:
+    """`paths` with each folder replaced by the image files below it (any depth, sorted; hidden ones left
+    out), as stage 1 takes images from a tree (features.SOURCE_IMAGE_EXTENSIONS); a folder with none stays,
+    to be reported. Local or gs://."""
+    expanded = []
+    for path in paths:
+        if not tf.io.gfile.isdir(path):
+            expanded.append(path)
+            continue
+        found = []
+        for directory, subdirectories, names in tf.io.gfile.walk(path):
+            subdirectories[:] = sorted(name for name in subdirectories if not name.startswith("."))
+            found += [
+                os.path.join(directory, name)
+                for name in sorted(names)
+                if not name.startswith(".")
+                and os.path.splitext(name)[1].lower() in features.SOURCE_IMAGE_EXTENSIONS
+            ]
+        expanded += sorted(found) or [path]
+    return expanded
+
+
 def read_file(path: str) -> tuple[bytes | None, str | None]:
     """(contents, None), or (None, why the file cannot be read)."""
     try:
         with tf.io.gfile.GFile(path, "rb") as handle:
             return handle.read(), None
     except (tf.errors.OpError, OSError) as exc:
+        if tf.io.gfile.isdir(path):
+            return None, "a folder without image files (.jpg .jpeg .png .gif .bmp .webp)"
         reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return None, f"unreadable: {reason.strip().splitlines()[0]}"
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
 from train.data import augment, dataset
-from train.serving import decode, image_header, warmup
+from train.serving import decode, image_header, keras_model, warmup
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -123,18 +123,19 @@ def plain_copy(model: keras.Model) -> keras.Model:
     return copy
 
 
-def save_keras_model(model: keras.Model, model_dir: str) -> str | None:
+def save_keras_model(model: keras.Model, model_dir: str, manifest: dict) -> str | None:
     """Write `model` (a plain copy, uncompiled) to MODEL_DIR/model.keras; returns the path, or None.
 
     The serving SavedModel stays the main export; this is the file for Keras
-    code (`keras.models.load_model`). None, with a warning, where Keras cannot
-    save the model (a layer it cannot serialize).
+    code (`train.load_model`, `keras.models.load_model`), with the class names
+    and stage 1's geometry inside it (keras_model.DatasetInfo). None, with a
+    warning, where Keras cannot save the model (a layer it cannot serialize).
     """
     destination = manifest_lib.join(model_dir, KERAS_FILE)
     with tempfile.TemporaryDirectory() as scratch:
         local = os.path.join(scratch, KERAS_FILE)
         try:
-            plain_copy(model).save(local)
+            keras_model.with_dataset_info(plain_copy(model), manifest).save(local)
         except (TypeError, ValueError, NotImplementedError) as exc:
             log.warning(
                 "no %s: Keras cannot save this model (%s); the SavedModel export is complete", KERAS_FILE, exc

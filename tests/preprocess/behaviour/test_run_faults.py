@@ -3,6 +3,7 @@ traceback from the launcher or its workers. Real runs on the DirectRunner, a rea
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_during_a_run_with_worker_processes_prints_one_line_and_leaves_the_dataset(published):
+def test_ctrl_c_during_a_run_with_worker_processes_says_what_it_left_and_leaves_the_dataset(published):
     base, root, output = published
     before = (output / "dataset.json").read_bytes()
     run_id = json.loads(before)["run"]["id"]
@@ -102,9 +103,21 @@ def test_ctrl_c_during_a_run_with_worker_processes_prints_one_line_and_leaves_th
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     after = said_lines("".join(lines[said_before:]))
-    assert after == [
-        f"preprocess: interrupted, nothing published: {output}/dataset.json still names run {run_id}"
-    ], "".join(lines)[-3000:]
+    assert (
+        after[0]
+        == f"preprocess: interrupted, nothing published: {output}/dataset.json still names run {run_id}"
+    )
+    # What the run left behind, its size and what removes it (the run had started writing: staging/ at least).
+    assert len(after) == 2, "".join(lines)[-3000:]
+    left = re.fullmatch(
+        r"  left behind: ([\d.]+ [KMG]?B) of temporary and unpublished files in (.+); the next run that "
+        rf"publishes to {re.escape(str(output))} removes them \(tf.Transform's staging/tft-\* once unused for 2 "
+        r"days\), or delete them now",
+        after[1],
+    )
+    assert left, after[1]
+    folders = left.group(2).split(", ")
+    assert f"{output}/staging/" in folders and all(os.path.exists(folder) for folder in folders)
     assert "Traceback" not in "".join(lines)
     assert (output / "dataset.json").read_bytes() == before
     # The workers went with the launcher: nothing is left in its process group.
@@ -117,3 +130,10 @@ def test_ctrl_c_during_a_run_with_worker_processes_prints_one_line_and_leaves_th
         time.sleep(0.5)
     else:
         pytest.fail("worker processes outlived the interrupted launcher")
+    # As said: the next run that publishes removes what the interrupted one left.
+    result = run_command("preprocess", args[:8], base)
+    assert result.returncode == 0, result.stderr[-3000:]
+    left_files = [
+        os.path.join(d, name) for folder in folders for d, _, names in os.walk(folder) for name in names
+    ]
+    assert all(path.startswith(f"{output}/staging/tft-") for path in left_files), left_files

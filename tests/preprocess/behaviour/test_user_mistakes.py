@@ -1,9 +1,12 @@
 """`python -m preprocess`: each common mistake is refused before Beam starts, in a few lines, exit 2, no
 traceback, and nothing is left behind. Real processes, real folders."""
 
+import time
+
 import pytest
 
 from preprocess import options
+from preprocess.inputs import size_check
 from tests.user_mistakes import assert_refused, command_env, run_command, write_image, write_text
 
 
@@ -115,6 +118,14 @@ def test_a_csv_whose_rows_are_all_bad_is_refused_with_their_reason(tmp_path, two
     assert not (tmp_path / "out").exists()
 
 
+def test_a_semicolon_header_is_not_counted_as_a_bad_row(tmp_path, two_classes):
+    manifest = tmp_path / "labels.csv"
+    rows = "".join(f"{two_classes}/cat/{index}.jpg;cat\n" for index in range(3))
+    manifest.write_text("path;label\n" + rows)
+    result = _preprocess(tmp_path, "--input", manifest, "--output", tmp_path / "out")
+    assert_refused(result, "none of its rows can be used", "bad_manifest_row 3)")
+
+
 def test_a_manifest_whose_files_are_not_there_is_refused(tmp_path):
     manifest = tmp_path / "lists" / "labels.csv"
     write_text(manifest, "filename,label\nimages/a.jpg,cat\nimages/b.jpg,dog\n")
@@ -145,3 +156,37 @@ def test_a_gcs_tree_with_a_single_class_is_refused(tmp_path, gcs_emulator):
         env=gcs_emulator.subprocess_env(command_env()),
     )
     assert_refused(result, "only one class, 'cat', has images", "1 other folder holds no image: dog")
+
+
+@pytest.mark.parametrize("command", ["preprocess", "pipelines.local"])
+def test_an_image_size_past_the_limit_is_refused_in_a_moment_and_nothing_is_written(
+    tmp_path, two_classes, command
+):
+    output = ["--output", tmp_path / "out"] if command == "preprocess" else ["--workdir", tmp_path / "out"]
+    started = time.monotonic()
+    result = run_command(command, ["--input", two_classes, *output, "--image-size", "100000"], tmp_path)
+    assert_refused(result, "argument --image-size: 100000 px is past the limit of 2048")
+    assert time.monotonic() - started < 30  # no Beam, no TensorFlow: well under a second on a laptop
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_image_size_larger_than_most_sources_is_said_with_the_datasets_estimated_size(two_classes):
+    # The corpus: 6 images of 24x20 px (short side 20). 64 px upscales all of them; 16 px none.
+    warning = size_check.check_image_size(str(two_classes), 64, 64, "crop", "uint8")
+    assert warning.startswith(
+        "--image-size 64 is larger than 6 of the 6 source images sampled (their short side: 20-20 px"
+    )
+    assert f"about {6 * 64 * 64 * 3 / 1e3:.1f} KB (6 images, uint8)" in warning
+    assert size_check.check_image_size(str(two_classes), 16, 16, "crop", "uint8") is None
+    # pad scales the long side (24): 22 px upscales none of them.
+    assert size_check.check_image_size(str(two_classes), 22, 22, "pad", "uint8") is None
+
+
+def test_the_image_size_warning_is_printed_before_the_run_which_goes_on(tmp_path, two_classes):
+    result = _preprocess(tmp_path, "--input", two_classes, "--output", tmp_path / "out", "--image-size", "48")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        "WARNING preprocess.inputs.size_check: --image-size 48 is larger than 6 of the 6 source images"
+        in (result.stderr)
+    )
+    assert (tmp_path / "out" / "dataset.json").exists()

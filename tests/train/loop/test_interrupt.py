@@ -55,6 +55,9 @@ def test_ctrl_c_saves_at_the_next_step_exits_130_with_the_resume_command_and_the
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert "stopped by SIGINT at step" in stderr
     assert "resume with: python -m train --data" in stderr and f"--model-dir {model_dir}" in stderr
+    # Said once: what stopped, where the checkpoint is and the command that resumes, in one line.
+    stopped = [line for line in stderr.splitlines() if "stopped" in line or "resume" in line]
+    assert len(stopped) == 1 and stopped[0].startswith("stopped by SIGINT at step"), stopped
     saved = max(checkpoint_steps(model_dir))
     assert completed <= saved <= completed + 2 and saved >= run.steps[-1]
     assert saved % STEPS_PER_EPOCH != 0, "the checkpoint must be mid-epoch"

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import train
+import train.errors
 import train.model.models  # noqa: F401 - registers the package's layers with Keras (load_model needs them)
 from dataset_contract import native_logs
 from train.__main__ import main as train_main
@@ -118,7 +119,7 @@ def test_the_run_is_also_a_keras_file_that_keras_loads(user_run, user_module_imp
     data_dir, model_dir, metrics = user_run
     assert metrics["keras_model"] == os.path.join(model_dir, export.KERAS_FILE)
     model = keras.models.load_model(metrics["keras_model"])
-    images, _, weights = next(iter(train.load_dataset(data_dir, "validation", batch_size=8)))
+    images, _ = next(iter(train.load_dataset(data_dir, "validation", batch_size=8)))
     probabilities = model(images).numpy()
     assert probabilities.shape == (8, len(metrics["validation"]["confusion_matrix"]))
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
@@ -234,3 +235,53 @@ def test_freezing_the_backbone_of_a_users_network_is_refused(
     assert train_main([*argv, "--global-batch-size", "8", "--freeze-backbone-epochs", "1"]) == 2
     error = capsys.readouterr().err
     assert "--freeze-backbone-epochs" in error and "one network with its own head" in error
+
+
+def test_plain_keras_gets_the_class_names_and_the_exports_inputs_from_the_model_dir(
+    user_run, user_module_importable, sample_corpus, tmp_path
+):
+    data_dir, model_dir, metrics = user_run
+    labels = json.load(open(os.path.join(data_dir, "dataset.json")))["labels"]
+    model = train.load_model(model_dir)
+    assert model.class_names == labels
+    # The file alone carries them, for code that loads it with Keras itself.
+    assert keras.models.load_model(metrics["keras_model"]).get_layer("dataset_info").class_names == labels
+    good, _, _ = good_and_bad_files(sample_corpus, tmp_path)
+    images = train.load_image(good, model_dir)
+    assert images.shape == (len(good), *model.input_shape[1:])
+    # The same numbers as the serving export on the same files: stage 1's geometry, not a squashed image.
+    serve = tf.saved_model.load(metrics["export_dir"]).signatures[export.SIGNATURE]
+    served = serve(image_bytes=tf.constant([open(path, "rb").read() for path in good]))["probabilities"]
+    np.testing.assert_allclose(model.predict(images, verbose=0), served.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="broken.jpg: not_an_image"):
+        train.load_image([good[0], str(tmp_path / "broken.jpg")], model_dir)
+
+
+def test_loading_a_users_model_without_its_module_says_what_to_import(user_run):
+    _, model_dir, _ = user_run
+    sys.modules.pop("my_nets", None)
+    with pytest.raises(train.errors.SetupError) as raised:
+        train.load_model(model_dir)
+    message = str(raised.value)
+    assert "cannot import module 'my_nets'" in message and "put its directory on PYTHONPATH" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_predict_given_a_folder_classifies_the_images_in_it(user_run, sample_corpus, tmp_path, capsys):
+    _, model_dir, _ = user_run
+    good, _, _ = good_and_bad_files(sample_corpus, tmp_path)
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    copies = [
+        folder / f"a{os.path.splitext(good[0])[1]}",
+        folder / "nested" / f"b{os.path.splitext(good[1])[1]}",
+    ]
+    for source, copy in zip(good[:2], copies, strict=True):
+        copy.write_bytes(open(source, "rb").read())
+    (folder / "notes.txt").write_text("not an image, not an input")
+    (tmp_path / "empty").mkdir()
+    assert predict_main([model_dir, str(folder), str(tmp_path / "empty"), "--top-k", "1"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [*map(str, sorted(copies)), str(tmp_path / "empty")]
+    assert "error" not in lines[0] and "error" not in lines[1]
+    assert lines[2].endswith("error: a folder without image files (.jpg .jpeg .png .gif .bmp .webp)")
