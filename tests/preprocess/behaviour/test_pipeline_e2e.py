@@ -271,7 +271,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.transforms import environments
 from apache_beam.portability.api import beam_runner_api_pb2
-from preprocess import local_runner
+from preprocess.launch import local_runner
 with open(sys.argv[1], "rb") as handle:
     proto = beam_runner_api_pb2.Pipeline.FromString(handle.read())
 options = PipelineOptions([])

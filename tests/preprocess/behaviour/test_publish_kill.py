@@ -24,7 +24,7 @@ from tests.stage1 import run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # No retention period: the test holds that the next run removes every run before it (the retention
 # period is held by test_publish.py); the sample corpus's broken files are a quarter of it at this size.
 RERUN_ARGS = ["--retention-days", "0", "--max-failed-fraction", "1"]

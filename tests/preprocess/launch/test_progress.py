@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from preprocess.launch import progress
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 _COUNT_IN_A_CHILD = """
 from preprocess.launch.progress import ProgressCounter
