@@ -275,11 +275,13 @@ def resolve_and_lease(
 def _being_removed(data_dir: str, candidate: dataset_pin.PinnedDataset, lease: DatasetLease) -> str | None:
     """Why a first start must not read `candidate` after all (a remover got to it first), or None."""
     run = dataset_pin.describe_run(candidate.manifest, candidate.manifest_sha256)
-    if lease.removal_markers():
-        return f"dataset {run} is being removed from {data_dir} by stage 1's cleanup"
     published = dataset_pin.published_bytes_or_none(data_dir)
     if published is not None and manifest_lib.manifest_sha256(published) == candidate.manifest_sha256:
-        return None  # still the published run: no remover touches that one
+        # Still the published run after the lease: no remover removes that one (it reads the published
+        # run again after its marker), so a marker left on it by a remover that died does not matter.
+        return None
+    if lease.removal_markers():
+        return f"dataset {run} is being removed from {data_dir} by stage 1's cleanup"
     # A newer run published since the read; a remover may even have come and gone before the lease.
     missing = dataset_pin.missing_shards(data_dir, candidate.manifest)
     if missing:

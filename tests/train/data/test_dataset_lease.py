@@ -186,6 +186,20 @@ def test_a_first_start_that_finds_a_remover_at_work_on_its_run_after_its_lease_b
     assert live_holders(root, two_runs.run_b) == {lease.holder}
 
 
+def test_a_marker_left_on_the_published_run_by_a_remover_that_died_does_not_stop_a_first_start(
+    two_runs, tmp_path
+):
+    root, model_dir = str(two_runs.root), str(tmp_path / "model")
+    remover = HeldRemover(root, two_runs.run_a, "commit log")  # marked, then held (as if it had died)
+    pinned, lease = dataset_lease.resolve_and_lease(root, model_dir)
+    lease.stop()
+    assert pinned.run_id == two_runs.run_a  # still the published run: no remover removes it
+    assert live_holders(root, two_runs.run_a) == {lease.holder}
+    remover.go()
+    assert remover.join() is False  # and one that goes on finds the lease and leaves the run
+    assert is_whole(root, two_runs.manifest_a)
+
+
 def _pin_run_a_with_a_lapsed_lease(two_runs, model_dir: str):
     """A model dir that trained on A, stopped two days ago: its pin, and its last lease, long expired."""
     root = str(two_runs.root)
