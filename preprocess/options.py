@@ -3,7 +3,6 @@
 import argparse
 import dataclasses
 import difflib
-import sys
 
 from dataset_contract.cli_help import CommandParser, group_flags
 from preprocess.config import Stage1Config
@@ -63,13 +62,6 @@ def stage1_argv(args: argparse.Namespace, names) -> list[str]:
         else:
             argv += [flag_of(name), ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
     return argv
-
-
-def refuse(message: str, prog: str = PROG):
-    """Exit 2 with `message`: a user's mistake, said in a line or two, without a traceback."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    print(f"(see {prog} --help)", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def beam_option_flags() -> list[str]:
@@ -142,11 +134,11 @@ def beam_args_problem(beam_args: list[str], parser: CommandParser) -> str | None
     )
 
 
-def check_beam_args(beam_args: list[str], parser: CommandParser, prog: str = PROG) -> None:
+def check_beam_args(beam_args: list[str], parser: CommandParser) -> None:
     """Refuses (exit 2) the flags beam_args_problem finds wrong."""
     problem = beam_args_problem(beam_args, parser)
     if problem:
-        refuse(problem, prog)
+        parser.refuse(problem)
 
 
 def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[str]]:
@@ -162,7 +154,7 @@ def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[
         parser.refuse(mixed_up)
     config = Stage1Config(**vars(args))
     for problem in config.problems():
-        refuse(problem)
+        parser.refuse(problem)
     if check_beam_flags:
         check_beam_args(beam_args, parser)
     return config, beam_args

@@ -26,7 +26,8 @@ def main(argv=None) -> None:
     except LauncherPythonError as exc:
         sys.exit(f"preprocess: {exc}")
     # Beam's options are imported for this (a second or two), only when flags are left for Beam.
-    options.check_beam_args(beam_args, options.build_parser())
+    parser = options.build_parser()
+    options.check_beam_args(beam_args, parser)
     # A template may be made before its input exists (input_checks.check_inputs).
     template = any(arg.split("=", 1)[0] == "--template_location" for arg in beam_args)
     try:
@@ -34,7 +35,7 @@ def main(argv=None) -> None:
     except input_checks.InputError as exc:
         if config.verbose:
             raise
-        options.refuse(str(exc))
+        parser.refuse(str(exc))
     if not template:
         from preprocess.inputs import size_check  # noqa: PLC0415
 
