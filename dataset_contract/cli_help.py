@@ -1,16 +1,4 @@
-"""The command line every command of the package shares: one parser class, its --help format.
-
-CommandParser is the argparse parser of every command (`preprocess`, `preprocess.inspect`,
-`preprocess.verify`, `train`, `train.evaluate`, `train.predict`, `pipelines.local`,
-`pipelines.dataflow`): a mistake is a line or two and exit 2, never argparse's whole usage, and an
-unknown flag gets the nearest known one (`--epocs` -> `--epochs`, `--image_size` -> `--image-size`).
-It imports nothing heavy, so a command parses its flags before it imports TensorFlow or Beam.
-
-DefaultsHelpFormatter: argparse's ArgumentDefaultsHelpFormatter appends "(default: X)" to every flag;
-this one skips the flags whose help already states its default (the word "default" in it: a default
-that needs a sentence, e.g. "one pass over the train split"), switches (store_true: off unless given)
-and flags without a default, where "(default: None)" would say nothing, required flags included.
-"""
+"""The command line every command of the package shares: one parser class, its --help format."""
 
 import argparse
 import difflib

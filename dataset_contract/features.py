@@ -1,21 +1,4 @@
-"""Feature keys of the TFRecord examples and the image encodings.
-
-Every example in a shard is a `tf.train.Example` with these features:
-
-  image       bytes   the image, encoded per the manifest's `image.encoding`
-  label       int64   index into the manifest's `labels`
-  class_name  bytes   the class name (UTF-8), equal to labels[label]
-  sha256      bytes   hex sha256 of the source file's bytes (the dedup key)
-  uri         bytes   where the source file was read from
-
-`image` is one bytes feature for every encoding, so a batch parses with one
-`parse_example` and decodes with one vectorized op:
-
-  bfloat16  H*W*3 little-endian bfloat16, already normalized  (decode_raw)
-  float32   H*W*3 little-endian float32, already normalized   (decode_raw)
-  uint8     H*W*3 raw RGB pixels, normalize with the manifest  (decode_raw)
-  jpeg      a baseline JPEG of the HxW RGB image               (decode_jpeg)
-"""
+"""Feature keys of the TFRecord examples and the image encodings."""
 
 IMAGE = "image"
 LABEL = "label"

@@ -1,12 +1,4 @@
-"""Resize geometry shared by the offline job (PIL) and the serving model (TF).
-
-Both paths must cut the same window out of the same image, so the arithmetic
-lives here once, in integers (round half up), and each side applies it with
-its own ops: `preprocess` with PIL on numpy arrays, `train`'s serving
-signature with `tf.image` on tensors. The functions take Python ints or
-integer tensors alike: they use only `*`, `+`, `//`, `-` and `minimum`/
-`maximum` passed in by the caller.
-"""
+"""Resize geometry shared by the offline job (PIL) and the serving model (TF)."""
 
 CROP = "crop"  # aspect-preserving resize of the short side, then center crop
 PAD = "pad"  # aspect-preserving resize of the long side, then letterbox

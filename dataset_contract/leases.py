@@ -1,34 +1,4 @@
-"""Leases: a training job's claim on the dataset run it reads, which stage 1's cleanup honours.
-
-Stage 1 keeps a superseded run's files for a retention period
-(docs/dataset_format.md), but a training run may last longer, or resume
-weeks later from its pin (train/data/dataset_pin.py). So a job that trains on a
-run holds a lease on it: an object
-
-    leases/<run id>/<holder>.<expiry, YYYYmmddTHHMMSSZ>.json
-
-in the dataset directory, where `holder` names the job (a hash of its model
-dir) and the expiry is in the name, so that one listing of `leases/<run id>/`
-tells whether any lease is live, without a read. The job writes a new one
-before the last expires (a new name each time: on a bucket that refuses
-overwrites, none is ever replaced) and removes its older ones. Stage 1's
-cleanup never removes a run that has a live lease, whatever its age.
-
-A remover (stage 1's garbage collection) announces itself in the same
-directory before it removes a run's files:
-
-    leases/<run id>/removing.<expiry, YYYYmmddTHHMMSSZ>.<attempt>.json
-
-and lists the directory again after writing it; a trainer lists it after
-writing its lease. Whichever writes second sees the other's object, so one
-of the two always backs off (the remover leaves the run, the trainer does not
-read it). A removal marker is live until its expiry (`REMOVAL_MARKER_SECONDS`
-after it was written), so one left by a remover that died, or on a bucket
-that refuses to delete it yet, stops leases only that long.
-
-Neither Beam nor TensorFlow is imported here: each stage lists and writes
-the objects with its own I/O.
-"""
+"""Leases: a training job's claim on the dataset run it reads, which stage 1's cleanup honours."""
 
 import datetime
 import hashlib

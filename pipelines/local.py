@@ -1,19 +1,9 @@
 """The local workflow: stage 1 on the DirectRunner, then training on this machine.
 
     python -m pipelines.local --workdir /tmp/run                 # the embedded sample corpus
-    python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small \
+    python -m pipelines.local --input ~/photos --workdir /tmp/run --image-size 224 --model mobilenetv3small \\
         --weights imagenet
     python -m pipelines.local --workdir /tmp/run --skip-preprocess   # train on the existing dataset as it is
-
-Run again with the same command (after Ctrl-C, a crash, or to finish), it resumes: stage 1 is skipped
-when WORKDIR/dataset was built from the same inputs and stage 1 flags (the manifest's build
-fingerprint, preprocess/publish/fingerprint.py), and training resumes from WORKDIR/model's last checkpoint.
-
-Without --input it generates the sample corpus (shapes in five classes, with
-a few broken files and altered copies) into WORKDIR/sample_corpus and uses that. Stage 1 runs
-with one DirectRunner worker process per core. Outputs: WORKDIR/dataset (the
-dataset directory) and WORKDIR/model (checkpoints, logs, metrics.json and
-the serving export). Paths may be gs:// URIs.
 """
 
 import difflib

@@ -1,17 +1,7 @@
 """Check that a dataset directory is whole: every shard against the manifest, every record sound.
 
-    python -m preprocess.verify /tmp/run/dataset
-    python -m preprocess.verify gs://BUCKET/run/dataset --splits train,validation --workers 16
-
-Reads every byte of every listed shard once: its size and sha256 against
-`dataset.json`, the TFRecord framing and checksums, the record count, and each
-example (schema, image payload, finite values, label); see
-`dataset_contract/verification.py`, which training's `--verify-data` shares.
-Also checks that the error log and tf.Transform's output the manifest names
-are there. Reads both layouts: format 2 (each run's files under
-`runs/<run id>/`) and format 1 (files at the top level).
-Prints one line per problem naming the shard, and exits 1 if there is any
-(2 if the directory has no usable manifest).
+python -m preprocess.verify /tmp/run/dataset
+python -m preprocess.verify gs://BUCKET/run/dataset --splits train,validation --workers 16
 """
 
 import os

@@ -1,24 +1,4 @@
-"""What is checked about --input and --output before a job starts, so that a mistake costs seconds, not a run.
-
-`python -m preprocess`, `pipelines.local` and `pipelines.dataflow` call
-`check_inputs` before Beam or training starts (and before anything is
-written): a wrong path, a folder without images or without class folders, a
-single class, an output directory inside the input tree, a manifest none of
-whose first rows can be used or whose files are not where it says. Each is an
-`InputError` whose message says what is wrong and what to do; the commands
-print it in a line or two and exit 2.
-
-The checks stay cheap whatever the corpus: a tree is surveyed class folder by
-class folder, each only until its first image (at most SURVEY_LIMIT names); a
-manifest by its first MANIFEST_SAMPLE_ROWS rows and the first few files they
-name. The job itself still accounts for every input.
-
-Empty class folders and files at the root of the tree (which have no class)
-are not mistakes that stop a run: they are named in a warning, and the job
-leaves them out (the root's files are counted as skipped in the manifest).
-A pre-split tree (ROOT/<split>/<class>/...) is surveyed split folder by split
-folder; one that mixes split folders and class folders is refused.
-"""
+"""What is checked about --input and --output before a job starts, so that a mistake costs seconds, not a run."""
 
 import concurrent.futures
 import dataclasses

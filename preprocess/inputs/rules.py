@@ -1,30 +1,4 @@
-"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, without Beam.
-
-`preprocess.inputs.listing` lists with them inside the job; `preprocess.inputs.checks`
-applies the same rules in the launcher before the job starts, so that a
-refusal costs no Beam import (seconds).
-
-What is an input follows Keras' `image_dataset_from_directory`: in a tree,
-only files with an image extension (IMAGE_EXTENSIONS, any case) are inputs,
-and images in sub-folders of a class folder belong to that class. Other files
-(a `meta.json`, `notes.txt` or README beside the images) and the files
-directly in the root (which have no class) are skipped: not failures, but
-`SkippedFile`s, counted by extension in the manifest. Hidden files and OS
-debris (`.DS_Store`, `Thumbs.db`) are passed over without a count.
-
-A pre-split tree (`ROOT/<split>/<class>/<image>`, as TFDS' ImageFolder reads
-it: every top folder named train, val/valid/validation or test) gives each
-image the split of its top folder, in the same field a manifest's split
-column sets (`InputRecord.split`), so it wins over the content rule and the
-near-duplicate audit alike (`tree_splits`). Top folders of which some name a
-split and others do not are refused (`MixedTreeError`).
-
-A manifest's columns are found from its header, when it has one
-(`ManifestLayout`): the common names (uri/path/filename/file/image,
-label/class/category, split), in any order, a pandas index column ignored;
-split names such as `val`, `valid` or `eval` mean validation. A row is parsed
-alone, so a bad row names the manifest and quotes the row.
-"""
+"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, without Beam."""
 
 import csv
 import dataclasses

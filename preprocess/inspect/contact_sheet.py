@@ -4,24 +4,6 @@
     python -m preprocess.inspect gs://BUCKET/run/dataset --split validation --per-class 12 \\
         --out gs://BUCKET/run/contact_sheet_validation.png
 
-The contact sheet (a PNG, `--out`, default ./contact_sheet_<split>.png) has
-one row per class, labelled with the integer label and the class name, and
-`--per-class` examples across, drawn from the shards themselves: decoded and
-de-normalized back to 0-255 pixels, which is what training sees before it
-normalizes. A wrong orientation, a colour swap, a bad crop or mixed-up
-labels show at a glance. Rows go by each record's integer label (what the
-model learns), so a mislabelled image sits in the wrong row.
-
-Records are read in manifest order only until every row is full (or
-`--max-read-mb` is spent): a few megabytes, whatever the size of the
-dataset. All file access is through `tf.io.gfile`: local paths and gs://.
-
-`--report report.html` (local or gs://) writes one self-contained HTML page
-instead of the PNG (both with `--out`): examples per split and class,
-failures with examples, the source images' sizes, a contact sheet per class,
-and the near-duplicate groups with thumbnails of their source files (read
-through Beam's FileSystems; see preprocess/inspect/report/).
-
     python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
 """
 

@@ -1,22 +1,5 @@
 """The output bucket's cost rules, stated when stage 1 is launched, with a warning where one multiplies the
-bill for this dataset.
-
-A publish supersedes a run, and garbage collection removes it later; what that removal saves depends on
-the bucket's settings, which the launcher reads once (`storage.buckets.get`):
-
-- soft delete (7 days by default on new buckets): a removed object stays billed that long;
-- Object Versioning: a removed object becomes a noncurrent version, billed until a lifecycle rule deletes
-  it (docs/cloud.md gives one), so without such a rule every superseded run stays billed for ever;
-- the default storage class: Nearline, Coldline and Archive charge a retrieval fee per GB read, and
-  training reads the whole dataset every epoch; each has a minimum storage duration;
-- Autoclass (stated only: it moves what is not read to colder classes, which costs less);
-- a retention policy, or a default event-based hold: no object goes before its period ends (or its hold
-  is released), so superseded runs pile up meanwhile.
-
-The figures are estimates: this dataset's size (its published manifest's shards; before a first publish,
-per 100 GB), one publish a week, and the list prices of `PRICES` (their source is `PRICES_SOURCE`). Settings
-that cannot be read (a 403) are one line, never an error.
-"""
+bill for this dataset."""
 
 import dataclasses
 import logging

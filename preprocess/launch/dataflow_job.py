@@ -1,31 +1,4 @@
-"""The launcher's side of a job that runs elsewhere (Dataflow): its identity, attaching, Ctrl-C.
-
-Three things the launcher must get right about a job it does not run itself:
-
-- **Ctrl-C leaves the job alone.** Beam does not cancel a Dataflow job when
-  its launcher is interrupted: the job runs on, and its SDK processes load
-  tf.Transform's analysis from the build's temporary directory for hours
-  after. So that directory is removed only once the job's state is terminal
-  (`is_finished`), and an interrupted launcher says the job goes on and how
-  to cancel it (`JobContinuesError`, exit 130 in preprocess/pipeline.py).
-- **A relaunch is idempotent.** An orchestrator's retry (Airflow, a re-run of
-  the same command) must not start a second full job beside the first. A
-  request (the output directory, a fingerprint of the inputs and flags:
-  `request_digest`) is recorded in the output directory with its job
-  (preprocess/launch/job_record.py), so a relaunch finds the running job whatever
-  `--job_name` it is given (Airflow appends a unique suffix to it), waits for
-  that job and reports its run (`attach_to_job`). Without `--job_name` the
-  job is named from the request too (`stable_job_name`), and Dataflow's
-  refusal of a second active job of that name (`DataflowJobAlreadyExistsError`)
-  is a second guard. A different request (other flags, other inputs) runs;
-  the publish step settles which run's dataset stays. The request is also a
-  job label (`request`).
-- **The attached job's run is known.** The launcher that submitted the job
-  chose its run id and build id (preprocess/publish/runs.py); they ride along as job
-  labels (`run-id`, `build-id`), so a launcher that attaches reports that
-  run and, once the job has ended, removes that build's tf.Transform
-  directory.
-"""
+"""The launcher's side of a job that runs elsewhere (Dataflow): its identity, attaching, Ctrl-C."""
 
 import hashlib
 import json

@@ -1,30 +1,5 @@
 """The identity of a stage 1 job on Dataflow, recorded in its output directory, so that a relaunch finds
-the running job whatever name the scheduler gives it.
-
-Dataflow refuses a second active job of the same name, and the launcher names a job from its request
-(preprocess/launch/dataflow_job.py). But orchestrators name jobs their own way: Airflow's Dataflow operators
-append a unique suffix to `--job_name` by default, so their retry of a running job would start a second
-full one. So the launcher records the job of each request (the output directory, the inputs and the
-flags: `dataflow_job.request_digest`) where every launch of the same request looks first:
-
-    OUTPUT/launches/<request>.<attempt, 4 digits>.json      job name, run id, build id, when
-    OUTPUT/launches/<request>.<attempt>.job.json            the job's id, once Dataflow has given one
-
-each created only if absent (`ifGenerationMatch=0` on GCS, `O_EXCL` on local disk) and never replaced,
-so the same protocol holds on a bucket that refuses overwrites. A launch lists `launches/<request>.*`
-(one listing) and asks Dataflow about the newest attempt's job:
-
-- none recorded, or that job has ended (or was never submitted, `SUBMIT_GRACE_SECONDS` after it was
-  recorded): the launch creates the next attempt and submits its own job;
-- that job is running, or is still being submitted by another launch: the launch waits for that job
-  instead of starting a second one, and reports its run (`ATTACH`);
-- Dataflow cannot be asked (no permission on its API, another project): it refuses (`RelaunchRefused`,
-  exit 2), saying how to check on that job and how to start anew.
-
-Two launches of one request at once both try to create the same attempt: exactly one succeeds and
-submits; the other reads its record and waits for its job. A launch whose submission fails removes its
-record (best effort; else the grace period lets the next launch go on).
-"""
+the running job whatever name the scheduler gives it."""
 
 import dataclasses
 import datetime
