@@ -226,6 +226,15 @@ class TrainConfig:
         exclusive="length",
         help="Total training steps instead of --epochs, split into equal epochs of at most --steps-per-epoch.",
     )
+    more_epochs: int = flag(
+        0,
+        group=LENGTH_AND_LEARNING_RATE,
+        type=non_negative_int,
+        help="Continue the finished run in --model-dir for this many more epochs, on purpose (Keras' "
+        "initial_epoch): the same flags it was trained with, plus this one. The learning rate restarts: a "
+        "linear warmup to the run's peak, then a cosine decay to 0 over the new epochs (the plan line says "
+        "it). Interrupted, the same command resumes it; run again once finished, it adds as many again.",
+    )
     steps_per_epoch: int | None = flag(
         None,
         group=LENGTH_AND_LEARNING_RATE,

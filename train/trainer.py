@@ -103,6 +103,7 @@ class RunSetup:
     device: accelerator.DeviceDescription
     choice: accelerator.AcceleratorChoice
     plan: TrainingPlan
+    continuation: resume_check.Continuation | None = None  # --more-epochs
 
 
 def setup_run(
@@ -151,11 +152,28 @@ def warn_about_steps_per_execution(
     return message
 
 
+def continued_recipe(
+    config: TrainConfig, plan: TrainingPlan, continuation: resume_check.Continuation
+) -> recipe_lib.Recipe:
+    """The recipe of the epochs --more-epochs adds: the run's peak, its warmup and a cosine decay over them,
+    from the step the run had finished at (no frozen backbone: the head has trained)."""
+    segment = dataclasses.replace(plan, epochs=continuation.more_epochs)
+    recipe = recipe_lib.resolve_recipe(dataclasses.replace(config, freeze_backbone_epochs=0), segment)
+    return dataclasses.replace(recipe, schedule_offset=continuation.from_step)
+
+
 def compile_model(
-    model: keras.Model, config: TrainConfig, plan: TrainingPlan, choice: accelerator.AcceleratorChoice
+    model: keras.Model,
+    config: TrainConfig,
+    plan: TrainingPlan,
+    choice: accelerator.AcceleratorChoice,
+    continuation: resume_check.Continuation | None = None,
 ) -> recipe_lib.Recipe:
     """Compile `model` with the run's recipe (optimizer, schedule, loss: recipe.py); returns the recipe."""
-    recipe = recipe_lib.resolve_recipe(config, plan)
+    if continuation is None:
+        recipe = recipe_lib.resolve_recipe(config, plan)
+    else:
+        recipe = continued_recipe(config, plan, continuation)
     model.compile(
         optimizer=optimization.build_optimizer(recipe, model),
         loss=losses.training_loss(recipe.label_smoothing),
@@ -530,6 +548,13 @@ def start_run(
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     # A resume must keep the checkpoint's batch, length and schedule (resume_check.py).
     resume_note = resume_check.check_resume(config.model_dir, plan, planned_recipe, chief)
+    if config.more_epochs:
+        # The run's own plan checked, then extended: fit goes on from the step it finished at.
+        continuation = resume_check.continue_run(config.model_dir, plan, config.more_epochs, chief)
+        plan = dataclasses.replace(plan, epochs=continuation.total_steps // plan.steps_per_epoch)
+        setup = dataclasses.replace(setup, plan=plan, continuation=continuation)
+        planned_recipe = continued_recipe(config, plan, continuation)
+        resume_note = progress_lines.continuation_line(continuation, planned_recipe)
     if chief:
         printer(progress_lines.describe_plan(config, manifest, setup, planned_recipe, interval.describe()))
         if resume_note:
@@ -571,7 +596,7 @@ def build_training_state(config: TrainConfig, data: RunDataset, run: Run) -> Tra
         model = models.build_model_for_dataset(
             config.model, data.image_format, data.num_classes, choice.policy, weights=config.weights
         )
-        recipe = compile_model(model, config, plan, choice)
+        recipe = compile_model(model, config, plan, choice, run.setup.continuation)
         evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
         build_from_shapes(model, strategy, _replica_batch(plan, data.image_format, weighted=False))
         build_from_shapes(evaluation_model, strategy, _replica_batch(plan, data.image_format, weighted=True))

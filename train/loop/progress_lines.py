@@ -163,3 +163,15 @@ def final_line(result: dict, model_dir: str, metrics_file: str) -> str:
     export = result.get("export_dir")
     where = f"export: {export} (serving SavedModel)" if export else "export: none (--no-export)"
     return f"{where}; metrics: {model_dir.rstrip('/')}/{metrics_file}"
+
+
+def continuation_line(continuation, recipe) -> str:
+    """What --more-epochs does, for the plan's lines: from which step to which, and the learning rate."""
+    warmup = (
+        f"linear warmup over {recipe.warmup_steps} steps to " if recipe.warmup_steps else "restarting at "
+    )
+    return (
+        f"continuing the finished run for {continuation.more_epochs} more epochs (--more-epochs), steps "
+        f"{continuation.from_step + 1} to {continuation.total_steps}: learning rate {warmup}"
+        f"{recipe.peak_learning_rate:.3g}, then cosine decay to 0 over {recipe.decay_steps} steps"
+    )

@@ -9,14 +9,16 @@ MODEL_DIR/run_plan.json, and every start that finds a checkpoint compares:
     the same plan                 resume (a finished run is evaluated and exported again, not trained:
                                   a line says so)
     another batch, length or      ConfigError (exit 2) naming each difference and the flags that restore
-    schedule                      the recorded plan; training further means a new --model-dir, starting
-                                  from this one's backbone with --weights MODEL_DIR
+    schedule                      the recorded plan; training longer is --more-epochs N on the finished run
+                                  (continue_run: a restarted schedule, recorded in run_plan.json), training
+                                  differently a new --model-dir, from this one's backbone (--weights MODEL_DIR)
     no run_plan.json (a model     resume, with a line saying the plan could not be checked
     dir of an older version)
 
 Steps per execution may change (another device): it changes no step's meaning.
 """
 
+import dataclasses
 import json
 
 import tensorflow as tf
@@ -154,8 +156,13 @@ class PlanChangedError(ConfigError):
             "size makes it another epoch; other epochs or another schedule move the learning rate under it), so "
             "nothing was trained.\n"
             f"  To resume it: {how}\n"
-            f"  To train further or differently: a new --model-dir, with --weights {self.model_dir} to start from "
-            "its backbone"
+            + (
+                "  To train it longer: once finished, its own flags plus --more-epochs N\n"
+                if accepted is None or "--more-epochs" in accepted
+                else ""
+            )
+            + f"  To train further or differently: a new --model-dir, with --weights {self.model_dir} to start "
+            "from its backbone"
         )
 
 
@@ -208,3 +215,48 @@ def check_resume(model_dir: str, plan: TrainingPlan, recipe: Recipe, chief: bool
             "evaluating and exporting its final weights again"
         )
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """--more-epochs: a finished run trained on from `from_step` for `more_epochs` epochs, to `total_steps`."""
+
+    from_step: int
+    more_epochs: int
+    total_steps: int
+
+
+CONTINUED = "continued"  # run_plan.json: the continuations, in order
+
+
+def continue_run(model_dir: str, plan: TrainingPlan, more_epochs: int, chief: bool) -> Continuation:
+    """The continuation --more-epochs asks of MODEL_DIR's run (check_resume has found its plan the same).
+
+    A finished run (its last step, or its last continuation's) gets a new one, recorded in run_plan.json;
+    an interrupted continuation of as many epochs is resumed; a run not finished is refused (ConfigError).
+    """
+    path = manifest_lib.join(model_dir, PLAN_FILE)
+    step = latest_checkpoint_step(model_dir)
+    if step is None or not tf.io.gfile.exists(path):
+        raise ConfigError(
+            f"--more-epochs {more_epochs} continues a finished run, and {model_dir} holds none (no checkpoint, or "
+            f"no {PLAN_FILE}): train it first without --more-epochs"
+        )
+    with tf.io.gfile.GFile(path) as handle:
+        recorded = json.load(handle)
+    continued = list(recorded.get(CONTINUED, []))
+    end = continued[-1]["total_steps"] if continued else recorded["total_steps"]
+    if step < end:
+        last = continued[-1] if continued else None
+        if last is not None and last["more_epochs"] == more_epochs and step >= last["from_step"]:
+            return Continuation(last["from_step"], more_epochs, last["total_steps"])  # interrupted: resume it
+        raise ConfigError(
+            f"{model_dir} holds a run at step {step} of {end}, not finished: --more-epochs continues a finished "
+            "run; run the same command without --more-epochs to finish it first"
+        )
+    continuation = Continuation(end, more_epochs, end + more_epochs * plan.steps_per_epoch)
+    if chief:
+        recorded[CONTINUED] = [*continued, dataclasses.asdict(continuation)]
+        with tf.io.gfile.GFile(path, "w") as handle:
+            handle.write(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    return continuation

@@ -23,17 +23,42 @@ from train.model.recipe import ADAMW, SGD_MOMENTUM, Recipe
 
 
 def learning_rate_schedule(recipe: Recipe) -> keras.optimizers.schedules.LearningRateSchedule:
-    """Linear warmup from 0 to the peak, then cosine decay to 0, as a function of the step counter."""
+    """Linear warmup from 0 to the peak, then cosine decay to 0, as a function of the step counter
+    (from `recipe.schedule_offset` on, for a run continued with --more-epochs)."""
     if recipe.warmup_steps == 0:
-        return keras.optimizers.schedules.CosineDecay(
+        schedule = keras.optimizers.schedules.CosineDecay(
             recipe.peak_learning_rate, decay_steps=recipe.decay_steps
         )
-    return keras.optimizers.schedules.CosineDecay(
-        0.0,
-        decay_steps=recipe.decay_steps,
-        warmup_target=recipe.peak_learning_rate,
-        warmup_steps=recipe.warmup_steps,
-    )
+    else:
+        schedule = keras.optimizers.schedules.CosineDecay(
+            0.0,
+            decay_steps=recipe.decay_steps,
+            warmup_target=recipe.peak_learning_rate,
+            warmup_steps=recipe.warmup_steps,
+        )
+    if recipe.schedule_offset:
+        return OffsetSchedule(schedule, recipe.schedule_offset)
+    return schedule
+
+
+@keras.saving.register_keras_serializable(package="train")
+class OffsetSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` started at step `offset`: the learning rate of the steps a continued run adds (before the
+    offset, which a continued run never trains again, the schedule's first value)."""
+
+    def __init__(self, schedule, offset: int):
+        self.schedule = schedule
+        self.offset = int(offset)
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.maximum(keras.ops.cast(step, "float32") - self.offset, 0.0))
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule), "offset": self.offset}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["offset"])
 
 
 _NORMALIZATION_LAYERS = (

@@ -62,6 +62,8 @@ class Recipe:
     learning_rate_scaling: str | None = (
         None  # lr_scaling.LINEAR or SQRT; None when --learning-rate fixed the peak
     )
+    # --more-epochs: the step the schedule (warmup, then decay) starts from; 0 for a run's own schedule.
+    schedule_offset: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -3,6 +3,7 @@ restore it (exit 2, nothing trained); a finished run is evaluated again, never t
 
 import json
 import os
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -11,6 +12,8 @@ from train.__main__ import main as train_main
 from train.config import TrainConfig
 from train.errors import ConfigError
 from train.loop import resume_check
+from train.model import optimization
+from train.model.recipe import Recipe
 from train.trainer import train_and_evaluate
 
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 8
@@ -92,3 +95,43 @@ def test_the_same_plan_on_a_finished_run_says_it_trains_nothing(finished_run, ca
     assert (
         printed.strip().splitlines()[-1] == f"export: none (--no-export); metrics: {model_dir}/metrics.json"
     )
+
+
+def test_more_epochs_continue_a_finished_run_with_a_restarted_schedule_and_resume_if_interrupted(
+    finished_run, tmp_path, capsys
+):
+    data_dir, finished_dir = finished_run
+    model_dir = tmp_path / "model"
+    shutil.copytree(finished_dir, model_dir)  # the module's run stays finished for the other tests
+    capsys.readouterr()
+    done = EPOCHS * STEPS_PER_EPOCH
+    metrics = train_and_evaluate(_config(data_dir, model_dir, more_epochs=2))
+    printed = capsys.readouterr().out
+    total = done + 2 * STEPS_PER_EPOCH
+    assert (
+        f"continuing the finished run for 2 more epochs (--more-epochs), steps {done + 1} to {total}"
+        in printed
+    )
+    assert metrics["global_step"] == total and metrics["steps_this_run"] == 2 * STEPS_PER_EPOCH
+    assert metrics["epochs"] == EPOCHS + 2 and _latest_step(model_dir) == total
+    # The schedule of the added steps restarts: the run's peak after the warmup (none in 6 steps: a tenth
+    # of the run at most), then down to 0 at the new last step.
+    recipe = Recipe(**metrics["recipe"])
+    schedule = optimization.learning_rate_schedule(recipe)
+    assert recipe.schedule_offset == done and recipe.decay_steps == total - done - recipe.warmup_steps
+    assert float(schedule(done + recipe.warmup_steps)) == pytest.approx(recipe.peak_learning_rate)
+    assert float(schedule(total)) == pytest.approx(0.0, abs=1e-9)
+    with open(os.path.join(model_dir, resume_check.PLAN_FILE)) as handle:
+        assert json.load(handle)["continued"] == [{"from_step": done, "more_epochs": 2, "total_steps": total}]
+
+    # Interrupted inside the continuation (its checkpoint of one epoch in): the same command resumes it.
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    inside = os.path.join(checkpoints, f"ckpt-{done + STEPS_PER_EPOCH}")
+    assert tf.io.gfile.glob(inside + ".*"), os.listdir(checkpoints)
+    tf.compat.v1.train.update_checkpoint_state(checkpoints, inside, all_model_checkpoint_paths=[inside])
+    again = train_and_evaluate(_config(data_dir, model_dir, more_epochs=2))
+    assert again["global_step"] == total and again["steps_this_run"] == STEPS_PER_EPOCH
+
+    # Without a finished run, --more-epochs is refused with what to do.
+    with pytest.raises(ConfigError, match="train it first without --more-epochs"):
+        train_and_evaluate(_config(data_dir, tmp_path / "empty", more_epochs=1))
