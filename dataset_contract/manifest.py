@@ -42,6 +42,8 @@ RUNS_DIR = "runs"
 # Format 3: the published manifests, one object each, never replaced.
 MANIFESTS_DIR = "manifests"
 MANIFESTS_LAYOUT = "manifests"
+# The commit log (dataset_contract/commit_log.py): dataset.json is a hint to the newest of manifests/.
+COMMIT_LOG_LAYOUT = "commit-log"
 _MANIFEST_OBJECT = re.compile(r"(\d{12})-([^/]+)\.json")
 
 TRAIN = "train"
@@ -105,8 +107,9 @@ def pointer_manifest() -> dict:
 
 
 def is_pointer(manifest: dict | None) -> bool:
-    """Whether a parsed `dataset.json` is format 3's pointer to `manifests/` rather than a manifest."""
-    return isinstance(manifest, dict) and manifest.get("layout") == MANIFESTS_LAYOUT
+    """Whether a parsed `dataset.json` points to `manifests/` (format 3's pointer, the commit log's hint)
+    rather than being a manifest."""
+    return isinstance(manifest, dict) and manifest.get("layout") in (MANIFESTS_LAYOUT, COMMIT_LOG_LAYOUT)
 
 
 def manifest_object_name(sequence: int, run_id: str) -> str:
@@ -261,8 +264,8 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
     version = manifest["format_version"]
     if is_pointer(manifest):
         raise ManifestError(
-            f"{where}: a format {POINTER_FORMAT_VERSION} pointer, not a manifest: the published manifest is "
-            f"the newest object of {MANIFESTS_DIR}/ (read the directory with this project's readers)"
+            f"{where}: a pointer to {MANIFESTS_DIR}/, not a manifest: the published manifest is the newest "
+            f"object of {MANIFESTS_DIR}/ (read the directory with this project's readers)"
         )
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise ManifestError(
