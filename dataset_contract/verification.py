@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import posixpath
 import struct
 from collections.abc import Iterator
 

@@ -7,15 +7,15 @@ and every run needs its own files. A job launched directly gets its id from
 the launcher (`python -m preprocess`), which so knows which run is its own
 and can report it, or say that a newer run superseded it. The id starts with the UTC time it was made, so run
 ids sort by start time; that order decides which run may publish and which
-runs a publisher may remove (preprocess/publish/commit.py).
+runs garbage collection may remove (preprocess/publish/commit.py, preprocess/publish/gc.py).
 
 In the output directory (docs/dataset_format.md):
 
-    dataset.json                     the published manifest: names the files of one run
-    dataset.json.lock                (local disk) held while a switch is under way (manifest_switch.py)
+    manifests/<sequence>.json        the commit log: each publishes one run (dataset_contract/commit_log.py)
+    dataset.json                     a hint to the newest commit
     runs/<run id>/                   a run's final files, written once, never moved
     runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
-    runs/<run id>.deleting.<uuid>    a newer run is removing this run's files
+    leases/<run id>/                 training jobs' leases on the run, and removal markers (leases.py)
     staging/<run id>/                a run's temporary files (parts, decoded spill, ...)
     staging/<run id>/build.json      which tf.Transform directory the run uses, and whether it shares it
     staging/tft-<build id>/          tf.Transform's temporary directory (see `tft_temp_dir`)
@@ -34,7 +34,7 @@ from preprocess import filesystem
 
 STAGING_DIR = "staging"
 PUBLISHING_MARKER = "publishing"
-DELETING_MARKER = "deleting"
+DELETING_MARKER = "deleting"  # removal markers of earlier versions: garbage collection removes them
 TFT_TEMP_PREFIX = "tft-"
 
 _RUN_ID = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{8}")
