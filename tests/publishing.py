@@ -72,7 +72,7 @@ PAUSE_TIMEOUT_S = 120
 # The real publish step of one run: python -c SCRIPT OUTPUT MANIFEST_FILE RETENTION_DAYS.
 _PUBLISH_SCRIPT = """
 import json, sys
-from preprocess.publish import publish_run
+from preprocess.publish.commit import publish_run
 manifest = json.load(open(sys.argv[2]))
 publish_run(sys.argv[1], manifest["run"]["id"], manifest, retention_days=float(sys.argv[3]))
 """
