@@ -483,9 +483,20 @@ def write_hint(store):
 
 
 def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
-    """Whether a training job holds a lease on run `run_id` that has not expired (one listing)."""
+    """Whether a training job holds a lease on run `run_id` that has not expired (one listing). `store`: a
+    dataset store, or the dataset directory."""
+    if isinstance(store, str):
+        store = dataset_store.open_store(store)
     names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
     return bool(leases.live_holders(names, now))
+
+
+def remove_run(output_dir: str, run_id: str) -> bool:
+    """Remove run `run_id`'s files now (garbage collection's removal of one run: preprocess/publish/gc.py);
+    True if they are gone, False if the run is published, leased, or publishing."""
+    from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
+
+    return gc.remove_run(output_dir, run_id)
 
 
 def run_files_exist(store, run_id: str) -> bool:

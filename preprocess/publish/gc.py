@@ -322,6 +322,7 @@ class _Collector:
             self.store.create_if_absent(marker, json.dumps({"run_id": run_id}).encode("utf-8"))
             self.report.markers_written += 1
         publish.pause_point("removal-announced", run_id)
+        publish.pause_point("tombstone-written", run_id)  # its name before the commit log
         # Looked at after the marker: a trainer or a publisher that came first is seen here.
         names = [stored.name for stored in self.lease_names(run_id)]
         if leases.live_holders(names, now):
@@ -410,6 +411,30 @@ def _matches(name: str, pattern: str) -> bool:
 
 def _utc(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+
+
+def remove_run(output_dir: str, run_id: str) -> bool:
+    """Remove every object of run `run_id` now, whatever its retention; True if it is gone.
+
+    Not the published run, nor one a live lease holds, nor (if it started after the published run) one
+    whose publish is under way: False then. The same removal, marker and checks as `collect_garbage`'s.
+    """
+    collector = _Collector(output_dir, DEFAULT_MAX_OBJECTS, 1, False, None, publish._utc_now().timestamp())
+    sequence, manifest, _ = collector.head()
+    head_run = publish.published_run_id(manifest)
+    if run_id == head_run or collector.live_lease(run_id):
+        return False
+    markers = [
+        (stored.name.split("/")[-1].split(".")[1], stored)
+        for stored in collector.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects
+    ]
+    if run_id > head_run and any(
+        kind == PUBLISHING_MARKER and publish.marker_is_live(stored, collector.now)
+        for kind, stored in markers
+    ):
+        return False
+    collector.remove_run(run_id, sequence, markers, run_id > head_run)
+    return run_id in collector.report.removed_runs
 
 
 def collect_garbage(
