@@ -16,9 +16,10 @@ listing of `manifests/`. docs/dataset_format.md states the whole protocol.
   either form;
 - formats 1 and 2: no commit, `dataset.json` is the manifest.
 
-`dataset.json` in this layout is a hint for people and older readers,
-written best effort after each commit: `{"format_version": 4, "layout":
-"commit-log", "sequence": N, ...}`. Readers here never trust it: the log
+`dataset.json` in this layout is a copy of the newest commit's bytes, for
+people and older readers, written best effort after each commit (a bucket
+that keeps young objects refuses to replace it for a while, so it may be
+stale). Readers here never trust it when the log has a commit: the log
 decides.
 
 Neither Beam nor TensorFlow is imported at module level: a reader hands its
@@ -35,9 +36,6 @@ from dataset_contract import manifest as manifest_lib
 
 MANIFESTS_DIR = manifest_lib.MANIFESTS_DIR
 HINT_FILE = manifest_lib.MANIFEST_FILE
-COMMIT_LOG_LAYOUT = manifest_lib.COMMIT_LOG_LAYOUT
-# The hint's format_version: a reader that knows formats 1 to 3 only refuses it with its own message.
-HINT_FORMAT_VERSION = 4
 SEQUENCE_DIGITS = 20
 _COMMIT = re.compile(r"(\d{20})\.json")
 _FORMAT3_COMMIT = re.compile(r"(\d{12})-[^/]+\.json")
@@ -74,32 +72,8 @@ def head_of(names) -> tuple[int, str] | None:
     return max(commits) if commits else None
 
 
-def hint_manifest(sequence: int, run_id: str | None) -> dict:
-    """What `dataset.json` holds in this layout: the head when it was written, for people and older readers.
-
-    It carries every key an older reader checks first, so that reader gets to
-    its format_version check and says that it cannot read format 4.
-    """
-    return {
-        "format_version": HINT_FORMAT_VERSION,
-        "layout": COMMIT_LOG_LAYOUT,
-        "sequence": sequence,
-        "commit": commit_name(sequence),
-        "run": {"id": run_id},
-        "note": (
-            f"a hint, written after commit {sequence}: the published manifest is the object of "
-            f"{MANIFESTS_DIR}/ with the highest sequence number (docs/dataset_format.md)"
-        ),
-        "image": {},
-        "labels": [],
-        "normalization": {},
-        "splits": {},
-        "inputs": {"num_found": 0},
-    }
-
-
 def is_hint(document) -> bool:
-    """Whether a parsed `dataset.json` points to the log (format 3's pointer, or this layout's hint)."""
+    """Whether a parsed `dataset.json` is format 3's pointer to the log rather than a manifest."""
     return manifest_lib.is_pointer(document)
 
 
@@ -140,8 +114,8 @@ def read_published(data_dir: str, files: Files) -> Published | None:
     """The published manifest of `data_dir`, or None if there is none.
 
     The head of `manifests/` if it holds a commit; else `dataset.json` (a
-    format 1 or 2 manifest). ManifestError if `dataset.json` points to a log
-    that holds no commit.
+    format 1 or 2 manifest). ManifestError if `dataset.json` is format 3's
+    pointer to a log that holds no commit.
     """
     head = read_head(data_dir, files)
     if head is not None:

@@ -13,7 +13,7 @@ manifests name them the same way (relative paths), so readers take both.
 
 Publishing is a commit log (dataset_contract/commit_log.py, the one reader
 of the published manifest): each publish creates `manifests/<sequence>.json`,
-a manifest of this format, and `dataset.json` is a hint to the newest.
+a manifest of this format, and `dataset.json` is a copy of the newest.
 Format version 3 was the log of buckets that refuse overwrites,
 `manifests/<12-digit sequence>-<run id>.json` with `dataset.json` a pointer
 (`{"format_version": 3, "layout": "manifests", ...}`); the commit log reads
@@ -39,8 +39,6 @@ RUNS_DIR = "runs"
 # The commit log: the published manifests, one object each, never replaced.
 MANIFESTS_DIR = "manifests"
 MANIFESTS_LAYOUT = "manifests"
-# The commit log (dataset_contract/commit_log.py): dataset.json is a hint to the newest of manifests/.
-COMMIT_LOG_LAYOUT = "commit-log"
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -79,9 +77,8 @@ def join(directory: str, *names: str) -> str:
 
 
 def is_pointer(manifest: dict | None) -> bool:
-    """Whether a parsed `dataset.json` points to `manifests/` (format 3's pointer, the commit log's hint)
-    rather than being a manifest."""
-    return isinstance(manifest, dict) and manifest.get("layout") in (MANIFESTS_LAYOUT, COMMIT_LOG_LAYOUT)
+    """Whether a parsed `dataset.json` is format 3's pointer to `manifests/` rather than a manifest."""
+    return isinstance(manifest, dict) and manifest.get("layout") == MANIFESTS_LAYOUT
 
 
 def manifest_sha256(data: bytes) -> str:

@@ -43,7 +43,7 @@ publisher gives up (PublishTooSlowError: the runner retries) if half that
 time has passed since it wrote its own and it has not committed.
 
 **After the commit, everything is best effort**: the attempt's marker, the
-hint `dataset.json`, this run's staging and unnamed files, and a bounded
+copy of the commit in `dataset.json` (for people and older readers), this run's staging and unnamed files, and a bounded
 garbage collection. A failure there (a retention policy's 403, a 503 past
 its retries) is logged and never fails the published run. A retried publish
 step finds its own run published and goes straight to that cleanup.
@@ -304,7 +304,7 @@ def publish_run(
 ) -> dict:
     """Commit `manifest` (run `run_id`, its files complete in runs/<run id>/): the published dataset.
 
-    Then, best effort: removes this attempt's marker, writes the hint, removes
+    Then, best effort: removes this attempt's marker, copies the commit to dataset.json, removes
     this run's staging and unnamed files, and collects garbage up to
     `gc_budget` objects (preprocess/publish/gc.py). Returns the committed manifest
     (`manifest` with its `retained_runs`). Raises SupersededRunError if a run
@@ -382,9 +382,11 @@ def publish_run(
     _best_effort(f"remove the publishing marker {marker}", _delete, store, [marker])
     pause_point("switched", run_id)
     try:
-        write_hint(store)
-    except Exception as exc:  # noqa: BLE001 - a hint; a bucket that keeps it young refuses to replace it
-        log.info("could not write the hint %s (%s); readers never need it", commit_log.HINT_FILE, exc)
+        copy_head_to_dataset_json(store)
+    except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
+        log.info(
+            "could not copy the newest commit to %s (%s); readers never need it", commit_log.HINT_FILE, exc
+        )
     from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
 
     _best_effort(
@@ -465,21 +467,13 @@ def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
     )
 
 
-def write_hint(store):
-    """Best effort: `dataset.json` names the head, if it names an older one (never needed by a reader)."""
+def copy_head_to_dataset_json(store):
+    """Best effort: `dataset.json` becomes a copy of the head's bytes, for people and older readers (the
+    log's readers never need it)."""
     head = read_published(store.root, store)
-    if head is None or head.sequence == 0:
+    if head is None or head.sequence == 0 or store.read(commit_log.HINT_FILE) == head.data:
         return
-    data = store.read(commit_log.HINT_FILE)
-    try:
-        hint = json.loads(data.decode("utf-8")) if data is not None else None
-    except ValueError:
-        hint = None
-    if commit_log.is_hint(hint) and hint.get("layout") == commit_log.COMMIT_LOG_LAYOUT:
-        if int(hint.get("sequence", 0)) >= head.sequence:
-            return
-    document = commit_log.hint_manifest(head.sequence, published_run_id(head.manifest()))
-    store.write(commit_log.HINT_FILE, (json.dumps(document, indent=2) + "\n").encode("utf-8"))
+    store.write(commit_log.HINT_FILE, head.data)
 
 
 def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:

@@ -235,9 +235,13 @@ class _Collector:
         self.remove_old_commits(commits)
         if not self.dry_run and commits:
             try:
-                publish.write_hint(self.store)
-            except Exception as exc:  # noqa: BLE001 - a hint; a bucket that keeps it young refuses to replace it
-                log.info("could not write the hint %s (%s); readers never need it", commit_log.HINT_FILE, exc)
+                publish.copy_head_to_dataset_json(self.store)
+            except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
+                log.info(
+                    "could not copy the newest commit to %s (%s); readers never need it",
+                    commit_log.HINT_FILE,
+                    exc,
+                )
 
     def keep_reason(self, run_id, head_run, retained, markers) -> str | None:
         entry = retained.get(run_id)

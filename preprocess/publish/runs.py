@@ -12,7 +12,7 @@ runs garbage collection may remove (preprocess/publish/commit.py, preprocess/pub
 In the output directory (docs/dataset_format.md):
 
     manifests/<sequence>.json        the commit log: each publishes one run (dataset_contract/commit_log.py)
-    dataset.json                     a hint to the newest commit
+    dataset.json                     a copy of the newest commit, for people and older readers
     runs/<run id>/                   a run's final files, written once, never moved
     runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
     leases/<run id>/                 training jobs' leases on the run, and removal markers (leases.py)

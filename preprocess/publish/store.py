@@ -97,7 +97,7 @@ class LocalStore:
             self._remove_empty_parents(f"{self.tmp_dir}/-")
 
     def write(self, name: str, data: bytes):
-        """Replace `name` with `data` atomically (a hint; the log never needs it)."""
+        """Replace `name` with `data` atomically (the copy in dataset.json; the log never needs it)."""
         self.requests += 1
         filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
         self._remove_empty_parents(f"{self.tmp_dir}/-")

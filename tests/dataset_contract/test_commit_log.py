@@ -30,7 +30,7 @@ def test_the_head_is_the_highest_sequence_of_either_name_form_and_dataset_json_i
     write(tmp_path, commit_log.commit_name(8), {"run": {"id": "eight"}})
     newest = write(tmp_path, commit_log.commit_name(10), {"run": {"id": "ten"}})
     write(tmp_path, "manifests/notes.txt", {"run": {"id": "not a commit"}})
-    write(tmp_path, "dataset.json", commit_log.hint_manifest(8, "eight"))  # a stale hint
+    write(tmp_path, "dataset.json", {"format_version": 2, "run": {"id": "eight"}})  # a stale copy
     published = commit_log.read_published(str(tmp_path), files)
     assert (published.data, published.sequence) == (newest, 10)
     assert published.path == str(tmp_path / "manifests" / "00000000000000000010.json")
@@ -43,11 +43,11 @@ def test_a_directory_in_format_2_is_read_from_dataset_json(tmp_path, files):
     assert (published.data, published.sequence, published.path) == (data, 0, str(tmp_path / "dataset.json"))
 
 
-def test_no_dataset_is_none_and_a_hint_without_a_commit_says_the_first_publish_has_not_finished(
+def test_no_dataset_is_none_and_a_pointer_without_a_commit_says_the_first_publish_has_not_finished(
     tmp_path, files
 ):
     assert commit_log.read_published(str(tmp_path / "absent"), files) is None
-    write(tmp_path, "dataset.json", commit_log.hint_manifest(1, "r"))
+    write(tmp_path, "dataset.json", {"format_version": 3, "layout": "manifests"})  # format 3's pointer
     with pytest.raises(manifest_lib.ManifestError, match="holds no manifest"):
         commit_log.read_published(str(tmp_path), files)
 
@@ -66,14 +66,3 @@ def test_a_head_removed_between_the_listing_and_the_read_is_listed_again():
     files = Flaky()
     assert commit_log.read_published("d", files).sequence == 1
     assert files.listed == 2
-
-
-def test_an_older_reader_meets_format_version_4_in_the_hint_and_says_it_cannot_read_it(monkeypatch):
-    hint = commit_log.hint_manifest(3, "r")
-    with pytest.raises(manifest_lib.ManifestError, match="not a manifest"):
-        manifest_lib.check_manifest(hint)
-    # This code as it was before format 3: no idea of a pointer.
-    monkeypatch.setattr(manifest_lib, "SUPPORTED_FORMAT_VERSIONS", (1, 2))
-    monkeypatch.setattr(manifest_lib, "is_pointer", lambda manifest: False)
-    with pytest.raises(manifest_lib.ManifestError, match="format_version 4 is not supported by this version"):
-        manifest_lib.check_manifest(hint)

@@ -239,3 +239,36 @@ def test_removing_one_run_by_name_spares_the_published_and_the_leased_ones(direc
         publish.missing_run_files(directory.output, directory.leased, directory.manifests[directory.leased])
         == []
     )
+
+
+def test_on_gcs_a_crash_at_any_file_operation_of_gc_leaves_every_needed_run_and_the_next_call_finishes(
+    garbage, gcs_emulator, gcs_dir, monkeypatch
+):
+    from google.cloud import storage  # noqa: PLC0415
+
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+
+    def upload(url: str) -> Garbage:
+        prefix = url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+        for relative in files_below(garbage.output):
+            bucket.blob(prefix + relative).upload_from_filename(os.path.join(garbage.output, relative))
+        return dataclasses.replace(garbage, output=url)
+
+    def objects(url: str) -> set[str]:
+        prefix = url.removeprefix(f"gs://{gcs_emulator.bucket}/") + "/"
+        return {name[len(prefix) :] for name in gcs_emulator.list_objects(prefix)}
+
+    reference = upload(f"{gcs_dir}/reference")
+    with injected_faults(monkeypatch) as injector:
+        gc.collect_garbage(reference.output)
+    calls = injector.calls
+    assert any(call.startswith("delete_batch") for call in calls), calls
+    finished = objects(reference.output)
+    for crash_at in range(len(calls)):
+        crashed = upload(f"{gcs_dir}/crash-{crash_at}")
+        with injected_faults(monkeypatch, crash_at=crash_at), pytest.raises(InjectedCrash):
+            gc.collect_garbage(crashed.output)
+        assert_needed_runs_are_whole(crashed)
+        gc.collect_garbage(crashed.output)
+        left = {name for name in objects(crashed.output) if "/removing." not in name}
+        assert left == finished, f"crash before call {crash_at} ({calls[crash_at]})"

@@ -138,7 +138,7 @@ def objects(gcs_emulator, url: str) -> set[str]:
 
 
 def test_on_a_locked_bucket_each_publish_creates_a_commit_and_both_stages_read_the_newest(
-    published, gcs_emulator, gcs_dir, locked_bucket, monkeypatch
+    published, gcs_emulator, gcs_dir, locked_bucket
 ):
     retention_bucket = locked_bucket
     # A directory on the bucket with run A's files, not yet published.
@@ -151,15 +151,14 @@ def test_on_a_locked_bucket_each_publish_creates_a_commit_and_both_stages_read_t
 
     names = objects(gcs_emulator, gcs_dir)
     assert {"dataset.json", commit_log.commit_name(1), commit_log.commit_name(2)} <= names
-    # Nothing was replaced but the hint: the bucket refused deletes of young objects (markers), and the
-    # second publish's hint, which the log does not need.
+    # Nothing was replaced but dataset.json, the copy of the newest commit for people and older readers:
+    # the bucket refused deletes of young objects (markers), and the second publish's copy.
     replaced = {
         name.rsplit("/", 1)[-1] for kind, name in retention_bucket.refused_by_retention if kind == "replace"
     }
     assert replaced <= {"dataset.json"}
-    hint = json.loads(gcs_emulator.read_object(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json"))
-    assert manifest_lib.is_pointer(hint) and hint["format_version"] == commit_log.HINT_FORMAT_VERSION
-    assert hint["sequence"] == 1  # stale: written by the first publish, and young when the second came
+    copy = json.loads(gcs_emulator.read_object(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json"))
+    assert copy["run"]["id"] == a_id  # stale: written after commit 1, and young when commit 2 came
 
     # Stage 1 (Beam), stage 2 (TensorFlow's gs://) and the launcher all read run B's manifest.
     assert publish.read_published_manifest(gcs_dir)["run"]["id"] == b_id
@@ -169,12 +168,6 @@ def test_on_a_locked_bucket_each_publish_creates_a_commit_and_both_stages_read_t
 
     assert checks.read_manifest(gcs_dir)["run"]["id"] == b_id
     assert not verification.verify_named_files(gcs_dir, checks.read_manifest(gcs_dir))
-
-    # A reader that knows formats 1 and 2 only meets format_version 4 in dataset.json, and says so.
-    monkeypatch.setattr(manifest_lib, "SUPPORTED_FORMAT_VERSIONS", (1, 2))
-    monkeypatch.setattr(manifest_lib, "is_pointer", lambda manifest: False)
-    with pytest.raises(manifest_lib.ManifestError, match="format_version 4 is not supported by this version"):
-        manifest_lib.check_manifest(hint)
 
 
 def test_a_directory_in_format_2_on_a_retention_bucket_becomes_the_commit_log_at_its_next_publish(
@@ -397,6 +390,10 @@ def test_every_reader_follows_the_pointer_to_the_newest_manifest(published, outp
     publish.publish_run(output, latest_id, clone_run(output, published.manifest, latest_id))
     assert os.path.exists(os.path.join(output, commit_log.commit_name(11)))
     assert verification.read_manifest(output)["run"]["id"] == latest_id
+    assert json.loads(open(os.path.join(output, "dataset.json")).read())["run"]["id"] == latest_id  # its copy
+    # A format 3 pointer whose log holds no commit: no dataset yet, and readers say so.
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(FORMAT3_POINTER, handle)
     for name in os.listdir(os.path.join(output, manifest_lib.MANIFESTS_DIR)):
         os.remove(os.path.join(output, manifest_lib.MANIFESTS_DIR, name))
     with pytest.raises(manifest_lib.ManifestError, match="holds no manifest"):
