@@ -1,30 +1,4 @@
-"""The commit log of a dataset directory, and the one reader of the published dataset.
-
-Publishing a dataset is creating its commit: `manifests/<sequence>.json`,
-named by its 20-digit sequence number alone and created only if absent
-(`ifGenerationMatch=0` on GCS, an exclusive create on local disk), so exactly
-one publisher wins each sequence. Nothing is ever overwritten. The published
-manifest is the commit with the highest sequence (the head), found with one
-listing of `manifests/`. docs/dataset_format.md states the whole protocol.
-
-`read_published` is the one reader, used by both stages, the workflows,
-`inspect` and `verify`. It also reads the older layouts:
-
-- format 3 (a bucket that refused overwrites): `manifests/<12-digit
-  sequence>-<run id>.json` commits, `dataset.json` a pointer to them. Their
-  sequences continue in the new names: the head is the highest sequence of
-  either form;
-- formats 1 and 2: no commit, `dataset.json` is the manifest.
-
-`dataset.json` in this layout is a copy of the newest commit's bytes, for
-people and older readers, written best effort after each commit (a bucket
-that keeps young objects refuses to replace it for a while, so it may be
-stale). Readers here never trust it when the log has a commit: the log
-decides.
-
-Neither Beam nor TensorFlow is imported at module level: a reader hands its
-own file access (`Files`); `TensorFlowFiles` is stage 2's.
-"""
+"""The commit log of a dataset directory, and the one reader of the published dataset."""
 
 import dataclasses
 import json

@@ -1,36 +1,7 @@
 """Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs.
 
-    python -m preprocess.gc DIR [--dry-run] [--max-objects N]
-    python -m preprocess.gc gs://bucket/datasets/flowers --dry-run
-
-What goes (docs/dataset_format.md, "Garbage collection"):
-- runs that started before the published one (they can never publish) and
-  that the head commit does not retain, or retains past its `retain_until`,
-  with no live lease (dataset_contract/leases.py);
-- runs that started after it and never published, once their start is
-  `ABANDONED_RUN_SECONDS` ago and no publishing marker of theirs is live;
-- staging of those runs, temporary files, idle tf.Transform directories,
-  dead markers, expired leases of removed runs, the top-level files of a
-  format 1 dataset, and commits older than the head once their successor
-  is `COMMIT_GRACE_SECONDS` old (a reader or publisher that listed the log
-  just before has long read what it listed).
-
-Properties: it writes nothing a later call cannot delete, and no marker for
-a run it cannot remove yet: on a bucket that keeps young objects (a
-retention policy, a hold) it skips the objects whose retention has not
-passed (the listing's `retentionExpirationTime`; no read of the bucket's
-metadata) and says how many wait and until when. Its work per call is
-bounded (`max_objects` deletions, and listings of a few prefixes one level
-deep): it does not grow with history. Every step is idempotent and a kill
-at any line leaves a whole dataset; the next call finishes the work. On a
-bucket with hierarchical namespace it also deletes the folders it empties.
-
-Before it removes a run's files it writes a removal marker next to the
-run's leases, then lists the leases and the run's publishing markers, and
-reads the head again: a trainer that wrote its lease, or a publisher that
-marked or committed the run, in between makes it back off.
-
-Publishing calls it with a small budget (preprocess/publish/commit.py).
+python -m preprocess.gc DIR [--dry-run] [--max-objects N]
+python -m preprocess.gc gs://bucket/datasets/flowers --dry-run
 """
 
 import argparse

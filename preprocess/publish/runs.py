@@ -1,25 +1,4 @@
-"""Run ids, and where one run of the job keeps its files in the output directory.
-
-A run is one execution of the job. A template's run id is made when the job
-runs, inside the pipeline (`MakeRunId`), not when the graph is built: a
-Dataflow template (`--template_location`) is built once and run many times,
-and every run needs its own files. A job launched directly gets its id from
-the launcher (`python -m preprocess`), which so knows which run is its own
-and can report it, or say that a newer run superseded it. The id starts with the UTC time it was made, so run
-ids sort by start time; that order decides which run may publish and which
-runs garbage collection may remove (preprocess/publish/commit.py, preprocess/publish/gc.py).
-
-In the output directory (docs/dataset_format.md):
-
-    manifests/<sequence>.json        the commit log: each publishes one run (dataset_contract/commit_log.py)
-    dataset.json                     a copy of the newest commit, for people and older readers
-    runs/<run id>/                   a run's final files, written once, never moved
-    runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
-    leases/<run id>/                 training jobs' leases on the run, and removal markers (leases.py)
-    staging/<run id>/                a run's temporary files (parts, decoded spill, ...)
-    staging/<run id>/build.json      which tf.Transform directory the run uses, and whether it shares it
-    staging/tft-<build id>/          tf.Transform's temporary directory (see `tft_temp_dir`)
-"""
+"""Run ids, and where one run of the job keeps its files in the output directory."""
 
 import dataclasses
 import datetime

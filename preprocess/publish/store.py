@@ -1,26 +1,4 @@
-"""The few object operations publishing and garbage collection need, on local disk and GCS alike.
-
-Publishing and garbage collection (preprocess/publish/gc.py) must know exactly what
-each call costs and what the bucket refuses, which Beam's FileSystems hides
-(a glob lists every object below a prefix; a delete does not say why it
-failed). So they use this small store of objects named relative to one
-dataset directory:
-
-- `create_if_absent`: the commit. `ifGenerationMatch=0` on GCS; on local
-  disk the bytes go to a temporary file that is then hard-linked to the
-  name (`link` fails if the name exists, and the name appears whole).
-- `list`: one level (`delimiter`) or everything below a prefix, in pages,
-  with at most `max_results` objects: each object's size, time, and when the
-  bucket lets it go (`deletable_at`: GCS's `retentionExpirationTime`, or
-  never while it is held; now on local disk). The listing carries it, so no
-  read of the bucket's metadata (`storage.buckets.get`) is needed.
-- `delete`: names -> the ones refused and why; gone already counts as done.
-- `delete_folder`: on a bucket with hierarchical namespace, the empty folder
-  that deleting its objects left (a folder is a resource there); a no-op on
-  other buckets and local disk (empty directories are removed there).
-
-`requests` counts the requests made, for the tests and the GC's summary.
-"""
+"""The few object operations publishing and garbage collection need, on local disk and GCS alike."""
 
 from __future__ import annotations
 

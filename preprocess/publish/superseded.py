@@ -1,21 +1,4 @@
-"""Whether a newer run has published, asked cheaply enough for a thousand workers to ask it.
-
-A run that a newer one superseded can never publish, so the decode stage
-stops it (`StopIfSupersededFn`) rather than let it decode for hours. Every
-SDK process of the job asks; the answer is in the commit log
-(dataset_contract/commit_log.py), whose commits are created once and never
-change. So a worker that knows the head is commit N asks one question: does
-commit N + 1 exist? That is one small metadata read (a GET of one object's
-metadata, never a listing, never a download), and:
-
-- it is asked at most once a minute per worker, not per process: the
-  answer is kept in a small file in the worker's temporary directory, which
-  every SDK process of the worker reads (`_WorkerCache`); the process that
-  finds it older than a minute, and gets its lock, asks for all of them;
-- only when commit N + 1 exists is it downloaded (to learn its run), once
-  per publish, which is rare;
-- the first question of a worker lists `manifests/` once, to find N.
-"""
+"""Whether a newer run has published, asked cheaply enough for a thousand workers to ask it."""
 
 import contextlib
 import fcntl
