@@ -26,7 +26,8 @@ from google.cloud import storage
 
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
-from preprocess import pipeline as preprocess_pipeline
+from preprocess import options
+from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import gc
 from preprocess.publish import store as dataset_store
@@ -45,7 +46,9 @@ MAX_RUNS = 5
 def published(tmp_path_factory):
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
     output = tmp_path_factory.mktemp("published") / "dataset"
-    manifest = preprocess_pipeline.run(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+    manifest = launcher.run(
+        *options.parse_args(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
+    )
     return str(output), manifest
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from dataset_contract import leases
-from preprocess import pipeline as preprocess_pipeline
+from preprocess import options
+from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import gc
 from preprocess.publish import store as dataset_store
@@ -64,7 +65,7 @@ def lease(output: str, run_id: str, model_dir: str = "/models/a"):
 def garbage(tmp_path_factory) -> Garbage:
     corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
     output = str(tmp_path_factory.mktemp("garbage") / "dataset")
-    a = preprocess_pipeline.run(["--input", corpus.root, "--output", output, *STAGE1_ARGS])
+    a = launcher.run(*options.parse_args(["--input", corpus.root, "--output", output, *STAGE1_ARGS]))
     a_id = a["run"]["id"]
     x_id, b_id, c_id, d_id, later_id = sorted(new_run_id() for _ in range(5))
     manifests = {a_id: a}
