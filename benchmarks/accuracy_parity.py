@@ -28,7 +28,6 @@ from the same seed:
 
 import argparse
 import csv
-import json
 import os
 import shutil
 import sys
@@ -39,7 +38,7 @@ import tensorflow as tf
 
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
-from dataset_contract import features
+from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import write_sample_corpus
 from train.config import TrainConfig
@@ -189,8 +188,7 @@ def main(argv=None) -> dict:
         encoding=features.BFLOAT16,
         extra_args=("--min-shards", "2"),
     )
-    with open(os.path.join(data_dir, manifest_lib.MANIFEST_FILE)) as handle:
-        manifest = json.load(handle)
+    manifest = verification.read_manifest(data_dir)
     labels = manifest["labels"]
     trees = {}
     for split in (manifest_lib.TRAIN, manifest_lib.VALIDATION):

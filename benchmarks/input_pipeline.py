@@ -28,7 +28,6 @@ shared machine; ratios are per repetition, median reported:
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ import tensorflow as tf
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
 from dataset_contract import manifest as manifest_lib
+from dataset_contract import verification
 from train.data import dataset as dataset_lib
 
 BATCH = 64
@@ -46,8 +46,7 @@ ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
 
 
 def read_manifest(data_dir: str) -> dict:
-    with open(os.path.join(data_dir, manifest_lib.MANIFEST_FILE)) as handle:
-        return json.load(handle)
+    return verification.read_manifest(data_dir)
 
 
 def ours(data_dir: str, manifest: dict, batch: int) -> tf.data.Dataset:

@@ -31,7 +31,6 @@ difference to scratch in points. Expected: fine-tuning wins clearly; augmentatio
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -42,7 +41,7 @@ import keras
 from benchmarks import accuracy_parity
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
-from dataset_contract import features
+from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from train.config import TrainConfig
 from train.model import models
@@ -177,8 +176,7 @@ def main(argv=None) -> dict:
             extra_args=(*split_args, "--crop-margin", str(CROP_MARGIN)),
         ),
     }
-    with open(os.path.join(datasets["margin"], manifest_lib.MANIFEST_FILE)) as handle:
-        manifest = json.load(handle)
+    manifest = verification.read_manifest(datasets["margin"])
     counts = {
         split: manifest["splits"][split]["num_examples"]
         for split in (manifest_lib.TRAIN, manifest_lib.VALIDATION)

@@ -7,29 +7,26 @@ agree on; each stage does its own I/O (Beam `FileSystems` in stage 1,
 
 Layout (format_version 2): every run of stage 1 writes its files once, under
 `runs/<run id>/` of the dataset directory, and the manifest's relative paths
-name them; replacing `dataset.json` publishes a run (docs/dataset_format.md).
+name them; a commit of the log publishes a run (docs/dataset_format.md).
 Format version 1 had the same files at the top level of the directory; its
 manifests name them the same way (relative paths), so readers take both.
 
-Format version 3 is a layout, for buckets that refuse to replace an object
-(a retention policy, a default event-based hold): no object is ever
-overwritten. Each publish creates a new manifest,
-`manifests/<12-digit sequence>-<run id>.json` (a format 2 manifest), and
-`dataset.json` is a pointer written once: `{"format_version": 3, "layout":
-"manifests", ...}`. The published manifest is the one with the highest
-sequence number (`newest_manifest_name`). A reader of format 3 follows the
-pointer; a reader that knows only 1 and 2 meets format_version 3 in
-`dataset.json` and says that this version of the code cannot read it.
+Publishing is a commit log (dataset_contract/commit_log.py, the one reader
+of the published manifest): each publish creates `manifests/<sequence>.json`,
+a manifest of this format, and `dataset.json` is a copy of the newest.
+Format version 3 was the log of buckets that refuse overwrites,
+`manifests/<12-digit sequence>-<run id>.json` with `dataset.json` a pointer
+(`{"format_version": 3, "layout": "manifests", ...}`); the commit log reads
+it, and continues its sequence.
 """
 
 import hashlib
 import posixpath
-import re
 
 from dataset_contract import image_errors
 
 FORMAT_VERSION = 2
-# The never-overwrite layout (see above): dataset.json is a pointer to the newest of manifests/.
+# Format 3's layout (see above): dataset.json was a pointer to the newest of manifests/.
 POINTER_FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
@@ -39,10 +36,9 @@ TRANSFORM_FN_DIR = "transform_fn"
 TRANSFORMED_METADATA_DIR = "transformed_metadata"
 # Each run's files, under RUNS_DIR/<run id>/ (format 2).
 RUNS_DIR = "runs"
-# Format 3: the published manifests, one object each, never replaced.
+# The commit log: the published manifests, one object each, never replaced.
 MANIFESTS_DIR = "manifests"
 MANIFESTS_LAYOUT = "manifests"
-_MANIFEST_OBJECT = re.compile(r"(\d{12})-([^/]+)\.json")
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -80,51 +76,9 @@ def join(directory: str, *names: str) -> str:
     return posixpath.join(directory, *names) if directory else posixpath.join(*names)
 
 
-def pointer_manifest() -> dict:
-    """What `dataset.json` holds in format 3: a pointer to the newest manifest of `manifests/`.
-
-    It has every key a format 1 or 2 reader checks for first, so such a reader
-    gets to its format_version check and says it cannot read format 3
-    (rather than that the file is not a manifest).
-    """
-    return {
-        "format_version": POINTER_FORMAT_VERSION,
-        "layout": MANIFESTS_LAYOUT,
-        "manifests": MANIFESTS_DIR + "/",
-        "note": (
-            f"the published manifest is the object of {MANIFESTS_DIR}/ with the highest sequence number "
-            "(docs/dataset_format.md); this directory's bucket refuses to replace objects, so no file is "
-            "ever overwritten"
-        ),
-        "image": {},
-        "labels": [],
-        "normalization": {},
-        "splits": {},
-        "inputs": {"num_found": 0},
-    }
-
-
 def is_pointer(manifest: dict | None) -> bool:
     """Whether a parsed `dataset.json` is format 3's pointer to `manifests/` rather than a manifest."""
     return isinstance(manifest, dict) and manifest.get("layout") == MANIFESTS_LAYOUT
-
-
-def manifest_object_name(sequence: int, run_id: str) -> str:
-    """`manifests/000000000042-<run id>.json`, relative to the dataset directory."""
-    return posixpath.join(MANIFESTS_DIR, f"{sequence:012d}-{run_id}.json")
-
-
-def parse_manifest_object(name: str) -> tuple[int, str] | None:
-    """(sequence, run id) of a `manifests/` object's base name, or None if it is not one."""
-    match = _MANIFEST_OBJECT.fullmatch(posixpath.basename(name))
-    return (int(match.group(1)), match.group(2)) if match else None
-
-
-def newest_manifest_name(names) -> str | None:
-    """Of the names listed in `manifests/`, the published one: the highest sequence number (None if none)."""
-    parsed = [(parse_manifest_object(name), name) for name in names]
-    candidates = [(key, name) for key, name in parsed if key is not None]
-    return max(candidates)[1] if candidates else None
 
 
 def manifest_sha256(data: bytes) -> str:
@@ -261,8 +215,8 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
     version = manifest["format_version"]
     if is_pointer(manifest):
         raise ManifestError(
-            f"{where}: a format {POINTER_FORMAT_VERSION} pointer, not a manifest: the published manifest is "
-            f"the newest object of {MANIFESTS_DIR}/ (read the directory with this project's readers)"
+            f"{where}: a pointer to {MANIFESTS_DIR}/, not a manifest: the published manifest is the newest "
+            f"object of {MANIFESTS_DIR}/ (read the directory with this project's readers)"
         )
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise ManifestError(

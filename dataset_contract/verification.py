@@ -36,7 +36,7 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
-from dataset_contract import features
+from dataset_contract import commit_log, features
 from dataset_contract import manifest as manifest_lib
 
 MISSING = "missing"
@@ -93,32 +93,15 @@ class RecordError(Exception):
 def read_published_bytes(data_dir: str) -> tuple[bytes, str]:
     """The published manifest's exact bytes, and its path; ManifestError if there is none.
 
-    `dataset.json`, or in the never-overwrite layout (format 3) the newest
-    manifest of `manifests/`, which `dataset.json` points to
-    (dataset_contract/manifest.py).
+    The newest commit of `manifests/`, or `dataset.json` in the older
+    layouts: the one reader, dataset_contract/commit_log.py, through
+    `tf.io.gfile`.
     """
-    path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
-    if not tf.io.gfile.exists(path):
+    published = commit_log.read_published(data_dir, commit_log.TensorFlowFiles())
+    if published is None:
+        path = manifest_lib.join(data_dir, manifest_lib.MANIFEST_FILE)
         raise manifest_lib.ManifestError(f"{path}: not found. {_not_a_dataset_hint(data_dir)}")
-    with tf.io.gfile.GFile(path, "rb") as handle:
-        data = handle.read()
-    try:
-        top = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return data, path  # the caller's parse says what is wrong with it
-    if not manifest_lib.is_pointer(top):
-        return data, path
-    directory = manifest_lib.join(data_dir, manifest_lib.MANIFESTS_DIR)
-    names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
-    newest = manifest_lib.newest_manifest_name(name.rstrip("/") for name in names)
-    if newest is None:
-        raise manifest_lib.ManifestError(
-            f"{path} points to {directory}/, which holds no manifest: the first publish into this directory "
-            "has not finished"
-        )
-    newest_path = manifest_lib.join(directory, posixpath.basename(newest))
-    with tf.io.gfile.GFile(newest_path, "rb") as handle:
-        return handle.read(), newest_path
+    return published.data, published.path
 
 
 # Sub-folders of a directory looked into for images, when saying what a directory without a manifest holds.
@@ -155,7 +138,9 @@ def _not_a_dataset_hint(data_dir: str) -> str:
     a folder of images (stage 1 has not run on it), or neither."""
     data_dir = data_dir.rstrip("/")
     inner = manifest_lib.join(data_dir, "dataset")
-    if tf.io.gfile.exists(manifest_lib.join(inner, manifest_lib.MANIFEST_FILE)):
+    if tf.io.gfile.exists(manifest_lib.join(inner, manifest_lib.MANIFEST_FILE)) or tf.io.gfile.exists(
+        manifest_lib.join(inner, manifest_lib.MANIFESTS_DIR)
+    ):
         return f"Did you mean {inner}? (the dataset a workflow writes into its --workdir)"
     if not tf.io.gfile.isdir(data_dir):
         return f"{data_dir} does not exist: give the --output of a finished `python -m preprocess` run"
@@ -165,8 +150,8 @@ def _not_a_dataset_hint(data_dir: str) -> str:
             "DATASET_DIR` first, then give DATASET_DIR"
         )
     return (
-        "Stage 1 writes it last, after every shard is final, so a directory without it is not a dataset "
-        "(wrong path, or preprocess has not finished)"
+        f"Stage 1 publishes last (a commit in {manifest_lib.MANIFESTS_DIR}/), after every shard is final, so a "
+        "directory without one is not a dataset (wrong path, or preprocess has not finished)"
     )
 
 

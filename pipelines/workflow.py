@@ -85,18 +85,16 @@ def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
 
 
 def published_manifest_or_none(dataset_dir: str) -> dict | None:
-    """The manifest `dataset_dir/dataset.json` holds now, or None (no dataset, or not readable as one)."""
-    import json  # noqa: PLC0415
-
+    """The published manifest of `dataset_dir` now (dataset_contract/commit_log.py, the one reader), or
+    None (no dataset, or not readable as one)."""
+    from dataset_contract import commit_log  # noqa: PLC0415
     from preprocess import filesystem  # noqa: PLC0415 - see the imports
 
-    path = manifest_lib.join(dataset_dir, manifest_lib.MANIFEST_FILE)
     try:
-        if not filesystem.exists(path):
-            return None
-        return json.loads(filesystem.read_bytes(path))
+        published = commit_log.read_published(dataset_dir, filesystem.BeamFiles())
     except (OSError, ValueError):
         return None
+    return published.manifest() if published is not None else None
 
 
 def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:

@@ -318,3 +318,20 @@ def delete_tree(directory: str):
         delete_files(files)
     if is_local(directory) and FileSystems.exists(directory):
         delete_files([directory])
+
+
+class BeamFiles:
+    """dataset_contract.commit_log's `Files` through Beam's FileSystems (stage 1, the workflows)."""
+
+    def list_names(self, directory: str) -> list[str]:
+        if not FileSystems.exists(directory) and is_local(directory):
+            return []
+        return [posixpath.basename(metadata.path) for metadata in match(manifest_lib.join(directory, "*"))]
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            return read_bytes(path)
+        except (BeamIOError, FileNotFoundError, OSError):
+            if FileSystems.exists(path):
+                raise
+            return None

@@ -35,8 +35,8 @@ bfloat16 and float32, whose records are normalized with the statistics, the
 batches are spilled to disk and read back through tf.Transform's transform
 after the analysis -> shard files written once, in place (the small
 remainders packed into shards) -> finalize (the manifest, with the
-near-duplicate groups' files and the source sizes, published by one atomic
-replacement of dataset.json). Every input that is not written is an error
+near-duplicate groups' files and the source sizes, published by one commit
+in the log manifests/, created only if absent). Every input that is not written is an error
 record, a counted duplicate or (drop) a counted near-duplicate.
 
 On Dataflow, Ctrl-C on the launcher leaves the job running (and its
@@ -48,8 +48,9 @@ Each run writes its files once, under `runs/<run id>/` of the output
 directory (its temporary files under `staging/<run id>/`); the launcher
 makes the run id, so that it reports its own run (or the newer run that
 superseded it), and a Dataflow template's runs each make theirs when they
-run. Publishing is crash-safe and retry-safe, a compare-and-swap of
-dataset.json that keeps superseded runs for --retention-days:
+run. Publishing is crash-safe and retry-safe, a commit in the log
+manifests/ that keeps superseded runs for --retention-days (what no commit
+needs goes by garbage collection, python -m preprocess.gc):
 preprocess/publish/commit.py. Our flags:
 `python -m preprocess --help`; all other flags go to Beam's PipelineOptions
 untouched.

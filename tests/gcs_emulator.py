@@ -44,7 +44,7 @@ google-cloud-storage/Beam and the emulator, in ``STORAGE_EMULATOR_HOST``, and an
 with an error status (:class:`ReadFaults`): a deterministic share of them, which the client's retries absorb,
 or every read of one object, which outlasts them; and deletes below a prefix. The TLS proxy is not in their
 path, so it is not the place. The emulator ignores ``ifGenerationMatch``: the forwarder enforces it on the
-uploads that carry it (the switch of ``dataset.json``, preprocess/publish/manifest_switch.py), answering 412 as GCS
+uploads that carry it (a commit of the log, preprocess/publish/commit.py, created only if absent), answering 412 as GCS
 does when the object's generation differs.
 
 Retention: with ``forwarder.retention_seconds`` set, the forwarder acts as a
@@ -56,6 +56,10 @@ refused as a whole: a simplification, GCS answers each part on its own). With
 Other bucket settings (soft delete, versioning, default storage class, Autoclass, lifecycle rules) go into
 ``forwarder.bucket_fields`` as GCS names them; ``forwarder.bucket_metadata_status = 403`` answers a read
 of the bucket's metadata as GCS does for an account without ``storage.buckets.get``.
+Objects' metadata and listings then carry ``retentionExpirationTime`` / ``eventBasedHold``, as GCS's do.
+``forwarder.hierarchical_namespace`` makes the bucket one with
+hierarchical namespace: its ``storageLayout`` says so, and its ``folders`` (every uploaded object's parent
+folders, kept when their objects go) can be listed and deleted (only when empty, as GCS does).
 
 This module also runs as a script: ``python tests/gcs_emulator.py proxy ...`` is the proxy process.
 """
@@ -641,6 +645,10 @@ class FaultInjectingForwarder:
         self.bucket_fields: dict = {}
         # Answer a read of the bucket's metadata with this status instead (403: no storage.buckets.get).
         self.bucket_metadata_status: int | None = None
+        # A bucket with hierarchical namespace: `storageLayout` says so, and every uploaded object's parent
+        # folders exist as resources (`folders`), which stay when their objects go until deleted themselves.
+        self.hierarchical_namespace = False
+        self.folders: set[str] = set()
         self._precondition_lock = threading.Lock()
         self.forwarded_reads: list[ObjectRead] = []
         self.media_bytes: collections.Counter[str] = collections.Counter()
@@ -770,6 +778,78 @@ class FaultInjectingForwarder:
         }
         return json.dumps(metadata).encode()
 
+    def object_retention(self, data: bytes) -> bytes:
+        """An object's metadata, or a listing's, with what GCS adds under a retention policy or a hold:
+        ``retentionExpirationTime`` (creation plus the period), ``eventBasedHold``."""
+        if self.retention_seconds is None and not self.default_event_based_hold:
+            return data
+        try:
+            document = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(document, dict) or document.get("kind") not in (
+            "storage#objects",
+            "storage#object",
+        ):
+            return data
+        items = document.get("items") if document.get("kind") == "storage#objects" else None
+        for item in items if items is not None else [document]:
+            if not isinstance(item, dict) or item.get("kind") != "storage#object":
+                continue
+            if self.default_event_based_hold:
+                item["eventBasedHold"] = True
+            elif item.get("timeCreated"):
+                created = datetime.datetime.fromisoformat(item["timeCreated"].replace("Z", "+00:00"))
+                until = created + datetime.timedelta(seconds=self.retention_seconds)
+                item["retentionExpirationTime"] = until.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return json.dumps(document).encode()
+
+    def add_parent_folders(self, name: str) -> None:
+        parts = name.split("/")[:-1]
+        with self._lock:
+            for depth in range(1, len(parts) + 1):
+                self.folders.add("/".join(parts[:depth]) + "/")
+
+    def bucket_level_answer(self, command: str, path: str) -> tuple[int, dict] | None:
+        """(status, JSON) for what the forwarder answers itself: on a bucket with hierarchical namespace, its
+        ``storageLayout`` and its ``folders``."""
+        split = urllib.parse.urlsplit(path)
+        if not self.hierarchical_namespace:
+            return None
+        match = re.fullmatch(r"/storage/v1/b/([^/]+)/storageLayout", split.path)
+        if command == "GET" and match:
+            return 200, {"kind": "storage#storageLayout", "bucket": match.group(1),
+                         "hierarchicalNamespace": {"enabled": True}}  # fmt: skip
+        match = re.fullmatch(r"/storage/v1/b/([^/]+)/folders(?:/(.+))?", split.path)
+        if match is None:
+            return None
+        with self._lock:
+            folders = set(self.folders)
+        if command == "GET" and match.group(2) is None:
+            prefix = urllib.parse.parse_qs(split.query).get("prefix", [""])[0]
+            items = [
+                {"kind": "storage#folder", "name": name}
+                for name in sorted(folders)
+                if name.startswith(prefix)
+            ]
+            return 200, {"kind": "storage#folders", "items": items}
+        if command == "DELETE" and match.group(2) is not None:
+            folder = urllib.parse.unquote(match.group(2))
+            if folder not in folders:
+                return 404, {"error": {"code": 404, "message": f"folder {folder} not found"}}
+            objects = self._emulator_listing(match.group(1), folder)
+            if objects or any(name != folder and name.startswith(folder) for name in folders):
+                return 409, {"error": {"code": 409, "message": f"folder {folder} is not empty"}}
+            with self._lock:
+                self.folders.discard(folder)
+            return 200, {}
+        return None
+
+    def _emulator_listing(self, bucket: str, prefix: str) -> list[str]:
+        query = urllib.parse.urlencode({"prefix": prefix})
+        with urllib.request.urlopen(f"{self.emulator_url}/storage/v1/b/{bucket}/o?{query}", timeout=30) as r:
+            return [item["name"] for item in json.load(r).get("items", [])]
+
     def delete_fault_for(self, names: Sequence[str]) -> int | None:
         """The status to answer a request deleting `names` with, or None to pass it on."""
         with self._lock:
@@ -831,6 +911,14 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
             error = {"error": {"code": status, "message": message, "errors": [{"reason": "forbidden"}]}}
             self._answer(status, json.dumps(error).encode(), [("Content-Type", "application/json")])
             return
+        answered = forwarder.bucket_level_answer(self.command, self.path)
+        if answered is not None:
+            status, document = answered
+            self._answer(status, json.dumps(document).encode(), [("Content-Type", "application/json")])
+            return
+        if forwarder.hierarchical_namespace:
+            for _, name in _replaced_objects(self.command, self.path, body):
+                forwarder.add_parent_folders(name)
         read = _object_read(self.command, self.path)
         status = forwarder.fault_for(read) if read is not None else None
         refusal = forwarder.retention_refusal(self.command, self.path, body) if status is None else None
@@ -883,6 +971,8 @@ class _ForwardingHandler(http.server.BaseHTTPRequestHandler):
             data = data.replace(forwarder.emulator_url.encode(), forwarder.url.encode())
         if self.command == "GET" and response.status == 200 and _BUCKET_METADATA_PATH.fullmatch(self.path):
             data = forwarder.bucket_metadata(data)
+        elif self.command == "GET" and response.status == 200 and not (read is not None and read.media):
+            data = forwarder.object_retention(data)
         headers = [
             (
                 name,

@@ -4,9 +4,10 @@
   that already holds a dataset, stopped at the instant it would replace
   `dataset.json`: the new run's files are complete in runs/<run id>/ (and its
   staging is there), the old dataset is still the published one.
-- `FaultInjector`: every file-changing call of Beam's FileSystems (and GCS batch
-  deletes, and the upload that switches dataset.json on GCS) counted; from call K on, each raises `InjectedCrash`, as if the worker
-  had died just before call K.
+- `FaultInjector`: every file-changing call counted (Beam's FileSystems, GCS
+  batch deletes and uploads, and the dataset store's creates, writes and
+  deletes on local disk: preprocess/publish/store.py); from call K on, each
+  raises `InjectedCrash`, as if the worker had died just before call K.
 - `start_paused_publish`: the real `publish_run` of one run in a subprocess, paused at
   one of its pause points (publish.PAUSE_ENV) until the test lets it go on.
 - `assert_complete_dataset`: `preprocess.verify`'s checks, through its library
@@ -28,10 +29,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 from google.cloud import storage
 
+from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
-from dataset_contract import verification
 from preprocess import filesystem
 from preprocess.publish import commit as publish
+from preprocess.publish import store as dataset_store
 from tests.stage1 import run_stage1
 
 
@@ -49,12 +51,12 @@ def run_stopped_before_switch(input_spec, output_dir, **stage1_args) -> StoppedR
     """Run stage 1 (in process) into `output_dir`, stopping it where it would switch the manifest."""
     captured = {}
 
-    def stop(output, run_id, manifest, retention_days):
+    def stop(output, run_id, manifest, retention_days, store=None):
         captured.update(run_id=run_id, manifest=manifest)
         raise StopBeforeSwitch(f"stopped before publishing run {run_id}")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(publish, "switch_manifest", stop)
+        patch.setattr(publish, "commit_manifest", stop)
         try:
             run_stage1(input_spec, output_dir, **stage1_args)
         except Exception as exc:  # the runner may wrap the DoFn's exception
@@ -141,12 +143,16 @@ class FaultInjector:
         monkeypatch.setattr(
             gcsio.GcsIO, "delete_batch", self._wrap_method("delete_batch", gcsio.GcsIO.delete_batch)
         )
-        # The switch on GCS: an upload with a generation precondition (preprocess/publish/manifest_switch.py).
+        # The commit, markers and the hint on GCS: uploads (preprocess/publish/store.py).
         monkeypatch.setattr(
             storage.Blob,
             "upload_from_string",
             self._wrap_method("upload_from_string", storage.Blob.upload_from_string),
         )
+        # The same on local disk, one call per file.
+        for name in ("create_if_absent", "write", "_delete_one"):
+            real = getattr(dataset_store.LocalStore, name)
+            monkeypatch.setattr(dataset_store.LocalStore, name, self._wrap_method(name, real))
 
     def _count(self, name, args):
         if self._crash_at is not None and len(self.calls) >= self._crash_at:
@@ -178,14 +184,14 @@ def injected_faults(monkeypatch, crash_at: int | None = None):
 def assert_complete_dataset(data_dir: str) -> dict:
     """What `python -m preprocess.verify` checks, through its library functions; returns the manifest.
 
-    On gs:// the manifest is read with Beam, not TensorFlow: TensorFlow's GCS filesystem caches a file's
-    size for a few seconds, and dataset.json, the one file that is ever replaced, is replaced here
-    within seconds of the last read in this process. (`python -m preprocess.verify` and training read it
-    once per process.) Every other file is written once and never changes, so its checks go through
-    TensorFlow as in production.
+    The published manifest is found by the one reader (dataset_contract/commit_log.py); on gs:// through
+    Beam (a directory in an older layout may hold a dataset.json that was replaced within seconds, and
+    TensorFlow's GCS filesystem caches a file's size for a few seconds). Every other file is written once
+    and never changes, so its checks go through TensorFlow as in production.
     """
     if data_dir.startswith("gs://"):
-        manifest = json.loads(filesystem.read_bytes(f"{data_dir}/{manifest_lib.MANIFEST_FILE}"))
+        published = commit_log.read_published(data_dir, filesystem.BeamFiles())
+        manifest = json.loads(published.data)
         manifest_lib.check_manifest(manifest)
     else:
         manifest = verification.read_manifest(data_dir)

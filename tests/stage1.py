@@ -93,8 +93,10 @@ def _run_stage1_in(python: str, argv: list[str]) -> dict:
 
 
 def read_manifest(dataset_dir):
-    with open(os.path.join(dataset_dir, manifest_lib.MANIFEST_FILE)) as handle:
-        return json.load(handle)
+    """The published manifest, found by the one reader (dataset_contract/commit_log.py)."""
+    from dataset_contract import verification  # noqa: PLC0415 - TensorFlow, only when a dataset is read
+
+    return verification.read_manifest(str(dataset_dir))
 
 
 def read_errors(dataset_dir):

@@ -51,7 +51,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from google.cloud import storage
 
-from dataset_contract import leases
+from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import TRUNCATED, USABLE_KINDS, split_for_content, write_manifest_csv
 from preprocess import errors
@@ -162,13 +162,19 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
     assert all(name.startswith(leases_dir) and leases.parse_lease(name) for name in held), sorted(held)
     objects = {name: size for name, size in objects.items() if name not in held}
     run_dir = manifest["run"]["dir"]
-    assert {name.split("/", 1)[0] for name in objects} == {manifest_lib.MANIFEST_FILE, manifest_lib.RUNS_DIR}
+    commit = commit_log.commit_name(1)
+    assert {name.split("/", 1)[0] for name in objects} == {
+        manifest_lib.MANIFEST_FILE,
+        manifest_lib.MANIFESTS_DIR,
+        manifest_lib.RUNS_DIR,
+    }
+    assert {name for name in objects if name.startswith(manifest_lib.MANIFESTS_DIR + "/")} == {commit}
     assert {name.rsplit("/", 1)[0] for name in listed} == {run_dir}
     in_run = {name[len(run_dir) + 1 :].split("/", 1)[0] for name in objects if name.startswith(run_dir + "/")}
     error_files = manifest_lib.error_file_paths(manifest)
     expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in [*listed, *error_files]}
     assert in_run == expected, sorted(in_run ^ expected)
-    assert len(objects) == 1 + sum(1 for name in objects if name.startswith(run_dir + "/"))
+    assert len(objects) == 2 + sum(1 for name in objects if name.startswith(run_dir + "/"))
     assert error_files and all(path.startswith(f"{run_dir}/errors-") for path in error_files)
     for name in (
         "transform_fn/saved_model.pb",
@@ -177,10 +183,19 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
         "transformed_metadata/schema.pbtxt",
     ):
         assert f"{run_dir}/{name}" in objects, f"{name} is not in the bucket: {sorted(objects)}"
-    stored = json.loads(gcs_emulator.read_object(prefix + manifest_lib.MANIFEST_FILE))
+    stored = json.loads(gcs_emulator.read_object(prefix + commit))
     assert stored == manifest
-    # A reader that finds the manifest finds every file it describes complete.
-    assert_created_last(gcs_emulator, dataset_url, manifest_lib.MANIFEST_FILE, objects)
+    # dataset.json: a copy of the commit, for people and older readers.
+    assert gcs_emulator.read_object(prefix + manifest_lib.MANIFEST_FILE) == gcs_emulator.read_object(
+        prefix + commit
+    )
+    # A reader that finds the commit finds every file it describes complete.
+    assert_created_last(
+        gcs_emulator,
+        dataset_url,
+        commit,
+        {name: size for name, size in objects.items() if name != manifest_lib.MANIFEST_FILE},
+    )
 
 
 def assert_inputs_accounted_for(gcs_emulator, dataset_url: str, manifest: dict, corpus) -> None:

@@ -84,7 +84,6 @@ def _run_and_report(config, beam_args: list[str]) -> None:
     from preprocess.launch import job_record, launcher  # noqa: PLC0415 - TensorFlow, Beam
     from preprocess.launch.dataflow_job import JobContinuesError  # noqa: PLC0415
     from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415
-    from preprocess.publish.manifest_switch import OverwriteRefusedError  # noqa: PLC0415
 
     try:
         manifest = launcher.run(config, beam_args)
@@ -92,9 +91,6 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
         print(f"preprocess: run published, then superseded by a newer run: {exc}")
         return
-    except OverwriteRefusedError as exc:
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(2)
     except job_record.RelaunchRefused as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -103,17 +99,13 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         print(f"preprocess: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except SupersededRunError as exc:
-        # Not a failure of this run's data: another run's dataset is there, complete.
-        sys.exit(f"preprocess: {exc}")
+        # Not a failure: a run that started later published, and its dataset is there, complete. An
+        # orchestrator must not retry this run: exit 0, with that line.
+        print(f"preprocess: {exc}")
+        return
     except INPUT_FAULTS as exc:
         # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
         if config.verbose:
-            raise
-        print(f"preprocess: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except Exception as exc:
-        # The runner may wrap the publish step's error: a bucket that refuses the overwrite is said plainly.
-        if config.verbose or OverwriteRefusedError.__name__ not in f"{type(exc).__name__} {exc}":
             raise
         print(f"preprocess: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -33,12 +33,11 @@ from preprocess.publish.commit import (
     read_published_manifest,
     superseded_message,
 )
-from preprocess.publish.manifest_switch import check_publishable
 from preprocess.publish.runs import STAGING_DIR, TFT_TEMP_PREFIX, is_run_id, new_run_id, tft_temp_dir
 
 
 def own_manifest(output_dir: str, run_id: str) -> dict | None:
-    """The manifest `dataset.json` holds if it is run `run_id`'s; SupersededRunError if a newer run's.
+    """The published manifest if it is run `run_id`'s; SupersededRunError if a newer run's.
 
     None if it names an older run or none (the job did not publish: a dry run).
     """
@@ -51,7 +50,7 @@ def own_manifest(output_dir: str, run_id: str) -> dict | None:
         if run_id in retained:
             raise SupersededRunError(
                 f"run {run_id} published into {output_dir}, but run {current}, which started later, has "
-                f"published since (at {retained[run_id]['superseded_at']}): dataset.json names run {current}. "
+                f"published since (at {retained[run_id]['superseded_at']}): the published dataset is run {current}. "
                 f"Run {run_id}'s files stay in {output_dir}/runs/{run_id}/ for the retention period "
                 "(--retention-days)."
             )
@@ -146,11 +145,6 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     template = bool(options.view_as(GoogleCloudOptions).template_location)
     # A template's runs make their ids when they run; a job launched here is this run.
     run_id = None if template else new_run_id()
-    # A bucket that refuses overwrites (retention policy, event-based hold) is published into in the
-    # never-overwrite layout; what would stop the first such publish is said now, not after hours of work.
-    never_overwrite = check_publishable(output_dir)
-    if never_overwrite:
-        logging.info("%s: publishing in the layout that never overwrites (manifests/)", never_overwrite)
     if filesystem.FileSystems.get_scheme(output_dir) == "gs":
         # What superseded runs and training reads will cost in this bucket, said before any work.
         for line in bucket_costs.launch_lines(output_dir, read_published_manifest(output_dir)):
@@ -284,7 +278,7 @@ def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
     broken connections (a hundred lines and more), or wait for a worker that
     is waiting for them. The workers get the same Ctrl-C and exit quietly
     (preprocess/launch/local_worker.py). Nothing the run wrote is published: only its
-    last step switches dataset.json, and its unpublished files are removed by
+    last step commits, and its unpublished files are removed by
     a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
     running when its launcher stops.
     """

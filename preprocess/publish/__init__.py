@@ -1,3 +1,3 @@
-"""Publishing a run: the manifest, the commit of dataset.json, runs and their paths, the superseded check.
+"""Publishing a run: the manifest, its commit in the log manifests/ (commit), garbage collection (gc), the store both use, runs and their paths, the superseded check.
 
 Design notes: docs/internals.md."""

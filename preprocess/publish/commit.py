@@ -1,74 +1,4 @@
-"""Publishing a run: one compare-and-swap of `dataset.json`, then removing what older runs left.
-
-Every run writes its final files once, under `runs/<run id>/` of the output
-directory, where they stay (preprocess/publish/runs.py). The manifest names them by
-relative path. Publishing copies and moves no data: it replaces
-`dataset.json` with the run's manifest in one atomic step, a compare-and-swap
-(preprocess/publish/manifest_switch.py: a generation precondition on GCS, an flock'ed
-read-check-rename on local disk). A reader that opens `dataset.json` before
-that instant gets the old dataset, whose files are all still there; after
-it, the new one, whose files were all complete before it.
-On a bucket that refuses to replace objects (a retention policy, a default
-event-based hold), the same compare-and-swap creates the next
-`manifests/<sequence>-<run id>.json` instead, and `dataset.json` is a pointer
-to the newest (format 3, manifest_switch.py); "dataset.json" below means the
-published manifest in either layout.
-
-**Readers keep their dataset.** A training job reads a dataset for days. So
-the run a switch replaces is not removed at once: the new manifest lists it
-in `retained_runs` with the instant it was superseded (the switch itself)
-and its own `retain_until`, `retention_days` (`--retention-days`, default 7)
-after that. The list is carried from manifest to manifest by every switch,
-as part of the same atomic write, so no crash can lose it. **Retention never
-shortens:** a later publish keeps each entry's `retain_until`, or makes it
-later (its own `retention_days` after the instant the run was superseded),
-never earlier, so a publish with `--retention-days 0` removes only the run it
-supersedes itself, not the runs earlier publishes promised to keep. An
-entry is carried only while its run's files exist and its `retain_until` has
-not passed, or a training job holds a live lease on it
-(dataset_contract/leases.py): **cleanup never removes a run with a live
-lease**, whatever its age.
-
-Runs that overlap (a template launched twice, a retry while the first
-attempt is still alive) follow one rule: **the run that started later wins**.
-Run ids sort by start time (runs.py), and:
-
-1. A run publishes only if the published manifest names an older run (or
-   none). The check is made inside the compare-and-swap, so it still holds
-   at the instant of the write: an older run can never switch after a newer
-   one, whatever the interleaving. A run that finds a newer one published is
-   superseded: it publishes nothing and fails with SupersededRunError (and a
-   running one stops early: `StopIfSupersededFn`).
-2. After its switch, a run removes the files of every run that started
-   before it, except the one the manifest names and those it retains: those
-   runs can no longer publish (rule 1), whether they are dead or still
-   running. It never touches a run that started after it: that run may still
-   publish.
-3. A run being removed must not publish, and a run about to publish must not
-   be removed. Markers make this race-free, in the manner of Dekker's mutual
-   exclusion, on any store that is strongly consistent (local disk, GCS):
-   the publisher writes `runs/<id>.publishing.<attempt>` and then looks for
-   `runs/<id>.deleting.*`; a remover writes `runs/<id>.deleting.<attempt>`
-   and then looks for `runs/<id>.publishing.*` (and reads the manifest once
-   more). Whichever writes second sees the other's marker and backs off, so
-   they never both go ahead. A publisher that backs off fails; a remover
-   that backs off leaves the run for a later cleanup. A publisher also
-   checks that every file it names exists, so a run removed earlier (its
-   markers gone) cannot publish either. An attempt removes only its own
-   marker: a sibling attempt of the same run (a retry while the first is
-   alive) that has passed its checks stays protected until it switches or
-   fails. A publishing marker older than `PUBLISH_MARKER_TTL_SECONDS` counts
-   as dead (its publisher crashed): a publisher gives up (PublishTooSlowError,
-   and the runner retries) if half that time has passed since it wrote its
-   marker and it has not switched.
-
-**Cleanup is best effort.** Everything after the switch (the attempt's
-marker, older runs, this run's staging, tf.Transform's temporary files,
-format 1 leftovers) logs a warning when it fails (a retention policy's 403,
-a 503 past its retries) and never fails the published run; the next publish
-retries it. A retried publish step finds its own run published and goes
-straight to the cleanup, which is idempotent too.
-"""
+"""Publishing a run: one commit in the log, created only if absent; what is no longer needed goes later."""
 
 import datetime
 import json
@@ -77,45 +7,37 @@ import os
 import time
 import uuid
 
-import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from dataset_contract import leases
+from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 from preprocess.config import DEFAULT_RETENTION_DAYS
-from preprocess.publish import manifest_switch
-from preprocess.publish.manifest_switch import swap_manifest
-from preprocess.publish.runs import (
-    DELETING_MARKER,
-    PUBLISHING_MARKER,
-    STAGING_DIR,
-    TFT_TEMP_PREFIX,
-    RunPaths,
-    is_run_id,
-    read_build,
-    tft_temp_dir,
-)
+from preprocess.publish import store as dataset_store
+from preprocess.publish.runs import PUBLISHING_MARKER, RunPaths
 
-# A publish step writes its marker and switches within a few minutes; a
-# marker this old belongs to a publisher that died.
+# A publish step writes its marker and commits within a few minutes; a marker this old belongs to a
+# publisher that died.
 PUBLISH_MARKER_TTL_SECONDS = 6 * 3600
-# tf.Transform's temporary directory (runs.tft_temp_dir) is removed by the
-# launcher when its run ends, or with the run's files (runs.record_build).
-# Those of a template are shared by its runs and cannot be told apart by run;
-# they are removed when nothing in them has changed for this long.
+# tf.Transform's temporary directory of a template's build is shared by its runs; it goes once idle this long.
 TFT_TEMP_GRACE_SECONDS = 2 * 24 * 3600
+# Objects a publish lets its garbage collection delete, and runs it looks at (preprocess/publish/gc.py); the
+# command does the rest.
+PUBLISH_GC_BUDGET = 1000
+PUBLISH_GC_RUNS = 10
 
 # The manifest's list of the runs it superseded whose files are kept (see the module docstring).
 RETAINED_RUNS = "retained_runs"
-# A running run asks at most this often whether a newer run has published (StopIfSupersededFn).
+# A running run asks at most this often whether a newer run has published (preprocess/publish/superseded.py).
 SUPERSEDED_CHECK_SECONDS = 60.0
+# A publisher that loses this many sequences in a row to older runs gives up (the runner retries the step).
+_MAX_COMMIT_ATTEMPTS = 100
 
 # Test hook: PREPROCESS_PAUSE_AT=<point>:<flag file> makes the step that
 # reaches <point> create <flag file> and wait until the test removes it (at
 # most an hour), so that a test can kill the process there
 # (tests/preprocess/behaviour/test_publish_kill.py) or let it go on at a moment of its
-# choosing (the P1/P2 tests of tests/preprocess/publish/test_publish.py).
+# choosing (tests/preprocess/publish/test_publish.py, tests/preprocess/publish/test_commit_log.py).
 PAUSE_ENV = "PREPROCESS_PAUSE_AT"
 _PAUSE_LIMIT_SECONDS = 3600
 
@@ -126,24 +48,24 @@ class SupersededRunError(RuntimeError):
     """A newer run published (or is removing this run's files): this run must not publish."""
 
 
+class PublishTooSlowError(RuntimeError):
+    """The publish step took so long that its marker may count as dead; a retry starts over."""
+
+
 def superseded_message(output_dir: str, run_id: str, newer_run_id: str) -> str:
     """The one message of a run that a newer one superseded (the same at every retry of a step)."""
     return (
         f"run {run_id} is superseded: run {newer_run_id}, which started later, has published into "
-        f"{output_dir}; run {run_id} stops and publishes nothing (dataset.json names run {newer_run_id}, "
+        f"{output_dir}; run {run_id} stops and publishes nothing (the dataset there is run {newer_run_id}, "
         "complete)"
     )
 
 
 def check_not_superseded(output_dir: str, run_id: str):
-    """Raise SupersededRunError if `dataset.json` names a run that started after `run_id` (one read)."""
+    """Raise SupersededRunError if the published manifest names a run that started after `run_id`."""
     current = published_run_id(read_published_manifest(output_dir))
     if current > run_id:
         raise SupersededRunError(superseded_message(output_dir, run_id, current))
-
-
-class PublishTooSlowError(RuntimeError):
-    """The publish step took so long that its marker may count as dead; a retry starts over."""
 
 
 def pause_point(name: str, run_id: str):
@@ -159,20 +81,50 @@ def pause_point(name: str, run_id: str):
         time.sleep(0.05)
 
 
-# ------------------------------------------------------------------ the switch
+# ------------------------------------------------------------------ reading the log
+
+
+class StoreFiles:
+    """dataset_contract.commit_log's `Files` over a dataset_store (whose names are relative to its root)."""
+
+    def __init__(self, store):
+        self._store = store
+        self._prefix = store.root.rstrip("/") + "/"
+
+    def _relative(self, path: str) -> str:
+        return path[len(self._prefix) :] if path.startswith(self._prefix) else path
+
+    def list_names(self, directory: str) -> list[str]:
+        prefix = self._relative(directory).rstrip("/") + "/"
+        listing = self._store.list(prefix, delimiter=True)
+        return [item.name[len(prefix) :] for item in listing.objects]
+
+    def read(self, path: str) -> bytes | None:
+        return self._store.read(self._relative(path))
+
+
+def read_published(output_dir: str, store=None) -> commit_log.Published | None:
+    """The published manifest (commit_log.read_published), through the store of `output_dir`."""
+    store = store or dataset_store.open_store(output_dir)
+    return commit_log.read_published(store.root, StoreFiles(store))
 
 
 def read_published_manifest(output_dir: str) -> dict | None:
-    """The published manifest now (`dataset.json`, or the newest of `manifests/` it points to), or None
+    """The published manifest now (the head of manifests/, or dataset.json in the older layouts), or None
     if there is none (or it is not JSON)."""
-    return manifest_switch.read_published(output_dir)[0]
+    try:
+        published = read_published(output_dir)
+    except manifest_lib.ManifestError as exc:
+        log.warning("%s", exc)
+        return None
+    return published.manifest() if published is not None else None
 
 
 def published_run_id(manifest: dict | None) -> str:
     """The id of the run a manifest publishes; '' (older than any run) for none or a format 1 manifest."""
     if not manifest:
         return ""
-    return (manifest.get("run") or {}).get("id", "")
+    return (manifest.get("run") or {}).get("id", "") or ""
 
 
 def named_files(manifest: dict) -> set[str]:
@@ -208,109 +160,6 @@ def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]
     return problems
 
 
-def _marker_is_live(metadata) -> bool:
-    return time.time() - metadata.last_updated_in_seconds < PUBLISH_MARKER_TTL_SECONDS
-
-
-def publish_run(
-    output_dir: str,
-    run_id: str,
-    manifest: dict,
-    tft_build_id: str | None = None,
-    retention_days: float = DEFAULT_RETENTION_DAYS,
-) -> dict:
-    """Make `manifest` (run `run_id`, its files complete in runs/<run id>/) the published dataset.
-
-    Then, best effort, removes what older runs left (those superseded within
-    `retention_days` stay) and this run's staging. Returns the manifest
-    `dataset.json` holds for the run (`manifest` with its `retained_runs`).
-    Raises SupersededRunError if a run that started later has published, or
-    is removing this run's files. Safe to call again after a crash at any
-    point, and concurrently with itself or with other runs.
-    """
-    paths = RunPaths(output_dir, run_id)
-    # One marker per attempt: two attempts of this step (a retry while the
-    # first is still alive) must not remove each other's.
-    marker = paths.marker(PUBLISHING_MARKER, uuid.uuid4().hex)
-    write_marker(marker, run_id)
-    marked_at = time.monotonic()
-    try:
-        pause_point("publish-marked", run_id)
-        current = read_published_manifest(output_dir)
-        if published_run_id(current) == run_id:
-            log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
-            published = current
-        elif run_id in {entry["id"] for entry in (current or {}).get(RETAINED_RUNS, [])}:
-            # A retry of a publish step that switched, after a newer run published: this run did publish.
-            # Failing now would fail a job that succeeded; the newer run's publish does the cleanup.
-            log.info(
-                "run %s published in %s, and run %s, which started later, has published since: nothing to do",
-                run_id,
-                output_dir,
-                published_run_id(current),
-            )
-            _best_effort(f"remove the publishing marker {marker}", filesystem.delete_files, [marker])
-            return manifest
-        else:
-            # Read after this attempt's marker is written: see rule 3 above.
-            if filesystem.match(paths.marker_glob(DELETING_MARKER)):
-                raise SupersededRunError(
-                    f"run {run_id}: a newer run is removing this run's files from {output_dir}; "
-                    "nothing published"
-                )
-            check_not_superseded(output_dir, run_id)
-            missing = missing_run_files(output_dir, run_id, manifest)
-            if missing:
-                raise SupersededRunError(
-                    f"run {run_id}: files it would publish are gone from {paths.run_dir} (removed by a newer "
-                    f"run?): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; nothing published"
-                )
-            if time.monotonic() - marked_at > PUBLISH_MARKER_TTL_SECONDS / 2:
-                raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
-            pause_point("before-switch", run_id)
-            published = switch_manifest(output_dir, run_id, manifest, retention_days)
-    except BaseException as failure:
-        # The failure is what the caller must see: a marker that cannot go (a retention policy's 403)
-        # is logged, and expires (PUBLISH_MARKER_TTL_SECONDS).
-        try:
-            filesystem.delete_files([marker])
-        except Exception as cleanup:  # noqa: BLE001 - never hide the publish step's own failure
-            log.warning(
-                "run %s: could not remove the publishing marker %s after the publish failed (%s: %s); it "
-                "expires after %d hours. The publish failed because of: %s: %s",
-                run_id,
-                marker,
-                type(cleanup).__name__,
-                cleanup,
-                PUBLISH_MARKER_TTL_SECONDS // 3600,
-                type(failure).__name__,
-                failure,
-            )
-        raise
-    # Published: from here on the manifest naming the run protects its files,
-    # so this attempt's marker goes (only its own: a sibling attempt that is
-    # still checking keeps its run protected until it fails or finds it
-    # published). Markers of crashed attempts expire, and go with the run.
-    _best_effort(f"remove the publishing marker {marker}", filesystem.delete_files, [marker])
-    pause_point("switched", run_id)
-    _best_effort(
-        f"remove what runs older than {run_id} left in {output_dir}",
-        remove_leftovers,
-        output_dir,
-        run_id,
-        published,
-        tft_build_id,
-        retention_days,
-    )
-    return published
-
-
-def write_marker(path: str, run_id: str):
-    """A marker's content does not matter, only that it exists, so it is written directly."""
-    with FileSystems.create(path) as handle:
-        handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
-
-
 _UTC = datetime.timezone.utc
 
 
@@ -339,18 +188,6 @@ def retain_until(entry: dict, retention_days: float) -> datetime.datetime:
 def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
     """Whether a `retained_runs` entry's retention has passed at `now` (see retain_until)."""
     return now >= retain_until(entry, retention_days)
-
-
-def has_live_lease(output_dir: str, run_id: str, now: datetime.datetime) -> bool:
-    """Whether a training job holds a lease on run `run_id` that has not expired (one listing)."""
-    pattern = manifest_lib.join(output_dir, leases.run_leases_dir(run_id), "*.json")
-    return bool(leases.live_holders((metadata.path for metadata in filesystem.match(pattern)), now))
-
-
-def run_files_exist(output_dir: str, run_id: str) -> bool:
-    """Whether run `run_id`'s files are still there (its transform graph, which every run has; one stat)."""
-    graph = manifest_lib.join(manifest_lib.TRANSFORM_FN_DIR, "saved_model.pb")
-    return filesystem.exists(RunPaths(output_dir, run_id).final(graph))
 
 
 def retained_runs(
@@ -384,49 +221,6 @@ def retained_runs(
     return [entry for entry in entries if is_kept(entry, _parse_timestamp(entry["retain_until"]) > now)]
 
 
-def switch_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float) -> dict:
-    """Replace `dataset.json` with `manifest` if it names an older run (or none): the publish itself.
-
-    A compare-and-swap (manifest_switch.py): the check that no newer run has
-    published is made on the manifest that is replaced, at the instant it is
-    replaced. Returns the manifest `dataset.json` then holds for this run (an
-    attempt of this run that switched first: its manifest). Raises
-    SupersededRunError if a run that started later has published.
-    """
-    outcome = {}
-
-    def decide(current: dict | None) -> bytes | None:
-        current_id = published_run_id(current)
-        if current_id == run_id:
-            # A sibling attempt of this run switched first: nothing to write.
-            outcome["published"] = current
-            return None
-        if current_id > run_id:
-            raise SupersededRunError(superseded_message(output_dir, run_id, current_id))
-        now = _utc_now()
-
-        def is_kept(entry: dict, within_retention: bool) -> bool:
-            # A run whose files are gone has no reader left to keep; a lease keeps a run past its retention.
-            if not within_retention and not has_live_lease(output_dir, entry["id"], now):
-                return False
-            return entry["id"] == current_id or run_files_exist(output_dir, entry["id"])
-
-        retained = retained_runs(current, run_id, now, retention_days, is_kept)
-        published = {**manifest, RETAINED_RUNS: retained} if retained else dict(manifest)
-        outcome["published"] = published
-        return json.dumps(published, indent=2).encode("utf-8")
-
-    never_overwrite = manifest_switch.overwrite_refusal(output_dir)
-    if swap_manifest(output_dir, decide, RunPaths(output_dir, run_id).tmp_dir, never_overwrite):
-        log.info("published run %s in %s", run_id, output_dir)
-    else:
-        log.info("run %s was published in %s by another attempt of its publish step", run_id, output_dir)
-    return outcome["published"]
-
-
-# ------------------------------------------------------------------ cleanup
-
-
 def _relative(output_dir: str, path: str) -> str:
     prefix = output_dir.rstrip("/") + "/"
     if not path.startswith(prefix):
@@ -434,219 +228,257 @@ def _relative(output_dir: str, path: str) -> str:
     return path[len(prefix) :]
 
 
-def _entries(output_dir: str, top: str) -> dict[str, float]:
-    """The entries below `output_dir/top` (`<run id>`, `<run id>.deleting.x`, `tft-...`), each with the
-    time its newest file last changed."""
-    newest: dict[str, float] = {}
-    for metadata in filesystem.list_files(manifest_lib.join(output_dir, top)):
-        first = _relative(output_dir, metadata.path).split("/")[1]
-        newest[first] = max(newest.get(first, 0.0), metadata.last_updated_in_seconds)
-    return newest
+def marker_is_live(stored, now: float | None = None) -> bool:
+    """Whether a publishing marker (a dataset_store.StoredObject) belongs to an attempt that may be alive."""
+    return (now or time.time()) - stored.updated < PUBLISH_MARKER_TTL_SECONDS
 
 
-def remove_run(output_dir: str, run_id: str) -> bool:
-    """Remove every file of run `run_id`, unless it is publishing or published; True if removed.
-
-    Only for a run that started before a run that has published (so it can
-    no longer publish itself: rule 2 above).
-    """
-    paths = RunPaths(output_dir, run_id)
-    tombstone = paths.marker(DELETING_MARKER, uuid.uuid4().hex)
-    write_marker(tombstone, run_id)
-    try:
-        pause_point("tombstone-written", run_id)
-        publishing = filesystem.match(paths.marker_glob(PUBLISHING_MARKER))
-        if any(_marker_is_live(metadata) for metadata in publishing):
-            log.info("run %s is publishing; its files stay for a later cleanup", run_id)
-            return False
-        # Read after the publishing markers: a run that switched before its
-        # marker went away is named here.
-        if published_run_id(read_published_manifest(output_dir)) == run_id:
-            return False
-        filesystem.delete_tree(paths.run_dir)
-        pause_point("run-files-removed", run_id)
-        build = read_build(output_dir, run_id)
-        if build and not build["shared"]:
-            filesystem.delete_tree(tft_temp_dir(output_dir, build["build_id"]))
-        filesystem.delete_tree(paths.staging_dir)
-        # Its expired leases, and in the never-overwrite layout the manifests that named it (superseded).
-        filesystem.delete_tree(manifest_lib.join(output_dir, leases.run_leases_dir(run_id)))
-        superseded_manifests = manifest_lib.join(output_dir, manifest_lib.MANIFESTS_DIR, f"*-{run_id}.json")
-        filesystem.delete_files([metadata.path for metadata in filesystem.match(superseded_manifests)])
-        # The run's markers last, every one (also those of crashed publishers
-        # and removers): with its files gone it cannot publish, markers or not.
-        markers = [
-            metadata.path
-            for kind in (PUBLISHING_MARKER, DELETING_MARKER)
-            for metadata in filesystem.match(paths.marker_glob(kind))
-        ]
-        filesystem.delete_files(markers)
-        log.info("removed the files of run %s from %s", run_id, output_dir)
-        return True
-    finally:
-        filesystem.delete_files([tombstone])
+def live_removal(store, run_id: str) -> bool:
+    """Whether a remover has announced itself on run `run_id` (a live removal marker; one listing)."""
+    names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
+    return bool(leases.live_removals(names, _utc_now()))
 
 
-def _remove_unnamed_files_of_run(output_dir: str, run_id: str, manifest: dict):
-    """This run's staging, anything in its directory its manifest does not name, and the markers of
-    its publish attempts that died (expired: a live one is a sibling attempt's, which removes its own)."""
-    paths = RunPaths(output_dir, run_id)
-    filesystem.delete_tree(paths.staging_dir)
-    dead = [
-        metadata.path
-        for metadata in filesystem.match(paths.marker_glob(PUBLISHING_MARKER))
-        if not _marker_is_live(metadata)
-    ]
-    if dead:
-        filesystem.delete_files(dead)
-    names = named_files(manifest)
-    stray = [
-        metadata.path
-        for metadata in filesystem.list_files(paths.run_dir)
-        if not is_named(_relative(output_dir, metadata.path), names)
-    ]
-    if stray:
-        filesystem.delete_files(stray)
+def write_marker(path: str, run_id: str):
+    """A marker's content does not matter, only that it exists (a full path, local or gs://)."""
+    with FileSystems.create(path) as handle:
+        handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
-def _remove_format1_files(output_dir: str):
-    """The top-level files of a format 1 dataset, and its `.staging-*` trees, once no manifest names them."""
-    current = read_published_manifest(output_dir)
-    if current is None or any("/" not in name for name in named_files(current)):
-        return
-    patterns = [
-        manifest_lib.join(output_dir, manifest_lib.shard_glob(split)) for split in manifest_lib.SPLITS
-    ]
-    patterns += [manifest_lib.join(output_dir, manifest_lib.ERRORS_FILE)]
-    stale = [metadata.path for pattern in patterns for metadata in filesystem.match(pattern)]
-    if stale:
-        filesystem.delete_files(stale)
-    old_staging = {
-        _relative(output_dir, metadata.path).split("/")[0]
-        for metadata in filesystem.match(manifest_lib.join(output_dir, ".staging-*/**"))
-    }
-    for name in (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METADATA_DIR, *sorted(old_staging)):
-        filesystem.delete_tree(manifest_lib.join(output_dir, name))
-
-
-def _remove_idle_tft_temp(output_dir: str, staging: dict[str, float], own_build_id: str | None):
-    cutoff = time.time() - TFT_TEMP_GRACE_SECONDS
-    for name, changed in staging.items():
-        if (
-            name.startswith(TFT_TEMP_PREFIX)
-            and name != f"{TFT_TEMP_PREFIX}{own_build_id}"
-            and changed < cutoff
-        ):
-            filesystem.delete_tree(manifest_lib.join(output_dir, STAGING_DIR, name))
-
-
-def _best_effort(what: str, action, *args):
-    """Run one cleanup action; a failure is logged, never raised (the next publish retries it)."""
-    try:
-        return action(*args)
-    except Exception as exc:  # noqa: BLE001 - cleanup after the switch must never fail a published run
-        log.warning(
-            "could not %s (%s: %s); the dataset is published, and the next publish into this directory "
-            "retries the cleanup",
-            what,
-            type(exc).__name__,
-            exc,
-        )
-        return None
-
-
-def remove_leftovers(
+def publish_run(
     output_dir: str,
     run_id: str,
     manifest: dict,
     tft_build_id: str | None = None,
     retention_days: float = DEFAULT_RETENTION_DAYS,
-):
-    """After run `run_id` switched: remove the files of older runs, its own staging, format 1 leftovers.
+    gc_budget: int = PUBLISH_GC_BUDGET,
+) -> dict:
+    """Commit `manifest` (run `run_id`, its files complete in runs/<run id>/): the published dataset.
 
-    Never a file of the published run, nor of a run it retains for less than
-    `retention_days` since it was superseded, nor of a run that started
-    after `run_id` (it may still publish), nor tf.Transform's directory of
-    this pipeline build (`tft_build_id`: the launcher removes it when the job
-    ends). Each removal is best effort: a failure is logged and the next
-    publish retries it.
+    Then, best effort: removes this attempt's marker, copies the commit to dataset.json, removes
+    this run's staging and unnamed files, and collects garbage up to
+    `gc_budget` objects (preprocess/publish/gc.py). Returns the committed manifest
+    (`manifest` with its `retained_runs`). Raises SupersededRunError if a run
+    that started later has published, or is removing this run's files. Safe
+    to call again after a crash at any point, and concurrently with itself or
+    with other runs.
     """
-    pause_point("cleanup-started", run_id)
-    current = read_published_manifest(output_dir)
-    published = published_run_id(current)
-    retained = {entry["id"]: entry for entry in (current or {}).get(RETAINED_RUNS, [])}
-    now = _utc_now()
-    runs = _entries(output_dir, manifest_lib.RUNS_DIR)
-    staging = _entries(output_dir, STAGING_DIR)
-    run_ids = {name.split(".")[0] for name in [*runs, *staging]}
-    for older in sorted(other for other in run_ids if is_run_id(other)):
-        if older >= run_id or older == published:
-            continue
-        entry = retained.get(older)
-        if entry is not None and not retention_expired(entry, now, retention_days):
+    # Temporary files of this step in the run's own staging, which goes with it once the run is published.
+    store = dataset_store.open_store(
+        output_dir, tmp_dir=_relative(output_dir, RunPaths(output_dir, run_id).tmp_dir)
+    )
+    # One marker per attempt: two attempts of this step (a retry while the first is still alive) must not
+    # remove each other's.
+    marker = _relative(output_dir, RunPaths(output_dir, run_id).marker(PUBLISHING_MARKER, uuid.uuid4().hex))
+    store.create_if_absent(marker, json.dumps({"run_id": run_id}).encode("utf-8"))
+    marked_at = time.monotonic()
+    try:
+        pause_point("publish-marked", run_id)
+        head = read_published(output_dir, store)
+        current = head.manifest() if head is not None else None
+        if published_run_id(current) == run_id:
+            log.info("run %s is already published in %s (a retry); cleaning up", run_id, output_dir)
+            published = current
+        elif run_id in {entry["id"] for entry in (current or {}).get(RETAINED_RUNS, [])}:
+            # A retry of a publish step that committed, after a newer run published: this run did publish.
             log.info(
-                "run %s, superseded at %s, stays for its readers until %s",
-                older,
-                entry["superseded_at"],
-                _timestamp(retain_until(entry, retention_days)),
+                "run %s published in %s, and run %s, which started later, has published since: nothing to do",
+                run_id,
+                output_dir,
+                published_run_id(current),
             )
-            continue
-        if has_live_lease(output_dir, older, now):
-            log.info("run %s stays: a training job holds a live lease on it (%s/)", older, leases.LEASES_DIR)
-            continue
-        _best_effort(f"remove the files of run {older}", remove_run, output_dir, older)
+            _best_effort(f"remove the publishing marker {marker}", store.delete, [marker])
+            return manifest
+        else:
+            # Read after this attempt's marker is written: see the module docstring.
+            if live_removal(store, run_id):
+                raise SupersededRunError(
+                    f"run {run_id}: garbage collection is removing this run's files from {output_dir}; "
+                    "nothing published"
+                )
+            if published_run_id(current) > run_id:
+                raise SupersededRunError(superseded_message(output_dir, run_id, published_run_id(current)))
+            missing = missing_run_files(output_dir, run_id, manifest)
+            if missing:
+                raise SupersededRunError(
+                    f"run {run_id}: files it would publish are gone from {RunPaths(output_dir, run_id).run_dir} "
+                    f"(removed by garbage collection?): {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                    "nothing published"
+                )
+            if time.monotonic() - marked_at > PUBLISH_MARKER_TTL_SECONDS / 2:
+                raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
+            pause_point("before-switch", run_id)
+            published = commit_manifest(output_dir, run_id, manifest, retention_days, store)
+    except BaseException as failure:
+        # The failure is what the caller must see: a marker that cannot go (a retention policy's 403)
+        # is logged, and expires (PUBLISH_MARKER_TTL_SECONDS).
+        try:
+            refused = store.delete([marker])
+            if refused:
+                raise OSError(refused[marker])
+        except Exception as cleanup:  # noqa: BLE001 - never hide the publish step's own failure
+            log.warning(
+                "run %s: could not remove the publishing marker %s after the publish failed (%s: %s); it "
+                "expires after %d hours. The publish failed because of: %s: %s",
+                run_id,
+                marker,
+                type(cleanup).__name__,
+                cleanup,
+                PUBLISH_MARKER_TTL_SECONDS // 3600,
+                type(failure).__name__,
+                failure,
+            )
+        raise
+    # Committed: from here on the commit naming the run protects its files.
+    _best_effort(f"remove the publishing marker {marker}", _delete, store, [marker])
+    pause_point("switched", run_id)
+    try:
+        copy_head_to_dataset_json(store)
+    except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
+        log.info(
+            "could not copy the newest commit to %s (%s); readers never need it", commit_log.HINT_FILE, exc
+        )
+    from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
+
+    _best_effort(
+        "collect garbage",
+        gc.collect_garbage,
+        output_dir,
+        gc_budget,
+        False,
+        tft_build_id,
+        None,
+        PUBLISH_GC_RUNS,
+    )
+    # Its own staging last: its build record tells a later collection which tf.Transform directory goes
+    # with the run, should this step die before the launcher removes that directory.
     _best_effort(
         f"remove the staging and unnamed files of run {run_id}",
-        _remove_unnamed_files_of_run,
-        output_dir,
+        remove_unnamed_files_of_run,
+        store,
         run_id,
-        manifest,
+        published,
     )
-    _best_effort("remove the files of a format 1 dataset", _remove_format1_files, output_dir)
-    _best_effort(
-        "remove idle tf.Transform temporary directories",
-        _remove_idle_tft_temp,
-        output_dir,
-        staging,
-        tft_build_id,
-    )
-    _best_effort(
-        "remove the empty staging directory",
-        filesystem.remove_empty_directory,
-        manifest_lib.join(output_dir, STAGING_DIR),
-    )
+    return published
 
 
-# ------------------------------------------------------------------ a superseded run stops early
+def _delete(store, names: list[str]):
+    refused = store.delete(names)
+    if refused:
+        raise OSError("; ".join(f"{name}: {reason}" for name, reason in refused.items()))
 
 
-class StopIfSupersededFn(beam.DoFn):
-    """Passes elements through; raises SupersededRunError once a newer run has published.
+def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store=None) -> dict:
+    """Create the next commit with `manifest` unless a run that started later has published: the publish.
 
-    A run that a newer one superseded can never publish (rule 1), so there is
-    no point in its decoding millions of images for hours. Each instance
-    reads `dataset.json` at its first element and then at most every
-    `check_seconds`: a small read, rare next to the work of the elements
-    that pass. Once superseded it raises on every element with the same
-    message, so the runner's retries of the bundle (4 on Dataflow) fail at
-    once, the same way, and the job stops.
+    Reads the head (sequence N) and creates N + 1 only if absent. If another
+    publisher created it first, reads the winner and decides again (a later
+    run: SupersededRunError; an earlier one: N + 2 on top of it). Returns the
+    committed manifest (an attempt of this run that committed first: its
+    manifest).
     """
+    store = store or dataset_store.open_store(output_dir)
+    head = read_published(output_dir, store)
+    sequence = head.sequence if head is not None else 0
+    current = head.manifest() if head is not None else None
+    for _ in range(_MAX_COMMIT_ATTEMPTS):
+        current_id = published_run_id(current)
+        if current_id == run_id:
+            log.info("run %s was published in %s by another attempt of its publish step", run_id, output_dir)
+            return current
+        if current_id > run_id:
+            raise SupersededRunError(superseded_message(output_dir, run_id, current_id))
+        now = _utc_now()
 
-    def __init__(self, output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECONDS):
-        self._output_dir = output_dir
-        self._check_seconds = check_seconds
-        self._checked_at = None
-        self._superseded = None
+        def is_kept(entry: dict, within_retention: bool, current_id=current_id, now=now) -> bool:
+            # A run whose files are gone has no reader left to keep; a lease keeps a run past its retention.
+            if not within_retention and not has_live_lease(store, entry["id"], now):
+                return False
+            return entry["id"] == current_id or run_files_exist(store, entry["id"])
 
-    def process(self, element, run_id):
-        if self._superseded is None and (
-            self._checked_at is None or time.monotonic() - self._checked_at >= self._check_seconds
-        ):
-            self._checked_at = time.monotonic()
-            try:
-                check_not_superseded(self._output_dir, run_id)
-            except SupersededRunError as exc:
-                self._superseded = str(exc)
-        if self._superseded is not None:
-            raise SupersededRunError(self._superseded)
-        yield element
+        retained = retained_runs(current, run_id, now, retention_days, is_kept)
+        committed = {**manifest, RETAINED_RUNS: retained} if retained else dict(manifest)
+        name = commit_log.commit_name(sequence + 1)
+        pause_point("before-commit", run_id)
+        if store.create_if_absent(name, json.dumps(committed, indent=2).encode("utf-8")):
+            log.info("published run %s in %s (commit %d)", run_id, output_dir, sequence + 1)
+            return committed
+        # Lost the sequence: read the winner and decide again on top of it.
+        sequence += 1
+        data = store.read(name)
+        current = json.loads(data.decode("utf-8")) if data is not None else current
+        log.info(
+            "commit %d of %s went to run %s first; deciding again",
+            sequence,
+            output_dir,
+            published_run_id(current),
+        )
+    raise PublishTooSlowError(
+        f"run {run_id}: {_MAX_COMMIT_ATTEMPTS} commits in a row went to other runs; a retry starts over"
+    )
+
+
+def copy_head_to_dataset_json(store):
+    """Best effort: `dataset.json` becomes a copy of the head's bytes, for people and older readers (the
+    log's readers never need it)."""
+    head = read_published(store.root, store)
+    if head is None or head.sequence == 0 or store.read(commit_log.HINT_FILE) == head.data:
+        return
+    store.write(commit_log.HINT_FILE, head.data)
+
+
+def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
+    """Whether a training job holds a lease on run `run_id` that has not expired (one listing). `store`: a
+    dataset store, or the dataset directory."""
+    if isinstance(store, str):
+        store = dataset_store.open_store(store)
+    names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
+    return bool(leases.live_holders(names, now))
+
+
+def remove_run(output_dir: str, run_id: str) -> bool:
+    """Remove run `run_id`'s files now (garbage collection's removal of one run: preprocess/publish/gc.py);
+    True if they are gone, False if the run is published, leased, or publishing."""
+    from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
+
+    return gc.remove_run(output_dir, run_id)
+
+
+def run_files_exist(store, run_id: str) -> bool:
+    """Whether run `run_id`'s files are still there (its transform graph, which every run has; one stat)."""
+    graph = manifest_lib.join(manifest_lib.run_dir(run_id), manifest_lib.TRANSFORM_FN_DIR, "saved_model.pb")
+    return store.exists(graph)
+
+
+def remove_unnamed_files_of_run(store, run_id: str, manifest: dict):
+    """This run's staging, and anything in its directory its manifest does not name (a discarded attempt's
+    files, a packed shard's sources); objects the bucket keeps for its retention go later (preprocess/publish/gc.py)."""
+    names = named_files(manifest)
+    now = time.time()
+    stray = [
+        item.name
+        for item in store.list(manifest_lib.run_dir(run_id) + "/").objects
+        if not is_named(item.name, names) and item.deletable_at <= now
+    ]
+    stray += [
+        item.name
+        for item in store.list(f"{RunPaths('', run_id).staging_dir.lstrip('/')}/").objects
+        if item.deletable_at <= now
+    ]
+    if stray:
+        _delete(store, stray)
+
+
+def _best_effort(what: str, action, *args):
+    """Run one cleanup action; a failure is logged, never raised (garbage collection retries it)."""
+    try:
+        return action(*args)
+    except Exception as exc:  # noqa: BLE001 - cleanup after the commit must never fail a published run
+        log.warning(
+            "could not %s (%s: %s); the dataset is published, and garbage collection (python -m "
+            "preprocess.gc) retries it",
+            what,
+            type(exc).__name__,
+            exc,
+        )
+        return None

@@ -2,9 +2,9 @@
 
 Runs once, after every shard, the error log and the transform graph of the
 run are complete in `runs/<run id>/`. Nothing is moved or copied: the
-manifest names those files where they are, and `preprocess.publish.commit`
-replaces `dataset.json` with it in one atomic step, then removes what older
-runs left (see publish.py for the protocol and why it is crash-safe).
+manifest names those files where they are, and `preprocess.publish`
+commits it, the next object of the log manifests/, created only if absent
+(see publish.py for the protocol and why it is crash-safe).
 """
 
 import datetime
@@ -16,7 +16,7 @@ from dataset_contract.features import CHANNELS
 from preprocess.config import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.decode import outcomes, source_sizes
 from preprocess.errors import TooManyFailuresError
-from preprocess.publish.commit import publish_run
+from preprocess.publish.commit import SupersededRunError, publish_run
 from preprocess.publish.fingerprint import compute_fingerprint
 from preprocess.publish.runs import RunPaths, run_started_at
 from preprocess.write.transform_output import read_label_vocabulary
@@ -231,10 +231,16 @@ def finalize_dataset(
     )
     manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}
     manifest_lib.check_manifest(manifest)
-    return publish_run(
-        config["output"],
-        run_id,
-        manifest,
-        tft_build_id=config.get("build_id"),
-        retention_days=config.get("retention_days", DEFAULT_RETENTION_DAYS),
-    )
+    try:
+        return publish_run(
+            config["output"],
+            run_id,
+            manifest,
+            tft_build_id=config.get("build_id"),
+            retention_days=config.get("retention_days", DEFAULT_RETENTION_DAYS),
+        )
+    except SupersededRunError as exc:
+        # Not a failure to retry (every retry would say the same): the job ends, and the launcher reads
+        # the log and says that a newer run superseded this one.
+        logging.warning("%s", exc)
+        return None

@@ -1,25 +1,4 @@
-"""Run ids, and where one run of the job keeps its files in the output directory.
-
-A run is one execution of the job. A template's run id is made when the job
-runs, inside the pipeline (`MakeRunId`), not when the graph is built: a
-Dataflow template (`--template_location`) is built once and run many times,
-and every run needs its own files. A job launched directly gets its id from
-the launcher (`python -m preprocess`), which so knows which run is its own
-and can report it, or say that a newer run superseded it. The id starts with the UTC time it was made, so run
-ids sort by start time; that order decides which run may publish and which
-runs a publisher may remove (preprocess/publish/commit.py).
-
-In the output directory (docs/dataset_format.md):
-
-    dataset.json                     the published manifest: names the files of one run
-    dataset.json.lock                (local disk) held while a switch is under way (manifest_switch.py)
-    runs/<run id>/                   a run's final files, written once, never moved
-    runs/<run id>.publishing.<uuid>  a run's publish step is running (one per attempt)
-    runs/<run id>.deleting.<uuid>    a newer run is removing this run's files
-    staging/<run id>/                a run's temporary files (parts, decoded spill, ...)
-    staging/<run id>/build.json      which tf.Transform directory the run uses, and whether it shares it
-    staging/tft-<build id>/          tf.Transform's temporary directory (see `tft_temp_dir`)
-"""
+"""Run ids, and where one run of the job keeps its files in the output directory."""
 
 import dataclasses
 import datetime
@@ -34,7 +13,7 @@ from preprocess import filesystem
 
 STAGING_DIR = "staging"
 PUBLISHING_MARKER = "publishing"
-DELETING_MARKER = "deleting"
+DELETING_MARKER = "deleting"  # removal markers of earlier versions: garbage collection removes them
 TFT_TEMP_PREFIX = "tft-"
 
 _RUN_ID = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{8}")

@@ -16,8 +16,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.transforms import environments
 
+from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
-from dataset_contract import verification
 from pipelines import sample_corpus
 from preprocess import errors
 from preprocess.decode.image import load_image
@@ -180,8 +180,10 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert errors and all(
         path.startswith(f"{run_dir}/errors-") and path.endswith(".jsonl") for path in errors
     )
-    # Only the manifest at the top; the run's directory holds exactly what the manifest names.
-    assert set(os.listdir(output)) == {"dataset.json", "runs"}
+    # Only the log (its one commit) and its copy at the top; the run's directory holds exactly what the
+    # manifest names.
+    assert set(os.listdir(output)) == {"dataset.json", "manifests", "runs"}
+    assert os.listdir(os.path.join(output, "manifests")) == [commit_log.commit_name(1).split("/")[1]]
     assert os.listdir(os.path.join(output, "runs")) == [manifest["run"]["id"]]
     transform = {
         path
@@ -192,7 +194,17 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
     near_duplicates = manifest_lib.near_duplicate_file_paths(manifest)
     assert all(path.startswith(f"{run_dir}/near-duplicates-") for path in near_duplicates)
-    assert _files_below(output) == {"dataset.json", *errors, *near_duplicates} | listed | transform
+    assert (
+        _files_below(output)
+        == {
+            "dataset.json",
+            commit_log.commit_name(1),
+            *errors,
+            *near_duplicates,
+        }
+        | listed
+        | transform
+    )
 
 
 # bfloat16: normalized values within bfloat16's 8-bit mantissa; uint8: exact;

@@ -1,7 +1,8 @@
 """kill -9 of real re-runs (`python -m preprocess`) into a directory that holds a dataset.
 
 Each re-run is stopped at a known point (while decoding: as soon as its first shard file appears; while
-publishing: the PREPROCESS_PAUSE_AT hook of preprocess/publish/commit.py makes it wait there) and killed with
+publishing and collecting garbage: the PREPROCESS_PAUSE_AT hook of preprocess/publish/commit.py makes it wait
+there) and killed with
 SIGKILL, process group and all. After every kill the directory verifies (`python -m preprocess.verify`)
 and holds the old dataset or the new one, as the kill point says. A normal run afterwards succeeds and
 leaves nothing but its own dataset.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dataset_contract import manifest as manifest_lib
 from preprocess import verify as verify_cli
 from preprocess.publish import commit as publish
 from tests.publishing import assert_complete_dataset, shard_digests
@@ -118,7 +120,8 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
     }
     assert len(killed_before_switch) == 1
 
-    # 3. Publishing, after the switch, halfway through removing the old run's files.
+    # 3. Publishing, after the commit, in its garbage collection: the old run's files removed, not yet its
+    # traces.
     kill_at_pause_point(corpus.root, output, tmp_path, "run-files-removed")
     switched = assert_verifies(output, capsys)
     assert switched["run"]["id"] > max(killed_before_switch) > old["run"]["id"]
@@ -137,8 +140,10 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
     assert final["run"]["id"] > switched["run"]["id"]
     assert shard_digests(final).keys().isdisjoint(shard_digests(switched).keys())
     expected = {"dataset.json"} | {
-        path for path in files_below(output) if path.startswith(final["run"]["dir"] + "/")
+        path
+        for path in files_below(output)
+        if path.startswith((final["run"]["dir"] + "/", manifest_lib.MANIFESTS_DIR + "/"))
     }
     assert files_below(output) == expected
-    assert sorted(os.listdir(output)) == ["dataset.json", "runs"]
+    assert sorted(os.listdir(output)) == ["dataset.json", "manifests", "runs"]
     assert os.listdir(output / "runs") == [final["run"]["id"]]

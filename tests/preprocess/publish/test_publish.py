@@ -27,6 +27,7 @@ from preprocess.config import DEFAULT_RETENTION_DAYS
 from preprocess.inspect.summary import format_summary
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
+from preprocess.publish import gc
 from preprocess.publish.commit import SupersededRunError, missing_run_files
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.gcs_emulator import ReadFaults
@@ -87,9 +88,13 @@ def files_below(directory: str) -> set[str]:
 
 
 def named_files(data_dir: str, manifest: dict) -> set[str]:
-    """Every file the manifest names (directories expanded), and the manifest itself."""
+    """Every file the manifest names (directories expanded), the log of commits and its hint."""
     names = publish.named_files(manifest)
-    return {"dataset.json"} | {path for path in files_below(data_dir) if publish.is_named(path, names)}
+    return {"dataset.json"} | {
+        path
+        for path in files_below(data_dir)
+        if publish.is_named(path, names) or path.startswith(manifest_lib.MANIFESTS_DIR + "/")
+    }
 
 
 def assert_only_the_published_run_is_left(data_dir: str, crashed_attempts: int = 0):
@@ -229,26 +234,22 @@ def test_a_run_being_removed_cannot_publish(staged, output, monkeypatch):
         refused.append(caught.value)
         assert published_dataset(output) == staged.new
 
-    fired = at_pause_point(monkeypatch, "tombstone-written", older["run"]["id"], older_tries_to_publish)
+    fired = at_pause_point(monkeypatch, "removal-announced", older["run"]["id"], older_tries_to_publish)
     publish_run(output, staged.new_run_id, staged.new)
     assert fired and refused
     assert_only_the_published_run_is_left(output)
 
 
-def test_a_run_about_to_publish_is_not_removed_and_cannot_switch_after_a_newer_run(
-    staged, output, monkeypatch
-):
-    """The publisher's marker is written first and it has passed its checks: the remover backs off.
-
-    Its switch, a compare-and-swap, then finds the newer run published and refuses: an older run never
-    switches after a newer one. The next publish of the newer run removes it.
+def test_a_run_about_to_publish_cannot_commit_after_a_newer_run(staged, output, monkeypatch):
+    """It has passed its checks when a newer run commits (and, as no run older than the head can ever
+    commit, its garbage collection may remove the older run's files at once). Its commit then finds the
+    newer run published and refuses: an older run never commits after a newer one.
     """
     older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
 
     def newer_publishes_meanwhile():
         publish_run(output, staged.new_run_id, staged.new)
         assert published_dataset(output) == staged.new
-        assert missing_run_files(output, older["run"]["id"], older) == []
 
     fired = at_pause_point(monkeypatch, "before-switch", older["run"]["id"], newer_publishes_meanwhile)
     with pytest.raises(
@@ -296,21 +297,24 @@ def test_a_marked_publisher_that_finds_a_newer_run_published_backs_off_and_is_re
     )
     with pytest.raises(SupersededRunError, match="started later"):
         publish_run(output, older["run"]["id"], older)
-    # Its marker kept it from being removed while it was checking; a later cleanup removes it.
-    assert missing_run_files(output, older["run"]["id"], older) == []
     publish_run(output, staged.new_run_id, staged.new)
     assert_only_the_published_run_is_left(output)
 
 
-def test_a_dead_publishers_marker_protects_its_run_only_until_it_expires(staged, output):
-    older = clone_run(output, staged.new, run_id_between(staged.old["run"]["id"], staged.new_run_id))
-    marker = RunPaths(output, older["run"]["id"]).marker(publish.PUBLISHING_MARKER, "crashed")
-    publish.write_marker(marker, older["run"]["id"])
+def test_a_dead_publishers_marker_protects_a_later_run_only_until_it_expires(staged, output):
+    """A run that started after the published one may still commit: garbage collection leaves it while
+    its publishing marker is live, even once the run looks abandoned, and removes it once the marker has
+    expired. (A run that started before the published one can never commit: its markers protect nothing.)"""
     publish_run(output, staged.new_run_id, staged.new)
-    assert missing_run_files(output, older["run"]["id"], older) == []
-    expired = time.time() - publish.PUBLISH_MARKER_TTL_SECONDS - 60
-    os.utime(marker, (expired, expired))
-    publish_run(output, staged.new_run_id, staged.new)
+    later = clone_run(output, staged.new, new_run_id())
+    marker = RunPaths(output, later["run"]["id"]).marker(publish.PUBLISHING_MARKER, "crashed")
+    publish.write_marker(marker, later["run"]["id"])
+    week_later = time.time() + gc.ABANDONED_RUN_SECONDS + 3600
+    os.utime(marker, (week_later - 60, week_later - 60))  # its publisher wrote it a minute before
+    gc.collect_garbage(output, now=week_later)
+    assert missing_run_files(output, later["run"]["id"], later) == []
+    gc.collect_garbage(output, now=week_later + publish.PUBLISH_MARKER_TTL_SECONDS)
+    assert not os.path.exists(RunPaths(output, later["run"]["id"]).run_dir)
     assert_only_the_published_run_is_left(output)
 
 
@@ -406,11 +410,11 @@ def test_a_cleanup_that_fails_on_local_disk_warns_and_the_next_publish_removes_t
     old_id = staged.old["run"]["id"]
     stuck = os.path.join(output, staged.old["splits"]["train"]["shards"][0]["path"])
     immutable(stuck)
-    with caplog.at_level(logging.WARNING, logger=publish.__name__):
+    with caplog.at_level(logging.WARNING, logger=gc.__name__):
         published = publish_run(output, staged.new_run_id, staged.new)
     assert published["run"]["id"] == staged.new_run_id
     assert published_dataset(output) == staged.new
-    assert f"could not remove the files of run {old_id}" in caplog.text
+    assert f"could not remove 1 objects of {output} (e.g. runs/{old_id}/" in caplog.text
     assert os.path.exists(stuck)
     subprocess.run(["chattr", "-i", stuck], check=True)
     publish_run(output, staged.new_run_id, staged.new)
@@ -463,6 +467,7 @@ def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_th
     flat = json.loads(text.replace(staged.old["run"]["dir"] + "/", ""))
     flat["format_version"] = 1
     del flat["run"], flat["error_files"]
+    shutil.rmtree(os.path.join(output, manifest_lib.MANIFESTS_DIR))  # format 1 had no log
     with open(os.path.join(output, "dataset.json"), "w") as handle:
         json.dump(flat, handle)
     os.makedirs(os.path.join(output, ".staging-0123abcd", "parts"))
@@ -474,7 +479,7 @@ def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_th
 
     publish_run(output, staged.new_run_id, staged.new)
     assert published_dataset(output) == staged.new
-    assert sorted(os.listdir(output)) == ["dataset.json", "notes.txt", "runs"]
+    assert sorted(os.listdir(output)) == ["dataset.json", "manifests", "notes.txt", "runs"]
     assert files_below(output) == named_files(output, staged.new) | {"notes.txt"}
 
 
@@ -534,6 +539,8 @@ def assert_only_the_published_run_is_left_on_gcs(gcs_emulator, url: str, crashed
     assert len(markers) == crashed_attempts, markers
     assert all(path.startswith(manifest["run"]["dir"] + ".publishing.") for path in markers)
     files -= markers
+    commits = {path for path in files if path.startswith(manifest_lib.MANIFESTS_DIR + "/")}
+    files -= commits
     names = publish.named_files(manifest)
     assert files == {"dataset.json"} | {path for path in files if publish.is_named(path, names)}
     assert all(path == "dataset.json" or path.startswith(manifest["run"]["dir"] + "/") for path in files)
@@ -547,7 +554,7 @@ def test_on_gcs_a_crash_at_any_file_operation_of_publishing_leaves_a_complete_da
         publish_run(scratch, staged_gcs.new_run_id, staged_gcs.new)
     calls = injector.calls
     assert any(call.startswith("delete_batch") for call in calls), calls
-    assert any(call.startswith("upload_from_string") for call in calls), calls  # the switch
+    assert any(call.startswith("upload_from_string") for call in calls), calls  # the commit
     outcomes = []
     for crash_at in range(len(calls)):
         output = gcs_copy(gcs_emulator, staged_gcs.output, f"{gcs_dir}/crash-{crash_at}")
@@ -603,12 +610,12 @@ def test_on_gcs_a_cleanup_that_fails_after_the_switch_warns_and_the_next_publish
     old_id = staged_gcs.old["run"]["id"]
     old_run = output.removeprefix(f"gs://{gcs_emulator.bucket}/") + f"/runs/{old_id}/"
     gcs_read_faults.faults = ReadFaults(deletes={old_run: status})
-    with caplog.at_level(logging.WARNING, logger=publish.__name__):
+    with caplog.at_level(logging.WARNING, logger=gc.__name__):
         published = publish_run(output, staged_gcs.new_run_id, staged_gcs.new)
     assert published_dataset(output) == staged_gcs.new
     assert published["run"]["id"] == staged_gcs.new_run_id
     assert gcs_read_faults.injected_deletes
-    assert f"could not remove the files of run {old_id}" in caplog.text
+    assert f"(e.g. runs/{old_id}/" in caplog.text
     assert any(path.startswith(f"runs/{old_id}/") for path in gcs_files(gcs_emulator, output))
 
     gcs_read_faults.faults = ReadFaults()

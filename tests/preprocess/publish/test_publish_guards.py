@@ -2,8 +2,8 @@
 
 - `--max-failed-fraction`: a real stage 1 run over a CSV manifest half of whose files do not exist
   publishes nothing and fails with the failure counts by reason above the fraction; at it, it publishes.
-- A superseded run stops early: a real stage 1 run into a directory whose dataset.json names a run
-  that started later stops before decoding anything, with one clear message naming both runs.
+- A superseded run stops early: a real stage 1 run into a directory whose published run started later
+  stops before decoding anything, with one line naming both runs, and exits 0.
 - The launcher reports its own run: a workflow whose stage 1 a newer run superseded after its switch
   says so instead of training on the newer run's dataset.
 """
@@ -16,6 +16,7 @@ import shutil
 
 import pytest
 
+from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
 from pipelines import workflow
 from preprocess import errors
@@ -74,46 +75,23 @@ def test_a_run_whose_failed_inputs_are_within_the_max_fraction_publishes(half_un
     assert manifest["inputs"]["failures_by_reason"] == {errors.UNREADABLE: num_rows // 2}
 
 
-def test_a_run_that_a_newer_run_superseded_stops_before_decoding_with_one_message_naming_both(tmp_path):
+def test_a_run_that_a_newer_run_superseded_stops_before_decoding_says_so_in_one_line_and_exits_0(
+    tmp_path, capsys
+):
     corpus = write_corpus(tmp_path / "corpus", images_per_class=2, include_broken=False)
     output = tmp_path / "dataset"
-    output.mkdir()
+    (output / manifest_lib.MANIFESTS_DIR).mkdir(parents=True)
     # A run that started after the one below (its id sorts later) has published.
     newer = new_run_id().replace(new_run_id()[:4], "2999", 1)
-    (output / manifest_lib.MANIFEST_FILE).write_text(json.dumps({"format_version": 2, "run": {"id": newer}}))
-    with pytest.raises(SystemExit) as exited:
-        command.main(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
-    message = str(exited.value)
+    (output / commit_log.commit_name(1)).write_text(json.dumps({"format_version": 2, "run": {"id": newer}}))
+    command.main(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])  # no SystemExit: status 0
+    message = capsys.readouterr().out.strip().splitlines()[-1]
     own = re.match(r"preprocess: run (\S+) is superseded: ", message)
     assert own and is_run_id(own.group(1)) and own.group(1) < newer, message
     assert message == f"preprocess: {publish.superseded_message(str(output), own.group(1), newer)}"
     # It stopped before decoding: not one shard written.
     assert glob.glob(str(output / "**" / "*.tfrecord"), recursive=True) == []
-    assert json.loads((output / manifest_lib.MANIFEST_FILE).read_text())["run"]["id"] == newer
-
-
-def test_the_superseded_check_reads_dataset_json_at_most_once_per_interval_and_repeats_its_message(
-    tmp_path, monkeypatch
-):
-    reads = []
-    real_read = publish.read_published_manifest
-    monkeypatch.setattr(publish, "read_published_manifest", lambda d: reads.append(d) or real_read(d))
-    own = new_run_id()
-    check = publish.StopIfSupersededFn(str(tmp_path), check_seconds=3600)
-    assert [out for element in range(1000) for out in check.process(element, own)] == list(range(1000))
-    assert len(reads) == 1
-    newer = new_run_id()
-    (tmp_path / manifest_lib.MANIFEST_FILE).write_text(
-        json.dumps({"format_version": 2, "run": {"id": newer}})
-    )
-    check = publish.StopIfSupersededFn(str(tmp_path), check_seconds=0)
-    messages = []
-    for element in range(3):
-        with pytest.raises(publish.SupersededRunError) as raised:
-            list(check.process(element, own))
-        messages.append(str(raised.value))
-    assert len(reads) == 2  # once superseded, it says so without reading again
-    assert messages == [publish.superseded_message(str(tmp_path), own, newer)] * 3
+    assert publish.read_published_manifest(str(output))["run"]["id"] == newer
 
 
 def test_the_workflow_does_not_train_on_the_dataset_of_a_newer_run_that_published_after_its_stage1(
@@ -128,7 +106,7 @@ def test_the_workflow_does_not_train_on_the_dataset_of_a_newer_run_that_publishe
 
     def newer_run_publishes_once_a_has_switched(point, run_id):
         if point == "switched" and not newer:
-            own = json.loads((output / manifest_lib.MANIFEST_FILE).read_text())
+            own = publish.read_published_manifest(str(output))
             newer_id = new_run_id().replace(new_run_id()[:4], "2999", 1)
             newer["id"], newer["own"] = newer_id, run_id
             shutil.copytree(output / own["run"]["dir"], output / manifest_lib.run_dir(newer_id))

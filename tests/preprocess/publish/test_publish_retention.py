@@ -2,10 +2,10 @@
 
 - On GCS through the test forwarder in its retention mode (tests/gcs_emulator.py): a bucket whose
   retention policy refuses, with GCS's 403 retentionPolicyNotMet, to replace or delete an object younger
-  than the period. Publishing there never overwrites (format 3: manifests/ and a pointer), readers of
-  both stages find the newest manifest, an old reader is told it cannot read the layout, a directory
-  that cannot switch to the layout is refused up front, retried writes under fixed names are skipped,
-  and a failed publish raises its own cause.
+  than the period. Publishing there is the same commit log as everywhere (nothing is overwritten),
+  readers of both stages find the newest commit, an old reader is told it cannot read the layout, a
+  directory in format 2 whose dataset.json is young becomes the log at its next publish, retried writes
+  under fixed names are skipped, and a failed publish raises its own cause.
 - On local disk (same code paths, faster): the A(30) / B(30) / C(0) case, a retained run whose files
   are gone, a training job's lease, and a launcher whose run published and was then superseded.
 
@@ -26,12 +26,11 @@ from pathlib import Path
 import pytest
 from google.cloud import storage
 
-from dataset_contract import leases, verification
+from dataset_contract import commit_log, leases, verification
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem, options
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
-from preprocess.publish import manifest_switch
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import assert_complete_dataset
 from tests.stage1 import write_corpus
@@ -138,17 +137,12 @@ def objects(gcs_emulator, url: str) -> set[str]:
     return {name[len(prefix) :] for name in gcs_emulator.list_objects(prefix)}
 
 
-def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_read_the_newest(
-    published, gcs_emulator, gcs_dir, locked_bucket, monkeypatch
+def test_on_a_locked_bucket_each_publish_creates_a_commit_and_both_stages_read_the_newest(
+    published, gcs_emulator, gcs_dir, locked_bucket
 ):
     retention_bucket = locked_bucket
     # A directory on the bucket with run A's files, not yet published.
     upload(gcs_emulator, published.output, gcs_dir, only=f"runs/{published.run_id}")
-    assert manifest_switch.check_publishable(gcs_dir) == (
-        f"bucket {gcs_emulator.bucket} puts a default event-based hold on new objects"
-        if locked_bucket.default_event_based_hold
-        else f"bucket {gcs_emulator.bucket} has a retention policy of {RETENTION_SECONDS} seconds"
-    )
     a_id = published.run_id
     publish.publish_run(gcs_dir, a_id, published.manifest, retention_days=30)
     b_id = new_run_id()
@@ -156,16 +150,15 @@ def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_
     publish.publish_run(gcs_dir, b_id, run_b, retention_days=30)
 
     names = objects(gcs_emulator, gcs_dir)
-    assert {
-        "dataset.json",
-        f"manifests/000000000001-{a_id}.json",
-        f"manifests/000000000002-{b_id}.json",
-    } <= names
-    # Nothing was ever replaced: the bucket refused only deletes (markers, young cleanup), never a write.
-    assert all(kind == "delete" for kind, _ in retention_bucket.refused_by_retention)
-    pointer = json.loads(gcs_emulator.read_object(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json"))
-    assert manifest_lib.is_pointer(pointer)
-    assert pointer["format_version"] == manifest_lib.POINTER_FORMAT_VERSION
+    assert {"dataset.json", commit_log.commit_name(1), commit_log.commit_name(2)} <= names
+    # Nothing was replaced but dataset.json, the copy of the newest commit for people and older readers:
+    # the bucket refused deletes of young objects (markers), and the second publish's copy.
+    replaced = {
+        name.rsplit("/", 1)[-1] for kind, name in retention_bucket.refused_by_retention if kind == "replace"
+    }
+    assert replaced <= {"dataset.json"}
+    copy = json.loads(gcs_emulator.read_object(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json"))
+    assert copy["run"]["id"] == a_id  # stale: written after commit 1, and young when commit 2 came
 
     # Stage 1 (Beam), stage 2 (TensorFlow's gs://) and the launcher all read run B's manifest.
     assert publish.read_published_manifest(gcs_dir)["run"]["id"] == b_id
@@ -176,38 +169,29 @@ def test_on_a_locked_bucket_each_publish_creates_a_new_manifest_and_both_stages_
     assert checks.read_manifest(gcs_dir)["run"]["id"] == b_id
     assert not verification.verify_named_files(gcs_dir, checks.read_manifest(gcs_dir))
 
-    # A reader that knows formats 1 and 2 only meets format_version 3 in dataset.json, and says so.
-    # (This code as it was before format 3: two versions, and no idea of a pointer.)
-    monkeypatch.setattr(manifest_lib, "SUPPORTED_FORMAT_VERSIONS", (1, 2))
-    monkeypatch.setattr(manifest_lib, "is_pointer", lambda manifest: False)
-    with pytest.raises(manifest_lib.ManifestError, match="format_version 3 is not supported by this version"):
-        manifest_lib.check_manifest(pointer)
 
-
-def test_a_retention_bucket_whose_dataset_json_is_young_is_refused_up_front_with_what_to_do(
+def test_a_directory_in_format_2_on_a_retention_bucket_becomes_the_commit_log_at_its_next_publish(
     published, gcs_emulator, gcs_dir, retention_bucket
 ):
-    """A dataset published before the layout, its dataset.json still under retention: the first publish
-    could not turn it into the pointer, which the launcher says before any work, and exits 2."""
-    upload(gcs_emulator, published.output, gcs_dir)
-    with pytest.raises(manifest_switch.OverwriteRefusedError, match="Publish into a new output directory"):
-        manifest_switch.check_publishable(gcs_dir)
-    result = subprocess.run(
-        [sys.executable, "-m", "preprocess", "--input", published.corpus, "--output", gcs_dir, *STAGE1_ARGS],
-        cwd=REPO,
-        env={**os.environ, **retention_bucket.env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    """Its dataset.json, still under retention, cannot be replaced, and need not be: the next publish
+    creates commit 1 on top of it."""
+    # Format 2: runs/A/ and dataset.json, A's manifest (no log).
+    upload(gcs_emulator, published.output, gcs_dir, only=f"runs/{published.run_id}")
+    blob = (
+        storage.Client()
+        .bucket(gcs_emulator.bucket)
+        .blob(bucket_prefix(gcs_emulator, gcs_dir) + "dataset.json")
     )
-    assert result.returncode == 2, result.stderr
-    assert "Publish into a new output directory" in result.stderr
-    assert "Traceback" not in result.stderr
-    # And the publish step itself, should it get there, raises the same cause (not a 403 of its cleanup).
-    with pytest.raises(manifest_switch.OverwriteRefusedError, match="Publish into a new output directory"):
-        newer_id = new_run_id()
-        publish.publish_run(gcs_dir, newer_id, gcs_clone(gcs_emulator, gcs_dir, published.manifest, newer_id))
+    blob.upload_from_string(json.dumps(published.manifest))
+    assert publish.read_published_manifest(gcs_dir)["run"]["id"] == published.run_id
+    newer_id = new_run_id()
+    committed = publish.publish_run(
+        gcs_dir, newer_id, gcs_clone(gcs_emulator, gcs_dir, published.manifest, newer_id), retention_days=30
+    )
+    assert retained_ids(committed) == [published.run_id]
+    assert publish.read_published_manifest(gcs_dir)["run"]["id"] == newer_id
+    assert verification.read_manifest(gcs_dir)["run"]["id"] == newer_id
+    assert commit_log.commit_name(1) in objects(gcs_emulator, gcs_dir)
 
 
 def test_a_failed_publish_raises_its_own_cause_when_its_marker_cannot_be_removed(
@@ -378,40 +362,57 @@ def test_a_launcher_whose_run_published_and_was_then_superseded_exits_0_saying_s
     assert "Traceback" not in text
 
 
-def test_the_never_overwrite_names_sort_by_sequence(tmp_path):
-    names = [manifest_lib.manifest_object_name(n, f"run{n}") for n in (9, 10, 2)]
-    assert manifest_lib.newest_manifest_name([*names, "manifests/notes.txt"]) == names[1]
-    assert manifest_lib.newest_manifest_name([]) is None
-
-
 def test_every_reader_follows_the_pointer_to_the_newest_manifest(published, output, tmp_path, capsys):
     """The same directory in format 3 (dataset.json a pointer, the manifests in manifests/), on local
-    disk: verify, the pin of a training job and stage 1 all read the newest manifest."""
+    disk: verify, the pin of a training job and stage 1 all read the newest manifest, and the next publish
+    continues its log."""
     from preprocess import verify as verify_cli  # noqa: PLC0415
     from train.data import dataset_pin  # noqa: PLC0415
 
     newer_id = new_run_id()
     newer = clone_run(output, published.manifest, newer_id)
-    manifests = os.path.join(output, manifest_lib.MANIFESTS_DIR)
-    os.makedirs(manifests)
-    shutil.move(
-        os.path.join(output, "dataset.json"),
-        os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)),
-    )
-    with open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "w") as handle:
+    shutil.rmtree(os.path.join(output, manifest_lib.MANIFESTS_DIR))  # this code's log: format 3 had its own
+    os.makedirs(os.path.join(output, manifest_lib.MANIFESTS_DIR))
+    with open(os.path.join(output, format3_name(9, published.run_id)), "w") as handle:
+        json.dump(published.manifest, handle)
+    with open(os.path.join(output, format3_name(10, newer_id)), "w") as handle:
         json.dump(newer, handle)
     with open(os.path.join(output, "dataset.json"), "w") as handle:
-        json.dump(manifest_lib.pointer_manifest(), handle)
+        json.dump(FORMAT3_POINTER, handle)
 
     assert verify_cli.main([output]) == 0, capsys.readouterr().out
     pinned = dataset_pin.resolve_dataset(output, str(tmp_path / "model"))
     assert pinned.run_id == newer_id
-    assert (
-        pinned.manifest_bytes
-        == open(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)), "rb").read()
-    )
+    assert pinned.manifest_bytes == open(os.path.join(output, format3_name(10, newer_id)), "rb").read()
     assert publish.read_published_manifest(output)["run"]["id"] == newer_id
-    os.remove(os.path.join(output, manifest_lib.manifest_object_name(10, newer_id)))
-    os.remove(os.path.join(output, manifest_lib.manifest_object_name(9, published.run_id)))
+    # Its next publish continues the sequence in this layout's names.
+    latest_id = new_run_id()
+    publish.publish_run(output, latest_id, clone_run(output, published.manifest, latest_id))
+    assert os.path.exists(os.path.join(output, commit_log.commit_name(11)))
+    assert verification.read_manifest(output)["run"]["id"] == latest_id
+    assert json.loads(open(os.path.join(output, "dataset.json")).read())["run"]["id"] == latest_id  # its copy
+    # A format 3 pointer whose log holds no commit: no dataset yet, and readers say so.
+    with open(os.path.join(output, "dataset.json"), "w") as handle:
+        json.dump(FORMAT3_POINTER, handle)
+    for name in os.listdir(os.path.join(output, manifest_lib.MANIFESTS_DIR)):
+        os.remove(os.path.join(output, manifest_lib.MANIFESTS_DIR, name))
     with pytest.raises(manifest_lib.ManifestError, match="holds no manifest"):
         verification.read_manifest(output)
+
+
+def format3_name(sequence: int, run_id: str) -> str:
+    """How format 3 named its commits: `manifests/<12-digit sequence>-<run id>.json`."""
+    return f"{manifest_lib.MANIFESTS_DIR}/{sequence:012d}-{run_id}.json"
+
+
+# What format 3 wrote into dataset.json.
+FORMAT3_POINTER = {
+    "format_version": 3,
+    "layout": "manifests",
+    "manifests": "manifests/",
+    "image": {},
+    "labels": [],
+    "normalization": {},
+    "splits": {},
+    "inputs": {"num_found": 0},
+}

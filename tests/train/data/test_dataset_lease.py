@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from dataset_contract import leases
+from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from tests.train.data.test_dataset_pin import TwoRuns
 from train.data import dataset_lease, dataset_pin
@@ -286,8 +286,8 @@ def test_on_the_gcs_emulator_a_first_start_backs_off_from_a_remover_at_work(
     gate = LeaseGate(monkeypatch)
     reader = InThread(dataset_lease.resolve_and_lease, root, model_dir)
     gate.wait_until_reached()
-    with tf.io.gfile.GFile(f"{root}/{manifest_lib.MANIFEST_FILE}", "wb") as handle:
-        handle.write(two_runs.manifest_b)  # B publishes
+    with tf.io.gfile.GFile(f"{root}/{commit_log.commit_name(2)}", "wb") as handle:
+        handle.write(two_runs.manifest_b)  # B publishes: commit 2, on top of A's commit 1
     remover = HeldRemover(root, two_runs.run_a, "commit log")
     gate.go()
     pinned, lease = reader.join()

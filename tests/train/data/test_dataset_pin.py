@@ -3,18 +3,20 @@
 Two real runs of stage 1 in one dataset directory, as a re-run leaves them
 while the superseded run's retention period lasts: run A (uint8, from the
 session's `stage1_dataset("uint8")`) and run B (jpeg, `stage1_dataset("jpeg")`),
-each under `runs/<its id>/`, and `dataset.json` naming one of them. The
+each under `runs/<its id>/`, and the newest commit of `manifests/` naming one of them. The
 encoding tells in metrics.json which run a training read.
 """
 
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
 from train.config import TrainConfig
 from train.errors import DatasetError
@@ -45,9 +47,15 @@ class TwoRuns:
         )
 
     def publish_b(self):
-        """What stage 1's switch does: replace dataset.json (atomically) with run B's manifest."""
-        temporary = self.root / "dataset.json.new"
+        """What stage 1's commit does: the next commit of `manifests/` holds run B's manifest, created only
+        if absent (dataset_contract/commit_log.py); then dataset.json becomes a copy of it."""
+        manifests = self.root / manifest_lib.MANIFESTS_DIR
+        head = commit_log.head_of(os.listdir(manifests)) if manifests.is_dir() else None
+        commit = self.root / commit_log.commit_name((head[0] if head else 0) + 1)
+        commit.parent.mkdir(exist_ok=True)
+        temporary = self.root / "commit.new"
         temporary.write_bytes(self.manifest_b)
+        os.link(temporary, commit)  # fails if the name exists: one winner per sequence
         temporary.replace(self.root / manifest_lib.MANIFEST_FILE)
 
     def remove_a(self):

@@ -1,0 +1,463 @@
+"""Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs.
+
+python -m preprocess.gc DIR [--dry-run] [--max-objects N]
+python -m preprocess.gc gs://bucket/datasets/flowers --dry-run
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import sys
+import uuid
+
+from dataset_contract import commit_log, leases
+from dataset_contract import manifest as manifest_lib
+from preprocess.publish import commit as publish
+from preprocess.publish import store as dataset_store
+from preprocess.publish.runs import (
+    DELETING_MARKER,
+    PUBLISHING_MARKER,
+    STAGING_DIR,
+    TFT_TEMP_PREFIX,
+    is_run_id,
+)
+
+DEFAULT_MAX_OBJECTS = 10_000
+# Runs looked at per call, oldest first: a call's listings stay bounded however many runs wait.
+DEFAULT_MAX_RUNS = 50
+# A run that started after the published one and has not published this long after its start is dead.
+ABANDONED_RUN_SECONDS = 7 * 24 * 3600
+# An old commit goes once the commit after it is this old.
+COMMIT_GRACE_SECONDS = 24 * 3600
+# Temporary files of an exclusive create (dataset_store, local disk) left by a kill.
+TMP_GRACE_SECONDS = 3600
+_TMP_PREFIX = f"{STAGING_DIR}/.tmp/"
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Report:
+    """What one call did (or, with --dry-run, would do)."""
+
+    output_dir: str
+    dry_run: bool = False
+    deleted: int = 0
+    removed_runs: list = dataclasses.field(default_factory=list)
+    kept: list = dataclasses.field(default_factory=list)
+    waiting: int = 0
+    waiting_until: float = 0.0
+    markers_written: int = 0
+    requests: int = 0
+    more: bool = False
+    refused: dict = dataclasses.field(default_factory=dict)
+
+    def wait(self, stored):
+        self.waiting += 1
+        self.waiting_until = max(self.waiting_until, stored.deletable_at)
+
+    def lines(self) -> list[str]:
+        verb = "would delete" if self.dry_run else "deleted"
+        lines = [f"{self.output_dir}: {verb} {self.deleted} objects ({self.requests} requests)"]
+        lines += [
+            f"  removed run {run}" if not self.dry_run else f"  would remove run {run}"
+            for run in self.removed_runs
+        ]
+        lines += [f"  kept {reason}" for reason in self.kept]
+        if self.waiting:
+            until = (
+                "their hold is released"
+                if self.waiting_until == dataset_store.NEVER
+                else _timestamp(self.waiting_until)
+            )
+            lines.append(
+                f"  {self.waiting} objects wait for the bucket's retention (until {until} at the latest); a "
+                "later call removes them"
+            )
+        if self.refused:
+            name, reason = next(iter(self.refused.items()))
+            lines.append(
+                f"  {len(self.refused)} deletions refused (e.g. {name}: {reason}); a later call retries"
+            )
+        if self.more:
+            lines.append("  more to do than this call's budget: run it again")
+        return lines
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Collector:
+    def __init__(self, output_dir, max_objects, max_runs, dry_run, tft_build_id, now):
+        self.store = dataset_store.open_store(output_dir)
+        self.report = Report(output_dir.rstrip("/"), dry_run)
+        self.budget = max_objects
+        self.max_runs = max_runs
+        self.dry_run = dry_run
+        self.tft_build_id = tft_build_id
+        self.now = now
+
+    # ---------------------------------------------------------------- deleting within the budget
+
+    def delete(self, objects) -> bool:
+        """Delete what the bucket lets go now, within the budget; True if every one of `objects` is gone."""
+        deletable = []
+        for stored in objects:
+            if stored.deletable_at > self.now:
+                self.report.wait(stored)
+            else:
+                deletable.append(stored.name)
+        if len(deletable) > self.budget:
+            deletable, self.report.more = deletable[: self.budget], True
+        if deletable and not self.dry_run:
+            refused = self.store.delete(deletable)
+            self.report.refused.update(refused)
+            if refused:
+                name, reason = next(iter(refused.items()))
+                log.warning(
+                    "could not remove %d objects of %s (e.g. %s: %s); a later garbage collection retries",
+                    len(refused),
+                    self.report.output_dir,
+                    name,
+                    reason,
+                )
+        else:
+            refused = {}
+        self.budget -= len(deletable)
+        self.report.deleted += len(deletable) - len(refused)
+        return len(deletable) == len(objects) and not refused
+
+    # ---------------------------------------------------------------- the log
+
+    def head(self):
+        """(sequence, run id, retained entries, commits listed) of the published dataset."""
+        commits = [
+            (commit_log.commit_sequence(item.name), item)
+            for item in self.store.list(f"{manifest_lib.MANIFESTS_DIR}/", delimiter=True).objects
+        ]
+        commits = sorted((sequence, item) for sequence, item in commits if sequence is not None)
+        if commits:
+            data = self.store.read(commits[-1][1].name)
+            sequence = commits[-1][0]
+        else:
+            data, sequence = self.store.read(commit_log.HINT_FILE), 0
+        try:
+            manifest = json.loads(data.decode("utf-8")) if data is not None else None
+        except ValueError:
+            manifest = None
+        if commit_log.is_hint(manifest):
+            manifest = None
+        return sequence, manifest, commits
+
+    def remove_old_commits(self, commits):
+        """Commits below the head whose successor is older than the grace period."""
+        old = [
+            stored
+            for (_, stored), (_, successor) in zip(commits, commits[1:], strict=False)
+            if self.now - successor.updated > COMMIT_GRACE_SECONDS
+        ]
+        if old:
+            self.delete(old)
+
+    # ---------------------------------------------------------------- runs
+
+    def run(self):
+        sequence, manifest, commits = self.head()
+        head_run = publish.published_run_id(manifest)
+        retained = {entry["id"]: entry for entry in (manifest or {}).get(publish.RETAINED_RUNS, [])}
+        runs = self.store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True)
+        staging = self.store.list(f"{STAGING_DIR}/", delimiter=True)
+        leased = self.store.list(f"{leases.LEASES_DIR}/", delimiter=True)
+        with_files = {prefix.split("/")[1] for prefix in runs.prefixes}
+        with_staging = {prefix.split("/")[1] for prefix in staging.prefixes}
+        with_leases = {prefix.split("/")[1] for prefix in leased.prefixes}
+        markers = {}
+        for stored in runs.objects:
+            owner, _, kind = stored.name.split("/")[-1].partition(".")
+            markers.setdefault(owner, []).append((kind.split(".")[0], stored))
+        run_ids = sorted(
+            run_id for run_id in with_files | with_staging | with_leases | set(markers) if is_run_id(run_id)
+        )
+        looked_at = 0
+        for run_id in run_ids:
+            if run_id == head_run:
+                # Committed: the markers of its attempts that died go (a live one's attempt removes its own).
+                self.remove_dead_markers(run_id, markers.get(run_id, []))
+                continue
+            if self.budget <= 0 or looked_at >= self.max_runs:
+                self.report.more = True
+                break
+            looked_at += 1
+            reason = self.keep_reason(run_id, head_run, retained, markers.get(run_id, []))
+            if reason:
+                self.report.kept.append(reason)
+                self.remove_dead_markers(run_id, markers.get(run_id, []))
+                continue
+            if run_id in with_files or run_id in with_staging:
+                self.remove_run(run_id, sequence, markers.get(run_id, []), run_id > head_run)
+            else:
+                self.remove_traces(run_id, markers.get(run_id, []))
+        self.remove_temporary(staging)
+        if manifest is not None:
+            self.remove_format1_files(manifest)
+        self.remove_old_commits(commits)
+        if not self.dry_run and commits:
+            try:
+                publish.copy_head_to_dataset_json(self.store)
+            except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
+                log.info(
+                    "could not copy the newest commit to %s (%s); readers never need it",
+                    commit_log.HINT_FILE,
+                    exc,
+                )
+
+    def keep_reason(self, run_id, head_run, retained, markers) -> str | None:
+        entry = retained.get(run_id)
+        if entry is not None:
+            until = publish.retain_until(entry, 0)
+            if until > datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc):
+                return f"run {run_id}, superseded at {entry['superseded_at']}: stays for its readers until {publish._timestamp(until)}"
+        if run_id > head_run:
+            # A run that started before the head can never commit (publish.py): only a later one may be
+            # publishing now, and only its markers count.
+            if any(
+                kind == PUBLISHING_MARKER and publish.marker_is_live(stored, self.now)
+                for kind, stored in markers
+            ):
+                return f"run {run_id}: it is publishing"
+            started = datetime.datetime.strptime(run_id.split("Z-")[0], "%Y%m%dT%H%M%S%f")
+            age = self.now - started.replace(tzinfo=datetime.timezone.utc).timestamp()
+            if age < ABANDONED_RUN_SECONDS:
+                return f"run {run_id}: it started after the published run and may still publish"
+        if self.live_lease(run_id):
+            return f"run {run_id}: a training job holds a live lease on it ({leases.LEASES_DIR}/{run_id}/)"
+        return None
+
+    def lease_names(self, run_id) -> list:
+        return self.store.list(leases.run_leases_dir(run_id) + "/").objects
+
+    def live_lease(self, run_id) -> bool:
+        names = [stored.name for stored in self.lease_names(run_id)]
+        return bool(leases.live_holders(names, _utc(self.now)))
+
+    def remove_run(self, run_id, sequence, markers, may_publish):
+        """Every object of a run no one needs, within the budget; its traces last."""
+        files = self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}/", max_results=self.budget)
+        staged = self.store.list(f"{STAGING_DIR}/{run_id}/", max_results=self.budget)
+        tft = self.own_tft_temp(run_id)
+        tft_prefixes = [f"{STAGING_DIR}/{tft[0].name.split('/')[1]}/"] if tft else []
+        objects = tft + files.objects + staged.objects
+        if not any(stored.deletable_at <= self.now for stored in objects):
+            for stored in objects:
+                self.report.wait(stored)
+            return
+        if self.dry_run:
+            self.delete(objects)
+            self.report.removed_runs.append(run_id)
+            return
+        if not self.announce_removal(run_id, sequence, may_publish):
+            return
+        everything = self.delete(objects) and not files.truncated and not staged.truncated
+        publish.pause_point("run-files-removed", run_id)
+        if files.truncated or staged.truncated:
+            self.report.more = True
+        if everything:
+            self.remove_traces(run_id, markers)
+            for prefix in (f"{manifest_lib.RUNS_DIR}/{run_id}/", f"{STAGING_DIR}/{run_id}/", *tft_prefixes):
+                self.store.delete_folder(prefix)
+            self.report.removed_runs.append(run_id)
+            log.info("removed the files of run %s from %s", run_id, self.report.output_dir)
+
+    def own_tft_temp(self, run_id) -> list:
+        """The objects of tf.Transform's temporary directory of a run that did not share it (runs.py's
+        build.json), first: the record goes with the run's staging after them."""
+        data = self.store.read(f"{STAGING_DIR}/{run_id}/build.json")
+        try:
+            build = json.loads(data.decode("utf-8")) if data is not None else None
+        except ValueError:
+            build = None
+        if not build or build.get("shared") or build.get("build_id") == self.tft_build_id:
+            return []
+        return self.store.list(
+            f"{STAGING_DIR}/{TFT_TEMP_PREFIX}{build['build_id']}/", max_results=self.budget
+        ).objects
+
+    def announce_removal(self, run_id, sequence, may_publish) -> bool:
+        """Write a removal marker (unless a live one is there), then look again; False: back off."""
+        now = _utc(self.now)
+        existing = [stored.name for stored in self.lease_names(run_id)]
+        if not leases.live_removals(
+            existing, now + datetime.timedelta(seconds=leases.REMOVAL_MARKER_SECONDS / 2)
+        ):
+            expiry = now + datetime.timedelta(seconds=leases.REMOVAL_MARKER_SECONDS)
+            marker = leases.removal_marker_name(run_id, uuid.uuid4().hex[:16], expiry)
+            self.store.create_if_absent(marker, json.dumps({"run_id": run_id}).encode("utf-8"))
+            self.report.markers_written += 1
+        publish.pause_point("removal-announced", run_id)
+        publish.pause_point("tombstone-written", run_id)  # its name before the commit log
+        # Looked at after the marker: a trainer or a publisher that came first is seen here.
+        names = [stored.name for stored in self.lease_names(run_id)]
+        if leases.live_holders(names, now):
+            self.report.kept.append(f"run {run_id}: a training job took a lease on it just now")
+            return False
+        if may_publish:
+            publishing = self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.{PUBLISHING_MARKER}.").objects
+            if any(publish.marker_is_live(stored, self.now) for stored in publishing):
+                self.report.kept.append(f"run {run_id}: it is publishing")
+                return False
+        if self.head()[0] != sequence:
+            self.report.kept.append(f"run {run_id}: a commit was made meanwhile (a later call decides)")
+            return False
+        return True
+
+    def remove_traces(self, run_id, markers):
+        """Once a run's files are gone: its expired leases, its removal and publishing markers."""
+        now = _utc(self.now)
+        traces = [
+            stored for stored in self.lease_names(run_id) if not leases.live_holders([stored.name], now)
+        ]
+        traces += [stored for _, stored in markers]
+        if traces and self.delete(traces) and not self.dry_run:
+            self.store.delete_folder(leases.run_leases_dir(run_id) + "/")
+
+    def remove_dead_markers(self, run_id, markers):
+        dead = [
+            stored
+            for kind, stored in markers
+            if kind in (PUBLISHING_MARKER, DELETING_MARKER) and not publish.marker_is_live(stored, self.now)
+        ]
+        if dead:
+            self.delete(dead)
+
+    # ---------------------------------------------------------------- the rest
+
+    def remove_temporary(self, staging):
+        idle = []
+        tmp = [
+            stored
+            for stored in self.store.list(_TMP_PREFIX).objects
+            if self.now - stored.updated > TMP_GRACE_SECONDS
+        ]
+        for prefix in staging.prefixes:
+            name = prefix.split("/")[1]
+            if not name.startswith(TFT_TEMP_PREFIX) or name == f"{TFT_TEMP_PREFIX}{self.tft_build_id}":
+                continue
+            listed = self.store.list(prefix, max_results=self.budget)
+            if (
+                listed.objects
+                and max(stored.updated for stored in listed.objects)
+                < self.now - publish.TFT_TEMP_GRACE_SECONDS
+            ):
+                tmp += listed.objects
+                idle.append(prefix)
+        if tmp and self.delete(tmp) and not self.dry_run:
+            for prefix in idle:
+                self.store.delete_folder(prefix)
+
+    def remove_format1_files(self, manifest):
+        """The top-level files of a format 1 dataset, once the head names files in runs/ only."""
+        if any("/" not in name for name in publish.named_files(manifest)):
+            return
+        top = self.store.list("", delimiter=True)
+        stale = [
+            stored
+            for stored in top.objects
+            if stored.name == manifest_lib.ERRORS_FILE
+            or any(_matches(stored.name, manifest_lib.shard_glob(split)) for split in manifest_lib.SPLITS)
+        ]
+        for prefix in top.prefixes:
+            if prefix.rstrip("/") in (
+                manifest_lib.TRANSFORM_FN_DIR,
+                manifest_lib.TRANSFORMED_METADATA_DIR,
+            ) or (prefix.startswith(".staging-")):
+                stale += self.store.list(prefix, max_results=self.budget).objects
+        if stale:
+            self.delete(stale)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    import fnmatch  # noqa: PLC0415
+
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+
+
+def remove_run(output_dir: str, run_id: str) -> bool:
+    """Remove every object of run `run_id` now, whatever its retention; True if it is gone.
+
+    Not the published run, nor one a live lease holds, nor (if it started after the published run) one
+    whose publish is under way: False then. The same removal, marker and checks as `collect_garbage`'s.
+    """
+    collector = _Collector(output_dir, DEFAULT_MAX_OBJECTS, 1, False, None, publish._utc_now().timestamp())
+    sequence, manifest, _ = collector.head()
+    head_run = publish.published_run_id(manifest)
+    if run_id == head_run or collector.live_lease(run_id):
+        return False
+    markers = [
+        (stored.name.split("/")[-1].split(".")[1], stored)
+        for stored in collector.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects
+    ]
+    if run_id > head_run and any(
+        kind == PUBLISHING_MARKER and publish.marker_is_live(stored, collector.now)
+        for kind, stored in markers
+    ):
+        return False
+    collector.remove_run(run_id, sequence, markers, run_id > head_run)
+    return run_id in collector.report.removed_runs
+
+
+def collect_garbage(
+    output_dir: str,
+    max_objects: int = DEFAULT_MAX_OBJECTS,
+    dry_run: bool = False,
+    tft_build_id: str | None = None,
+    now: float | None = None,
+    max_runs: int = DEFAULT_MAX_RUNS,
+) -> Report:
+    """Remove what no commit, retention promise or live lease of `output_dir` needs: at most `max_objects`
+    deletions, and `max_runs` runs looked at. `tft_build_id`: a tf.Transform directory in use by the
+    caller, never removed."""
+    # publish._utc_now: one clock for the retention promises publish records and the collector honours.
+    now = publish._utc_now().timestamp() if now is None else now
+    collector = _Collector(output_dir, max_objects, max_runs, dry_run, tft_build_id, now)
+    collector.run()
+    collector.report.requests = collector.store.requests
+    for line in collector.report.lines():
+        log.info("%s", line)
+    return collector.report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess.gc",
+        description="Remove what no commit, retention promise or live lease of a dataset directory needs.",
+    )
+    parser.add_argument("dir", help="the dataset directory (local path or gs://bucket/prefix)")
+    parser.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    parser.add_argument(
+        "--max-objects",
+        type=int,
+        default=DEFAULT_MAX_OBJECTS,
+        help=f"delete at most this many objects in this call (default {DEFAULT_MAX_OBJECTS}); run it again for more",
+    )
+    args = parser.parse_args(argv)
+    if args.max_objects < 1:
+        parser.error("--max-objects must be at least 1")
+    store = dataset_store.open_store(args.dir)
+    if store.read(commit_log.HINT_FILE) is None and not store.list(f"{manifest_lib.MANIFESTS_DIR}/").objects:
+        if not store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True).prefixes:
+            print(
+                f"preprocess.gc: {args.dir} holds no dataset (no {manifest_lib.MANIFESTS_DIR}/, "
+                f"{commit_log.HINT_FILE} or {manifest_lib.RUNS_DIR}/): check the path",
+                file=sys.stderr,
+            )
+            return 2
+    report = collect_garbage(args.dir, args.max_objects, args.dry_run)
+    print("\n".join(report.lines()))
+    return 0
