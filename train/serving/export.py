@@ -14,8 +14,9 @@ import tensorflow as tf
 
 from dataset_contract import image_errors
 from dataset_contract import manifest as manifest_lib
-from train.data import augment, dataset
+from train.data import dataset
 from train.serving import decode, image_header, keras_model, warmup
+from train.serving.keras_model import KERAS_FILE, model_input
 
 EXPORT_DIR = "export"
 SIGNATURE = "serving_default"
@@ -26,7 +27,6 @@ OUTPUT_KEYS = ("probabilities", "label", "valid", "error")
 EXTRA_ASSETS_DIR = "assets.extra"
 CONFIG_FILE = "serving_config.json"
 LINEAGE_FILE = "dataset_lineage.json"
-KERAS_FILE = "model.keras"
 
 log = logging.getLogger(__name__)
 
@@ -173,20 +173,6 @@ def serving_model_input(
     limits = limits or decode.ServingLimits()
     decoded = decode.decode_batch(image_bytes, image_format.height, resize_method, limits)
     return model_input(decoded.pixels, image_format)
-
-
-def model_input(pixels, image_format: dataset.ImageFormat):
-    """uint8 [batch, size, size, 3] pixels -> what the evaluation pipeline feeds the model for this encoding.
-
-    The center crop when the dataset has a crop margin (as evaluation takes it),
-    then the normalization for the encodings stage 1 normalized. The model's own
-    first layers do the rest (its input convention, models.py).
-    """
-    if image_format.has_crop_margin:
-        pixels = augment.center_crop(pixels, image_format.input_shape[0])
-    if image_format.normalized_offline:
-        return tf.cast(dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype)
-    return pixels
 
 
 def serving_config(size: int, resize_method: str, limits: decode.ServingLimits, labels) -> dict:

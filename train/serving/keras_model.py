@@ -23,8 +23,11 @@ import numpy as np
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
-from train.data import dataset
+from train.data import augment, dataset
 from train.errors import ConfigError, SetupError
+from train.serving import decode
+
+KERAS_FILE = "model.keras"
 
 INFO_LAYER = "dataset_info"
 
@@ -80,8 +83,6 @@ def with_dataset_info(model: keras.Model, manifest: dict) -> keras.Model:
 
 
 def _keras_file(model_dir: str) -> str:
-    from train.serving.export import KERAS_FILE  # noqa: PLC0415 - export imports this module
-
     path = model_dir if model_dir.endswith(".keras") else manifest_lib.join(model_dir, KERAS_FILE)
     if not tf.io.gfile.exists(path):
         raise SetupError(
@@ -124,9 +125,6 @@ def load_image(paths, model_dir: str) -> np.ndarray:
 
     ValueError naming the file when one cannot be used (not an image, truncated, too large).
     """
-    from train.serving import decode  # noqa: PLC0415
-    from train.serving.export import model_input  # noqa: PLC0415
-
     paths = [paths] if isinstance(paths, str) else list(paths)
     info = dataset_info(model_dir)
     image_format = dataset.ImageFormat(
@@ -143,3 +141,17 @@ def load_image(paths, model_dir: str) -> np.ndarray:
         if not valid:
             raise ValueError(f"{path}: {error.decode('utf-8', 'replace')}")
     return model_input(decoded.pixels, image_format).numpy()
+
+
+def model_input(pixels, image_format: dataset.ImageFormat):
+    """uint8 [batch, size, size, 3] pixels -> what the evaluation pipeline feeds the model for this encoding.
+
+    The center crop when the dataset has a crop margin (as evaluation takes it),
+    then the normalization for the encodings stage 1 normalized. The model's own
+    first layers do the rest (its input convention, models.py).
+    """
+    if image_format.has_crop_margin:
+        pixels = augment.center_crop(pixels, image_format.input_shape[0])
+    if image_format.normalized_offline:
+        return tf.cast(dataset.normalize(pixels, image_format.mean, image_format.std), image_format.dtype)
+    return pixels
