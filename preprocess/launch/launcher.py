@@ -331,9 +331,12 @@ def _interrupted_message(output_dir: str) -> str:
         return message
     if not num_bytes:
         return message
-    grace_days = TFT_TEMP_GRACE_SECONDS / 86400
+    from preprocess.publish.gc import ABANDONED_RUN_SECONDS  # noqa: PLC0415
+
     return (
         f"{message}\n  left behind: {format_bytes(num_bytes)} of temporary and unpublished files in "
-        f"{', '.join(folders)}; the next run that publishes to {output_dir} removes them (tf.Transform's "
-        f"{STAGING_DIR}/{TFT_TEMP_PREFIX}* once unused for {grace_days:g} days), or delete them now"
+        f"{', '.join(folders)}; the next run that publishes to {output_dir} removes them, as does "
+        f"`python -m preprocess.gc {output_dir}` once this run is {ABANDONED_RUN_SECONDS / 86400:g} days old "
+        f"(tf.Transform's {STAGING_DIR}/{TFT_TEMP_PREFIX}* once unused for {TFT_TEMP_GRACE_SECONDS / 86400:g} "
+        "days); or delete them now"
     )

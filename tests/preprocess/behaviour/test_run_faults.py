@@ -111,8 +111,9 @@ def test_ctrl_c_during_a_run_with_worker_processes_says_what_it_left_and_leaves_
     assert len(after) == 2, "".join(lines)[-3000:]
     left = re.fullmatch(
         r"  left behind: ([\d.]+ [KMG]?B) of temporary and unpublished files in (.+); the next run that "
-        rf"publishes to {re.escape(str(output))} removes them \(tf.Transform's staging/tft-\* once unused for 2 "
-        r"days\), or delete them now",
+        rf"publishes to {re.escape(str(output))} removes them, as does `python -m preprocess.gc "
+        rf"{re.escape(str(output))}` once this run is 7 days old \(tf.Transform's staging/tft-\* once unused for "
+        r"2 days\); or delete them now",
         after[1],
     )
     assert left, after[1]

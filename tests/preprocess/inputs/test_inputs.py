@@ -200,6 +200,29 @@ def test_a_gcs_tree_is_listed_by_folder_with_nested_images_without_neighbours(gc
     )
 
 
+def test_a_pre_split_gcs_tree_gives_each_image_its_split_folders_split(gcs_emulator, gcs_dir):
+    bucket = storage.Client().bucket(gcs_emulator.bucket)
+    root = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    for name in (
+        "split/train/cat/1.jpg",
+        "split/train/dog/1.jpg",
+        "split/val/cat/2.jpg",
+        "split/train/notes.txt",
+    ):
+        bucket.blob(f"{root}/{name}").upload_from_string(b"x")
+    md5 = hashlib.md5(b"x").hexdigest()
+    _assert_listed(
+        f"{gcs_dir}/split/",
+        [
+            InputRecord(f"{gcs_dir}/split/train/cat/1.jpg", "cat", split="train", size=1, md5=md5),
+            InputRecord(f"{gcs_dir}/split/train/dog/1.jpg", "dog", split="train", size=1, md5=md5),
+            InputRecord(f"{gcs_dir}/split/val/cat/2.jpg", "cat", split="validation", size=1, md5=md5),
+        ],
+        [],
+        skipped=[SkippedFile(f"{gcs_dir}/split/train/notes.txt", ".txt", at_root=True)],
+    )
+
+
 def test_a_csv_manifest_is_read_with_beams_text_io(tmp_path):
     manifest = tmp_path / "lists" / "labels.csv"
     manifest.parent.mkdir()
