@@ -14,46 +14,8 @@ Dockerfile, or install the package from setup.py at boot with
         --temp_location gs://BUCKET/tmp \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Data flow: list inputs -> content key of each file (from its MD5, which a GCS
-listing gives) -> split by key, dedup by key, and by full hash where keys are shared
-(only keys, hashes and URIs are grouped; content.py) -> read each image whole,
-once: hash, decode, orient, RGB, resize; with --near-duplicates keep or drop
-(keep is the default), also its perceptual signature and source size ->
-near-duplicates (keep, drop): each decoded example is spilled to an Arrow part
-file in the run's staging as it is decoded, and only a small SignedImage
-(signature, key, label, split, where its row is) goes on; the groups of altered
-copies are found (near_duplicates/grouping.py), the members whose split
-changes or that drop mode drops become overrides keyed by part, and each part
-is read back once, its rows in their final splits (near_duplicates/stage.py);
-the label vocabulary and the split sizes come from counts over the
-SignedImages plus the overrides ->
-then, for uint8 and jpeg (the default is uint8), one pass: each image is
-encoded and its record appended to a shard file as it is decoded (with
---near-duplicates off) or read back (keep, drop), while tf.Transform's
-analysis takes the final train split's batches in the same step; for
-bfloat16 and float32, whose records are normalized with the statistics, the
-batches are spilled to disk and read back through tf.Transform's transform
-after the analysis -> shard files written once, in place (the small
-remainders packed into shards) -> finalize (the manifest, with the
-near-duplicate groups' files and the source sizes, published by one commit
-in the log manifests/, created only if absent). Every input that is not written is an error
-record, a counted duplicate or (drop) a counted near-duplicate.
-
-On Dataflow, Ctrl-C on the launcher leaves the job running (and its
-tf.Transform directory in place) and says how to cancel it; a launch of a
-request whose job is still running attaches to that job instead of starting
-a second one (preprocess/launch/dataflow_job.py).
-
-Each run writes its files once, under `runs/<run id>/` of the output
-directory (its temporary files under `staging/<run id>/`); the launcher
-makes the run id, so that it reports its own run (or the newer run that
-superseded it), and a Dataflow template's runs each make theirs when they
-run. Publishing is crash-safe and retry-safe, a commit in the log
-manifests/ that keeps superseded runs for --retention-days (what no commit
-needs goes by garbage collection, python -m preprocess.gc):
-preprocess/publish/commit.py. Our flags:
-`python -m preprocess --help`; all other flags go to Beam's PipelineOptions
-untouched.
+`build_pipeline` is the graph, its steps taken from the folders of preprocess/ in the order
+docs/development.md lists; preprocess/launch/launcher.py runs it. How they fit: docs/internals.md.
 """
 
 import os
