@@ -7,8 +7,10 @@ tf.data on the files the manifest lists, nothing from `train`.
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -145,3 +147,31 @@ def read_split(dataset_dir, split, manifest=None):
             }
         )
     return rows
+
+
+def published_manifest_path(dataset_dir) -> Path:
+    """Where the published manifest's bytes are (local disk): the head commit of `manifests/`, or
+    `dataset.json` in the older layouts (dataset_contract/commit_log.py)."""
+    from dataset_contract import commit_log  # noqa: PLC0415
+
+    manifests = Path(dataset_dir) / manifest_lib.MANIFESTS_DIR
+    head = commit_log.head_of(os.listdir(manifests)) if manifests.is_dir() else None
+    return manifests / head[1] if head else Path(dataset_dir) / manifest_lib.MANIFEST_FILE
+
+
+def write_published_manifest(dataset_dir, manifest: dict, older_layout: bool = False):
+    """A test's edit of a written dataset: `manifest` becomes the published one in place (the head commit
+    and its copy, dataset.json). `older_layout`: the log goes, and dataset.json alone is the manifest (a
+    directory written before the commit log: formats 1 and 2)."""
+    data = json.dumps(manifest, indent=2).encode()
+    if older_layout:
+        shutil.rmtree(Path(dataset_dir) / manifest_lib.MANIFESTS_DIR, ignore_errors=True)
+    path = published_manifest_path(dataset_dir)
+    path.write_bytes(data)
+    (Path(dataset_dir) / manifest_lib.MANIFEST_FILE).write_bytes(data)
+
+
+def remove_published_manifest(dataset_dir):
+    """No published manifest any more: the log and its copy gone."""
+    shutil.rmtree(Path(dataset_dir) / manifest_lib.MANIFESTS_DIR, ignore_errors=True)
+    (Path(dataset_dir) / manifest_lib.MANIFEST_FILE).unlink(missing_ok=True)

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines import local
-from tests.stage1 import read_manifest, run_stage1, write_corpus
+from tests.stage1 import read_manifest, remove_published_manifest, run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def test_workflow_refuses_an_incomplete_dataset(finished_dataset, tmp_path, caps
     manifest = read_manifest(workdir / "dataset")
     shard = workdir / "dataset" / manifest["splits"]["validation"]["shards"][0]["path"]
     if damage == "no_manifest":
-        os.remove(workdir / "dataset" / "dataset.json")
+        remove_published_manifest(workdir / "dataset")
     elif damage == "missing_shard":
         os.remove(shard)
     else:

@@ -26,7 +26,7 @@ from preprocess.decode import image as image_decode
 from preprocess.inspect import contact_sheet as inspect_lib
 from preprocess.inspect.report import figures, near_duplicate_groups, thumbnails
 from tests import chromium
-from tests.stage1 import read_manifest, run_stage1, write_corpus
+from tests.stage1 import read_manifest, run_stage1, write_corpus, write_published_manifest
 from tests.user_mistakes import assert_refused, run_command
 
 SCREENSHOT_COPY = os.environ.get("REPORT_SCREENSHOT")  # a path: also save the screenshot there, to look at
@@ -70,8 +70,7 @@ def copy_dataset(dataset: str, destination) -> str:
 
 
 def write_manifest(data_dir: str, manifest: dict):
-    with open(os.path.join(data_dir, manifest_lib.MANIFEST_FILE), "w") as handle:
-        json.dump(manifest, handle, indent=2)
+    write_published_manifest(data_dir, manifest)
 
 
 def group_line(members: list[tuple[str, str, str]], max_distance: int) -> str:

@@ -13,7 +13,7 @@ import tensorflow as tf
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from preprocess import verify as verify_cli
-from tests.stage1 import run_stage1, write_corpus
+from tests.stage1 import run_stage1, write_corpus, write_published_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def rewrite_shard(data_dir, shard_path, records: list[bytes], tmp_path, num_exam
                 shard.update(num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
                 if num_examples is not None:
                     shard["num_examples"] = num_examples
-    (data_dir / manifest_lib.MANIFEST_FILE).write_text(json.dumps(manifest))
+    write_published_manifest(data_dir, manifest)
 
 
 def test_a_dataset_as_written_passes(dataset, capsys):
@@ -201,10 +201,9 @@ def test_records_that_break_the_schema_the_image_or_the_label_fail(dataset, tmp_
 
 
 def test_a_jpeg_that_does_not_decode_fails(dataset, tmp_path):
-    manifest_path = dataset / manifest_lib.MANIFEST_FILE
     manifest = load_manifest(dataset)
     manifest["image"]["encoding"] = features.JPEG  # hold this float32 payload as a jpeg: it cannot decode
-    manifest_path.write_text(json.dumps(manifest))
+    write_published_manifest(dataset, manifest)
     problems = verification.verify_shards(
         str(dataset), manifest, splits=[manifest_lib.TRAIN], check_records=True
     )
@@ -252,7 +251,7 @@ def test_a_format_1_dataset_with_every_file_at_the_top_still_verifies(dataset, c
     flat = json.loads(json.dumps(manifest).replace(manifest["run"]["dir"] + "/", ""))
     flat["format_version"] = 1
     del flat["run"]
-    (dataset / manifest_lib.MANIFEST_FILE).write_text(json.dumps(flat))
+    write_published_manifest(dataset, flat, older_layout=True)
     assert flat["splits"]["train"]["shards"][0]["path"].startswith("train-")
     status, out = run_cli(dataset, capsys)
     assert status == 0, out
@@ -264,6 +263,6 @@ def test_a_format_1_dataset_with_every_file_at_the_top_still_verifies(dataset, c
 def test_a_shard_path_outside_the_dataset_directory_is_refused(dataset, capsys, path):
     manifest = load_manifest(dataset)
     manifest["splits"]["train"]["shards"][0]["path"] = path
-    (dataset / manifest_lib.MANIFEST_FILE).write_text(json.dumps(manifest))
+    write_published_manifest(dataset, manifest)
     assert verify_cli.main([str(dataset)]) == 2
     assert f"shard path {path!r} must" in capsys.readouterr().err

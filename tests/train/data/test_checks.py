@@ -10,6 +10,7 @@ import pytest
 
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
+from tests.stage1 import published_manifest_path, remove_published_manifest, write_published_manifest
 from train.config import TrainConfig
 from train.data import checks, dataset
 from train.device import strategy
@@ -28,10 +29,9 @@ def dataset_copy(stage1_dataset, tmp_path):
 
 
 def edit_manifest(data_dir, edit):
-    path = data_dir / manifest_lib.MANIFEST_FILE
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(published_manifest_path(data_dir).read_text())
     edit(manifest)
-    path.write_text(json.dumps(manifest))
+    write_published_manifest(data_dir, manifest)
     return manifest
 
 
@@ -48,7 +48,7 @@ def assert_stops_before_training(data_dir, tmp_path, match, **config):
 
 
 def test_missing_manifest(dataset_copy, tmp_path):
-    (dataset_copy / manifest_lib.MANIFEST_FILE).unlink()
+    remove_published_manifest(dataset_copy)
     assert_stops_before_training(dataset_copy, tmp_path, r"dataset\.json: not found")
 
 
