@@ -331,7 +331,8 @@ class BeamFiles:
     def read(self, path: str) -> bytes | None:
         try:
             return read_bytes(path)
-        except (BeamIOError, FileNotFoundError, OSError):
+        except Exception:
+            # Each filesystem says "absent" its own way (FileNotFoundError, BeamIOError, GCS's NotFound).
             if FileSystems.exists(path):
                 raise
             return None

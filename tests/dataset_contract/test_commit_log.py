@@ -66,3 +66,15 @@ def test_a_head_removed_between_the_listing_and_the_read_is_listed_again():
     files = Flaky()
     assert commit_log.read_published("d", files).sequence == 1
     assert files.listed == 2
+
+
+def test_on_gcs_no_dataset_yet_is_none_and_the_newest_commit_is_found(gcs_emulator, gcs_dir):
+    files = BeamFiles()
+    assert commit_log.read_published(gcs_dir, files) is None
+    from google.cloud import storage  # noqa: PLC0415
+
+    prefix = gcs_dir.removeprefix(f"gs://{gcs_emulator.bucket}/")
+    storage.Client().bucket(gcs_emulator.bucket).blob(
+        f"{prefix}/{commit_log.commit_name(3)}"
+    ).upload_from_string(b'{"run": {"id": "three"}}')
+    assert commit_log.read_published(gcs_dir, files).manifest() == {"run": {"id": "three"}}
