@@ -460,13 +460,11 @@ def remove_unnamed_files_of_run(store, run_id: str, manifest: dict):
         for item in store.list(manifest_lib.run_dir(run_id) + "/").objects
         if not is_named(item.name, names) and item.deletable_at <= now
     ]
-    stray += [
-        item.name
-        for item in store.list(f"{RunPaths('', run_id).staging_dir.lstrip('/')}/").objects
-        if item.deletable_at <= now
-    ]
+    staging = f"{RunPaths('', run_id).staging_dir.lstrip('/')}/"
+    stray += [item.name for item in store.list(staging).objects if item.deletable_at <= now]
     if stray:
         _delete(store, stray)
+    store.delete_folder(staging)  # emptied: its folders go too (hierarchical namespace; local disk)
 
 
 def _best_effort(what: str, action, *args):

@@ -228,6 +228,14 @@ def test_on_a_hierarchical_namespace_bucket_gc_deletes_the_folders_it_empties(
     ]
     assert f"{prefix}runs/{garbage.head}/transform_fn/" in gcs_read_faults.folders
     assert_complete_dataset(gcs_dir)
+    # A publish removes its own staging, folders and all.
+    bucket.blob(f"{prefix}staging/{garbage.head}/decoded/part-0").upload_from_string(b"spilled")
+    publish.remove_unnamed_files_of_run(
+        dataset_store.open_store(gcs_dir), garbage.head, garbage.manifests[garbage.head]
+    )
+    assert not [
+        folder for folder in gcs_read_faults.folders if folder.startswith(f"{prefix}staging/{garbage.head}/")
+    ]
 
 
 def test_removing_one_run_by_name_spares_the_published_and_the_leased_ones(directory):
