@@ -38,9 +38,8 @@ def learned_nothing_warning(
         )
     uniform = math.log(num_classes)
     if abs(cross_entropy - uniform) <= UNIFORM_LOSS_TOLERANCE * uniform:
-        symptoms.append(
-            f"its validation loss {cross_entropy:.3f} is a uniform guess's (ln {num_classes} = {uniform:.3f})"
-        )
+        loss = f"validation loss {cross_entropy:.3f} is a uniform guess's (ln {num_classes} = {uniform:.3f})"
+        symptoms.append(f"its {loss}" if symptoms else f"'s {loss}")
     if not symptoms:
         return None
     from_scratch = weights in (None, "", "none")
@@ -56,4 +55,6 @@ def learned_nothing_warning(
     else:
         cause = f"{steps} steps, or a learning rate too high for fine-tuning, or labels that do not match the images"
         to_try = "more steps (--epochs), a lower --learning-rate, and a look at the images per class (preprocess.inspect)"
-    return f"warning: the model {' and '.join(symptoms)}: it has learned next to nothing. Likely cause: {cause}. Try {to_try}."
+    said = " and ".join(symptoms)
+    said = said if said.startswith("'s ") else f" {said}"  # "the model predicts ...", "the model's loss ..."
+    return f"warning: the model{said}: it has learned next to nothing. Likely cause: {cause}. Try {to_try}."
