@@ -66,7 +66,8 @@ def synthetic_images(chunk: int, size: int, seed: int = 0):
         key = hashlib.sha256(name.encode()).hexdigest()
         return SignedImage(
             key=key,
-            signature=signature,
+            # The mirrored hash (bits 64-127): random, so that it meets no other image's.
+            signature=signature | rng.getrandbits(64) << 64,
             uri=f"gs://bench/images/{name}.jpg",
             label=f"class{rng.randrange(10)}",
             split=rng.choice(("train", "train", "train", "validation", "test")),
@@ -99,11 +100,11 @@ def _bare_shuffle(images):
     """The least a bucketing transform does: each image's band entries through one GroupByKey, counted."""
     import apache_beam as beam
 
-    from preprocess.near_duplicates.grouping import _band_entries, band_ranges, default_bands
+    from preprocess.near_duplicates.grouping import _band_entries, band_masks, default_bands
 
     sizes = (
         images
-        | "Bands" >> beam.FlatMap(_band_entries, band_ranges(default_bands()))
+        | "Bands" >> beam.FlatMap(_band_entries, band_masks(default_bands()))
         | "Buckets" >> beam.GroupByKey()
         | "Sizes" >> beam.MapTuple(lambda bucket, points: sum(1 for _ in points))
     )
@@ -113,7 +114,7 @@ def _bare_shuffle(images):
             "groups": 0,
             "images_in_groups": 0,
             "hot_buckets": 0,
-            "images_in_hot_buckets": 0,
+            "hot_bucket_entries": 0,
             "buckets": buckets,
         }
     )
@@ -243,7 +244,7 @@ def main(argv=None) -> dict | None:
                     f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
                     f"worker {mib(run['peak_rss_sdk_worker_bytes'])} MiB, main process "
                     f"{mib(run['peak_rss_main_bytes'])} MiB; {stats['groups']:,} groups, "
-                    f"{stats['images_in_hot_buckets']:,} images in {stats['hot_buckets']} hot buckets",
+                    f"{stats['hot_bucket_entries']:,} entries in {stats['hot_buckets']} hot buckets",
                     flush=True,
                 )
 

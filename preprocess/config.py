@@ -10,6 +10,7 @@ import dataclasses
 from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
 from preprocess.near_duplicates import signature
+from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
 # A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
@@ -84,6 +85,13 @@ def _near_duplicate_distance(text: str) -> int:
             f"expected at most {signature.MAX_COLOUR_CHECKED_DISTANCE} (of the {signature.CANDIDATE_BITS} grey "
             f"bits; farther pairs are not near at any useful threshold), got {value}"
         )
+    return value
+
+
+def _group_size(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 (a group has two images or more), got {value}")
     return value
 
 
@@ -235,8 +243,8 @@ class Stage1Config:
         "Altered copies of one image (re-encoded, resized, brightened, ...), found by a perceptual "
         "signature of each decoded image: keep (default) keeps every copy, puts all of a group in one "
         "split (so none straddles train and evaluation) and lists the groups in the manifest's "
-        "near_duplicate_files; drop also keeps only the largest image of each group (the others are "
-        "counted as near_duplicates); off skips the audit (the job is one pass, as before it existed).",
+        "near_duplicate_files; drop also keeps one image of each group (of the majority's label, then a "
+        "named split's, then the largest; the others are counted as near_duplicates); off skips the audit (the job is one pass, as before it existed).",
         NEAR,
         choices=NEAR_DUPLICATE_MODES,
     )
@@ -248,6 +256,15 @@ class Stage1Config:
         "and more false pairs.",
         NEAR,
         _near_duplicate_distance,
+        metavar="N",
+    )
+    near_duplicate_max_group: int = setting(
+        DEFAULT_MAX_GROUP_SIZE,
+        f"A group of more than N near-duplicates (default {DEFAULT_MAX_GROUP_SIZE}) is more likely a family "
+        "of similar images than copies of one: it is listed and counted, and none of its images is moved to "
+        "another split or dropped.",
+        NEAR,
+        _group_size,
         metavar="N",
     )
     transform_batch_size: int = setting(

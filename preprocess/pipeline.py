@@ -88,6 +88,7 @@ def job_config(args, build_id: str) -> dict:
         "retention_days": args.retention_days,
         "near_duplicates": args.near_duplicates,
         "near_duplicate_distance": args.near_duplicate_distance,
+        "near_duplicate_max_group": args.near_duplicate_max_group,
     }
 
 
@@ -173,7 +174,11 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
     preprocess/near_duplicates/stage.py.
     """
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
-        output_dir, run_id, args.near_duplicate_distance, drop=args.near_duplicates == NEAR_DUPLICATES_DROP
+        output_dir,
+        run_id,
+        args.near_duplicate_distance,
+        drop=args.near_duplicates == NEAR_DUPLICATES_DROP,
+        max_group_size=args.near_duplicate_max_group,
     )
     # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
     files = (

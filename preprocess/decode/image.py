@@ -103,6 +103,16 @@ def load_image_and_source_size(
     return _resize_to_target(image, target_shape, size, method), (width, height)
 
 
+def load_image_with_source(
+    data: bytes, *, size: int, method: str, max_pixels: int
+) -> tuple[np.ndarray, tuple[int, int], Image.Image]:
+    """As `load_image_and_source_size`, plus the decoded upright RGB source image itself (possibly at a
+    JPEG DCT scale): the near-duplicate signature is taken from it, not from the resized pixels."""
+    image, (height, width) = _decode(data, size, method, max_pixels)
+    target_shape = geometry.resized_shape(height, width, size, method)
+    return _resize_to_target(image, target_shape, size, method), (width, height), image
+
+
 def exif_orientation(image: Image.Image) -> int:
     """The EXIF orientation (1-8) of an opened image; 1 when absent or invalid.
 

@@ -3,8 +3,9 @@
 Turns each UniqueInput into a raw example for tf.Transform (the resized
 pixels as bytes plus label, hash, uri, split, and the source image's width
 and height) or into an error record with a reason. With `signatures`, the
-example also carries the perceptual signature of the resized pixels
-(near_duplicates/signature.py), the file's size and whether its split was
+example also carries the perceptual signature of the decoded source image
+(near_duplicates/signature.py: not of the resized pixels, so that it does not
+depend on --image-size), the file's size and whether its split was
 given: what near-duplicate grouping needs, from the one decode. The file is read whole once, here, into one buffer of its size
 (reading.read_file_bytes; the decoder reads it in place): its sha256 is
 computed from the bytes that are decoded (content.py found duplicates by
@@ -20,7 +21,7 @@ from apache_beam.metrics import Metrics
 
 from preprocess import errors
 from preprocess.decode.failure_budget import FailureBudget
-from preprocess.decode.image import load_image_and_source_size
+from preprocess.decode.image import load_image_and_source_size, load_image_with_source
 from preprocess.inputs.content import UniqueInput
 from preprocess.inputs.reading import read_file_bytes
 from preprocess.launch.progress import ProgressCounter
@@ -66,10 +67,19 @@ class DecodeImagesFn(beam.DoFn):
         self._progress_failed.inc()
 
     def _load(self, data: bytes | bytearray):
+        """(resized pixels, source (width, height), the perceptual signature of the source or None)."""
         try:
-            return load_image_and_source_size(
+            if not self._signatures:
+                pixels, size = load_image_and_source_size(
+                    data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
+                )
+                return pixels, size, None
+            from preprocess.near_duplicates.signature import source_signature  # noqa: PLC0415 - only when on
+
+            pixels, size, source = load_image_with_source(
                 data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
             )
+            return pixels, size, source_signature(source, size)
         except (errors.ImageError, MemoryError):
             raise
         except Exception as exc:  # noqa: BLE001 - the bytes are in memory: a decoder that fails on them always will
@@ -80,7 +90,7 @@ class DecodeImagesFn(beam.DoFn):
         # memory fails the same way every time, whatever it raises (a truncated image is an OSError).
         try:
             data = read_file_bytes(item.uri, self._max_file_bytes, getattr(item, "size", None))
-            pixels, (width, height) = self._load(data)
+            pixels, (width, height), signature = self._load(data)
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
             self._budget.record(exc.reason, known)
@@ -99,9 +109,7 @@ class DecodeImagesFn(beam.DoFn):
             "source_height": height,
         }
         if self._signatures:
-            from preprocess.near_duplicates.signature import image_signature  # noqa: PLC0415 - only when on
-
-            example["signature"] = image_signature(pixels)
+            example["signature"] = signature
             example["num_bytes"] = len(data)
             example["split_given"] = bool(getattr(item, "split_given", False))
         yield example

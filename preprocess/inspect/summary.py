@@ -111,27 +111,53 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     head = f"  near-duplicates ({mode}, distance <= {near.get('max_distance')}): "
     if not groups:
         return [head + "none found"]
+    across = near.get("groups_across_splits", 0)
+    oversized = near.get("oversized_groups", 0)
+    where = (
+        "each group is in one split"
+        if not across and not oversized
+        else f"{_plural(across + oversized, 'group')} across splits"
+    )
     lines = [
-        head + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them; each group "
-        "is in one split"
+        head + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
+        f"{near.get('largest_group', 0)}; {near.get('split_changes', 0)} moved between splits; {where}"
     ]
     several = near.get("groups_with_several_labels", 0)
     if several:
         lines.append(
             f"    {_plural(several, 'group')} with more than one label: likely label errors, look at them"
         )
-    across = near.get("groups_across_splits", 0)
     if across:
         lines.append(
-            f"    {_plural(across, 'group')} across splits (the input named the members' splits: a manifest's split column, or a pre-split tree's folders)"
+            f"    {_plural(across, 'group')} across splits: members named by the input (a manifest's split "
+            "column, a pre-split tree's folders) or published (the previous version) in different splits; "
+            "no one was moved"
+        )
+    if oversized:
+        lines.append(
+            f"    {_plural(oversized, 'group')} larger than --near-duplicate-max-group "
+            f"({near.get('images_in_oversized_groups', 0)} images): more likely similar images than copies; "
+            "listed, no one was moved"
         )
     if mode == "drop":
-        lines.append(f"    dropped: {near.get('dropped', 0)} (all but the largest image of each group)")
+        lines.append(
+            f"    dropped: {near.get('dropped', 0)} (all but one image of each group: the majority label's, "
+            "then a named split's, then the largest)"
+        )
+        whole = near.get("groups_kept_whole", 0)
+        if whole:
+            lines.append(f"    kept whole: {_plural(whole, 'group')} whose labels have no majority")
     hot = near.get("hot_buckets", 0)
     if hot:
         lines.append(
-            f"    hot buckets: {hot} ({near.get('images_in_hot_buckets', 0)} images share a popular signature "
-            "band, e.g. near-blank images; capped, counted)"
+            f"    hot buckets: {hot} ({near.get('hot_bucket_entries', 0)} entries share a popular signature "
+            "band, e.g. near-blank images; not compared there, still compared through their other bands)"
+        )
+    too_large = near.get("components_too_large", 0)
+    if too_large:
+        lines.append(
+            f"    left alone: {near.get('images_in_components_too_large', 0)} images in "
+            f"{_plural(too_large, 'cluster')} of similar images too large to cut into groups"
         )
     files = [manifest_lib.join(output_dir, path) for path in manifest_lib.near_duplicate_file_paths(manifest)]
     if files:

@@ -1,118 +1,108 @@
-"""Near-duplicate groups at Beam scale: candidate pairs from signature bands, groups as connected components.
+"""Near-duplicate groups at Beam scale: candidates from interleaved signature bands, groups verified whole.
 
 FindNearDuplicateGroups takes one SignedImage per distinct image (exact
-copies are already gone: preprocess/inputs/content.py) and returns the groups of
-images whose signatures are within `max_distance` bits of each other,
-transitively, with the split every member gets and, in drop mode, the one
-member kept. No step holds more than a bounded amount, whatever the corpus
-or however popular a signature, and every decision is a function of the set
-of images alone (never of their order, their bundles or which worker saw
-what), so a re-run gives the same groups, splits and kept members.
+copies are already gone: preprocess/inputs/content.py) and returns groups of
+near-duplicates, the split every member gets and, in drop mode, the one
+member kept. No step holds more than a bounded amount however popular a
+signature, and every decision is a function of the set of images alone
+(never of their order, their bundles or which worker saw what), so a re-run
+gives the same groups, splits and kept members.
 
-1. Candidates: the signature's candidate bits (`signature.CANDIDATE_BITS`, its
-   grey hash) are cut into `bands` contiguous bands (16 bits each by default: 4 bands for a 64-bit signature) and each image
-   goes to one bucket per band, keyed by (band, the band's bits). Two images
-   are candidates when they share a bucket. Guarantee (pigeonhole): a pair
-   within `bands - 1` bits has a band with no differing bit, so it always
-   shares a bucket. Beyond that it is found with the probability that at
-   least one band is clean (`band_detection_probability`; 4 x 16 bits, if
-   the differing bits fall uniformly: 0.90 at 4 bits, 0.74 at 5, 0.58 at
-   6, 0.33 at 8, 0.17 at 10; a group of several copies is also joined
-   through any of its pairs). Why 16-bit bands: a bucket's expected size is
-   N / 2**16, 153 images at 10M images, so a bucket's pairs (153**2 / 2)
-   are checked in milliseconds and the whole corpus costs about 3 billion
-   XOR-and-popcounts at 10M (0.2 us each); 8-bit bands (8 x 8) would
-   guarantee 7 bits but put 39,000 images in every bucket at 10M, 250x
-   the pairs, and every bucket would be hot.
-2. Hot buckets, first: a bucket of more than `max_bucket_size` images (100k
-   near-blank images share their band bits) is hot, and its images are left
-   out of grouping altogether, before any pair is checked. A first pass
-   groups only the images' keys by bucket and streams a hot bucket's keys
-   out (read twice, never held: once to count up to the cap, once to emit);
-   the images are then joined with those keys. Why all of a hot image's
-   buckets: near-identical images also fill the other bands' buckets just
-   under the cap, and their pairs there would form one component of all of
-   them, with edges quadratic in the popular signature's count (3,000
-   near-blank signatures in the tests gave 47,000 edges; with 60,000 among
-   400,000 images one worker reached 5.3 GB, when only the hot buckets
-   themselves were skipped). Counted in stats:
-   `hot_buckets`, `images_in_hot_buckets` (distinct images). Whether a
-   bucket is hot depends on its size alone, so the result does not depend
-   on which images arrived first. A hot image keeps its own split (a
-   function of its content), and so may straddle splits with its
-   near-duplicates: that is the cost of a bounded step, and it is counted.
-   At 10M uniformly spread signatures a bucket averages 153 images, so a
-   legitimate image lands in a hot bucket (over 2,000) only where
-   signatures are popular.
-3. Verification: the other images are bucketed again and each pair of a
-   bucket (now at most `max_bucket_size` images) is checked,
-   `signature.distance <= max_distance`, inside the bucket's one call; only verified
-   edges leave it, and an edge found by several bands is kept once.
-4. Connected components of the verified edges, in a fixed number of `rounds`
-   of min-label propagation with hooking and pointer jumping (Shiloach-Vishkin
-   style) over the images that have an edge: each round, every image takes the
-   smallest label among itself and its neighbours, the old label's image takes
-   it too (hooking), then every image jumps to its label's label. Each round
-   is three shuffles of (key, label) pairs; a chain of n images converges in
-   about log1.5(n) rounds (measured: 9 rounds for 1,000, 12 for 10,000, 16
-   for 100,000 in the worst order, keys sorted along the chain). A component
-   converges to its smallest key, which is the group's id. After the rounds,
-   a check finds any image whose label would still change (a neighbour with
-   a smaller label, or a label that is not a root): those are counted in
-   `stats["images_not_converged"]`, never hidden. A group of an unconverged
-   component is a connected part of it (never two components merged), so its
-   members may then straddle splits: raise `rounds`.
-5. Per group, a combine of bounded size decides: the smallest key and its
-   split, whether any member's split was given, whether labels or splits
-   differ, and the member drop mode keeps (largest source_pixels, then
-   largest num_bytes, then smallest key). Then each member streams past its
-   group's decision (a group-by of the decision and the members, as in
-   content.py) to become a GroupMember.
+1. Floods: images with the very same signature (thousands of identical blank
+   images, a "photo unavailable" placeholder) collapse to one
+   representative, the smallest key, before any bucket: the others follow it
+   (`flood_followers`), and a summary of them (count, labels, named and
+   published splits, the member drop mode would keep) rides with it.
+2. Candidates: the grey hash (`signature.CANDIDATE_BITS`) is cut into `bands`
+   bands, bit i into band i mod `bands` (interleaved: the hash's bits are in
+   order of frequency, and neighbouring frequencies are correlated, so
+   contiguous bands were far from uniform: band 0 collided 30-300x more
+   often than 1 / 2**16 on real images). Each representative goes to one
+   bucket per band for its hash and one for its mirrored hash (so a
+   flipped copy meets its original). Pigeonhole: a pair within `bands - 1`
+   bits always shares a bucket.
+3. Hot buckets: a bucket of more than `max_bucket_size` entries is not
+   compared (counted in `hot_buckets`, `hot_bucket_entries`); its images are
+   still compared through their other buckets. Within a bucket every pair
+   is checked with `signature.near`, and the verified pairs are reduced to a
+   spanning forest (union-find in the bucket: at most n - 1 edges per bucket,
+   never n**2 / 2 for a bucket of near-identical images).
+4. Components of those edges, in `rounds` of min-label propagation with
+   hooking and pointer jumping (Shiloach-Vishkin style); images whose label
+   would still change after them are counted (`images_not_converged`).
+5. Groups are not components: a component (held whole, up to
+   `max_component_size` representatives; a larger one is counted in
+   `components_too_large` and left alone) is cut into groups around centres:
+   the representative with the most near members (then the smallest key) is
+   a centre, its group is every not yet grouped member near it, and so on.
+   So every member of a group is near its centre, and a chain of similar
+   images (each near the next, the ends far apart) is not one group.
+6. Per group, a decision (`decide_group`): the split, whether it crosses
+   splits, which member drop mode keeps, and what no one may move (below).
 
-The split: with no `split_given` member, every member gets the split of the
-member with the smallest key (its own pre-grouping split, a function of its
-content), so the split stays a function of content alone. With any
-`split_given` member, every member keeps its own split (a manifest's split
-is never changed), and a group whose splits differ counts in
-`groups_across_splits`.
+The split of a group, in order:
+- members published in a split (the previous version's, `published_split`)
+  or named by the input manifest (`split_given`) hold it, and the others
+  follow it; when they hold different splits the group crosses splits
+  (`groups_across_splits`) and no one moves;
+- otherwise every member takes the split of the smallest key (a function of
+  content, so the same corpus gives the same splits);
+- a group larger than `max_group_size` is listed and counted
+  (`oversized_groups`) but no one moves: a large group is more likely a
+  family of similar images than of copies.
 
-What still grows with a group: its `groups` element lists all its members
-(one JSONL line). Groups are connected components of near-duplicates, small
-in real data; the popular signatures that would make a huge one are the hot
-buckets above, which are skipped.
+Drop mode keeps, per group: a member of the label most members hold, then
+one whose split was named or published, then the largest source in pixels,
+then the largest file, then the smallest key. A group whose labels have no
+majority is kept whole (`groups_kept_whole`): a likely label error to look at,
+not a copy to delete.
 """
 
+import collections
 import dataclasses
 import itertools
 import json
 import math
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
+from preprocess.near_duplicates import signature as signature_lib
+from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE
 from preprocess.near_duplicates.signature import CANDIDATE_BITS
-from preprocess.near_duplicates.signature import distance as signature_distance
 
-# 16-bit bands: see the module docstring (bucket sizes at 10M images).
+# 16-bit bands: a bucket's expected size is N / 2**16 (153 images at 10M).
 BITS_PER_BAND = 16
-# A bucket larger than this is hot: its pairs (up to 2M at this size, about a second) are not checked.
+# A bucket with more entries than this is hot: its pairs (up to 2M at this size, about a second) are not checked.
 DEFAULT_MAX_BUCKET_SIZE = 2000
-# Rounds of label propagation: chains of up to ~10,000 images converge in 12 (module docstring, 4).
+# Rounds of label propagation: chains of up to ~10,000 images converge in 12.
 DEFAULT_ROUNDS = 12
+# A component is held whole to be cut into groups; a larger one is left alone (counted).
+DEFAULT_MAX_COMPONENT_SIZE = 5000
 
 STATS_KEYS = (
     "groups",
     "images_in_groups",
+    "largest_group",
     "groups_with_several_labels",
+    "groups_kept_whole",
     "groups_across_splits",
+    "oversized_groups",
+    "images_in_oversized_groups",
     "dropped",
     "split_changes",
     "candidate_pairs",
     "verified_pairs",
     "hot_buckets",
-    "images_in_hot_buckets",
+    "hot_bucket_entries",
+    "flood_followers",
+    "components_too_large",
+    "images_in_components_too_large",
     "images_not_converged",
 )
+# Stats combined by max, not by sum.
+_MAX_STATS = ("largest_group",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +112,18 @@ class SignedImage:
     uri: str
     label: str
     split: str  # its split before grouping
-    split_given: bool  # True when the input named the split (manifest column, split folder): never changed
-    source_pixels: int = 0  # width * height of the source image (drop mode keeps the largest)
+    split_given: bool  # True when the input named the split (manifest column, split folder)
+    source_pixels: int = 0  # width * height of the source image (drop mode prefers the largest)
     num_bytes: int = 0  # the source file's size (tie-break after source_pixels)
     locator: tuple = ()  # opaque to grouping, carried through: where the pipeline keeps the decoded image
+    published_split: str | None = None  # the split a previous version published it in (published.py)
+
+    @property
+    def held_split(self) -> str | None:
+        """The split this image must keep: its published one, else the one the input named, else None."""
+        if self.published_split is not None:
+            return self.published_split
+        return self.split if self.split_given else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +133,22 @@ class GroupMember:
     split: str  # the member's split after grouping
     kept: bool  # False only in drop mode, for every member but one
 
+    @property
+    def moved(self) -> bool:
+        return self.kept and self.split != self.image.split
+
 
 @dataclasses.dataclass(frozen=True)
 class NearDuplicateGroup:
     group: str  # the smallest member key
     members: tuple  # tuple[GroupMember, ...], sorted by key
-    max_distance: int  # the largest verified distance inside the group's edges
+    max_distance: int  # the largest distance of a member to the group's centre
+    centre: str = ""  # the centre's key
+    flags: tuple = ()  # of "across_splits", "oversized", "kept_whole"
 
     @property
     def split(self) -> str | None:
-        """The split every member has, or None when they differ (only possible with a given split)."""
+        """The split every member has, or None when they differ."""
         splits = {member.split for member in self.members}
         return splits.pop() if len(splits) == 1 else None
 
@@ -156,9 +160,12 @@ class NearDuplicateGroup:
                 "group": self.group,
                 "split": self.split,
                 "max_distance": self.max_distance,
+                "centre": self.centre,
+                "flags": list(self.flags),
                 "uris": [member.image.uri for member in members],
                 "labels": [member.image.label for member in members],
                 "splits": [member.split for member in members],
+                "splits_before": [member.image.split for member in members],
                 "sha256": [member.image.key for member in members],
                 "kept": [member.kept for member in members],
             },
@@ -166,16 +173,96 @@ class NearDuplicateGroup:
         )
 
 
-def band_ranges(bands: int, bits: int = CANDIDATE_BITS) -> list[tuple[int, int]]:
-    """(shift, width) of each band: `bits` cut into `bands` contiguous bands whose widths differ by at most one."""
+def _keep_order(image: SignedImage) -> tuple:
+    """Drop mode's preference within one label: a named or published split, the largest source, file, key."""
+    return (image.held_split is None, -image.source_pixels, -image.num_bytes, image.key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flood:
+    """What the images of one signature decide with (bounded by the number of labels, not of images)."""
+
+    count: int
+    labels: tuple  # ((label, images), ...) sorted by label
+    held: tuple  # the distinct splits its images hold (published or named), sorted
+    keep: tuple  # ((label, _keep_order of the label's preferred image), ...) sorted by label
+
+    @staticmethod
+    def of(image: SignedImage) -> "Flood":
+        held = (image.held_split,) if image.held_split is not None else ()
+        return Flood(1, ((image.label, 1),), held, ((image.label, _keep_order(image)),))
+
+    @staticmethod
+    def merge(floods) -> "Flood":
+        count, labels, held, keep = 0, collections.Counter(), set(), {}
+        for flood in floods:
+            count += flood.count
+            labels.update(dict(flood.labels))
+            held.update(flood.held)
+            for label, order in flood.keep:
+                keep[label] = min(order, keep.get(label, order))
+        return Flood(count, tuple(sorted(labels.items())), tuple(sorted(held)), tuple(sorted(keep.items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDecision:
+    group: str
+    count: int
+    target: str | None  # the split members without a held split take; None: no one moves
+    keep: str | None  # the key drop mode keeps; None: every member is kept
+    several_labels: bool
+    flags: tuple
+
+    def split_of(self, image: SignedImage) -> str:
+        if image.published_split is not None:
+            return image.published_split
+        if image.split_given or self.target is None:
+            return image.split
+        return self.target
+
+    def member(self, image: SignedImage, drop: bool) -> GroupMember:
+        kept = not drop or self.keep is None or image.key == self.keep
+        return GroupMember(image=image, group=self.group, split=self.split_of(image), kept=kept)
+
+
+def decide_group(group: str, first_split: str, flood: Flood, max_group_size: int) -> GroupDecision:
+    """The decision of one group from its members' merged Flood and its smallest key's split (module doc, 6)."""
+    flags = []
+    if len(flood.held) == 1:
+        target = flood.held[0]
+    elif flood.held:
+        target = None
+        flags.append("across_splits")
+    else:
+        target = first_split
+    if flood.count > max_group_size:
+        target = None
+        flags.append("oversized")
+    counts = sorted((-count, label) for label, count in flood.labels)
+    keep = None
+    if len(counts) == 1 or counts[0][0] != counts[1][0]:
+        majority = counts[0][1]
+        keep = dict(flood.keep)[majority][-1]
+    else:
+        flags.append("kept_whole")
+    if "oversized" in flags:
+        keep = None
+    return GroupDecision(group, flood.count, target, keep, len(counts) > 1, tuple(flags))
+
+
+def band_masks(bands: int, bits: int = CANDIDATE_BITS) -> list[list[int]]:
+    """The bit positions of each band: bit i in band i mod `bands` (interleaved)."""
     if not 1 <= bands <= bits:
         raise ValueError(f"bands must be between 1 and {bits} (the signature's bits), not {bands}")
-    ranges, shift = [], 0
-    for band in range(bands):
-        width = bits // bands + (1 if band < bits % bands else 0)
-        ranges.append((shift, width))
-        shift += width
-    return ranges
+    return [list(range(band, bits, bands)) for band in range(bands)]
+
+
+def band_value(value: int, positions) -> int:
+    """The bits of `value` at `positions`, packed in order."""
+    packed = 0
+    for index, position in enumerate(positions):
+        packed |= ((value >> position) & 1) << index
+    return packed
 
 
 def default_bands(bits: int = CANDIDATE_BITS) -> int:
@@ -187,7 +274,7 @@ def band_detection_probability(distance: int, bands: int, bits: int = CANDIDATE_
 
     1.0 up to `bands - 1` bits (pigeonhole). Inclusion-exclusion over the sets of clean bands.
     """
-    widths = [width for _, width in band_ranges(bands, bits)]
+    widths = [len(positions) for positions in band_masks(bands, bits)]
     total = math.comb(bits, distance)
     probability = 0  # an exact integer count of placements, divided once
     for size in range(1, bands + 1):
@@ -196,76 +283,87 @@ def band_detection_probability(distance: int, bands: int, bits: int = CANDIDATE_
     return probability / total
 
 
-def _band_entries(image: SignedImage, ranges):
+def _band_entries(image: SignedImage, masks):
+    """((band, bits), (key, signature)) for the grey hash and for its mirror (the same bucket when equal)."""
     point = (image.key, image.signature)
-    for band, (shift, width) in enumerate(ranges):
-        yield (band, (image.signature >> shift) & ((1 << width) - 1)), point
+    hashes = {signature_lib.grey_hash(image.signature), signature_lib.mirrored_grey_hash(image.signature)}
+    for band, positions in enumerate(masks):
+        for value in sorted({band_value(grey, positions) for grey in hashes}):
+            yield (band, value), point
 
 
-def _band_keys(image: SignedImage, ranges):
-    for bucket, (key, _) in _band_entries(image, ranges):
-        yield bucket, key
-
-
-class FindHotImagesFn(beam.DoFn):
-    """((band, bits), [key, ...]) -> the keys of a hot bucket (more than `max_bucket_size` images), streamed.
-
-    The bucket is read twice, never held: once to count (up to the cap + 1),
-    once to stream its keys out if it is hot. Its count goes to the 'stats'
-    output as ("hot_buckets", 1).
-    """
-
-    def __init__(self, max_bucket_size: int):
-        self._max_bucket_size = max_bucket_size
-        self._hot = Metrics.counter("near_duplicates", "hot_buckets")
+class CollapseFloodFn(beam.DoFn):
+    """(signature, [SignedImage, ...]) -> the representative (smallest key) with its Flood (main), and
+    ("followers", (representative key, image)) for the others. The images are read twice, never held."""
 
     def process(self, element):
-        _, keys = element
-        if sum(1 for _ in itertools.islice(keys, self._max_bucket_size + 1)) <= self._max_bucket_size:
-            return
-        self._hot.inc()
-        yield beam.pvalue.TaggedOutput("stats", ("hot_buckets", 1))
-        yield from keys
+        _, images = element
+        representative = min(images, key=lambda image: image.key)
+        floods = []
+        for image in images:
+            floods.append(Flood.of(image))
+            if len(floods) >= 64:
+                floods = [Flood.merge(floods)]
+            if image.key != representative.key:
+                yield beam.pvalue.TaggedOutput("followers", (representative.key, image))
+        flood = Flood.merge(floods)
+        if flood.count > 1:
+            yield beam.pvalue.TaggedOutput("stats", ("flood_followers", flood.count - 1))
+        yield representative, flood
+
+
+def _union_find_edges(keys, pairs):
+    """The verified pairs of one bucket -> a spanning forest: (key, its root) for every key not a root."""
+    parent = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for a, b in pairs:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return [(key, root(key)) for key in sorted(parent) if root(key) != key]
 
 
 # Declared, because Beam infers a union with TaggedOutput from a DoFn that yields tagged outputs too.
-@beam.typehints.with_output_types(tuple[tuple[str, str], int])
+@beam.typehints.with_output_types(tuple[str, str])
 class VerifyBucketFn(beam.DoFn):
-    """((band, bits), [(key, signature), ...]) -> verified edges ((key_a, key_b), distance), key_a < key_b.
+    """((band, bits), [(key, signature), ...]) -> edges (key, root key) of a spanning forest of the bucket's
+    verified pairs (`signature.near`). A bucket of more than `max_bucket_size` entries is hot: counted, not
+    compared (read once to count, never held)."""
 
-    The buckets here hold no image of a hot bucket (FindHotImagesFn ran
-    first on the same buckets), so at most `max_bucket_size` images: they are
-    held and every pair is checked. The count of pairs checked goes to the
-    'stats' output.
-    """
-
-    def __init__(self, max_distance: int):
+    def __init__(self, max_distance: int, max_bucket_size: int):
         self._max_distance = max_distance
+        self._max_bucket_size = max_bucket_size
         self._candidates = Metrics.counter("near_duplicates", "candidate_pairs")
+        self._hot = Metrics.counter("near_duplicates", "hot_buckets")
 
     def process(self, element):
         _, points = element
-        held = sorted(points)
+        size = sum(1 for _ in itertools.islice(points, self._max_bucket_size + 1))
+        if size > self._max_bucket_size:
+            self._hot.inc()
+            yield beam.pvalue.TaggedOutput("stats", ("hot_buckets", 1))
+            yield beam.pvalue.TaggedOutput("stats", ("hot_bucket_entries", sum(1 for _ in points)))
+            return
+        held = sorted(set(points))
         if len(held) < 2:
             return
         candidates = len(held) * (len(held) - 1) // 2
         self._candidates.inc(candidates)
         yield beam.pvalue.TaggedOutput("stats", ("candidate_pairs", candidates))
-        limit = self._max_distance
-        for index, (key_a, signature_a) in enumerate(held):
-            for key_b, signature_b in held[index + 1 :]:
-                if key_a == key_b:
-                    continue  # one image listed twice: not a pair
-                pair_distance = signature_distance(signature_a, signature_b)
-                if pair_distance <= limit:
-                    yield (key_a, key_b), pair_distance
+        pairs = [
+            (key_a, key_b)
+            for (key_a, signature_a), (key_b, signature_b) in itertools.combinations(held, 2)
+            if key_a != key_b and signature_lib.near(signature_a, signature_b, self._max_distance) is not None
+        ]
+        yield from _union_find_edges([key for key, _ in held], pairs)
 
 
-# Every reduction per key below is a group-by and then a fold of the streamed values, never a lifted
-# CombinePerKey: a lifted combine pre-combines in each worker in a table of up to 1,000,000 keys (builtin
-# min/max/sum) or 100,000 (other CombineFns) per bundle (Beam's PGBKCVOperation): with keys of two
-# sha256 hex strings, a table of a million pairs is hundreds of MB in one worker. The keys here (pairs,
-# images, groups) are nearly all distinct, so pre-combining would save little shuffle anyway.
 class _FoldPerKey(beam.PTransform):
     """(key, value) -> (key, `combine_fn` over the key's values): GroupByKey, then CombineValues (not lifted)."""
 
@@ -377,18 +475,6 @@ class _LabelRound(beam.PTransform):
         return _join("Jump", proposed, children) | "JumpToRoot" >> beam.FlatMap(_jump)
 
 
-@beam.typehints.with_output_types(tuple[str, str])
-class SendLabelsAndDistancesFn(beam.DoFn):
-    """(node, [own label, neighbours...]) -> (neighbour, node's label); 'distances': (label, distance)."""
-
-    def process(self, element):
-        _, tagged = element
-        label = _own(tagged)
-        for neighbour, distance in _others(tagged):
-            yield neighbour, label
-            yield beam.pvalue.TaggedOutput("distances", (label, distance))
-
-
 def _check_node(element):
     """(node, [own label, ("label", a neighbour's label)..., ("child", an image labelled node)...])
     -> the keys of images whose label would still change.
@@ -412,196 +498,217 @@ def _check_node(element):
 
 
 class _CheckConvergence(beam.PTransform):
-    """(node, label) -> 'not_converged': one element per image whose label would still change; 'distances'."""
+    """(node, label) -> one element per image whose label would still change."""
 
     def __init__(self, adjacency):
         super().__init__()
         self._adjacency = adjacency
 
     def expand(self, labels):
-        sent = _join("Neighbours", labels, self._adjacency) | "SendLabels" >> beam.ParDo(
-            SendLabelsAndDistancesFn()
-        ).with_outputs("distances", main="labels")
-        neighbour_labels = sent.labels | "AsLabels" >> beam.MapTuple(
-            lambda node, label: (node, ("label", label))
+        sent = _join("Neighbours", labels, self._adjacency) | "SendLabels" >> beam.FlatMap(
+            _send_label_to_neighbours
         )
+        neighbour_labels = sent | "AsLabels" >> beam.MapTuple(lambda node, label: (node, ("label", label)))
         children = labels | "ToParent" >> beam.MapTuple(lambda node, label: (label, ("child", node)))
         others = (neighbour_labels, children) | "Others" >> beam.Flatten()
-        not_converged = _join("Check", labels, others) | "CheckNodes" >> beam.FlatMap(_check_node)
-        return {"not_converged": not_converged, "distances": sent.distances}
+        return _join("Check", labels, others) | "CheckNodes" >> beam.FlatMap(_check_node)
 
 
-@dataclasses.dataclass(frozen=True)
-class GroupDecision:
-    """What one group's members decide together, in space bounded whatever the group's size."""
-
-    count: int
-    first: tuple  # (key, split) of the member with the smallest key
-    split_given: bool  # whether any member's split was given
-    splits: tuple  # the (at most two) smallest distinct member splits before grouping
-    labels: tuple  # the (at most two) smallest distinct labels
-    keep: tuple  # (-source_pixels, -num_bytes, key) of the member drop mode keeps: the smallest
-
-    @property
-    def several_labels(self) -> bool:
-        return len(self.labels) > 1
-
-    @property
-    def across_splits(self) -> bool:
-        """Members end in different splits: only when a split was given (they then keep their own)."""
-        return self.split_given and len(self.splits) > 1
-
-    def split_of(self, image: SignedImage) -> str:
-        return image.split if self.split_given else self.first[1]
-
-
-def _keep_order(image: SignedImage) -> tuple:
-    return (-image.source_pixels, -image.num_bytes, image.key)
-
-
-def _two_smallest(values) -> tuple:
-    return tuple(sorted(set(values))[:2])
-
-
-class DecideGroupFn(beam.CombineFn):
-    """SignedImages of one group -> GroupDecision: O(1) per member, an accumulator of bounded size."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, accumulator, image):
-        decision = GroupDecision(
-            1, (image.key, image.split), image.split_given, (image.split,), (image.label,), _keep_order(image)
+def _near_matrix(signatures, max_distance: int) -> np.ndarray:
+    """int16 [n, n]: `signature.near` of every pair (-1 where not near), a vectorized grey prefilter first."""
+    count = len(signatures)
+    grey = np.array([signature_lib.grey_hash(value) for value in signatures], dtype=np.uint64)
+    mirrored = np.array([signature_lib.mirrored_grey_hash(value) for value in signatures], dtype=np.uint64)
+    close = (
+        np.minimum(
+            np.bitwise_count(grey[:, None] ^ grey[None, :]),
+            np.bitwise_count(grey[:, None] ^ mirrored[None, :]),
         )
-        return decision if accumulator is None else self.merge_accumulators([accumulator, decision])
-
-    def merge_accumulators(self, accumulators):
-        accumulators = [a for a in accumulators if a is not None]
-        if not accumulators:
-            return None
-        return GroupDecision(
-            count=sum(a.count for a in accumulators),
-            first=min(a.first for a in accumulators),
-            split_given=any(a.split_given for a in accumulators),
-            splits=_two_smallest(s for a in accumulators for s in a.splits),
-            labels=_two_smallest(label for a in accumulators for label in a.labels),
-            keep=min(a.keep for a in accumulators),
-        )
-
-    def extract_output(self, accumulator):
-        return accumulator
+        <= max_distance
+    )
+    result = np.full((count, count), -1, dtype=np.int16)
+    for i, j in zip(*np.nonzero(np.triu(close, 1)), strict=True):
+        found = signature_lib.near(signatures[i], signatures[j], max_distance)
+        if found is not None:
+            result[i, j] = result[j, i] = found
+    np.fill_diagonal(result, 0)
+    return result
 
 
-def _images_by_label(element):
-    """(key, [images..., label]) -> (label, image): the images of a key that has an edge."""
-    _, tagged = element
-    images, label = [], None
-    for tag, value in tagged:
-        if tag == _OWN:
-            images.append(value)
-        else:
-            label = value
-    if label is not None:
-        for image in images:
-            yield label, image
+def cut_into_groups(keys, signatures, max_distance: int) -> list[tuple[int, list[int], int]]:
+    """A component -> its groups as (centre index, member indexes, largest distance to the centre).
+
+    Centres in order of most near members, then smallest key; each takes every not yet grouped member
+    near it. Lone members are left out (a caller adds a lone image with flood followers).
+    """
+    matrix = _near_matrix(signatures, max_distance)
+    near = matrix >= 0
+    degree = near.sum(axis=1)
+    order = sorted(range(len(keys)), key=lambda index: (-int(degree[index]), keys[index]))
+    grouped = np.zeros(len(keys), dtype=bool)
+    groups = []
+    for centre in order:
+        if grouped[centre]:
+            continue
+        members = [index for index in np.flatnonzero(near[centre] & ~grouped).tolist()]
+        grouped[members] = True
+        grouped[centre] = True
+        if len(members) > 1:
+            groups.append(
+                (centre, sorted(members, key=lambda index: keys[index]), int(matrix[centre, members].max()))
+            )
+    return groups
 
 
 @beam.typehints.with_output_types(GroupMember)
-class AssignMembersFn(beam.DoFn):
-    """(group, [decision, images...]) -> GroupMembers, each image streamed past its group's decision.
+class GroupComponentFn(beam.DoFn):
+    """(component, [(representative, Flood), ...]) -> GroupMembers of the representatives; tagged:
+    'decisions' (representative key, GroupDecision) for those with followers, 'listed' (group, ("centre" or
+    "distance", ...)), 'stats'. A component over `max_component_size` is left alone (read once, counted)."""
 
-    A lone image (a group of one: only possible when a component did not
-    converge) is in no group.
-    """
-
-    def __init__(self, drop: bool):
+    def __init__(self, max_distance: int, max_group_size: int, max_component_size: int, drop: bool):
+        self._max_distance = max_distance
+        self._max_group_size = max_group_size
+        self._max_component_size = max_component_size
         self._drop = drop
 
     def process(self, element):
-        group, tagged = element
-        decision = _own(tagged)
-        if decision is None or decision.count < 2:
+        _, entries = element
+        held = list(itertools.islice(entries, self._max_component_size + 1))
+        if len(held) > self._max_component_size:
+            yield beam.pvalue.TaggedOutput("stats", ("components_too_large", 1))
+            images = sum(flood.count for _, flood in entries)
+            yield beam.pvalue.TaggedOutput("stats", ("images_in_components_too_large", images))
             return
-        for image in _others(tagged):
-            split = decision.split_of(image)
-            if split != image.split:
-                yield beam.pvalue.TaggedOutput("stats", ("split_changes", 1))
-            kept = not self._drop or _keep_order(image) == decision.keep
-            yield GroupMember(image=image, group=group, split=split, kept=kept)
+        held.sort(key=lambda entry: entry[0].key)
+        keys = [image.key for image, _ in held]
+        if len(held) == 1:
+            groups = [(0, [0], 0)] if held[0][1].count > 1 else []
+        else:
+            groups = cut_into_groups(keys, [image.signature for image, _ in held], self._max_distance)
+            in_groups = {index for _, members, _ in groups for index in members}
+            groups += [
+                (index, [index], 0)
+                for index in range(len(held))
+                if index not in in_groups and held[index][1].count > 1
+            ]
+        for centre, members, distance in groups:
+            yield from self._decide(held, centre, members, distance)
+
+    def _decide(self, held, centre, members, distance):
+        first, _ = held[members[0]]  # members are in key order
+        flood = Flood.merge(held[index][1] for index in members)
+        decision = decide_group(first.key, first.split, flood, self._max_group_size)
+        yield beam.pvalue.TaggedOutput(
+            "listed", (decision.group, ("centre", (held[centre][0].key, distance, decision.flags)))
+        )
+        for name, value in _group_stats(decision, self._drop):
+            yield beam.pvalue.TaggedOutput("stats", (name, value))
+        for index in members:
+            image, image_flood = held[index]
+            if image_flood.count > 1:
+                yield beam.pvalue.TaggedOutput("decisions", (image.key, decision))
+            yield decision.member(image, self._drop)
 
 
 def _group_stats(decision: GroupDecision, drop: bool):
-    if decision.count < 2:
-        return
     yield "groups", 1
     yield "images_in_groups", decision.count
+    yield "largest_group", decision.count
     yield "groups_with_several_labels", int(decision.several_labels)
-    yield "groups_across_splits", int(decision.across_splits)
-    yield "dropped", decision.count - 1 if drop else 0
+    yield "groups_kept_whole", int("kept_whole" in decision.flags)
+    yield "groups_across_splits", int("across_splits" in decision.flags)
+    oversized = "oversized" in decision.flags
+    yield "oversized_groups", int(oversized)
+    yield "images_in_oversized_groups", decision.count if oversized else 0
+    yield "dropped", decision.count - 1 if drop and decision.keep is not None else 0
+
+
+def _follow(element, drop: bool):
+    """(representative key, [decision, followers...]) -> the followers' GroupMembers (none without a group)."""
+    _, tagged = element
+    decision = _own(tagged)
+    if decision is None:
+        return
+    for image in _others(tagged):
+        yield decision.member(image, drop)
 
 
 class ListGroupFn(beam.CombineFn):
-    """("member", GroupMember) and ("distance", int) of one group -> (members sorted by key, largest distance).
-
-    The one step whose accumulator grows with a group: a group is listed whole, as one JSONL line.
-    """
+    """("member", GroupMember) and ("centre", (key, distance, flags)) of one group -> a NearDuplicateGroup's
+    fields. The one step whose accumulator grows with a group: a group is listed whole, as one JSONL line."""
 
     def create_accumulator(self):
-        return [], 0
+        return [], None
 
     def add_input(self, accumulator, value):
-        members, distance = accumulator
+        members, centre = accumulator
         kind, item = value
         if kind == "member":
             members.append(item)
-            return members, distance
-        return members, max(distance, item)
+            return members, centre
+        return members, item
 
     def merge_accumulators(self, accumulators):
-        members, distance = [], 0
-        for more, more_distance in accumulators:
+        members, centre = [], None
+        for more, more_centre in accumulators:
             members.extend(more)
-            distance = max(distance, more_distance)
-        return members, distance
+            centre = more_centre or centre
+        return members, centre
 
     def extract_output(self, accumulator):
-        members, distance = accumulator
-        return tuple(sorted(members, key=lambda member: member.image.key)), distance
+        members, centre = accumulator
+        return tuple(sorted(members, key=lambda member: member.image.key)), centre
 
 
 def _to_group(group, listed):
-    members, distance = listed
-    if len(members) >= 2:
-        yield NearDuplicateGroup(group=group, members=members, max_distance=distance)
+    members, centre = listed
+    if len(members) >= 2 and centre is not None:
+        key, distance, flags = centre
+        yield NearDuplicateGroup(group=group, members=members, max_distance=distance, centre=key, flags=flags)
 
 
 class SumStatsFn(beam.CombineFn):
-    """(name, count) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted)."""
+    """(name, count) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted); the
+    names of _MAX_STATS take the largest value instead."""
 
     def create_accumulator(self):
         return dict.fromkeys(STATS_KEYS, 0)
 
     def add_input(self, accumulator, pair):
         name, count = pair
-        accumulator[name] = accumulator.get(name, 0) + count
+        if name in _MAX_STATS:
+            accumulator[name] = max(accumulator.get(name, 0), count)
+        else:
+            accumulator[name] = accumulator.get(name, 0) + count
         return accumulator
 
     def merge_accumulators(self, accumulators):
         total = self.create_accumulator()
         for accumulator in accumulators:
-            for name, count in accumulator.items():
-                total[name] = total.get(name, 0) + count
+            for pair in accumulator.items():
+                self.add_input(total, pair)
         return total
 
     def extract_output(self, accumulator):
         return dict(accumulator)
 
 
-def _cool_images(element):
-    """(key, [hot marks..., images...]) -> the images, unless the key is in a hot bucket."""
-    _, tagged = element
-    if _own(tagged) is None:
-        yield from _others(tagged)
+def _representatives_by_label(element):
+    """(key, [(representative, flood)..., label]) -> (label, (representative, flood)): representatives with an
+    edge under their component's label, and those without one but with flood followers under their own key."""
+    key, tagged = element
+    entries, label = [], None
+    for tag, value in tagged:
+        if tag == _OWN:
+            entries.append(value)
+        else:
+            label = value
+    for entry in entries:
+        if label is not None:
+            yield label, entry
+        elif entry[1].count > 1:
+            yield key, entry
 
 
 def _count_distinct(keys, name: str, label: str):
@@ -611,12 +718,12 @@ def _count_distinct(keys, name: str, label: str):
 class FindNearDuplicateGroups(beam.PTransform):
     """PCollection[SignedImage] -> {"members": GroupMember, "groups": NearDuplicateGroup, "stats": one dict}.
 
-    `max_distance`: the largest Hamming distance of a pair of near-duplicates.
+    `max_distance`: the largest grey distance of a pair of near-duplicates (signature.near).
     `drop`: keep one member per group (kept=False for the others).
-    `bands`: how many bands the signature's bits are cut into (default: 16 bits
-    each); a pair within `bands - 1` bits is always a candidate.
-    `max_bucket_size`: a bucket with more images is hot and skipped (counted).
+    `bands`: how many interleaved bands the grey hash is cut into (default: 16 bits each).
+    `max_bucket_size`: a bucket with more entries is hot and skipped (counted).
     `rounds`: rounds of label propagation (unconverged images are counted).
+    `max_group_size`: a larger group moves no one. `max_component_size`: a larger component is left alone.
     See the module docstring.
     """
 
@@ -628,6 +735,8 @@ class FindNearDuplicateGroups(beam.PTransform):
         bands: int | None = None,
         max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
         rounds: int = DEFAULT_ROUNDS,
+        max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
+        max_component_size: int = DEFAULT_MAX_COMPONENT_SIZE,
         signature_bits: int = CANDIDATE_BITS,
     ):
         super().__init__()
@@ -637,67 +746,80 @@ class FindNearDuplicateGroups(beam.PTransform):
             raise ValueError(f"max_bucket_size must be at least 2, not {max_bucket_size}")
         if rounds < 0:
             raise ValueError(f"rounds must be 0 or more, not {rounds}")
+        if max_group_size < 2:
+            raise ValueError(f"max_group_size must be at least 2, not {max_group_size}")
         self._max_distance = max_distance
         self._drop = drop
-        self._ranges = band_ranges(default_bands(signature_bits) if bands is None else bands, signature_bits)
+        self._masks = band_masks(default_bands(signature_bits) if bands is None else bands, signature_bits)
         self._max_bucket_size = max_bucket_size
         self._rounds = rounds
+        self._max_group_size = max_group_size
+        self._max_component_size = max_component_size
 
     def expand(self, images):
-        hot = (
+        collapsed = (
             images
-            | "BandKeys" >> beam.FlatMap(_band_keys, self._ranges)
-            | "BucketSizes" >> beam.GroupByKey()
-            | "FindHot"
-            >> beam.ParDo(FindHotImagesFn(self._max_bucket_size)).with_outputs("stats", main="keys")
+            | "BySignature" >> beam.Map(lambda image: (hex(image.signature), image))
+            | "Floods" >> beam.GroupByKey()
+            | "Collapse"
+            >> beam.ParDo(CollapseFloodFn()).with_outputs("followers", "stats", main="representatives")
         )
-        hot_marks = hot.keys | "MarkHot" >> beam.Map(lambda key: (key, True))
-        keyed_images = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
-        cool_images = _join("Hot", hot_marks, keyed_images) | "NotHot" >> beam.FlatMap(_cool_images)
+        representatives = collapsed.representatives
         verified = (
-            cool_images
-            | "Bands" >> beam.FlatMap(_band_entries, self._ranges)
+            representatives
+            | "Bands" >> beam.FlatMap(lambda entry, masks: _band_entries(entry[0], masks), self._masks)
             | "Buckets" >> beam.GroupByKey()
-            | "Verify" >> beam.ParDo(VerifyBucketFn(self._max_distance)).with_outputs("stats", main="edges")
+            | "Verify"
+            >> beam.ParDo(VerifyBucketFn(self._max_distance, self._max_bucket_size)).with_outputs(
+                "stats", main="edges"
+            )
         )
-        edges = verified.edges | "OncePerPair" >> _SmallestPerKey()
-        adjacency = edges | "BothWays" >> beam.FlatMapTuple(
-            lambda pair, distance: ((pair[0], (pair[1], distance)), (pair[1], (pair[0], distance)))
-        )
+        edges = verified.edges | "OncePerPair" >> _Distinct()
+        adjacency = edges | "BothWays" >> beam.FlatMapTuple(lambda a, b: ((a, (b, 0)), (b, (a, 0))))
         labels = (
             edges
-            | "OwnAndSmaller" >> beam.FlatMapTuple(lambda pair, _: ((pair[0], pair[0]), (pair[1], pair[0])))
+            | "OwnAndSmaller" >> beam.FlatMapTuple(lambda a, b: ((a, min(a, b)), (b, min(a, b))))
             | "FirstLabels" >> _SmallestPerKey()
         )
         for round_number in range(1, self._rounds + 1):
             labels = labels | f"Round{round_number}" >> _LabelRound(adjacency)
-        checked = labels | "CheckConvergence" >> _CheckConvergence(adjacency)
+        not_converged = labels | "CheckConvergence" >> _CheckConvergence(adjacency)
 
-        grouped_images = _join("Images", keyed_images, labels) | "ByGroup" >> beam.FlatMap(_images_by_label)
-        decisions = grouped_images | "Decide" >> _FoldPerKey(DecideGroupFn())
-        assigned = _join("Members", decisions, grouped_images) | "Assign" >> beam.ParDo(
-            AssignMembersFn(self._drop)
-        ).with_outputs("stats", main="members")
-        members = assigned.members
+        keyed = representatives | "ByKey" >> beam.Map(lambda entry: (entry[0].key, entry))
+        components = _join("Components", keyed, labels) | "ByComponent" >> beam.FlatMap(
+            _representatives_by_label
+        )
+        grouped = (
+            components
+            | "ComponentGroup" >> beam.GroupByKey()
+            | "CutIntoGroups"
+            >> beam.ParDo(
+                GroupComponentFn(
+                    self._max_distance, self._max_group_size, self._max_component_size, self._drop
+                )
+            ).with_outputs("decisions", "listed", "stats", main="members")
+        )
+        drop = self._drop
+        followers = _join("Followers", grouped.decisions, collapsed.followers) | "Follow" >> beam.FlatMap(
+            _follow, drop
+        )
+        members = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
 
         listed = (
             members | "MemberByGroup" >> beam.Map(lambda member: (member.group, ("member", member))),
-            checked["distances"]
-            | "DistanceByGroup" >> beam.MapTuple(lambda group, d: (group, ("distance", d))),
-        ) | "MembersAndDistances" >> beam.Flatten()
+            grouped.listed,
+        ) | "MembersAndCentres" >> beam.Flatten()
         groups = (
             listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
 
-        drop = self._drop
         counts = (
-            hot.stats,
+            collapsed.stats,
             verified.stats,
-            assigned.stats,
-            decisions | "GroupStats" >> beam.FlatMapTuple(lambda _, decision: _group_stats(decision, drop)),
+            grouped.stats,
+            members | "SplitChanges" >> beam.Map(lambda member: ("split_changes", int(member.moved))),
             edges | "VerifiedPairs" >> beam.Map(lambda _: ("verified_pairs", 1)),
-            _count_distinct(hot.keys, "images_in_hot_buckets", "HotImages"),
-            _count_distinct(checked["not_converged"], "images_not_converged", "NotConverged"),
+            _count_distinct(not_converged, "images_not_converged", "NotConverged"),
         ) | "AllCounts" >> beam.Flatten()
         stats = counts | "Stats" >> beam.CombineGlobally(SumStatsFn())
         return {"members": members, "groups": groups, "stats": stats}

@@ -1,50 +1,50 @@
-"""A perceptual signature of a decoded image (grey structure and colour layout), and the distance between two.
+"""A perceptual signature of a decoded image, and the check of whether two signatures are near-duplicates.
 
-Stage 1 signs every image it decodes, on the resized pixels it already holds,
-so that copies which are not byte-identical (re-encoded, resized, cropped by a
-few pixels, brightened, blurred, captioned) can be grouped at Beam scale
-(`grouping.py`): two images at `distance` at most `DEFAULT_MAX_DISTANCE` are
-taken as near-duplicates.
+Stage 1 signs every image it decodes so that copies which are not
+byte-identical (re-encoded, resized, cropped by a few pixels, brightened,
+blurred, captioned, mirrored, turned grey) can be grouped at Beam scale
+(`grouping.py`). `near(a, b, max_distance)` is the one judgement: two images
+are near-duplicates when it returns a distance, not None.
 
-The signature (version 2) is one int of `SIGNATURE_BITS` bits holding two
-signatures, read together by `distance`:
+The signature (version 3) is one int of `SIGNATURE_BITS` bits:
 
 - bits 0-63 (`CANDIDATE_BITS`): a DCT hash ("pHash") of the image's grey
-  centre, as in version 1: the central 80% (a tenth cut from each side)
-  boxed down to 32x32, its mean subtracted, weighted by a sine window
-  (sin(pi x) sin(pi y)), its 2-D DCT, and one bit per low-frequency AC
-  coefficient (1 when above their median; the DC term, brightness only, is
-  left out). Low frequencies survive re-encoding, rescaling and blur; a
-  uniform brightness or contrast change leaves the bits alone; the window
-  weighs the borders, which crops cut and captions cover, least. The
-  grouping's LSH bands are cut from these bits only.
-- bits 64-319: a colour layout: the same central region boxed down to 4x4
-  cells, and per cell two opponent chromaticities, (R - G) and
-  (R + G - 2B) over (R + G + B + 96), scaled and stored in one byte each
-  (32 bytes). A chromaticity is a ratio, so a brightness change leaves it
-  nearly alone (bar clipping); the damping term (96) keeps a dark cell's
-  noise small; a grey image's are all near 0, so two near-grey images
-  agree on colour and are judged by their grey hash alone (no chroma noise
-  to lose them by); JPEG's chroma subsampling and loss average out over a
-  cell of 50x50 pixels.
+  centre: the central 80% of the content box (below) boxed down to 32x32,
+  its mean subtracted, weighted by a sine window (sin(pi x) sin(pi y)), its
+  2-D DCT, and one bit per low-frequency AC coefficient (1 when above their
+  median). Low frequencies survive re-encoding, rescaling and blur; a
+  brightness or contrast change leaves the bits alone; the window weighs the
+  borders, which crops cut and captions cover, least. The grouping's LSH
+  bands are cut from these bits only.
+- bits 64-127: the same hash of the mirrored thumbnail, so that a
+  horizontally flipped copy is as near as the copy itself (`near` tries both).
+- bits 128-383: a colour layout: the same region as 4x4 cells, two opponent
+  chromaticities per cell, (R - G) and (R + G - 2B) over (R + G + B + 96),
+  one byte each. Compared after each layout's mean is taken out, so a
+  colour cast (a warmer or cooler copy) is the same layout; a grey layout
+  (every cell near neutral: a grayscale copy) is not compared at all.
+- bits 384-895: an 8x8 grey thumbnail of the region, one byte per cell: the
+  second, stricter check (its inner cells' correlation with the other's, or
+  near-equal values for low-information images).
+- bit 896: low information: the source is tiny (a side under
+  `TINY_SOURCE_SIDE` pixels: 8x8 scans, icons) or near-uniform (the grey
+  thumbnail's spread under `FLAT_SPREAD`). Such images share structure by
+  accident (two different scans of a 1 look alike at 64 bits), so they are
+  near only with stronger evidence: thumbnails equal within
+  `LOW_INFORMATION_TOLERANCE` per cell.
 
-`distance(a, b)` is the Hamming distance of the grey hashes when the colour
-layouts agree (the sum of the 32 bytes' absolute differences is at most
-`COLOUR_TOLERANCE`), and `COLOUR_MISMATCH` (above any grey distance) when they
-do not. Why both: a grey hash alone puts distinct images with the same grey
-structure together (on the sample shape corpus, a green ellipse on pink and
-a yellow circle on dark green are 2-4 bits apart); a colour layout alone
-cannot tell two textures of the same colours apart. Measured in
-benchmarks/near_duplicate_quality.py (RESULTS.md, "Issue 24").
+The signature is taken from the decoded source image (upright, RGB), boxed
+to a fixed `BASE_SIZE` square first: it does not depend on `--image-size`,
+the resize method, the crop margin or the output encoding, so the same
+corpus groups (and splits) alike at every size. Uniform borders (letterbox
+bars, the white around a product) are trimmed from the content box before
+the hash, within `MAX_TRIM` per side, so a letterboxed copy is near.
 
 Determinism: signatures are compared across workers, machines and runs (a
 resumed run must find the same groups), so no bit may depend on float
-rounding. Everything after the thumbnails is integer arithmetic: PIL's grey
-conversion and 8-bit box resizes are fixed-point, the chromaticities are
-integer floor divisions, and the window and the DCT are tables rounded to
-integers once at import (`_rounded` refuses a table whose rounding a
-last-bit difference in `sin`/`cos` could change), so equal coefficients
-compare equal on every machine, and a coefficient equal to the median is a 0.
+rounding. PIL's box resizes and grey conversion are fixed-point; the rest is
+integer arithmetic (the window and DCT are tables rounded once at import;
+`_rounded` refuses an entry at a rounding boundary).
 """
 
 import numpy as np
@@ -52,38 +52,57 @@ from PIL import Image
 
 # The grey DCT hash: the low bits, which the grouping's candidate bands are cut from.
 CANDIDATE_BITS = 64
+_GREY_MASK = (1 << CANDIDATE_BITS) - 1
 # The colour layout: a 4x4 grid of cells, two opponent chromaticities each, one byte each.
 _COLOUR_GRID = 4
-_COLOUR_VALUES = 2 * _COLOUR_GRID * _COLOUR_GRID
-SIGNATURE_BITS = CANDIDATE_BITS + 8 * _COLOUR_VALUES
+_COLOUR_CELLS = _COLOUR_GRID * _COLOUR_GRID
+_COLOUR_VALUES = 2 * _COLOUR_CELLS
+# The strict check's grey thumbnail.
+_CHECK_GRID = 8
+_CHECK_VALUES = _CHECK_GRID * _CHECK_GRID
+_MIRROR_SHIFT = CANDIDATE_BITS
+_COLOUR_SHIFT = 2 * CANDIDATE_BITS
+_CHECK_SHIFT = _COLOUR_SHIFT + 8 * _COLOUR_VALUES
+_LOW_INFORMATION_BIT = _CHECK_SHIFT + 8 * _CHECK_VALUES
+SIGNATURE_BITS = _LOW_INFORMATION_BIT + 1
 # Chosen by benchmarks/near_duplicate_quality.py on half of its source photos
 # (the other half reports the figures): see benchmarks/RESULTS.md.
 DEFAULT_MAX_DISTANCE = 8
-# Two colour layouts agree when the sum of their bytes' absolute differences is at most this. Measured (RESULTS.md):
-# altered copies are at 0-57 (99% of brightness copies at most 39, of every other kind at most 24), distinct
-# shape images of the sample corpus whose grey hashes are within 10 bits at 41 or more.
+# Two colour layouts agree when the sum of their mean-free values' absolute differences is at most this.
 COLOUR_TOLERANCE = 40
-# What `distance` returns when the colour layouts disagree: above any grey Hamming distance.
+# A layout whose every value is within this of neutral is grey: its colours are not compared.
+GREY_CHROMA = 2
+# The strict check: the 8x8 thumbnails' correlation (inner 6x6 cells) must be at least this; for a pair whose
+# colours differ (a grayscale or colour-cast copy), the second.
+MIN_CORRELATION_PER_MILLE = 600
+RECOLOURED_MIN_CORRELATION_PER_MILLE = 985
+# A match through the mirrored hash is a second chance for any pair to meet: it takes stronger agreement.
+MIRRORED_MIN_CORRELATION_PER_MILLE = 900
+# Low-information images: a tiny source, or a flat one; then thumbnails must agree within this per cell.
+TINY_SOURCE_SIDE = 24
+FLAT_SPREAD = 6
+LOW_INFORMATION_TOLERANCE = 6
+# What `distance` returns when the pair is not near whatever the grey distance: above any grey Hamming distance.
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
-# Pairs whose grey hashes differ in more bits than this are not near at any sensible threshold (version 1's
-# precision at 16 was 0.65 on the benchmark): their colour is not compared and their grey distance is
-# returned. That keeps `distance` cheap (and --near-duplicate-distance is at most this) for the grouping's candidate pairs, most of which are 20-30 bits apart.
+# --near-duplicate-distance is at most this (version 1's precision at 16 was 0.65 on the benchmark); pairs
+# further apart are not checked further.
 MAX_COLOUR_CHECKED_DISTANCE = CANDIDATE_BITS // 4
 # Chromaticity = difference * scale // (R + G + B + damping): the damping keeps dark cells' noise small.
 _CHROMA_DAMPING = 96
 _CHROMA_OFFSET = 128  # stored as a byte: value + 128
 
+# The source is boxed to this square first, whatever its size: the signature does not see --image-size.
+BASE_SIZE = 128
+# Uniform borders: a row or column is trimmed while every pixel is within this of the corners' colour,
+# up to this share of the side.
+_TRIM_TOLERANCE = 12
+MAX_TRIM = 0.25
 _THUMBNAIL_SIZE = 32
 # A tenth of each side is left out: borders are what crops cut and captions cover.
 _MARGIN_DIVISOR = 10
-# AC coefficients in zigzag order (by u + v, then u): the first 64 lie on the
-# diagonals u + v <= 10.
+# AC coefficients in zigzag order (by u + v, then u): the first 64 lie on the diagonals u + v <= 10.
 _HIGHEST_DIAGONAL = 10
-# Integer scales. The thumbnail's mean is taken out exactly by scaling it by its
-# pixel count (1024, 2**10); the window is scaled by 2**8 per axis and the DCT
-# by 2**12. Bounds: |thumbnail| < 2**18, windowed < 2**34, one DCT pass (32
-# terms) < 2**51, shifted right by 20 bits < 2**31, the second pass < 2**48:
-# all exact in int64.
+# Integer scales: see version 2 (the window by 2**8 per axis, the DCT by 2**12; all exact in int64).
 _WINDOW_SCALE_BITS = 8
 _DCT_SCALE_BITS = 12
 _SHIFT_BETWEEN_PASSES = 20
@@ -127,27 +146,81 @@ _WINDOW = _sine_window(_THUMBNAIL_SIZE)
 _ROWS, _COLS = _zigzag_ac(CANDIDATE_BITS)
 
 
-def image_signature(pixels: np.ndarray) -> int:
-    """uint8 [height, width, 3] -> an int in [0, 2**SIGNATURE_BITS): the grey hash, then the colour layout."""
+def source_signature(image: Image.Image, source_size: tuple[int, int] | None = None) -> int:
+    """The decoded source image (upright; any size, e.g. JPEG DCT-scaled) -> an int in [0, 2**SIGNATURE_BITS).
+
+    `source_size` is its (width, height) at full resolution (a DCT-scaled decode is smaller): a tiny source
+    is a low-information image.
+    """
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    width, height = source_size or image.size
+    # An integer box reduction first (several times cheaper than a box resize of the whole source), then
+    # the box resize to the base square.
+    factor = min(image.size) // BASE_SIZE
+    if factor >= 2:
+        image = image.reduce(factor)
+    base = image.resize((BASE_SIZE, BASE_SIZE), Image.Resampling.BOX)
+    region = _content_box(np.asarray(base, dtype=np.int16))
+    left, top, right, bottom = region
+    margin_x, margin_y = (right - left) // _MARGIN_DIVISOR, (bottom - top) // _MARGIN_DIVISOR
+    box = (left + margin_x, top + margin_y, right - margin_x, bottom - margin_y)
+    grey = base.convert("L")
+    thumbnail = np.asarray(
+        grey.resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box), dtype=np.int64
+    )
+    check = np.asarray(grey.resize((_CHECK_GRID, _CHECK_GRID), Image.Resampling.BOX, box=box), dtype=np.uint8)
+    low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
+    return (
+        _grey_hash(thumbnail)
+        | _grey_hash(thumbnail[:, ::-1]) << _MIRROR_SHIFT
+        | _colour_layout(base, box) << _COLOUR_SHIFT
+        | int.from_bytes(check.tobytes(), "little") << _CHECK_SHIFT
+        | int(low_information) << _LOW_INFORMATION_BIT
+    )
+
+
+def image_signature(pixels: np.ndarray, source_size: tuple[int, int] | None = None) -> int:
+    """uint8 [height, width, 3] pixels -> `source_signature` of them."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"expected uint8 [height, width, 3] pixels, got {pixels.dtype} {pixels.shape}")
-    height, width = pixels.shape[:2]
-    box = (
-        width // _MARGIN_DIVISOR,
-        height // _MARGIN_DIVISOR,
-        width - width // _MARGIN_DIVISOR,
-        height - height // _MARGIN_DIVISOR,
-    )
-    image = Image.fromarray(pixels)
-    return _grey_hash(image, box) | (_colour_layout(image, box) << CANDIDATE_BITS)
+    return source_signature(Image.fromarray(np.ascontiguousarray(pixels)), source_size)
 
 
-def _grey_hash(image: Image.Image, box) -> int:
+def _spread(thumbnail: np.ndarray) -> float:
+    """The mean absolute deviation of a grey thumbnail from its mean, in grey levels (integer arithmetic)."""
+    scaled = thumbnail * thumbnail.size - thumbnail.sum()
+    return float(np.abs(scaled).sum() // (thumbnail.size * thumbnail.size))
+
+
+def _content_box(base: np.ndarray) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of the base square without its uniform borders (of the corners' colour).
+
+    Borders are trimmed only when the four corners agree (letterbox bars, a product on white), at most
+    MAX_TRIM of each side.
+    """
+    size = base.shape[0]
+    corners = base[[0, 0, -1, -1], [0, -1, 0, -1]]
+    if int((corners.max(axis=0) - corners.min(axis=0)).max()) > _TRIM_TOLERANCE:
+        return 0, 0, size, size
+    reference = corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
+    uniform = (np.abs(base - reference) <= _TRIM_TOLERANCE).all(axis=2)
+    rows, columns = uniform.all(axis=1), uniform.all(axis=0)
+    limit = int(size * MAX_TRIM)
+
+    def run(flags):
+        count = 0
+        while count < limit and flags[count]:
+            count += 1
+        return count
+
+    top, bottom = run(rows), run(rows[::-1])
+    left, right = run(columns), run(columns[::-1])
+    return left, top, size - right, size - bottom
+
+
+def _grey_hash(thumbnail: np.ndarray) -> int:
     """Bit i: whether the i-th low-frequency AC coefficient of the windowed grey thumbnail is above their median."""
-    thumbnail = np.asarray(
-        image.convert("L").resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box),
-        dtype=np.int64,
-    )
     centred = thumbnail * thumbnail.size - thumbnail.sum()
     first_pass = (_DCT @ (centred * _WINDOW)) >> _SHIFT_BETWEEN_PASSES
     coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS]
@@ -177,42 +250,135 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-_CANDIDATE_MASK = (1 << CANDIDATE_BITS) - 1
+def grey_hash(value: int) -> int:
+    """The candidate bits: the grey hash the grouping's bands are cut from."""
+    return value & _GREY_MASK
 
 
-def colour_difference(a: int, b: int) -> int:
-    """The sum of the absolute differences of two signatures' colour layouts (0 when they are equal)."""
-    colours_a = (a >> CANDIDATE_BITS).to_bytes(_COLOUR_VALUES, "little")
-    colours_b = (b >> CANDIDATE_BITS).to_bytes(_COLOUR_VALUES, "little")
-    return sum(abs(x - y) for x, y in zip(colours_a, colours_b, strict=True))
+def mirrored_grey_hash(value: int) -> int:
+    """The grey hash of the mirrored image."""
+    return (value >> _MIRROR_SHIFT) & _GREY_MASK
+
+
+def is_low_information(value: int) -> bool:
+    return bool(value >> _LOW_INFORMATION_BIT & 1)
+
+
+def _colours(value: int) -> np.ndarray:
+    raw = ((value >> _COLOUR_SHIFT) & ((1 << (8 * _COLOUR_VALUES)) - 1)).to_bytes(_COLOUR_VALUES, "little")
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64) - _CHROMA_OFFSET
+
+
+def _check_thumbnail(value: int) -> np.ndarray:
+    raw = ((value >> _CHECK_SHIFT) & ((1 << (8 * _CHECK_VALUES)) - 1)).to_bytes(_CHECK_VALUES, "little")
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64).reshape(_CHECK_GRID, _CHECK_GRID)
+
+
+_MIRRORED_CELLS = np.arange(_COLOUR_CELLS).reshape(_COLOUR_GRID, _COLOUR_GRID)[:, ::-1].reshape(-1)
+_MIRRORED_COLOURS = np.concatenate([_MIRRORED_CELLS, _MIRRORED_CELLS + _COLOUR_CELLS])
+
+
+def colour_difference(a: int, b: int, mirrored: bool = False) -> int:
+    """The sum of the absolute differences of two colour layouts (b's mirrored when `mirrored`)."""
+    colours_b = _colours(b)
+    if mirrored:
+        colours_b = colours_b[_MIRRORED_COLOURS]
+    return int(np.abs(_colours(a) - colours_b).sum())
+
+
+def cast_difference(a: int, b: int, mirrored: bool = False) -> int:
+    """How far two colour layouts are apart once a colour cast is taken out: the sum over both
+    chromaticities of the absolute differences of the cells' deviations from their mean; 0 when either
+    layout is grey (every value within GREY_CHROMA of neutral: a grayscale copy has no colour to compare)."""
+    colours_a, colours_b = _colours(a), _colours(b)
+    if mirrored:
+        colours_b = colours_b[_MIRRORED_COLOURS]
+    if np.abs(colours_a).max() <= GREY_CHROMA or np.abs(colours_b).max() <= GREY_CHROMA:
+        return 0
+    total = 0
+    for channel in (slice(0, _COLOUR_CELLS), slice(_COLOUR_CELLS, _COLOUR_VALUES)):
+        # The deviations, scaled by the cell count to stay integers.
+        deviation_a = colours_a[channel] * _COLOUR_CELLS - colours_a[channel].sum()
+        deviation_b = colours_b[channel] * _COLOUR_CELLS - colours_b[channel].sum()
+        total += int(np.abs(deviation_a - deviation_b).sum())
+    return total // _COLOUR_CELLS
+
+
+def thumbnails_agree(
+    a: int, b: int, mirrored: bool = False, min_per_mille: int = MIN_CORRELATION_PER_MILLE
+) -> bool:
+    """The strict check: the 8x8 thumbnails' inner 6x6 cells correlate (at least `min_per_mille` / 1000; the outer
+    ring, which captions and crops change most, is left out), or, when either image has low information,
+    all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE."""
+    first, second = _check_thumbnail(a), _check_thumbnail(b)
+    if mirrored:
+        second = second[:, ::-1]
+    if is_low_information(a) or is_low_information(b):
+        return int(np.abs(first - second).max()) <= LOW_INFORMATION_TOLERANCE
+    first, second = first[1:-1, 1:-1], second[1:-1, 1:-1]
+    count = first.size
+    # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
+    sum_a, sum_b = int(first.sum()), int(second.sum())
+    covariance = count * int((first * second).sum()) - sum_a * sum_b
+    variance_a = count * int((first * first).sum()) - sum_a * sum_a
+    variance_b = count * int((second * second).sum()) - sum_b * sum_b
+    if variance_a == 0 or variance_b == 0:
+        return int(np.abs(first - second).max()) <= LOW_INFORMATION_TOLERANCE
+    return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
+
+
+def grey_distance(a: int, b: int) -> tuple[int, bool]:
+    """(the smaller Hamming distance of a's grey hash to b's or to b's mirrored one, whether mirrored won)."""
+    straight = ((a ^ b) & _GREY_MASK).bit_count()
+    mirrored = ((a ^ (b >> _MIRROR_SHIFT)) & _GREY_MASK).bit_count()
+    return (mirrored, True) if mirrored < straight else (straight, False)
+
+
+def near(a: int, b: int, max_distance: int) -> int | None:
+    """The grey distance of two signatures when they are near-duplicates at `max_distance`, else None.
+
+    Near: the grey hashes (or one and the other's mirror) within `max_distance` bits, the colour layouts
+    agree (in the same orientation), and the strict thumbnail check passes (stricter through the mirror).
+    Colours that disagree still pass for a grayscale or colour-cast copy: the layouts agree once the cast is
+    taken out, and the structure agrees much more closely (half the distance, RECOLOURED_MIN_CORRELATION).
+    """
+    grey, mirrored = grey_distance(a, b)
+    if grey > max_distance:
+        return None
+    if colour_difference(a, b, mirrored) <= COLOUR_TOLERANCE:
+        minimum = MIRRORED_MIN_CORRELATION_PER_MILLE if mirrored else MIN_CORRELATION_PER_MILLE
+        return grey if thumbnails_agree(a, b, mirrored, minimum) else None
+    # Other colours: a grayscale or colour-cast copy, or another picture of the same grey structure. Only a
+    # copy keeps its structure this exactly.
+    if (
+        grey <= max_distance // 2
+        and cast_difference(a, b, mirrored) <= COLOUR_TOLERANCE
+        and thumbnails_agree(a, b, mirrored, RECOLOURED_MIN_CORRELATION_PER_MILLE)
+    ):
+        return grey
+    return None
 
 
 def distance(a: int, b: int) -> int:
-    """The grey hashes' Hamming distance, or COLOUR_MISMATCH when the colour layouts disagree.
+    """The grey distance when the pair passes the colour and thumbnail checks, else COLOUR_MISMATCH.
 
-    Pairs more than a quarter of the grey bits apart keep their grey distance without
-    their colour being compared (they are not near at any sensible threshold).
+    Pairs more than MAX_COLOUR_CHECKED_DISTANCE apart keep their grey distance unchecked.
     """
-    grey = ((a ^ b) & _CANDIDATE_MASK).bit_count()
-    if grey > MAX_COLOUR_CHECKED_DISTANCE or colour_difference(a, b) <= COLOUR_TOLERANCE:
+    grey, _ = grey_distance(a, b)
+    if grey > MAX_COLOUR_CHECKED_DISTANCE:
         return grey
-    return COLOUR_MISMATCH
+    return grey if near(a, b, grey) is not None else COLOUR_MISMATCH
 
 
 def pairwise_distances(signatures) -> np.ndarray:
-    """`distance` of every pair of `signatures`, vectorized: uint8 [n, n] (for benchmarks and audits in memory)."""
-    grey = np.array([value & _CANDIDATE_MASK for value in signatures], dtype=np.uint64)
-    colours = (
-        np.frombuffer(
-            b"".join((value >> CANDIDATE_BITS).to_bytes(_COLOUR_VALUES, "little") for value in signatures),
-            dtype=np.uint8,
-        )
-        .reshape(len(signatures), _COLOUR_VALUES)
-        .astype(np.int16)
-    )
-    result = np.bitwise_count(grey[:, None] ^ grey[None, :]).astype(np.uint8)
-    difference = np.zeros(result.shape, dtype=np.int32)
-    for lane in range(_COLOUR_VALUES):
-        difference += np.abs(colours[:, None, lane] - colours[None, :, lane])
-    result[(difference > COLOUR_TOLERANCE) & (result <= MAX_COLOUR_CHECKED_DISTANCE)] = COLOUR_MISMATCH
+    """`distance` of every pair of `signatures`: uint8 [n, n] (for benchmarks and audits in memory)."""
+    values = list(signatures)
+    grey = np.array([value & _GREY_MASK for value in values], dtype=np.uint64)
+    mirrored = np.array([(value >> _MIRROR_SHIFT) & _GREY_MASK for value in values], dtype=np.uint64)
+    result = np.minimum(
+        np.bitwise_count(grey[:, None] ^ grey[None, :]), np.bitwise_count(grey[:, None] ^ mirrored[None, :])
+    ).astype(np.uint8)
+    for i, j in zip(*np.nonzero(result <= MAX_COLOUR_CHECKED_DISTANCE), strict=True):
+        if i != j:
+            result[i, j] = distance(values[i], values[j])
     return result

@@ -26,8 +26,9 @@ class NearDuplicateAudit(beam.PTransform):
     `run_id` is the singleton of preprocess.publish.runs.MakeRunId.
     """
 
-    def __init__(self, output_dir: str, run_id, max_distance: int, drop: bool):
+    def __init__(self, output_dir: str, run_id, max_distance: int, drop: bool, max_group_size: int):
         super().__init__()
+        self._max_group_size = max_group_size
         self._output_dir = output_dir
         self._run_id = run_id
         self._max_distance = max_distance
@@ -37,7 +38,9 @@ class NearDuplicateAudit(beam.PTransform):
         spilled = decoded | "Spill" >> beam.ParDo(
             routing.SpillDecodedFn(self._output_dir), beam.pvalue.AsSingleton(self._run_id)
         ).with_outputs(routing.PARTS, main="signed")
-        found = spilled.signed | "Group" >> FindNearDuplicateGroups(self._max_distance, drop=self._drop)
+        found = spilled.signed | "Group" >> FindNearDuplicateGroups(
+            self._max_distance, drop=self._drop, max_group_size=self._max_group_size
+        )
         members = found["members"]
         overrides = members | "Overrides" >> beam.FlatMap(routing.override_of)
         parts = spilled[routing.PARTS] | "KeyParts" >> beam.Map(lambda path: (path, None))

@@ -35,8 +35,9 @@ GROUPS_FILE = {
     "num_bytes": 10,
     "sha256": "x",
 }
-DROP = {"mode": "drop", "max_distance": 8, "groups": 1, "images_in_groups": 3, "groups_with_several_labels": 1,
-        "groups_across_splits": 0, "dropped": 2, "hot_buckets": 1, "images_in_hot_buckets": 40}  # fmt: skip
+DROP = {"mode": "drop", "max_distance": 8, "groups": 1, "images_in_groups": 3, "largest_group": 3,
+        "split_changes": 1, "groups_with_several_labels": 1, "groups_across_splits": 0, "dropped": 2,
+        "hot_buckets": 1, "hot_bucket_entries": 2040}  # fmt: skip
 
 
 def test_the_groups_files_are_checked_required_and_kept_by_publishing():
@@ -64,13 +65,21 @@ def test_near_duplicates_dropped_count_in_the_accounting():
 def test_the_summary_says_groups_label_errors_drops_and_hot_buckets():
     lines = format_near_duplicates(_manifest(near_duplicates=DROP, near_duplicate_files=[GROUPS_FILE]), "/d")
     assert lines == [
-        "  near-duplicates (drop, distance <= 8): 1 group, 3 images in them; each group is in one split",
+        "  near-duplicates (drop, distance <= 8): 1 group, 3 images in them, the largest 3; 1 moved between "
+        "splits; each group is in one split",
         "    1 group with more than one label: likely label errors, look at them",
-        "    dropped: 2 (all but the largest image of each group)",
-        "    hot buckets: 1 (40 images share a popular signature band, e.g. near-blank images; capped, counted)",
+        "    dropped: 2 (all but one image of each group: the majority label's, then a named split's, then the "
+        "largest)",
+        "    hot buckets: 1 (2040 entries share a popular signature band, e.g. near-blank images; not compared "
+        "there, still compared through their other bands)",
         f"    groups, one JSON line each: /d/{GROUPS_FILE['path']}",
         "    see them: python -m preprocess.inspect /d --report report.html",
     ]
+    crossing = {**DROP, "mode": "keep", "groups_across_splits": 1}
+    head = format_near_duplicates(
+        _manifest(near_duplicates=crossing, near_duplicate_files=[GROUPS_FILE]), "/d"
+    )
+    assert head[0].endswith("; 1 group across splits") and "each group is in one split" not in "\n".join(head)
     assert format_near_duplicates(_manifest(near_duplicates={"mode": "off"})) == [
         "  near-duplicates: not looked for (--near-duplicates off)"
     ]

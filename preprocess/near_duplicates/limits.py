@@ -1,0 +1,6 @@
+"""The near-duplicate audit's guards on its outcome, declared once (options.py and grouping.py read them;
+no Beam import, so `--help` stays fast)."""
+
+# A group of more near-duplicates than this is more likely a family of similar images than copies of one:
+# listed, and none of its images is moved or dropped (--near-duplicate-max-group).
+DEFAULT_MAX_GROUP_SIZE = 50
