@@ -10,7 +10,7 @@ import dataclasses
 from dataset_contract import features, geometry, image_errors
 from dataset_contract import manifest as manifest_lib
 from preprocess.near_duplicates import signature
-from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE
+from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
 
 DEFAULT_SPLIT = "0.8,0.1,0.1"
 # A few broken files are normal in a large corpus; half of them failing is a broken input (a bucket
@@ -266,6 +266,15 @@ class Stage1Config:
         NEAR,
         _group_size,
         metavar="N",
+    )
+    near_duplicate_max_moved: float = setting(
+        DEFAULT_MAX_MOVED_SHARE,
+        "If the audit would move more than this fraction of the images to another split (default "
+        f"{DEFAULT_MAX_MOVED_SHARE:g}), it moves and drops none and the summary says so: so many moves mean "
+        "groups of similar images rather than copies, and the split would be far from --split. 1: no limit.",
+        NEAR,
+        _fraction,
+        metavar="FRACTION",
     )
     transform_batch_size: int = setting(
         64,

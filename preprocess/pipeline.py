@@ -89,6 +89,7 @@ def job_config(args, build_id: str) -> dict:
         "near_duplicates": args.near_duplicates,
         "near_duplicate_distance": args.near_duplicate_distance,
         "near_duplicate_max_group": args.near_duplicate_max_group,
+        "near_duplicate_max_moved": args.near_duplicate_max_moved,
     }
 
 
@@ -179,6 +180,7 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
         args.near_duplicate_distance,
         drop=args.near_duplicates == NEAR_DUPLICATES_DROP,
         max_group_size=args.near_duplicate_max_group,
+        max_moved_share=args.near_duplicate_max_moved,
     )
     # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
     files = (

@@ -111,6 +111,19 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     head = f"  near-duplicates ({mode}, distance <= {near.get('max_distance')}): "
     if not groups:
         return [head + "none found"]
+    if near.get("changes_withheld"):
+        return [
+            head
+            + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
+            f"{near.get('largest_group', 0)}",
+            f"    NOT APPLIED: the audit would have moved {near.get('would_move', 0)} of "
+            f"{near.get('images', 0)} images to another split, over --near-duplicate-max-moved "
+            f"{near.get('max_moved', 0):g}: so many are more likely similar images than copies. No image was "
+            "moved or dropped: every image is in the split it had before the audit. Look at the groups, then lower "
+            "--near-duplicate-distance, or raise --near-duplicate-max-moved if they are copies.",
+            *_split_fraction_lines(manifest, near),
+            *_group_file_lines(manifest, output_dir),
+        ]
     across = near.get("groups_across_splits", 0)
     oversized = near.get("oversized_groups", 0)
     where = (
@@ -159,13 +172,33 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
             f"    left alone: {near.get('images_in_components_too_large', 0)} images in "
             f"{_plural(too_large, 'cluster')} of similar images too large to cut into groups"
         )
+    return lines + _split_fraction_lines(manifest, near) + _group_file_lines(manifest, output_dir)
+
+
+def _split_fraction_lines(manifest: dict, near: dict) -> list[str]:
+    """The realised split fractions beside the requested ones (none for a manifest without them)."""
+    realised = near.get("realised_split_fractions")
+    requested = manifest.get("split_fractions") or {}
+    if not realised:
+        return []
+    cells = [
+        f"{split} {100 * share:.1f}%"
+        + (f" (asked {100 * requested[split]:g}%)" if split in requested else "")
+        for split, share in realised.items()
+    ]
+    return [f"    splits written: {', '.join(cells)}"]
+
+
+def _group_file_lines(manifest: dict, output_dir: str) -> list[str]:
     files = [manifest_lib.join(output_dir, path) for path in manifest_lib.near_duplicate_file_paths(manifest)]
-    if files:
-        where = files[0] if len(files) == 1 else f"{len(files)} files, listed in near_duplicate_files"
-        lines.append(f"    groups, one JSON line each: {where}")
-        # The groups are judged by eye: the page shows each one's members side by side.
-        lines.append(f"    see them: python -m preprocess.inspect {output_dir or 'DIR'} --report report.html")
-    return lines
+    if not files:
+        return []
+    where = files[0] if len(files) == 1 else f"{len(files)} files, listed in near_duplicate_files"
+    # The groups are judged by eye: the page shows each one's members side by side.
+    return [
+        f"    groups, one JSON line each: {where}",
+        f"    see them: python -m preprocess.inspect {output_dir or 'DIR'} --report report.html",
+    ]
 
 
 def _crop_note(image: dict) -> str:

@@ -39,6 +39,10 @@ gives the same groups, splits and kept members.
    images (each near the next, the ends far apart) is not one group.
 6. Per group, a decision (`decide_group`): the split, whether it crosses
    splits, which member drop mode keeps, and what no one may move (below).
+7. The guard: when the members that would move to another split (in keep
+   mode; drop mode counts alike) are more than `max_moved_share` of the images, no member moves and none is
+   dropped (`changes_withheld` 1, `would_move` says how many): a share that
+   large says the groups are families of similar images, not copies.
 
 The split of a group, in order:
 - members published in a split (the previous version's, `published_split`)
@@ -69,7 +73,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from preprocess.near_duplicates import signature as signature_lib
-from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE
+from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
 from preprocess.near_duplicates.signature import CANDIDATE_BITS
 
 # 16-bit bands: a bucket's expected size is N / 2**16 (153 images at 10M).
@@ -100,6 +104,9 @@ STATS_KEYS = (
     "components_too_large",
     "images_in_components_too_large",
     "images_not_converged",
+    "images",
+    "would_move",
+    "changes_withheld",
 )
 # Stats combined by max, not by sum.
 _MAX_STATS = ("largest_group",)
@@ -602,7 +609,7 @@ class GroupComponentFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput(
             "listed", (decision.group, ("centre", (held[centre][0].key, distance, decision.flags)))
         )
-        for name, value in _group_stats(decision, self._drop):
+        for name, value in _group_stats(decision):
             yield beam.pvalue.TaggedOutput("stats", (name, value))
         for index in members:
             image, image_flood = held[index]
@@ -611,7 +618,7 @@ class GroupComponentFn(beam.DoFn):
             yield decision.member(image, self._drop)
 
 
-def _group_stats(decision: GroupDecision, drop: bool):
+def _group_stats(decision: GroupDecision):
     yield "groups", 1
     yield "images_in_groups", decision.count
     yield "largest_group", decision.count
@@ -621,7 +628,6 @@ def _group_stats(decision: GroupDecision, drop: bool):
     oversized = "oversized" in decision.flags
     yield "oversized_groups", int(oversized)
     yield "images_in_oversized_groups", decision.count if oversized else 0
-    yield "dropped", decision.count - 1 if drop and decision.keep is not None else 0
 
 
 def _follow(element, drop: bool):
@@ -711,6 +717,23 @@ def _representatives_by_label(element):
             yield key, entry
 
 
+def _withhold_changes(counts: dict, max_moved_share: float) -> dict:
+    """{"images", "would_move", "changes_withheld"}: whether the moves exceed the share the guard allows."""
+    images, would_move = counts["images"], counts["would_move"]
+    return {
+        "images": images,
+        "would_move": would_move,
+        "changes_withheld": int(would_move > max_moved_share * images),
+    }
+
+
+def _guarded(member: GroupMember, guard: dict) -> GroupMember:
+    """The member as the guard leaves it: in its own split, and kept, when changes are withheld."""
+    if not guard["changes_withheld"]:
+        return member
+    return dataclasses.replace(member, split=member.image.split, kept=True)
+
+
 def _count_distinct(keys, name: str, label: str):
     return keys | f"{label}Distinct" >> _Distinct() | f"{label}Count" >> beam.Map(lambda _: (name, 1))
 
@@ -724,6 +747,7 @@ class FindNearDuplicateGroups(beam.PTransform):
     `max_bucket_size`: a bucket with more entries is hot and skipped (counted).
     `rounds`: rounds of label propagation (unconverged images are counted).
     `max_group_size`: a larger group moves no one. `max_component_size`: a larger component is left alone.
+    `max_moved_share`: when more of the images would move, none moves and none is dropped.
     See the module docstring.
     """
 
@@ -737,6 +761,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         rounds: int = DEFAULT_ROUNDS,
         max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
         max_component_size: int = DEFAULT_MAX_COMPONENT_SIZE,
+        max_moved_share: float = DEFAULT_MAX_MOVED_SHARE,
         signature_bits: int = CANDIDATE_BITS,
     ):
         super().__init__()
@@ -755,6 +780,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         self._rounds = rounds
         self._max_group_size = max_group_size
         self._max_component_size = max_component_size
+        self._max_moved_share = max_moved_share
 
     def expand(self, images):
         collapsed = (
@@ -803,7 +829,20 @@ class FindNearDuplicateGroups(beam.PTransform):
         followers = _join("Followers", grouped.decisions, collapsed.followers) | "Follow" >> beam.FlatMap(
             _follow, drop
         )
-        members = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
+        decided = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
+        guard = (
+            (
+                images | "CountImages" >> beam.Map(lambda _: ("images", 1)),
+                # Dropped or not: the guard trips alike in keep and drop mode.
+                decided
+                | "CountMoves"
+                >> beam.Map(lambda member: ("would_move", int(member.split != member.image.split))),
+            )
+            | "GuardCounts" >> beam.Flatten()
+            | "Guard" >> beam.CombineGlobally(SumStatsFn())
+            | "Withhold" >> beam.Map(_withhold_changes, self._max_moved_share)
+        )
+        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(guard))
 
         listed = (
             members | "MemberByGroup" >> beam.Map(lambda member: (member.group, ("member", member))),
@@ -818,8 +857,10 @@ class FindNearDuplicateGroups(beam.PTransform):
             verified.stats,
             grouped.stats,
             members | "SplitChanges" >> beam.Map(lambda member: ("split_changes", int(member.moved))),
+            members | "Drops" >> beam.Map(lambda member: ("dropped", int(not member.kept))),
             edges | "VerifiedPairs" >> beam.Map(lambda _: ("verified_pairs", 1)),
             _count_distinct(not_converged, "images_not_converged", "NotConverged"),
+            guard | "GuardStats" >> beam.FlatMap(lambda counts: counts.items()),
         ) | "AllCounts" >> beam.Flatten()
         stats = counts | "Stats" >> beam.CombineGlobally(SumStatsFn())
         return {"members": members, "groups": groups, "stats": stats}

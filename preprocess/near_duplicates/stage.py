@@ -26,9 +26,18 @@ class NearDuplicateAudit(beam.PTransform):
     `run_id` is the singleton of preprocess.publish.runs.MakeRunId.
     """
 
-    def __init__(self, output_dir: str, run_id, max_distance: int, drop: bool, max_group_size: int):
+    def __init__(
+        self,
+        output_dir: str,
+        run_id,
+        max_distance: int,
+        drop: bool,
+        max_group_size: int,
+        max_moved_share: float,
+    ):
         super().__init__()
         self._max_group_size = max_group_size
+        self._max_moved_share = max_moved_share
         self._output_dir = output_dir
         self._run_id = run_id
         self._max_distance = max_distance
@@ -39,7 +48,10 @@ class NearDuplicateAudit(beam.PTransform):
             routing.SpillDecodedFn(self._output_dir), beam.pvalue.AsSingleton(self._run_id)
         ).with_outputs(routing.PARTS, main="signed")
         found = spilled.signed | "Group" >> FindNearDuplicateGroups(
-            self._max_distance, drop=self._drop, max_group_size=self._max_group_size
+            self._max_distance,
+            drop=self._drop,
+            max_group_size=self._max_group_size,
+            max_moved_share=self._max_moved_share,
         )
         members = found["members"]
         overrides = members | "Overrides" >> beam.FlatMap(routing.override_of)

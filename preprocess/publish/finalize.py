@@ -16,6 +16,7 @@ from dataset_contract.features import CHANNELS
 from preprocess.config import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAYS, NEAR_DUPLICATES_OFF
 from preprocess.decode import outcomes, source_sizes
 from preprocess.errors import TooManyFailuresError
+from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
 from preprocess.publish.commit import SupersededRunError, publish_run
 from preprocess.publish.fingerprint import compute_fingerprint
 from preprocess.publish.runs import RunPaths, run_started_at
@@ -119,10 +120,18 @@ def build_manifest(
         # Every input that failed, one JSON line each, in these files (none when nothing failed).
         "error_files": sorted(error_files, key=lambda entry: entry["path"]),
         # Altered copies of one image (preprocess/near_duplicates/): the counts, and one JSON line per group.
-        "near_duplicates": near_duplicates or {"mode": "off"},
+        "near_duplicates": _with_realised_fractions(near_duplicates or {"mode": "off"}, splits),
         "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
         "source_image_sizes": source_image_sizes or empty_source_sizes(),
     }
+
+
+def _with_realised_fractions(near_duplicates: dict, splits: dict) -> dict:
+    """The audit's summary with the split fractions the run realised (to read beside split_fractions, the
+    requested ones): how far the audit's moves took them."""
+    if near_duplicates.get("mode", NEAR_DUPLICATES_OFF) == NEAR_DUPLICATES_OFF:
+        return near_duplicates
+    return {**near_duplicates, "realised_split_fractions": realised_split_fractions(splits)}
 
 
 def empty_source_sizes() -> dict:
@@ -133,16 +142,27 @@ def empty_source_sizes() -> dict:
 
 
 def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
-    """The manifest's `near_duplicates`: the mode, the distance and the grouping's counts ({"mode": "off"}
-    when the audit was off)."""
+    """The manifest's `near_duplicates`: the mode, the distance, the guards and the grouping's counts
+    ({"mode": "off"} when the audit was off). build_manifest adds the realised split fractions."""
     mode = config.get("near_duplicates", NEAR_DUPLICATES_OFF)
     if mode == NEAR_DUPLICATES_OFF:
         return {"mode": NEAR_DUPLICATES_OFF}
+    guards = {
+        "max_group": config.get("near_duplicate_max_group", DEFAULT_MAX_GROUP_SIZE),
+        "max_moved": config.get("near_duplicate_max_moved", DEFAULT_MAX_MOVED_SHARE),
+    }
     return {
         "mode": mode,
         "max_distance": config["near_duplicate_distance"],
+        **guards,
         **dict(sorted((stats or {}).items())),
     }
+
+
+def realised_split_fractions(splits: dict) -> dict:
+    """{split: its share of the examples written}, rounded to 4 places (all 0 when none was written)."""
+    total = sum(info["num_examples"] for info in splits.values())
+    return {split: round(info["num_examples"] / total, 4) if total else 0.0 for split, info in splits.items()}
 
 
 def _fingerprint_or_none(config: dict) -> dict | None:

@@ -42,6 +42,7 @@ h3 { margin: 14px 0 6px; font-size: 15px; }
 .facts b { font-size: 18px; display: block; }
 .note { color: var(--muted); margin: 6px 0; }
 .missing { color: var(--muted); font-style: italic; }
+.warning { color: #a33; font-weight: 600; margin: 6px 0; }
 table { border-collapse: collapse; }
 table.bars th, table.bars td { padding: 3px 8px; border-bottom: 1px solid #eef1f5; text-align: left;
                                vertical-align: middle; white-space: nowrap; }
@@ -244,16 +245,45 @@ def _groups(data) -> str:
         f"distance ≤ {summary.get('max_distance', '?')}",
         f"{summary.get('groups', selection.total_groups)} groups",
         f"{summary.get('images_in_groups', '?')} images in groups",
+        f"the largest {summary.get('largest_group', '?')}",
+        f"{summary.get('split_changes', 0)} moved between splits",
         f"{summary.get('groups_with_several_labels', 0)} with more than one label",
         f"{summary.get('groups_across_splits', 0)} across splits",
     ]
+    if summary.get("oversized_groups"):
+        facts.append(f"{summary['oversized_groups']} over the size limit (no one moved)")
     if summary.get("mode") == "drop":
         facts.append(f"{summary.get('dropped', 0)} dropped")
     if summary.get("hot_buckets"):
         facts.append(
-            f"{summary['hot_buckets']} hot buckets ({summary.get('images_in_hot_buckets', 0)} images) capped"
+            f"{summary['hot_buckets']} hot buckets ({summary.get('hot_bucket_entries', 0)} entries) not compared"
         )
     parts = [f"<p>{escape(', '.join(str(fact) for fact in facts))}.</p>"]
+    if summary.get("changes_withheld"):
+        parts.append(
+            '<p class="warning">'
+            + escape(
+                f"Not applied: the audit would have moved {summary.get('would_move', 0)} of "
+                f"{summary.get('images', 0)} images to another split, over --near-duplicate-max-moved "
+                f"{summary.get('max_moved', 0):g}. No image was moved or dropped."
+            )
+            + "</p>"
+        )
+    realised = summary.get("realised_split_fractions")
+    if realised:
+        requested = data.manifest.get("split_fractions") or {}
+        parts.append(
+            "<p>"
+            + escape(
+                "Splits written: "
+                + ", ".join(
+                    f"{split} {100 * share:.1f}%"
+                    + (f" (asked {100 * requested[split]:g}%)" if split in requested else "")
+                    for split, share in realised.items()
+                )
+            )
+            + ".</p>"
+        )
     if not selection.groups:
         parts.append('<p class="missing">No near-duplicate group.</p>')
     else:

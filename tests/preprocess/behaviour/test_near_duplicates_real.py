@@ -50,3 +50,5 @@ def test_distinct_digits_are_left_alone_and_the_splits_stay_as_requested(digits)
     total = sum(written.values())
     for split, requested in (("train", 0.8), ("validation", 0.1), ("test", 0.1)):
         assert abs(written[split] / total - requested) <= 0.02, written
+        assert near["realised_split_fractions"][split] == round(written[split] / total, 4)
+    assert near["changes_withheld"] == 0

@@ -61,6 +61,14 @@ def test_a_wrong_near_duplicates_mode_or_distance_is_refused_with_exit_2(tmp_pat
             ("--near-duplicate-distance", "17"),
             "--near-duplicate-distance: expected at most 16 (of the 64 grey bits",
         ),
+        (
+            ("--near-duplicate-max-group", "1"),
+            "--near-duplicate-max-group: expected at least 2 (a group has two images or more), got 1",
+        ),
+        (
+            ("--near-duplicate-max-moved", "5"),
+            "--near-duplicate-max-moved: expected a fraction between 0 and 1, got 5",
+        ),
     ):
         result = _probe(tmp_path, "--input", "x", "--output", "y", *flags)
         assert said in result.stderr, result.stderr[-2000:]

@@ -403,3 +403,52 @@ def test_bands_interleave_the_bits_and_guarantee_pairs_within_bands_minus_one_bi
     assert abs(found / 4000 - band_detection_probability(8, 4)) < 0.03
     with pytest.raises(ValueError, match="bands must be between 1 and 64"):
         band_masks(65, 64)
+
+
+def test_past_the_share_of_moves_allowed_no_member_moves_and_none_is_dropped():
+    rng = random.Random(10)
+    pairs = [
+        _with(_clique(rng, [f"m{i}a", f"m{i}b"]), split=split)
+        for i, split in enumerate(["train", "test"] * 3)
+    ]
+    # Each pair's members in two splits: one of each pair would move, 6 of 32 images.
+    pairs = [[pair[0], SignedImage(**{**vars(pair[1]), "split": "validation"})] for pair in pairs]
+    images = [image for pair in pairs for image in pair]
+    images += [_image(f"lone{i}", rng.getrandbits(BITS)) for i in range(20)]
+    with TestPipeline() as pipeline:
+        created = pipeline | beam.Create(images)
+        withheld = created | "Tight" >> FindNearDuplicateGroups(2, drop=True, max_moved_share=0.1)
+        allowed = created | "Loose" >> FindNearDuplicateGroups(2, drop=True, max_moved_share=0.25)
+        assert_that(
+            _member_rows(withheld, "withheld"),
+            equal_to(
+                [(image.key, min(i.key for i in pair), image.split, True) for pair in pairs for image in pair]
+            ),
+            label="withheld members",
+        )
+        assert_that(
+            withheld["groups"] | beam.Map(lambda group: len({m.split for m in group.members})),
+            equal_to([2] * 6),
+            label="withheld groups",
+        )
+        assert_that(
+            withheld["stats"]
+            | beam.Map(
+                lambda s: (
+                    s["images"],
+                    s["would_move"],
+                    s["changes_withheld"],
+                    s["split_changes"],
+                    s["dropped"],
+                )
+            ),
+            equal_to([(32, 6, 1, 0, 0)]),
+            label="withheld stats",
+        )
+        assert_that(
+            allowed["stats"]
+            | beam.Map(lambda s: (s["would_move"], s["changes_withheld"], s["split_changes"], s["dropped"])),
+            # Drop mode keeps the smallest key (nothing else differs), whose split is the group's: no move.
+            equal_to([(6, 0, 0, 6)]),
+            label="allowed stats",
+        )

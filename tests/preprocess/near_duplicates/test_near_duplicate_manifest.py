@@ -80,6 +80,21 @@ def test_the_summary_says_groups_label_errors_drops_and_hot_buckets():
         _manifest(near_duplicates=crossing, near_duplicate_files=[GROUPS_FILE]), "/d"
     )
     assert head[0].endswith("; 1 group across splits") and "each group is in one split" not in "\n".join(head)
+    withheld = {**DROP, "changes_withheld": 1, "would_move": 30, "images": 100, "max_moved": 0.05}
+    withheld["realised_split_fractions"] = {"train": 0.8, "validation": 0.1, "test": 0.1}
+    lines = format_near_duplicates(
+        _manifest(near_duplicates=withheld, split_fractions={"train": 0.8, "validation": 0.1, "test": 0.1}),
+        "/d",
+    )
+    assert lines[1].startswith(
+        "    NOT APPLIED: the audit would have moved 30 of 100 images to another split, over "
+        "--near-duplicate-max-moved 0.05"
+    )
+    assert (
+        lines[2]
+        == "    splits written: train 80.0% (asked 80%), validation 10.0% (asked 10%), test 10.0% (asked 10%)"
+    )
+    assert not any(line.startswith("    dropped:") or "one split" in line for line in lines)
     assert format_near_duplicates(_manifest(near_duplicates={"mode": "off"})) == [
         "  near-duplicates: not looked for (--near-duplicates off)"
     ]
