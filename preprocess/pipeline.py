@@ -34,6 +34,7 @@ from preprocess.decode.spill import SpillAndReload
 from preprocess.decode.stage import DecodeImagesFn
 from preprocess.inputs.content import DeduplicateByContent
 from preprocess.inputs.listing import ListInputs, input_kind
+from preprocess.near_duplicates.published import published_shards
 from preprocess.near_duplicates.stage import NearDuplicateAudit
 from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
@@ -181,6 +182,7 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
         drop=args.near_duplicates == NEAR_DUPLICATES_DROP,
         max_group_size=args.near_duplicate_max_group,
         max_moved_share=args.near_duplicate_max_moved,
+        published_shards=published_shards(output_dir),
     )
     # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
     files = (

@@ -1,6 +1,7 @@
 """Stage 1's near-duplicate audit: decoded examples in, the same examples in their final splits out.
 
     decoded examples (with signatures) -> spill to part files, a SignedImage each (routing.py)
+      -> the previous version's split of each, if it published it (published.py)
       -> FindNearDuplicateGroups (grouping.py) -> overrides by part path
       -> CoGroupByKey(part paths, overrides) -> each part read back once, rows routed (routing.py)
 
@@ -13,6 +14,7 @@ import apache_beam as beam
 
 from preprocess.near_duplicates import routing, split_counts
 from preprocess.near_duplicates.grouping import FindNearDuplicateGroups
+from preprocess.near_duplicates.published import WithPublishedSplits
 
 
 class NearDuplicateAudit(beam.PTransform):
@@ -23,7 +25,8 @@ class NearDuplicateAudit(beam.PTransform):
     - "groups": NearDuplicateGroups; "stats": a singleton dict of counts (grouping.py)
     - "dropped": the GroupMembers drop mode left out (none in keep mode)
 
-    `run_id` is the singleton of preprocess.publish.runs.MakeRunId.
+    `run_id` is the singleton of preprocess.publish.runs.MakeRunId; `published_shards` the previous
+    version's (published.published_shards): a group with a published member follows its split.
     """
 
     def __init__(
@@ -34,8 +37,10 @@ class NearDuplicateAudit(beam.PTransform):
         drop: bool,
         max_group_size: int,
         max_moved_share: float,
+        published_shards=(),
     ):
         super().__init__()
+        self._published_shards = list(published_shards)
         self._max_group_size = max_group_size
         self._max_moved_share = max_moved_share
         self._output_dir = output_dir
@@ -47,7 +52,8 @@ class NearDuplicateAudit(beam.PTransform):
         spilled = decoded | "Spill" >> beam.ParDo(
             routing.SpillDecodedFn(self._output_dir), beam.pvalue.AsSingleton(self._run_id)
         ).with_outputs(routing.PARTS, main="signed")
-        found = spilled.signed | "Group" >> FindNearDuplicateGroups(
+        signed = spilled.signed | "Published" >> WithPublishedSplits(self._published_shards)
+        found = signed | "Group" >> FindNearDuplicateGroups(
             self._max_distance,
             drop=self._drop,
             max_group_size=self._max_group_size,

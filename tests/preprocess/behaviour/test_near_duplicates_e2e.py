@@ -77,14 +77,15 @@ class Corpus:
     num_images: int
 
 
-def write_near_duplicate_corpus(root: str, seed: int = 24) -> Corpus:
+def write_near_duplicate_corpus(root: str, seed: int = 24, size=(160, 120)) -> Corpus:
+    """The distinct images (`size`: width, height) and the PLANTED groups of altered copies."""
     rng = np.random.default_rng(seed)
     originals = {}
     num_images = 0
     for label in CLASSES:
         os.makedirs(os.path.join(root, label), exist_ok=True)
         for index in range(DISTINCT_PER_CLASS):
-            image = _smooth_image(rng)
+            image = _smooth_image(rng, *size)
             path = os.path.join(root, label, f"{index}.jpg")
             with open(path, "wb") as handle:
                 handle.write(_jpeg(image))

@@ -1,0 +1,94 @@
+"""The splits the previous version of a dataset published its images in, for near-duplicate groups.
+
+A group with a published member takes that member's split (grouping.py), so
+a new copy of a published train image never moves the original to test in
+the next version. `published_shards` is the one place that knows where
+published splits come from: today the newest manifest published in the
+output directory, whose shards' records carry each image's sha256 under the
+shard's split (read in parallel by `ReadPublishedSplits`, so the lookup costs
+one read of the previous version's shards; a first version costs nothing).
+Issue 32's ledger of published splits replaces what `published_shards` and
+`ReadPublishedSplits` read, not their callers.
+"""
+
+import dataclasses
+import logging
+
+import apache_beam as beam
+
+from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
+
+
+def published_shards(output_dir: str) -> list[tuple[str, str]]:
+    """(split, shard path) of every shard the newest published version of `output_dir` lists; [] when none
+    was published (a first run) or it cannot be read (then the groups follow the other rules: logged)."""
+    from dataset_contract.verification import read_manifest  # noqa: PLC0415 - TensorFlow, only when auditing
+
+    try:
+        manifest = read_manifest(output_dir)
+    except manifest_lib.ManifestError as exc:
+        if "not found" not in str(exc):
+            logging.warning("near-duplicates: the previous version's splits are not followed: %s", exc)
+        return []
+    return [
+        (split, manifest_lib.join(output_dir, shard["path"]))
+        for split, info in sorted(manifest["splits"].items())
+        for shard in info["shards"]
+    ]
+
+
+def shard_keys(element):
+    """(split, shard path) -> (sha256, split) of every record of the shard."""
+    import tensorflow as tf  # noqa: PLC0415 - on the workers, only when a previous version exists
+
+    from dataset_contract.verification import read_records  # noqa: PLC0415
+
+    split, path = element
+    for record in read_records(path):
+        example = tf.train.Example.FromString(record)
+        yield example.features.feature[features.SHA256].bytes_list.value[0].decode("ascii"), split
+
+
+class ReadPublishedSplits(beam.PTransform):
+    """PBegin -> (sha256, split) of every image the previous version published (`published_shards`)."""
+
+    def __init__(self, shards: list[tuple[str, str]]):
+        super().__init__()
+        self._shards = shards
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Shards" >> beam.Create(self._shards)
+            | "Spread" >> beam.Reshuffle()
+            | "Keys" >> beam.FlatMap(shard_keys)
+        )
+
+
+def _attach(element):
+    """(key, {"images": [...], "published": [split...]}) -> the images, each with its published split."""
+    _, grouped = element
+    splits = sorted(set(grouped["published"]))
+    for image in grouped["images"]:
+        # One image published in two splits cannot happen in one version; the smallest is deterministic.
+        yield image if not splits else dataclasses.replace(image, published_split=splits[0])
+
+
+class WithPublishedSplits(beam.PTransform):
+    """SignedImages -> the same, each with `published_split` set when the previous version published it."""
+
+    def __init__(self, shards: list[tuple[str, str]]):
+        super().__init__()
+        self._shards = shards
+
+    def expand(self, images):
+        if not self._shards:
+            return images
+        published = images.pipeline | "ReadPublished" >> ReadPublishedSplits(self._shards)
+        keyed = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
+        return (
+            {"images": keyed, "published": published}
+            | "Join" >> beam.CoGroupByKey()
+            | "Attach" >> beam.FlatMap(_attach)
+        )
