@@ -59,7 +59,8 @@ Drop mode keeps, per group: a member of the label most members hold, then
 one whose split was named or published, then the largest source in pixels,
 then the largest file, then the smallest key. A group whose labels have no
 majority is kept whole (`groups_kept_whole`): a likely label error to look at,
-not a copy to delete.
+not a copy to delete. A group that crosses splits or is over the size limit
+drops no one either.
 """
 
 import collections
@@ -252,8 +253,8 @@ def decide_group(group: str, first_split: str, flood: Flood, max_group_size: int
         keep = dict(flood.keep)[majority][-1]
     else:
         flags.append("kept_whole")
-    if "oversized" in flags:
-        keep = None
+    if "oversized" in flags or "across_splits" in flags:
+        keep = None  # no one moves, so no one is dropped either: each member holds its own split
     return GroupDecision(group, flood.count, target, keep, len(counts) > 1, tuple(flags))
 
 

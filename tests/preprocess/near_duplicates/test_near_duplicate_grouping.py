@@ -268,7 +268,8 @@ def test_a_named_or_published_split_wins_for_its_group_and_the_others_follow_it(
         + [(image.key, group_of(crossing), image.split, True) for image in crossing]
     )
     with TestPipeline() as pipeline:
-        result = pipeline | beam.Create(images) | FindNearDuplicateGroups(2)
+        # No limit on the share of moves: most of these images move (the guard has its own test).
+        result = pipeline | beam.Create(images) | FindNearDuplicateGroups(2, max_moved_share=1)
         assert_that(_member_rows(result), equal_to(expected), label="members")
         assert_that(
             result["groups"] | beam.Map(lambda group: (group.group, group.flags)),
@@ -302,9 +303,12 @@ def test_drop_mode_keeps_the_majority_label_then_a_held_split_then_the_largest_s
     # Two labels, one member each: no majority, kept whole.
     split_vote = _clique(rng, ["s0", "s1"])
     split_vote = _with(split_vote[:1], label="dog") + split_vote[1:]
-    images = majority + named + by_pixels + split_vote
+    # Named by the manifest in two splits: the group crosses splits, so no one is dropped.
+    crossing = _clique(rng, ["c0", "c1"])
+    crossing = _with(crossing[:1], split="test", split_given=True) + _with(crossing[1:], split_given=True)
+    images = majority + named + by_pixels + split_vote + crossing
     kept = {majority[1].key if majority[1].key < majority[2].key else majority[2].key, named[0].key}
-    kept |= {by_pixels[1].key} | {image.key for image in split_vote}
+    kept |= {by_pixels[1].key} | {image.key for image in split_vote + crossing}
     with TestPipeline() as pipeline:
         result = pipeline | beam.Create(images) | FindNearDuplicateGroups(2, drop=True)
         assert_that(
@@ -312,7 +316,7 @@ def test_drop_mode_keeps_the_majority_label_then_a_held_split_then_the_largest_s
             equal_to(sorted(kept)),
             label="kept",
         )
-        _stats(result, {"groups": 4, "images_in_groups": 11, "dropped": 6, "groups_kept_whole": 1})
+        _stats(result, {"groups": 5, "images_in_groups": 13, "dropped": 6, "groups_kept_whole": 1})
 
 
 def test_a_group_over_the_size_limit_is_listed_and_flagged_but_moves_no_one():
@@ -348,7 +352,11 @@ def test_a_flood_of_one_signature_collapses_to_one_representative_and_is_one_gro
     others = _clique(random.Random(9), ["o0", "o1"])
     first = min(flood, key=lambda image: image.key)
     with TestPipeline() as pipeline:
-        result = pipeline | beam.Create(flood + others) | FindNearDuplicateGroups(2, max_group_size=5000)
+        result = (
+            pipeline
+            | beam.Create(flood + others)
+            | FindNearDuplicateGroups(2, max_group_size=5000, max_moved_share=1)
+        )
         assert_that(
             result["groups"] | beam.Map(lambda group: (group.group, len(group.members), group.split)),
             equal_to([(first.key, 3000, first.split), (min(o.key for o in others), 2, "train")]),
