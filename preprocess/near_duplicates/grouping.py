@@ -72,6 +72,7 @@ import math
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from preprocess.near_duplicates import signature as signature_lib
 from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
@@ -81,6 +82,11 @@ from preprocess.near_duplicates.signature import CANDIDATE_BITS
 BITS_PER_BAND = 16
 # A bucket with more entries than this is hot: its pairs (up to 2M at this size, about a second) are not checked.
 DEFAULT_MAX_BUCKET_SIZE = 2000
+# The report's histogram of compared pairs' grey distances goes up to this; near misses are pairs that
+# pass every check up to this many bits over the distance, the closest NEAR_MISSES of them listed.
+HISTOGRAM_BITS = 16
+NEAR_MISS_BITS = 3
+NEAR_MISSES = 24
 # Rounds of label propagation: chains of up to ~10,000 images converge in 12.
 DEFAULT_ROUNDS = 12
 # A component is held whole to be cut into groups; a larger one is left alone (counted).
@@ -109,6 +115,8 @@ STATS_KEYS = (
     "would_move",
     "changes_withheld",
 )
+# Not in STATS_KEYS (not plain counts), present when there is something to say: "distance_histogram" (a
+# list, index = grey distance), "near_misses" (a list of pairs), "low_information_by_split" ({split: n}).
 # Stats combined by max, not by sum.
 _MAX_STATS = ("largest_group",)
 
@@ -342,13 +350,28 @@ def _union_find_edges(keys, pairs):
 class VerifyBucketFn(beam.DoFn):
     """((band, bits), [(key, signature), ...]) -> edges (key, root key) of a spanning forest of the bucket's
     verified pairs (`signature.near`). A bucket of more than `max_bucket_size` entries is hot: counted, not
-    compared (read once to count, never held)."""
+    compared (read once to count, never held).
+
+    For the report, on the 'stats' output: a histogram of the grey distances of the pairs compared (up to
+    HISTOGRAM_BITS; a pair sharing several buckets counts in each), per bundle; on 'near_misses':
+    (distance, key_a, key_b) of the pairs that pass every check but are up to NEAR_MISS_BITS over the
+    distance.
+    """
 
     def __init__(self, max_distance: int, max_bucket_size: int):
         self._max_distance = max_distance
         self._max_bucket_size = max_bucket_size
         self._candidates = Metrics.counter("near_duplicates", "candidate_pairs")
         self._hot = Metrics.counter("near_duplicates", "hot_buckets")
+
+    def start_bundle(self):
+        self._histogram = [0] * (HISTOGRAM_BITS + 1)
+
+    def finish_bundle(self):
+        if any(self._histogram):
+            yield beam.pvalue.TaggedOutput(
+                "stats", GlobalWindows.windowed_value(("distance_histogram", tuple(self._histogram)))
+            )
 
     def process(self, element):
         _, points = element
@@ -364,11 +387,23 @@ class VerifyBucketFn(beam.DoFn):
         candidates = len(held) * (len(held) - 1) // 2
         self._candidates.inc(candidates)
         yield beam.pvalue.TaggedOutput("stats", ("candidate_pairs", candidates))
-        pairs = [
-            (key_a, key_b)
-            for (key_a, signature_a), (key_b, signature_b) in itertools.combinations(held, 2)
-            if key_a != key_b and signature_lib.near(signature_a, signature_b, self._max_distance) is not None
-        ]
+        pairs = []
+        reach = self._max_distance + NEAR_MISS_BITS
+        for (key_a, signature_a), (key_b, signature_b) in itertools.combinations(held, 2):
+            if key_a == key_b:
+                continue
+            grey, _ = signature_lib.grey_distance(signature_a, signature_b)
+            if grey <= HISTOGRAM_BITS:
+                self._histogram[grey] += 1
+            if grey > reach:
+                continue
+            found = signature_lib.near(signature_a, signature_b, reach)
+            if found is None:
+                continue
+            if found <= self._max_distance:
+                pairs.append((key_a, key_b))
+            else:
+                yield beam.pvalue.TaggedOutput("near_misses", (found, key_a, key_b))
         yield from _union_find_edges([key for key, _ in held], pairs)
 
 
@@ -676,18 +711,30 @@ def _to_group(group, listed):
 
 
 class SumStatsFn(beam.CombineFn):
-    """(name, count) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted); the
-    names of _MAX_STATS take the largest value instead."""
+    """(name, value) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted). Ints
+    add up, tuples (histograms) add up element by element, dicts add up per key, lists (near misses) are
+    joined; the names of _MAX_STATS take the largest value instead."""
 
     def create_accumulator(self):
         return dict.fromkeys(STATS_KEYS, 0)
 
     def add_input(self, accumulator, pair):
-        name, count = pair
+        name, value = pair
+        old = accumulator.get(name, 0)
         if name in _MAX_STATS:
-            accumulator[name] = max(accumulator.get(name, 0), count)
+            accumulator[name] = max(old, value)
+        elif isinstance(value, tuple):
+            old = old or (0,) * len(value)
+            accumulator[name] = tuple(a + b for a, b in zip(old, value, strict=True))
+        elif isinstance(value, dict):
+            merged = dict(old or {})
+            for key, count in value.items():
+                merged[key] = merged.get(key, 0) + count
+            accumulator[name] = dict(sorted(merged.items()))
+        elif isinstance(value, list):
+            accumulator[name] = sorted((old or []) + value, key=json.dumps)
         else:
-            accumulator[name] = accumulator.get(name, 0) + count
+            accumulator[name] = old + value
         return accumulator
 
     def merge_accumulators(self, accumulators):
@@ -698,7 +745,29 @@ class SumStatsFn(beam.CombineFn):
         return total
 
     def extract_output(self, accumulator):
-        return dict(accumulator)
+        output = dict(accumulator)
+        if isinstance(output.get("distance_histogram"), tuple):
+            output["distance_histogram"] = list(output["distance_histogram"])
+        return output
+
+
+def _near_miss_stats(members_by_key: dict, closest):
+    """[("near_misses", the listed pairs)], or nothing when there is none."""
+    listed = _near_miss_pairs(closest, members_by_key)
+    return [("near_misses", listed)] if listed else []
+
+
+def _near_miss_pairs(closest, members_by_key: dict) -> list:
+    """The closest near misses (distance, key_a, key_b), with their members' uris, labels and splits."""
+    listed = []
+    for distance, key_a, key_b in closest:
+        a, b = members_by_key.get(key_a), members_by_key.get(key_b)
+        if a is None or b is None:
+            continue
+        listed.append(
+            {"distance": distance, "uris": [a[0], b[0]], "labels": [a[1], b[1]], "splits": [a[2], b[2]]}
+        )
+    return listed
 
 
 def _representatives_by_label(element):
@@ -798,7 +867,7 @@ class FindNearDuplicateGroups(beam.PTransform):
             | "Buckets" >> beam.GroupByKey()
             | "Verify"
             >> beam.ParDo(VerifyBucketFn(self._max_distance, self._max_bucket_size)).with_outputs(
-                "stats", main="edges"
+                "stats", "near_misses", main="edges"
             )
         )
         edges = verified.edges | "OncePerPair" >> _Distinct()
@@ -853,8 +922,36 @@ class FindNearDuplicateGroups(beam.PTransform):
             listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
 
+        closest = (
+            verified.near_misses
+            | "DistinctNearMisses" >> _Distinct()
+            | "ClosestNearMisses" >> beam.combiners.Top.Smallest(NEAR_MISSES)
+        )
+        near_misses = (
+            images
+            | "NearMissMembers"
+            >> beam.FlatMap(
+                lambda image, closest: (
+                    [(image.key, (image.uri, image.label, image.split))]
+                    if any(image.key in pair[1:] for pair in closest)
+                    else []
+                ),
+                beam.pvalue.AsSingleton(closest),
+            )
+            | "NearMissLookup" >> beam.combiners.ToDict()
+            | "NearMissPairs" >> beam.FlatMap(_near_miss_stats, beam.pvalue.AsSingleton(closest))
+        )
+        low_information = images | "LowInformation" >> beam.FlatMap(
+            lambda image: (
+                [("low_information_by_split", {image.split: 1})]
+                if signature_lib.is_low_information(image.signature)
+                else []
+            )
+        )
         counts = (
             collapsed.stats,
+            near_misses,
+            low_information,
             verified.stats,
             grouped.stats,
             members | "SplitChanges" >> beam.Map(lambda member: ("split_changes", int(member.moved))),

@@ -4,7 +4,7 @@ Near-duplicate groups are known only once every image is decoded and signed,
 and no runner may hold the decoded images meanwhile (Beam's local runner
 keeps whatever crosses a stage boundary in memory). So the step that decodes
 them writes each decoded example to an Arrow part file in the run's staging
-(`staging/<run id>/decoded/near-<uuid>.arrow`, decoded_cache.py's part files),
+(`staging/<run id>/decoded/near-<uuid>.arrow`, decode/spill.py's part files),
 and passes on only a small SignedImage whose `locator` is (part path, row).
 
 After grouping, the few images whose split changes, or that drop mode drops,

@@ -39,6 +39,8 @@ class ReportData:
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
     source_budget: thumbnails.ReadBudget
+    # Parallel to the manifest's near_duplicates.near_misses and their two members.
+    near_miss_thumbnails: list[list[thumbnails.Thumbnail]] = dataclasses.field(default_factory=list)
 
 
 def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
@@ -62,6 +64,10 @@ def gather(
         [thumbnails.source_thumbnail(member.uri, budget) for member in group.members]
         for group in groups.groups
     ]
+    near_miss_thumbnails = [
+        [thumbnails.source_thumbnail(uri, budget) for uri in pair.get("uris", [])[:2]]
+        for pair in (groups.summary.get("near_misses") or [])
+    ]
     return ReportData(
         data_dir=data_dir,
         manifest=manifest,
@@ -79,6 +85,7 @@ def gather(
         groups=groups,
         group_thumbnails=group_thumbnails,
         source_budget=budget,
+        near_miss_thumbnails=near_miss_thumbnails,
     )
 
 

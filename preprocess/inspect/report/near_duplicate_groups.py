@@ -4,7 +4,8 @@ One JSON object per line, one line per group (docs/dataset_format.md):
 `{"group", "split", "max_distance", "uris", "labels", "splits", "sha256", "kept"}`,
 the last five parallel lists in member order. A report shows at most
 `max_groups` of them, those with more than one label (likely label errors)
-first, and reads at most `max_bytes` of the files to find them.
+first, then the largest and the borderline (largest distance) ones, and reads
+at most `max_bytes` of the files to find them.
 """
 
 import dataclasses
@@ -136,5 +137,10 @@ def select_groups(
                     break
         if len(several) >= max_groups or selection.bytes_read >= max_bytes:
             break
-    selection.groups = (several + others)[:max_groups]
+
+    # Likely label errors first; then the largest groups, then the borderline (largest distance) ones.
+    def order(group):
+        return (-group.num_members, -(group.max_distance or 0))
+
+    selection.groups = (sorted(several, key=order) + sorted(others, key=order))[:max_groups]
     return selection

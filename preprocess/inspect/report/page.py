@@ -8,7 +8,7 @@ otherwise.
 import datetime
 import posixpath
 
-from preprocess.inspect.report import figures
+from preprocess.inspect.report import figures, near_duplicate_groups
 from preprocess.inspect.report.figures import escape
 from preprocess.inspect.summary import format_bytes
 
@@ -57,6 +57,9 @@ table.per-class td.barcell { width: 180px; }
 .bar.split-test > span { background: var(--test); }
 .bar.failures > span { background: var(--bad); }
 .bar.sizes > span { background: #4b8fb3; }
+.bar.within > span { background: var(--bad); }
+.bar.beyond > span { background: #9aa6b8; }
+tr.threshold th, tr.threshold td { border-bottom: 2px solid var(--bad); }
 .label-id { color: var(--muted); font-variant-numeric: tabular-nums; }
 .examples { margin: 2px 0 10px 0; padding-left: 18px; }
 .examples li { margin: 2px 0; }
@@ -68,15 +71,17 @@ table.per-class td.barcell { width: 180px; }
 .thumbs { display: flex; flex-wrap: wrap; gap: 6px; }
 .thumbs img { width: 96px; height: 96px; object-fit: contain; background: #eef0f4; border: 1px solid var(--line);
               border-radius: 3px; image-rendering: pixelated; }
-.group { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; margin: 10px 0; }
+.group-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(330px, 1fr)); gap: 10px;
+              margin: 10px 0; }
+.group { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; }
 .group.label-error { border-color: var(--bad); box-shadow: inset 4px 0 0 var(--bad); }
 .group-head { margin-bottom: 6px; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; margin-left: 6px;
          background: #e7ebf1; }
 .badge.bad { background: var(--bad); color: #fff; }
-.members { display: flex; flex-wrap: wrap; gap: 10px; }
-figure { margin: 0; width: 140px; }
-figure img, .placeholder { width: 140px; height: 140px; object-fit: contain; background: #eef0f4;
+.members { display: flex; flex-wrap: wrap; gap: 8px; }
+figure { margin: 0; width: 96px; }
+figure img, .placeholder { width: 96px; height: 96px; object-fit: contain; background: #eef0f4;
                            border: 1px solid var(--line); border-radius: 4px; display: block; }
 .placeholder { background: #f7e9e8; color: var(--bad); font-size: 11px; line-height: 1.3; padding: 8px;
                overflow: hidden; overflow-wrap: anywhere; }
@@ -297,12 +302,86 @@ def _groups(data) -> str:
             + ", those with more than one label first. Thumbnails are the source files, read "
             f"{data.source_budget.num_read:,} files ({escape(format_bytes(data.source_budget.bytes_read))}).</p>"
         )
-        parts += [
-            _group(group, thumbs)
-            for group, thumbs in zip(selection.groups, data.group_thumbnails, strict=True)
-        ]
+        parts.append(
+            '<div class="group-grid">'
+            + "".join(
+                _group(group, thumbs)
+                for group, thumbs in zip(selection.groups, data.group_thumbnails, strict=True)
+            )
+            + "</div>"
+        )
     parts += [f'<p class="note">{escape(note)}</p>' for note in selection.notes]
+    parts += [_distance_histogram(summary), _near_misses(data), _low_information(summary)]
     return _section("groups", "".join(parts))
+
+
+def _distance_histogram(summary: dict) -> str:
+    """The grey distances of the pairs the buckets compared, the threshold marked."""
+    counts = summary.get("distance_histogram")
+    if not counts:
+        return ""
+    threshold = summary.get("max_distance", -1)
+    rows = [(f"{distance} bits", count) for distance, count in enumerate(counts)]
+    table = figures.bar_table(
+        rows,
+        head=("grey distance", "pairs"),
+        kind_of=lambda label: "within" if int(label.split()[0]) <= threshold else "beyond",
+    )
+    # The last row within the distance is underlined: the threshold.
+    table = table.replace(
+        f'<tr><th scope="row">{threshold} bits</th>',
+        f'<tr class="threshold"><th scope="row">{threshold} bits</th>',
+        1,
+    )
+    return (
+        "<h3>Distances of the pairs compared</h3>"
+        f'<p class="note">Grey-hash distance of every pair of images that shared a signature bucket (a pair '
+        f"sharing several counts in each). Red: within the distance ({threshold} bits, the line), where the "
+        "colour and thumbnail checks decide; grey: beyond it.</p>" + table
+    )
+
+
+def _near_misses(data) -> str:
+    """The pairs that passed every check but were just over the distance, with thumbnails."""
+    pairs = (data.groups.summary or {}).get("near_misses") or []
+    if not pairs:
+        return ""
+    rows = []
+    for pair, thumbs in zip(pairs, data.near_miss_thumbnails, strict=False):
+        members = "".join(
+            _member(near_duplicate_groups.Member(uri, label, split, True), thumb)
+            for uri, label, split, thumb in zip(
+                pair["uris"], pair["labels"], pair["splits"], thumbs, strict=True
+            )
+        )
+        rows.append(
+            f'<div class="group"><div class="group-head">distance {escape(pair["distance"])}</div>'
+            f'<div class="members">{members}</div></div>'
+        )
+    return (
+        "<h3>Near misses</h3>"
+        f'<p class="note">The {len(pairs)} closest pairs that pass the colour and thumbnail checks but are up to '
+        "3 bits over the distance: not grouped. If they are copies, raise --near-duplicate-distance.</p>"
+        f'<div class="group-grid">{"".join(rows)}</div>'
+    )
+
+
+def _low_information(summary: dict) -> str:
+    counts = summary.get("low_information_by_split")
+    if not counts:
+        return ""
+    rows = [
+        (split, int(counts.get(split, 0))) for split in ("train", "validation", "test") if split in counts
+    ]
+    rows += [
+        (split, int(count)) for split, count in counts.items() if split not in ("train", "validation", "test")
+    ]
+    return (
+        "<h3>Near-blank and tiny images</h3>"
+        '<p class="note">Images with little to compare (near-uniform, or a side under 24 px): grouped only '
+        "when their pixels are near-equal, by split.</p>"
+        + figures.bar_table(rows, head=("split", "images"), kind_of=lambda split: "split-" + split)
+    )
 
 
 def render(data) -> str:

@@ -52,3 +52,6 @@ def test_distinct_digits_are_left_alone_and_the_splits_stay_as_requested(digits)
         assert abs(written[split] / total - requested) <= 0.02, written
         assert near["realised_split_fractions"][split] == round(written[split] / total, 4)
     assert near["changes_withheld"] == 0
+    # Every scan is tiny, so every one needs equal pixels (what the report counts by split).
+    assert sum(near["low_information_by_split"].values()) == count
+    assert sum(near["distance_histogram"]) > 0

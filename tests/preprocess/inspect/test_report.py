@@ -165,7 +165,20 @@ def audited_dataset(dataset, corpus, tmp_path_factory):
         "groups_across_splits": 0,
         "dropped": 0,
         "hot_buckets": 0,
-        "images_in_hot_buckets": 0,
+        "hot_bucket_entries": 0,
+        "largest_group": 3,
+        "split_changes": 2,
+        "distance_histogram": [3, 1, 0, 2, 0, 1, 0, 0, 0, 0, 0, 1, 2, 4, 9, 12, 20],
+        "near_misses": [
+            {
+                "distance": 11,
+                "uris": [sources["circle"], sources["square"]],
+                "labels": ["circle", "square"],
+                "splits": ["train", "test"],
+            }
+        ],
+        "low_information_by_split": {"train": 5, "test": 1},
+        "realised_split_fractions": {"train": 0.8125, "validation": 0.0938, "test": 0.0938},
     }
     add_near_duplicate_fields(data_dir, groups, summary)
     return data_dir
@@ -241,13 +254,20 @@ def test_report_renders_in_chromium_with_every_image_loaded_and_no_console_error
     manifest = read_manifest(audited_dataset)
     per_class = manifest["splits"]["train"]["num_examples_per_class"]
     sheet = sum(min(8, count) for count in per_class.values())
-    # The contact sheet's records, and the 3 groups shown: 2 + (2 readable of 3) + 2 sources.
-    assert len(state["images"]) == sheet + 6
+    # The contact sheet's records, the 3 groups shown: 2 + (2 readable of 3) + 2 sources, and the near miss: 2.
+    assert len(state["images"]) == sheet + 8
     text = state["text"]
     assert "Showing 3 of 4 groups (1 left out; raise --max-groups to see more)" in text
     assert "likely label error: labels cross, square" in text
     assert "cannot read the source: not found" in text and "deleted.png" in text
     assert "largest distance 5" in text
+    groups = state["sections"]["groups"]
+    assert "the largest 3, 2 moved between splits" in groups
+    assert "Splits written: train 81.2% (asked 80%)" in groups
+    assert "Distances of the pairs compared" in groups and "10 bits" in groups
+    assert browser.evaluate("document.querySelector('tr.threshold th').textContent") == "10 bits"
+    assert "Near misses" in groups and "distance 11" in groups
+    assert "Near-blank and tiny images" in groups
     assert "≤ 64 px" in text and "> 8,192 px" in text and "largest 9000×120" in text
 
 
