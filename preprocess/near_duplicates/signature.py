@@ -42,8 +42,9 @@ the hash, within `MAX_TRIM` per side, so a letterboxed copy is near.
 
 Determinism: signatures are compared across workers, machines and runs (a
 resumed run must find the same groups), so no bit may depend on float
-rounding. PIL's box resizes and grey conversion are fixed-point; the rest is
-integer arithmetic (the window and DCT are tables rounded once at import;
+rounding. PIL's box resizes are fixed-point (two: the base square, then a
+32x32 RGB thumbnail of the region, of which grey, the colour cells and the
+8x8 thumbnail are integer means); the rest is integer arithmetic (the window and DCT are tables rounded once at import;
 `_rounded` refuses an entry at a rounding boundary).
 """
 
@@ -155,29 +156,34 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
     if image.mode != "RGB":
         image = image.convert("RGB")
     width, height = source_size or image.size
-    # An integer box reduction first (several times cheaper than a box resize of the whole source), then
-    # the box resize to the base square.
-    factor = min(image.size) // BASE_SIZE
-    if factor >= 2:
-        image = image.reduce(factor)
-    base = image.resize((BASE_SIZE, BASE_SIZE), Image.Resampling.BOX)
-    region = _content_box(np.asarray(base, dtype=np.int16))
-    left, top, right, bottom = region
+    # reducing_gap: an integer box reduction first (several times cheaper on a large source), then the box
+    # resize; a function of the pixels alone.
+    base = image.resize((BASE_SIZE, BASE_SIZE), Image.Resampling.BOX, reducing_gap=1.0)
+    left, top, right, bottom = _content_box(np.asarray(base, dtype=np.int16))
     margin_x, margin_y = (right - left) // _MARGIN_DIVISOR, (bottom - top) // _MARGIN_DIVISOR
     box = (left + margin_x, top + margin_y, right - margin_x, bottom - margin_y)
-    grey = base.convert("L")
-    thumbnail = np.asarray(
-        grey.resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box), dtype=np.int64
+    # One resize; the grey thumbnail, the colour cells and the check thumbnail are integer means of it.
+    rgb = np.asarray(
+        base.resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box), dtype=np.int64
     )
-    check = np.asarray(grey.resize((_CHECK_GRID, _CHECK_GRID), Image.Resampling.BOX, box=box), dtype=np.uint8)
+    # ITU-R 601-2 luma, as PIL's "L", in integers.
+    thumbnail = (rgb[:, :, 0] * 299 + rgb[:, :, 1] * 587 + rgb[:, :, 2] * 114 + 500) // 1000
+    check = _block_means(thumbnail, _CHECK_GRID).astype(np.uint8)
     low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
     return (
         _grey_hash(thumbnail)
         | _grey_hash(thumbnail[:, ::-1]) << _MIRROR_SHIFT
-        | _colour_layout(base, box) << _COLOUR_SHIFT
+        | _colour_layout(rgb) << _COLOUR_SHIFT
         | int.from_bytes(check.tobytes(), "little") << _CHECK_SHIFT
         | int(low_information) << _LOW_INFORMATION_BIT
     )
+
+
+def _block_means(values: np.ndarray, grid: int) -> np.ndarray:
+    """[n, n, ...] integers -> [grid, grid, ...]: the floor of each block's mean."""
+    size = values.shape[0] // grid
+    blocks = values.reshape(grid, size, grid, size, *values.shape[2:]).sum(axis=(1, 3))
+    return blocks // (size * size)
 
 
 def image_signature(pixels: np.ndarray, source_size: tuple[int, int] | None = None) -> int:
@@ -231,11 +237,9 @@ def _grey_hash(thumbnail: np.ndarray) -> int:
     return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 
-def _colour_layout(image: Image.Image, box) -> int:
+def _colour_layout(rgb: np.ndarray) -> int:
     """Byte i < 16: cell i's (R - G) chromaticity; byte 16 + i: its (R + G - 2B) one; cells in row order."""
-    cells = np.asarray(
-        image.resize((_COLOUR_GRID, _COLOUR_GRID), Image.Resampling.BOX, box=box), dtype=np.int64
-    ).reshape(-1, 3)
+    cells = _block_means(rgb, _COLOUR_GRID).reshape(-1, 3)
     red, green, blue = cells[:, 0], cells[:, 1], cells[:, 2]
     total = red + green + blue + _CHROMA_DAMPING
     # (R - G) / total lies in [-1, 1] and (R + G - 2B) / total in [-2, 1]: scaled to [-32, 32] and [-32, 16].
