@@ -1,0 +1,260 @@
+"""How uniform the grouping's signature bands are on real images, and what that does at 1M and 10M images.
+
+    python -m benchmarks.near_duplicate_bands                 # ~3 min on the shared 2-core machine
+    python -m benchmarks.near_duplicate_bands --images 4000   # quicker, coarser
+
+Two corpora of distinct images, signed as stage 1 signs them (signature.source_signature):
+
+- `photos`: random square crops (64-512 px, anywhere) of the 21 photographs
+  scikit-image and matplotlib ship (benchmarks/near_duplicate_quality.py);
+  crops without structure are left out;
+- `products`: product-style images: one object (a textured piece of one of
+  those photographs, cut as a box, a disc or a rounded tile, with a soft
+  shadow) on white, at a random size and place, as catalogue photos are.
+
+Per band, two schemes: `contiguous` (bits 16b..16b+15, the signature's
+lowest frequencies in band 0: the grouping before issue 30) and
+`interleaved` (bit i in band i mod 4, grouping.band_masks). The collision
+rate of a band is the share of pairs of distinct images whose band values are
+equal, against 1 / 2**16 for uniform bits.
+
+Emulated scale: an image's bucket in a band at N images holds about
+1 + (N - 1) q images, q the share of the corpus that shares its band value;
+a bucket over the cap (grouping.DEFAULT_MAX_BUCKET_SIZE) is hot. Reported per
+scheme at 1M and 10M images: the share of images left out (contiguous, the
+old rule: any hot bucket leaves an image out; interleaved, the new rule: only
+an image whose every bucket, hash and mirror, is hot) and the recall of the
+planted copies of near_duplicate_quality's held-out corpus (a pair counts as
+found when `signature.near` holds and it shares a bucket that is not hot,
+and, under the old rule, neither image is left out). q is estimated from the
+corpus itself, so it resolves about 1 / images: with 20,000 images, a bucket
+is hot at 10M when at least 4 others share its value (q >= 2e-4, 13x
+uniform).
+"""
+
+import argparse
+import json
+import random
+import sys
+import time
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from benchmarks import near_duplicate_quality as quality
+from preprocess.near_duplicates import signature
+from preprocess.near_duplicates.grouping import DEFAULT_MAX_BUCKET_SIZE, band_masks, band_value
+
+BANDS = 4
+UNIFORM = 1 / 2**16
+SCALES = (1_000_000, 10_000_000)
+SCHEMES = {
+    "contiguous": [list(range(16 * band, 16 * band + 16)) for band in range(BANDS)],
+    "interleaved": band_masks(BANDS),
+}
+
+
+def photo_crops(count: int, seed: int = 1):
+    """(signatures, source photo of each) of `count` random structured square crops of the photographs."""
+    rng = random.Random(seed)
+    photos = [Image.open(path).convert("RGB") for _, path in sorted(quality.photo_paths().items())]
+    signed, sources = [], []
+    while len(signed) < count:
+        source = rng.randrange(len(photos))
+        photo = photos[source]
+        side = rng.randint(64, min(512, *photo.size))
+        left, top = rng.randint(0, photo.width - side), rng.randint(0, photo.height - side)
+        crop = photo.crop((left, top, left + side, top + side))
+        if quality.has_structure(crop):
+            signed.append(signature.source_signature(crop))
+            sources.append(source)
+    return signed, sources
+
+
+def product_image(rng: random.Random, photos, source: int, size: int = 256) -> Image.Image:
+    """One object on white, as catalogue photos are: a textured piece of a photograph, cut as a box, a
+    disc or a rounded tile, at a random size and place, with a soft grey shadow."""
+    image = Image.new("RGB", (size, size), (255, 255, 255))
+    width, height = rng.randint(size // 4, size * 3 // 4), rng.randint(size // 4, size * 3 // 4)
+    left, top = rng.randint(8, size - width - 8), rng.randint(8, size - height - 8)
+    photo = photos[source]
+    scale = rng.uniform(0.5, 2.0)
+    source_w, source_h = min(photo.width, round(width * scale)), min(photo.height, round(height * scale))
+    x, y = rng.randint(0, photo.width - source_w), rng.randint(0, photo.height - source_h)
+    piece = photo.crop((x, y, x + source_w, y + source_h)).resize((width, height))
+    mask = Image.new("L", (width, height), 0)
+    shape = rng.choice(("box", "disc", "tile"))
+    draw = ImageDraw.Draw(mask)
+    if shape == "box":
+        draw.rectangle((0, 0, width, height), fill=255)
+    elif shape == "disc":
+        draw.ellipse((0, 0, width - 1, height - 1), fill=255)
+    else:
+        draw.rounded_rectangle((0, 0, width - 1, height - 1), radius=min(width, height) // 5, fill=255)
+    shadow = Image.new("RGB", (width, height), (215, 215, 215))
+    image.paste(shadow, (left + 5, top + 5), mask)
+    image.paste(piece, (left, top), mask)
+    return image
+
+
+def products(count: int, seed: int = 2):
+    """(signatures, source photo of each) of `count` product-style images."""
+    rng = random.Random(seed)
+    photos = [Image.open(path).convert("RGB") for _, path in sorted(quality.photo_paths().items())]
+    sources = [rng.randrange(len(photos)) for _ in range(count)]
+    return [signature.source_signature(product_image(rng, photos, source)) for source in sources], sources
+
+
+def band_values(signatures, positions, mirrored=False) -> np.ndarray:
+    take = signature.mirrored_grey_hash if mirrored else signature.grey_hash
+    return np.array([band_value(take(value), positions) for value in signatures], dtype=np.int64)
+
+
+def shares(values: np.ndarray) -> np.ndarray:
+    """Per image: the share of the other images whose value equals its own."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (counts[inverse] - 1) / max(1, len(values) - 1)
+
+
+def collision_rate(values: np.ndarray, sources) -> tuple[float, float]:
+    """(the share of all pairs with equal values, the share among pairs from different source photos: two
+    crops of one photo's region are more alike than two photos, and there are only 21 photos)."""
+    _, counts = np.unique(values, return_counts=True)
+    pairs = len(values) * (len(values) - 1) / 2
+    every = float((counts * (counts - 1) / 2).sum() / pairs)
+    sources = np.asarray(sources)
+    _, per_source = np.unique(sources, return_counts=True)
+    same_source_pairs = (per_source * (per_source - 1) / 2).sum()
+    equal_same_source = 0
+    for source in np.unique(sources):
+        _, c = np.unique(values[sources == source], return_counts=True)
+        equal_same_source += (c * (c - 1) / 2).sum()
+    across = ((counts * (counts - 1) / 2).sum() - equal_same_source) / (pairs - same_source_pairs)
+    return every, float(across)
+
+
+def _hot(population, others, scheme: str, scale: int) -> dict:
+    """{(band, mirrored): bool per image of population + others}: whether its bucket is hot at `scale`.
+
+    q is the share of the population with the image's band value (itself left out for a population image).
+    """
+    hot = {}
+    for band, positions in enumerate(SCHEMES[scheme]):
+        for mirrored in (False, True):
+            values = band_values(population, positions, mirrored)
+            lookup = dict(zip(*np.unique(values, return_counts=True), strict=True))
+            own = np.array([lookup[value] - 1 for value in values.tolist()], dtype=np.float64)
+            other = band_values(others, positions, mirrored)
+            more = np.array([lookup.get(value, 0) for value in other.tolist()], dtype=np.float64)
+            q = np.concatenate([own, more]) / max(1, len(population) - 1)
+            hot[band, mirrored] = 1 + (scale - 1) * q > DEFAULT_MAX_BUCKET_SIZE
+    return hot
+
+
+def _left_out(hot: dict, scheme: str) -> np.ndarray:
+    if scheme == "contiguous":  # the old grouping: hash buckets only, any hot bucket leaves the image out
+        return np.any([hot[band, False] for band in range(BANDS)], axis=0)
+    return np.all(list(hot.values()), axis=0)  # the new one: out only when every bucket is hot
+
+
+def emulate(population, scheme: str, scale: int) -> float:
+    """The share of the population left out of grouping at `scale` images."""
+    return float(_left_out(_hot(population, [], scheme, scale), scheme).mean())
+
+
+def emulated_recall(pairs, population, scheme: str, scale: int) -> float:
+    """Planted pairs found at `scale`: near, and sharing a bucket that is not hot (old rule: neither image
+    left out). A pair's images are placed in buckets as big as the population's share makes them."""
+    members = [value for pair in pairs for value in pair]
+    hot = _hot(population, members, scheme, scale) if population else None
+    offset = len(population)
+    left_out = _left_out(hot, scheme) if hot else None
+    found = 0
+    for index, (a, b) in enumerate(pairs):
+        ia, ib = offset + 2 * index, offset + 2 * index + 1
+        if signature.near(a, b, signature.DEFAULT_MAX_DISTANCE) is None:
+            continue
+        if hot and scheme == "contiguous" and (left_out[ia] or left_out[ib]):
+            continue
+        grey_a, grey_b = signature.grey_hash(a), signature.grey_hash(b)
+        mirror_b = signature.mirrored_grey_hash(b)
+        for band, positions in enumerate(SCHEMES[scheme]):
+            straight = band_value(grey_a, positions) == band_value(grey_b, positions)
+            mirrored = scheme == "interleaved" and band_value(grey_a, positions) == band_value(
+                mirror_b, positions
+            )
+            if (straight or mirrored) and (not hot or not hot[band, False][ia]):
+                found += 1
+                break
+    return found / len(pairs)
+
+
+def planted_pairs(tiny: bool = False):
+    """(original, copy) signature pairs of near_duplicate_quality's held-out half, every kind."""
+    photos, scales, tuning = (
+        (quality.TINY_PHOTOS, quality.TINY_SCALES, quality.TINY_TUNING_PHOTOS)
+        if tiny
+        else (None, quality.SCALES, quality.TUNING_PHOTOS)
+    )
+    files, _, _, _ = quality.build_corpus(quality.photo_paths(photos), scales, quality.Signer())
+    held_out = [f for f in files if f.photo not in tuning]
+    originals = {f.tile: f.signature for f in held_out if f.kind == quality.ORIGINAL}
+    return [(originals[f.tile], f.signature) for f in held_out if f.kind in quality.ALL_KINDS]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.near_duplicate_bands", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--images", type=int, default=20_000, help="distinct images per corpus (default 20000)"
+    )
+    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument(
+        "--tiny", action="store_true", help="the planted pairs of 2 photos at one scale (smoke test)"
+    )
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    made = {"photos": photo_crops(args.images), "products": products(args.images)}
+    corpora = {name: signed for name, (signed, _) in made.items()}
+    print(f"signed {2 * args.images:,} distinct images in {time.perf_counter() - start:.0f} s")
+    report = {"images": args.images, "collisions": {}, "emulated": {}}
+    print(
+        "\ncollision rate per band of the grey hash, as a multiple of uniform (1 / 65,536): all pairs / pairs "
+        "from different source photos"
+    )
+    print(f"{'corpus':<10} {'scheme':<12} " + " ".join(f"{'band ' + str(b):>13}" for b in range(BANDS)))
+    for name, (signed, sources) in made.items():
+        for scheme, masks in SCHEMES.items():
+            rates = [collision_rate(band_values(signed, positions), sources) for positions in masks]
+            report["collisions"][f"{name}/{scheme}"] = [
+                [every / UNIFORM, across / UNIFORM] for every, across in rates
+            ]
+            print(
+                f"{name:<10} {scheme:<12} "
+                + " ".join(f"{every / UNIFORM:>6.1f} / {across / UNIFORM:<4.1f}" for every, across in rates)
+            )
+    pairs = planted_pairs(args.tiny)
+    population = corpora["photos"] + corpora["products"]
+    print(
+        f"\nemulated scale: {len(population):,} distinct images as the population, {len(pairs):,} planted pairs"
+    )
+    print(f"{'scheme':<12} {'images':>11} {'left out':>9} {'recall':>7}")
+    base = emulated_recall(pairs, [], "interleaved", 0)
+    print(f"{'(no scale)':<12} {'':>11} {'':>9} {base:>7.3f}")
+    report["recall_small"] = base
+    for scheme in SCHEMES:
+        for scale in SCALES:
+            left_out = emulate(population, scheme, scale)
+            recall = emulated_recall(pairs, population, scheme, scale)
+            report["emulated"][f"{scheme}/{scale}"] = {"left_out": left_out, "recall": recall}
+            print(f"{scheme:<12} {scale:>11,} {left_out:>9.4f} {recall:>7.3f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    sys.stdout.flush()
+    return report
+
+
+if __name__ == "__main__":
+    main()
