@@ -30,12 +30,21 @@ and, under the old rule, neither image is left out). q is estimated from the
 corpus itself, so it resolves about 1 / images: with 20,000 images, a bucket
 is hot at 10M when at least 4 others share its value (q >= 2e-4, 13x
 uniform).
+
+Then the product-style images go through the real FindNearDuplicateGroups
+(DirectRunner) at a quarter and at the whole of `--images`: a group is false
+when two of its members are not the same picture (pieces of different
+photos, or non-overlapping pieces of one: the generator draws pieces at
+random, so some repeat a region, and those are copies); no false group may
+grow with the corpus.
 """
 
 import argparse
+import itertools
 import json
 import random
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -71,9 +80,10 @@ def photo_crops(count: int, seed: int = 1):
     return signed, sources
 
 
-def product_image(rng: random.Random, photos, source: int, size: int = 256) -> Image.Image:
+def product_image(rng: random.Random, photos, source: int, size: int = 256, pieces=None) -> Image.Image:
     """One object on white, as catalogue photos are: a textured piece of a photograph, cut as a box, a
-    disc or a rounded tile, at a random size and place, with a soft grey shadow."""
+    disc or a rounded tile, at a random size and place, with a soft grey shadow. `pieces`, a list, gets
+    (source, the piece's box in the photo)."""
     image = Image.new("RGB", (size, size), (255, 255, 255))
     width, height = rng.randint(size // 4, size * 3 // 4), rng.randint(size // 4, size * 3 // 4)
     left, top = rng.randint(8, size - width - 8), rng.randint(8, size - height - 8)
@@ -82,6 +92,8 @@ def product_image(rng: random.Random, photos, source: int, size: int = 256) -> I
     source_w, source_h = min(photo.width, round(width * scale)), min(photo.height, round(height * scale))
     x, y = rng.randint(0, photo.width - source_w), rng.randint(0, photo.height - source_h)
     piece = photo.crop((x, y, x + source_w, y + source_h)).resize((width, height))
+    if pieces is not None:
+        pieces.append((source, (x, y, x + source_w, y + source_h)))
     mask = Image.new("L", (width, height), 0)
     shape = rng.choice(("box", "disc", "tile"))
     draw = ImageDraw.Draw(mask)
@@ -97,12 +109,29 @@ def product_image(rng: random.Random, photos, source: int, size: int = 256) -> I
     return image
 
 
-def products(count: int, seed: int = 2):
-    """(signatures, source photo of each) of `count` product-style images."""
+def products(count: int, seed: int = 2, pieces=None):
+    """(signatures, source photo of each) of `count` product-style images; `pieces` as for product_image."""
     rng = random.Random(seed)
     photos = [Image.open(path).convert("RGB") for _, path in sorted(quality.photo_paths().items())]
     sources = [rng.randrange(len(photos)) for _ in range(count)]
-    return [signature.source_signature(product_image(rng, photos, source)) for source in sources], sources
+    signed = [
+        signature.source_signature(product_image(rng, photos, source, pieces=pieces)) for source in sources
+    ]
+    return signed, sources
+
+
+def same_picture(a, b) -> bool:
+    """Two products show the same picture when their pieces come from one photo and overlap by more than a
+    third of the smaller one (the generator draws pieces at random: some repeat a region)."""
+    (source_a, box_a), (source_b, box_b) = a, b
+    if source_a != source_b:
+        return False
+    width = min(box_a[2], box_b[2]) - max(box_a[0], box_b[0])
+    height = min(box_a[3], box_b[3]) - max(box_a[1], box_b[1])
+    if width <= 0 or height <= 0:
+        return False
+    smaller = min((box[2] - box[0]) * (box[3] - box[1]) for box in (box_a, box_b))
+    return width * height > smaller / 3
 
 
 def band_values(signatures, positions, mirrored=False) -> np.ndarray:
@@ -202,6 +231,33 @@ def planted_pairs(tiny: bool = False):
     return [(originals[f.tile], f.signature) for f in held_out if f.kind in quality.ALL_KINDS]
 
 
+def product_groups(signatures, pieces, sizes, workdir: str) -> dict:
+    """{size: counts}: the real FindNearDuplicateGroups (DirectRunner) over the first `size` product-style
+    images. A group is false when two of its members are not the same picture (same_picture): none should
+    grow with the corpus."""
+    result = {}
+    for size in sizes:
+        files = [
+            quality.SignedFile(f"product/{index}", "products", quality.ORIGINAL, value, f"{index:064x}")
+            for index, value in enumerate(signatures[:size])
+        ]
+        groups, stats = quality.group_with_beam(files, signature.DEFAULT_MAX_DISTANCE, workdir)
+        false = [
+            group
+            for group in groups
+            if any(not same_picture(pieces[a], pieces[b]) for a, b in itertools.combinations(group, 2))
+        ]
+        result[size] = {
+            "groups": len(groups),
+            "images_in_groups": sum(len(group) for group in groups),
+            "false_groups": len(false),
+            "images_in_false_groups": sum(len(group) for group in false),
+            "largest_false_group": max((len(group) for group in false), default=0),
+            "hot_buckets": stats.get("hot_buckets", 0),
+        }
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.near_duplicate_bands", description=__doc__.split("\n")[0]
@@ -215,7 +271,8 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    made = {"photos": photo_crops(args.images), "products": products(args.images)}
+    pieces = []
+    made = {"photos": photo_crops(args.images), "products": products(args.images, pieces=pieces)}
     corpora = {name: signed for name, (signed, _) in made.items()}
     print(f"signed {2 * args.images:,} distinct images in {time.perf_counter() - start:.0f} s")
     report = {"images": args.images, "collisions": {}, "emulated": {}}
@@ -249,6 +306,19 @@ def main(argv=None):
             recall = emulated_recall(pairs, population, scheme, scale)
             report["emulated"][f"{scheme}/{scale}"] = {"left_out": left_out, "recall": recall}
             print(f"{scheme:<12} {scale:>11,} {left_out:>9.4f} {recall:>7.3f}")
+    sizes = (args.images // 4, args.images)
+    with tempfile.TemporaryDirectory(prefix="near-duplicate-bands-") as workdir:
+        report["product_groups"] = product_groups(corpora["products"], pieces, sizes, workdir)
+    print(
+        "\nproduct-style images through FindNearDuplicateGroups: groups, and false ones (two members that are"
+    )
+    print("not the same picture: pieces of different photos, or of one photo that do not overlap)")
+    print(f"{'images':>8} {'groups':>7} {'in groups':>10} {'false':>6} {'in false':>9} {'largest false':>14}")
+    for size, found in report["product_groups"].items():
+        print(
+            f"{size:>8,} {found['groups']:>7} {found['images_in_groups']:>10} {found['false_groups']:>6} "
+            f"{found['images_in_false_groups']:>9} {found['largest_false_group']:>14}"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
