@@ -216,9 +216,10 @@ class Stage1Config:
         parse_split_fractions,
     )
     shard_size_mb: int = setting(150, "Target shard size in MB (default 150).", DATASET, _positive_int)
-    min_shards: int = setting(
-        8,
-        "At least this many shards per split, so several hosts can each read their own (default 8).",
+    min_shards: int | None = setting(
+        None,
+        "At least this many shards per split, so several hosts can each read their own (default: 8, or "
+        "one per 4 MB of a smaller split).",
         DATASET,
         _positive_int,
     )

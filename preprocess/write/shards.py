@@ -49,12 +49,28 @@ class ShardPlan:
     sources: tuple[WrittenFile, ...]
 
 
-def file_target_bytes(estimated_split_bytes: int, shard_size_bytes: int, min_shards: int) -> int:
+# --min-shards when not given: 8 shards per split, so that several hosts each read their own, but one per
+# AUTO_BYTES_PER_SHARD of a smaller split: a split of a few MB is one read for any host, and 37 images in 10
+# shards look broken. Hosts with fewer shards than they are still read every record once (train's
+# record-level sharding).
+AUTO_MIN_SHARDS = 8
+AUTO_BYTES_PER_SHARD = 4_000_000
+
+
+def split_min_shards(split_bytes: int, min_shards: int | None) -> int:
+    """The least number of shards of a split of `split_bytes`: `min_shards` if given, else the automatic one."""
+    if min_shards is not None:
+        return min_shards
+    return max(1, min(AUTO_MIN_SHARDS, math.ceil(split_bytes / AUTO_BYTES_PER_SHARD)))
+
+
+def file_target_bytes(estimated_split_bytes: int, shard_size_bytes: int, min_shards: int | None) -> int:
     """The size a writer's files stay within: a shard, or 1/min_shards of a small split."""
-    return max(1, min(shard_size_bytes, estimated_split_bytes // max(min_shards, 1)))
+    least = split_min_shards(estimated_split_bytes, min_shards)
+    return max(1, min(shard_size_bytes, estimated_split_bytes // max(least, 1)))
 
 
-def file_targets(estimated_bytes: dict, shard_size_bytes: int, min_shards: int) -> dict:
+def file_targets(estimated_bytes: dict, shard_size_bytes: int, min_shards: int | None) -> dict:
     """{split: estimated bytes} -> {split: file target bytes}."""
     return {
         split: file_target_bytes(estimate, shard_size_bytes, min_shards)
@@ -222,15 +238,21 @@ def plan_split(
     return sorted(plans, key=lambda plan: plan.name)
 
 
-def plan_shards(files: list[WrittenFile], target_bytes: dict, min_shards: int) -> list[ShardPlan]:
-    """The shards of every split (plan_split), from the WrittenFile entries of the whole job."""
+def plan_shards(files: list[WrittenFile], target_bytes: dict, min_shards: int | None) -> list[ShardPlan]:
+    """The shards of every split (plan_split), from the WrittenFile entries of the whole job; `min_shards`
+    None: split_min_shards of the bytes each split wrote."""
     by_split: dict[str, list[WrittenFile]] = {}
     for file in files:
         by_split.setdefault(file.split, []).append(file)
     return [
         plan
         for split in sorted(by_split)
-        for plan in plan_split(split, by_split[split], target_bytes[split], min_shards)
+        for plan in plan_split(
+            split,
+            by_split[split],
+            target_bytes[split],
+            split_min_shards(sum(file.num_bytes for file in by_split[split]), min_shards),
+        )
     ]
 
 

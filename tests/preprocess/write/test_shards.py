@@ -92,6 +92,18 @@ def test_planning_is_the_same_whatever_the_order_of_the_files():
     assert {plan.split for plan in expected} == {"train", "validation"}
 
 
+def test_without_min_shards_a_small_split_gets_a_shard_per_4_mb_and_a_large_one_8():
+    # A 37-image dataset of a few hundred KB per split: one shard each, not 8 (issue 33: 10 shards for 37
+    # images); 10 MB: 3 shards; past 32 MB, 8 as before, for the hosts that read their own.
+    assert shards_lib.split_min_shards(450_000, None) == 1
+    assert shards_lib.split_min_shards(10_000_000, None) == 3
+    assert shards_lib.split_min_shards(10**9, None) == 8
+    assert shards_lib.split_min_shards(450_000, 8) == 8  # given: kept
+    small = _files([1_000] * 40)
+    assert len(plan_shards(small, {"train": file_target_bytes(40_000, 150_000_000, None)}, None)) == 1
+    assert len(plan_shards(small, {"train": 5_000}, 8)) == 8
+
+
 @pytest.mark.parametrize(
     "split_bytes,min_shards,expected",
     [(10**6, 8, 125_000), (10**12, 8, 150_000_000), (5, 16, 1), (0, 8, 1)],
