@@ -9,7 +9,7 @@
   deletes on local disk: preprocess/publish/store.py); from call K on, each
   raises `InjectedCrash`, as if the worker had died just before call K.
 - `start_paused_publish`: the real `publish_run` of one run in a subprocess, paused at
-  one of its pause points (publish.PAUSE_ENV) until the test lets it go on.
+  one of its pause points (protocol.PAUSE_ENV) until the test lets it go on.
 - `assert_complete_dataset`: `preprocess.verify`'s checks, through its library
   functions (every shard's size, sha256 and records; the other files the
   manifest names); returns the manifest.
@@ -33,6 +33,7 @@ from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 from preprocess.publish import commit as publish
+from preprocess.publish import protocol
 from preprocess.publish import store as dataset_store
 from tests.stage1 import run_stage1
 
@@ -102,7 +103,7 @@ def start_paused_publish(output_dir, manifest, point, scratch: Path, env=None, r
     manifest_file.write_text(json.dumps(manifest))
     env = {
         **(os.environ if env is None else env),
-        publish.PAUSE_ENV: f"{point}:{flag}",
+        protocol.PAUSE_ENV: f"{point}:{flag}",
         "PYTHONPATH": str(REPO),
     }
     command = [

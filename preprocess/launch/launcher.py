@@ -25,13 +25,12 @@ from preprocess.config import Stage1Config
 from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
 from preprocess.launch import bucket_costs, dataflow_job, job_record, local_runner, progress, worker_image
 from preprocess.pipeline import build_pipeline, job_config, output_dir_of
-from preprocess.publish.commit import (
+from preprocess.publish.commit import SupersededRunError, superseded_message
+from preprocess.publish.protocol import (
     RETAINED_RUNS,
     TFT_TEMP_GRACE_SECONDS,
-    SupersededRunError,
     published_run_id,
     read_published_manifest,
-    superseded_message,
 )
 from preprocess.publish.runs import STAGING_DIR, TFT_TEMP_PREFIX, is_run_id, new_run_id, tft_temp_dir
 

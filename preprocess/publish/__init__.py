@@ -1,3 +1,5 @@
-"""Publishing a run: the manifest, its commit in the log manifests/ (commit), garbage collection (gc), the store both use, runs and their paths, the superseded check.
+"""Publishing a run: the manifest, its commit in the log manifests/ (commit), garbage collection (gc), the
+protocol both follow (protocol: the log's head, retention promises, markers), the store both use, runs and
+their paths, the superseded check.
 
 Design notes: docs/internals.md."""

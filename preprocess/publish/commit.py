@@ -3,7 +3,6 @@
 import datetime
 import json
 import logging
-import os
 import time
 import uuid
 
@@ -13,33 +12,33 @@ from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 from preprocess.config import DEFAULT_RETENTION_DAYS
+from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
+from preprocess.publish.protocol import (
+    PUBLISH_MARKER_TTL_SECONDS,
+    RETAINED_RUNS,
+    _parse_timestamp,
+    _timestamp,
+    copy_head_to_dataset_json,
+    is_named,
+    named_files,
+    published_run_id,
+    read_published,
+    read_published_manifest,
+    retain_until,
+)
 from preprocess.publish.runs import PUBLISHING_MARKER, RunPaths
 
-# A publish step writes its marker and commits within a few minutes; a marker this old belongs to a
-# publisher that died.
-PUBLISH_MARKER_TTL_SECONDS = 6 * 3600
-# tf.Transform's temporary directory of a template's build is shared by its runs; it goes once idle this long.
-TFT_TEMP_GRACE_SECONDS = 2 * 24 * 3600
 # Objects a publish lets its garbage collection delete, and runs it looks at (preprocess/publish/gc.py); the
 # command does the rest.
 PUBLISH_GC_BUDGET = 1000
 PUBLISH_GC_RUNS = 10
 
-# The manifest's list of the runs it superseded whose files are kept (see the module docstring).
-RETAINED_RUNS = "retained_runs"
 # A running run asks at most this often whether a newer run has published (preprocess/publish/superseded.py).
 SUPERSEDED_CHECK_SECONDS = 60.0
 # A publisher that loses this many sequences in a row to older runs gives up (the runner retries the step).
 _MAX_COMMIT_ATTEMPTS = 100
 
-# Test hook: PREPROCESS_PAUSE_AT=<point>:<flag file> makes the step that
-# reaches <point> create <flag file> and wait until the test removes it (at
-# most an hour), so that a test can kill the process there
-# (tests/preprocess/behaviour/test_publish_kill.py) or let it go on at a moment of its
-# choosing (tests/preprocess/publish/test_publish.py, tests/preprocess/publish/test_commit_log.py).
-PAUSE_ENV = "PREPROCESS_PAUSE_AT"
-_PAUSE_LIMIT_SECONDS = 3600
 
 log = logging.getLogger(__name__)
 
@@ -68,77 +67,7 @@ def check_not_superseded(output_dir: str, run_id: str):
         raise SupersededRunError(superseded_message(output_dir, run_id, current))
 
 
-def pause_point(name: str, run_id: str):
-    """Where a test may stop the publish step (see PAUSE_ENV), run `run_id` being published or removed."""
-    setting = os.environ.get(PAUSE_ENV, "")
-    point, _, flag = setting.partition(":")
-    if point != name:
-        return
-    with open(flag, "w") as handle:
-        handle.write(f"{os.getpid()}\n")
-    deadline = time.monotonic() + _PAUSE_LIMIT_SECONDS
-    while os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 # ------------------------------------------------------------------ reading the log
-
-
-class StoreFiles:
-    """dataset_contract.commit_log's `Files` over a dataset_store (whose names are relative to its root)."""
-
-    def __init__(self, store):
-        self._store = store
-        self._prefix = store.root.rstrip("/") + "/"
-
-    def _relative(self, path: str) -> str:
-        return path[len(self._prefix) :] if path.startswith(self._prefix) else path
-
-    def list_names(self, directory: str) -> list[str]:
-        prefix = self._relative(directory).rstrip("/") + "/"
-        listing = self._store.list(prefix, delimiter=True)
-        return [item.name[len(prefix) :] for item in listing.objects]
-
-    def read(self, path: str) -> bytes | None:
-        return self._store.read(self._relative(path))
-
-
-def read_published(output_dir: str, store=None) -> commit_log.Published | None:
-    """The published manifest (commit_log.read_published), through the store of `output_dir`."""
-    store = store or dataset_store.open_store(output_dir)
-    return commit_log.read_published(store.root, StoreFiles(store))
-
-
-def read_published_manifest(output_dir: str) -> dict | None:
-    """The published manifest now (the head of manifests/, or dataset.json in the older layouts), or None
-    if there is none (or it is not JSON)."""
-    try:
-        published = read_published(output_dir)
-    except manifest_lib.ManifestError as exc:
-        log.warning("%s", exc)
-        return None
-    return published.manifest() if published is not None else None
-
-
-def published_run_id(manifest: dict | None) -> str:
-    """The id of the run a manifest publishes; '' (older than any run) for none or a format 1 manifest."""
-    if not manifest:
-        return ""
-    return (manifest.get("run") or {}).get("id", "") or ""
-
-
-def named_files(manifest: dict) -> set[str]:
-    """The files and directories (relative paths) a manifest names."""
-    names = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
-    names.update(manifest_lib.error_file_paths(manifest))
-    names.update(manifest_lib.near_duplicate_file_paths(manifest))
-    names.update((manifest.get("transform") or {}).values())
-    return names
-
-
-def is_named(relative: str, names: set[str]) -> bool:
-    """Whether `relative` is one of `names` or inside one of them (a directory)."""
-    return relative in names or any(relative.startswith(name + "/") for name in names)
 
 
 def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]:
@@ -158,31 +87,6 @@ def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]
         f"{name} (absent)" for name in manifest_lib.other_required_files(manifest) if name not in present
     ]
     return problems
-
-
-_UTC = datetime.timezone.utc
-
-
-def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _timestamp(moment: datetime.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_timestamp(text: str) -> datetime.datetime:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
-
-
-def retain_until(entry: dict, retention_days: float) -> datetime.datetime:
-    """Until when a `retained_runs` entry's files stay: the later of its recorded `retain_until` and
-    `retention_days` after it was superseded (retention never shortens)."""
-    superseded = _parse_timestamp(entry["superseded_at"])
-    until = superseded + datetime.timedelta(days=retention_days)
-    if entry.get("retain_until"):
-        until = max(until, _parse_timestamp(entry["retain_until"]))
-    return until
 
 
 def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
@@ -228,15 +132,10 @@ def _relative(output_dir: str, path: str) -> str:
     return path[len(prefix) :]
 
 
-def marker_is_live(stored, now: float | None = None) -> bool:
-    """Whether a publishing marker (a dataset_store.StoredObject) belongs to an attempt that may be alive."""
-    return (now or time.time()) - stored.updated < PUBLISH_MARKER_TTL_SECONDS
-
-
 def live_removal(store, run_id: str) -> bool:
     """Whether a remover has announced itself on run `run_id` (a live removal marker; one listing)."""
     names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
-    return bool(leases.live_removals(names, _utc_now()))
+    return bool(leases.live_removals(names, protocol._utc_now()))
 
 
 def write_marker(path: str, run_id: str):
@@ -273,7 +172,7 @@ def publish_run(
     store.create_if_absent(marker, json.dumps({"run_id": run_id}).encode("utf-8"))
     marked_at = time.monotonic()
     try:
-        pause_point("publish-marked", run_id)
+        protocol.pause_point("publish-marked", run_id)
         head = read_published(output_dir, store)
         current = head.manifest() if head is not None else None
         if published_run_id(current) == run_id:
@@ -307,7 +206,7 @@ def publish_run(
                 )
             if time.monotonic() - marked_at > PUBLISH_MARKER_TTL_SECONDS / 2:
                 raise PublishTooSlowError(f"run {run_id}: publishing took too long; a retry starts over")
-            pause_point("before-switch", run_id)
+            protocol.pause_point("before-switch", run_id)
             published = commit_manifest(output_dir, run_id, manifest, retention_days, store)
     except BaseException as failure:
         # The failure is what the caller must see: a marker that cannot go (a retention policy's 403)
@@ -331,15 +230,13 @@ def publish_run(
         raise
     # Committed: from here on the commit naming the run protects its files.
     _best_effort(f"remove the publishing marker {marker}", _delete, store, [marker])
-    pause_point("switched", run_id)
+    protocol.pause_point("switched", run_id)
     try:
         copy_head_to_dataset_json(store)
     except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
         log.info(
             "could not copy the newest commit to %s (%s); readers never need it", commit_log.HINT_FILE, exc
         )
-    from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
-
     _best_effort(
         "collect garbage",
         gc.collect_garbage,
@@ -388,7 +285,7 @@ def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
             return current
         if current_id > run_id:
             raise SupersededRunError(superseded_message(output_dir, run_id, current_id))
-        now = _utc_now()
+        now = protocol._utc_now()
 
         def is_kept(entry: dict, within_retention: bool, current_id=current_id, now=now) -> bool:
             # A run whose files are gone has no reader left to keep; a lease keeps a run past its retention.
@@ -399,7 +296,7 @@ def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
         retained = retained_runs(current, run_id, now, retention_days, is_kept)
         committed = {**manifest, RETAINED_RUNS: retained} if retained else dict(manifest)
         name = commit_log.commit_name(sequence + 1)
-        pause_point("before-commit", run_id)
+        protocol.pause_point("before-commit", run_id)
         if store.create_if_absent(name, json.dumps(committed, indent=2).encode("utf-8")):
             log.info("published run %s in %s (commit %d)", run_id, output_dir, sequence + 1)
             return committed
@@ -418,15 +315,6 @@ def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
     )
 
 
-def copy_head_to_dataset_json(store):
-    """Best effort: `dataset.json` becomes a copy of the head's bytes, for people and older readers (the
-    log's readers never need it)."""
-    head = read_published(store.root, store)
-    if head is None or head.sequence == 0 or store.read(commit_log.HINT_FILE) == head.data:
-        return
-    store.write(commit_log.HINT_FILE, head.data)
-
-
 def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
     """Whether a training job holds a lease on run `run_id` that has not expired (one listing). `store`: a
     dataset store, or the dataset directory."""
@@ -439,8 +327,6 @@ def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
 def remove_run(output_dir: str, run_id: str) -> bool:
     """Remove run `run_id`'s files now (garbage collection's removal of one run: preprocess/publish/gc.py);
     True if they are gone, False if the run is published, leased, or publishing."""
-    from preprocess.publish import gc  # noqa: PLC0415 - gc imports this module
-
     return gc.remove_run(output_dir, run_id)
 
 

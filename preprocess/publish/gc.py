@@ -14,7 +14,7 @@ import uuid
 
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
-from preprocess.publish import commit as publish
+from preprocess.publish import protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import (
     DELETING_MARKER,
@@ -166,8 +166,8 @@ class _Collector:
 
     def run(self):
         sequence, manifest, commits = self.head()
-        head_run = publish.published_run_id(manifest)
-        retained = {entry["id"]: entry for entry in (manifest or {}).get(publish.RETAINED_RUNS, [])}
+        head_run = protocol.published_run_id(manifest)
+        retained = {entry["id"]: entry for entry in (manifest or {}).get(protocol.RETAINED_RUNS, [])}
         runs = self.store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True)
         staging = self.store.list(f"{STAGING_DIR}/", delimiter=True)
         leased = self.store.list(f"{leases.LEASES_DIR}/", delimiter=True)
@@ -206,7 +206,7 @@ class _Collector:
         self.remove_old_commits(commits)
         if not self.dry_run and commits:
             try:
-                publish.copy_head_to_dataset_json(self.store)
+                protocol.copy_head_to_dataset_json(self.store)
             except Exception as exc:  # noqa: BLE001 - a copy; a bucket that keeps it young refuses to replace it
                 log.info(
                     "could not copy the newest commit to %s (%s); readers never need it",
@@ -217,14 +217,14 @@ class _Collector:
     def keep_reason(self, run_id, head_run, retained, markers) -> str | None:
         entry = retained.get(run_id)
         if entry is not None:
-            until = publish.retain_until(entry, 0)
+            until = protocol.retain_until(entry, 0)
             if until > datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc):
-                return f"run {run_id}, superseded at {entry['superseded_at']}: stays for its readers until {publish._timestamp(until)}"
+                return f"run {run_id}, superseded at {entry['superseded_at']}: stays for its readers until {protocol._timestamp(until)}"
         if run_id > head_run:
-            # A run that started before the head can never commit (publish.py): only a later one may be
+            # A run that started before the head can never commit (commit.py): only a later one may be
             # publishing now, and only its markers count.
             if any(
-                kind == PUBLISHING_MARKER and publish.marker_is_live(stored, self.now)
+                kind == PUBLISHING_MARKER and protocol.marker_is_live(stored, self.now)
                 for kind, stored in markers
             ):
                 return f"run {run_id}: it is publishing"
@@ -261,7 +261,7 @@ class _Collector:
         if not self.announce_removal(run_id, sequence, may_publish):
             return
         everything = self.delete(objects) and not files.truncated and not staged.truncated
-        publish.pause_point("run-files-removed", run_id)
+        protocol.pause_point("run-files-removed", run_id)
         if files.truncated or staged.truncated:
             self.report.more = True
         if everything:
@@ -296,8 +296,8 @@ class _Collector:
             marker = leases.removal_marker_name(run_id, uuid.uuid4().hex[:16], expiry)
             self.store.create_if_absent(marker, json.dumps({"run_id": run_id}).encode("utf-8"))
             self.report.markers_written += 1
-        publish.pause_point("removal-announced", run_id)
-        publish.pause_point("tombstone-written", run_id)  # its name before the commit log
+        protocol.pause_point("removal-announced", run_id)
+        protocol.pause_point("tombstone-written", run_id)  # its name before the commit log
         # Looked at after the marker: a trainer or a publisher that came first is seen here.
         names = [stored.name for stored in self.lease_names(run_id)]
         if leases.live_holders(names, now):
@@ -305,7 +305,7 @@ class _Collector:
             return False
         if may_publish:
             publishing = self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.{PUBLISHING_MARKER}.").objects
-            if any(publish.marker_is_live(stored, self.now) for stored in publishing):
+            if any(protocol.marker_is_live(stored, self.now) for stored in publishing):
                 self.report.kept.append(f"run {run_id}: it is publishing")
                 return False
         if self.head()[0] != sequence:
@@ -327,7 +327,7 @@ class _Collector:
         dead = [
             stored
             for kind, stored in markers
-            if kind in (PUBLISHING_MARKER, DELETING_MARKER) and not publish.marker_is_live(stored, self.now)
+            if kind in (PUBLISHING_MARKER, DELETING_MARKER) and not protocol.marker_is_live(stored, self.now)
         ]
         if dead:
             self.delete(dead)
@@ -349,7 +349,7 @@ class _Collector:
             if (
                 listed.objects
                 and max(stored.updated for stored in listed.objects)
-                < self.now - publish.TFT_TEMP_GRACE_SECONDS
+                < self.now - protocol.TFT_TEMP_GRACE_SECONDS
             ):
                 tmp += listed.objects
                 idle.append(prefix)
@@ -359,7 +359,7 @@ class _Collector:
 
     def remove_format1_files(self, manifest):
         """The top-level files of a format 1 dataset, once the head names files in runs/ only."""
-        if any("/" not in name for name in publish.named_files(manifest)):
+        if any("/" not in name for name in protocol.named_files(manifest)):
             return
         top = self.store.list("", delimiter=True)
         stale = [
@@ -394,9 +394,9 @@ def remove_run(output_dir: str, run_id: str) -> bool:
     Not the published run, nor one a live lease holds, nor (if it started after the published run) one
     whose publish is under way: False then. The same removal, marker and checks as `collect_garbage`'s.
     """
-    collector = _Collector(output_dir, DEFAULT_MAX_OBJECTS, 1, False, None, publish._utc_now().timestamp())
+    collector = _Collector(output_dir, DEFAULT_MAX_OBJECTS, 1, False, None, protocol._utc_now().timestamp())
     sequence, manifest, _ = collector.head()
-    head_run = publish.published_run_id(manifest)
+    head_run = protocol.published_run_id(manifest)
     if run_id == head_run or collector.live_lease(run_id):
         return False
     markers = [
@@ -404,7 +404,7 @@ def remove_run(output_dir: str, run_id: str) -> bool:
         for stored in collector.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects
     ]
     if run_id > head_run and any(
-        kind == PUBLISHING_MARKER and publish.marker_is_live(stored, collector.now)
+        kind == PUBLISHING_MARKER and protocol.marker_is_live(stored, collector.now)
         for kind, stored in markers
     ):
         return False
@@ -423,8 +423,8 @@ def collect_garbage(
     """Remove what no commit, retention promise or live lease of `output_dir` needs: at most `max_objects`
     deletions, and `max_runs` runs looked at. `tft_build_id`: a tf.Transform directory in use by the
     caller, never removed."""
-    # publish._utc_now: one clock for the retention promises publish records and the collector honours.
-    now = publish._utc_now().timestamp() if now is None else now
+    # protocol._utc_now: one clock for the retention promises publish records and the collector honours.
+    now = protocol._utc_now().timestamp() if now is None else now
     collector = _Collector(output_dir, max_objects, max_runs, dry_run, tft_build_id, now)
     collector.run()
     collector.report.requests = collector.store.requests

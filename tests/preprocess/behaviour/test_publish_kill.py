@@ -21,6 +21,7 @@ import pytest
 from dataset_contract import manifest as manifest_lib
 from preprocess import verify as verify_cli
 from preprocess.publish import commit as publish
+from preprocess.publish import protocol
 from tests.publishing import assert_complete_dataset, shard_digests
 from tests.stage1 import run_stage1, write_corpus
 
@@ -37,7 +38,7 @@ START_TIMEOUT_S = 300
 def start_stage1(corpus_root, output, log_path, pause_at=None) -> subprocess.Popen:
     env = dict(os.environ)
     if pause_at:
-        env[publish.PAUSE_ENV] = pause_at
+        env[protocol.PAUSE_ENV] = pause_at
     command = [sys.executable, "-m", "preprocess", "--input", str(corpus_root), "--output", str(output)]
     with open(log_path, "w") as log:
         return subprocess.Popen(

@@ -29,7 +29,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import options
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
-from preprocess.publish import gc
+from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import assert_complete_dataset
@@ -136,7 +136,7 @@ def test_publishers_that_read_the_same_head_commit_one_each_in_order_and_the_new
     # Every publisher reads the head (commit 1), then waits here until all have read it.
     barrier = threading.Barrier(publishers, timeout=120)
     waited = set()
-    real_pause = publish.pause_point
+    real_pause = protocol.pause_point
 
     def pause(point, run_id):
         if point == "before-commit" and run_id not in waited:
@@ -144,7 +144,7 @@ def test_publishers_that_read_the_same_head_commit_one_each_in_order_and_the_new
             barrier.wait()
         real_pause(point, run_id)
 
-    monkeypatch.setattr(publish, "pause_point", pause)
+    monkeypatch.setattr(protocol, "pause_point", pause)
     created = collections.Counter()
     for store_class in (dataset_store.LocalStore, dataset_store.GcsStore):
         real_create = store_class.create_if_absent

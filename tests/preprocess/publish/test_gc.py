@@ -23,7 +23,7 @@ from dataset_contract import leases
 from preprocess import options
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
-from preprocess.publish import gc
+from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults
@@ -166,7 +166,7 @@ def test_a_trainer_that_takes_a_lease_while_the_remover_announces_itself_keeps_i
     """The window: the collector checked the leases (none), a trainer writes its lease, the collector
     writes its removal marker. Looking again after its marker, the collector sees the lease and backs off."""
     victim = directory.never_published[0]
-    real_pause = publish.pause_point
+    real_pause = protocol.pause_point
     taken = threading.Event()
 
     def pause(point, run_id):
@@ -175,7 +175,7 @@ def test_a_trainer_that_takes_a_lease_while_the_remover_announces_itself_keeps_i
             taken.set()
         real_pause(point, run_id)
 
-    monkeypatch.setattr(publish, "pause_point", pause)
+    monkeypatch.setattr(protocol, "pause_point", pause)
     report = gc.collect_garbage(directory.output)
     assert taken.is_set()
     assert victim not in report.removed_runs

@@ -27,7 +27,7 @@ from preprocess.config import DEFAULT_RETENTION_DAYS
 from preprocess.inspect.summary import format_summary
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
-from preprocess.publish import gc
+from preprocess.publish import gc, protocol
 from preprocess.publish.commit import SupersededRunError, missing_run_files
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.gcs_emulator import ReadFaults
@@ -132,7 +132,7 @@ def at_pause_point(monkeypatch, name: str, run_id: str, action):
             fired.append(point)
             action()
 
-    monkeypatch.setattr(publish, "pause_point", pause)
+    monkeypatch.setattr(protocol, "pause_point", pause)
     return fired
 
 
@@ -353,7 +353,7 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
     # A later run publishes within the period: both earlier runs stay, recorded in its manifest.
     later = clone_run(output, staged.new, new_run_id())
     days = DEFAULT_RETENTION_DAYS
-    monkeypatch.setattr(publish, "_utc_now", lambda: superseded_at + datetime.timedelta(days=days - 1))
+    monkeypatch.setattr(protocol, "_utc_now", lambda: superseded_at + datetime.timedelta(days=days - 1))
     third = publish.publish_run(output, later["run"]["id"], later)
     assert [entry["id"] for entry in third[publish.RETAINED_RUNS]] == [new_id, old_id]
     assert missing_run_files(output, old_id, staged.old) == []
@@ -362,7 +362,7 @@ def test_a_superseded_run_stays_for_the_retention_period_and_goes_once_it_has_pa
 
     # Once the period has passed for the first run, the next cleanup (here a retried publish) removes it,
     # and keeps the run superseded since.
-    monkeypatch.setattr(publish, "_utc_now", lambda: superseded_at + datetime.timedelta(days=days + 0.01))
+    monkeypatch.setattr(protocol, "_utc_now", lambda: superseded_at + datetime.timedelta(days=days + 0.01))
     publish.publish_run(output, later["run"]["id"], later)
     assert not os.path.exists(RunPaths(output, old_id).run_dir)
     assert missing_run_files(output, new_id, staged.new) == []
@@ -438,7 +438,7 @@ def test_tf_transform_temporary_directories_go_once_idle_for_the_grace_period(st
         os.makedirs(os.path.dirname(path))
         with open(path, "wb") as handle:
             handle.write(b"graph")
-    long_ago = time.time() - publish.TFT_TEMP_GRACE_SECONDS - 60
+    long_ago = time.time() - protocol.TFT_TEMP_GRACE_SECONDS - 60
     os.utime(idle, (long_ago, long_ago))
     publish_run(output, staged.new_run_id, staged.new)
     assert not os.path.exists(os.path.join(output, "staging", "tft-idle"))

@@ -23,6 +23,7 @@ from preprocess import errors
 from preprocess.config import DEFAULT_MAX_FAILED_FRACTION
 from preprocess.launch import command
 from preprocess.publish import commit as publish
+from preprocess.publish import protocol
 from preprocess.publish.runs import is_run_id, new_run_id
 from tests.stage1 import run_stage1, write_corpus
 
@@ -102,7 +103,7 @@ def test_the_workflow_does_not_train_on_the_dataset_of_a_newer_run_that_publishe
     corpus = write_corpus(tmp_path / "corpus", images_per_class=2, include_broken=False)
     output = tmp_path / "dataset"
     newer = {}
-    real_pause_point = publish.pause_point
+    real_pause_point = protocol.pause_point
 
     def newer_run_publishes_once_a_has_switched(point, run_id):
         if point == "switched" and not newer:
@@ -113,7 +114,7 @@ def test_the_workflow_does_not_train_on_the_dataset_of_a_newer_run_that_publishe
             publish.publish_run(str(output), newer_id, json.loads(json.dumps(own).replace(run_id, newer_id)))
         real_pause_point(point, run_id)
 
-    monkeypatch.setattr(publish, "pause_point", newer_run_publishes_once_a_has_switched)
+    monkeypatch.setattr(protocol, "pause_point", newer_run_publishes_once_a_has_switched)
     argv = ["--input", corpus.root, "--output", str(output), *STAGE1_ARGS]
     with pytest.raises(workflow.WorkflowError) as raised:
         workflow.run_workflow(

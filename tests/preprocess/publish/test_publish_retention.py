@@ -31,6 +31,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem, options
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
+from preprocess.publish import protocol
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import assert_complete_dataset
 from tests.stage1 import write_corpus
@@ -342,7 +343,7 @@ def test_a_launcher_whose_run_published_and_was_then_superseded_exits_0_saying_s
         output,
         *STAGE1_ARGS,
     ]
-    env = {**os.environ, publish.PAUSE_ENV: f"switched:{flag}", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, protocol.PAUSE_ENV: f"switched:{flag}", "PYTHONPATH": str(REPO)}
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
