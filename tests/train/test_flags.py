@@ -18,6 +18,7 @@ SAMPLES = {
     "steps_per_epoch": ("40", 40),
     "global_batch_size": ("64", 64),
     "learning_rate": ("0.25", 0.25),
+    "backend": ("jax", "jax"),
     "strategy": ("mirrored", "mirrored"),
     "tpu": ("my-v4-32", "my-v4-32"),
     "mixed_precision": ("bfloat16", "bfloat16"),

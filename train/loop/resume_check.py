@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from train.errors import ConfigError
+from train.loop import checkpoints
 from train.loop.checkpoints import CHECKPOINT_DIR
 from train.loop.plan import TrainingPlan
 from train.model.recipe import Recipe
@@ -168,12 +169,9 @@ class PlanChangedError(ConfigError):
 
 def latest_checkpoint_step(model_dir: str) -> int | None:
     """The global step of the latest checkpoint in MODEL_DIR (checkpoints are numbered by it), or None."""
-    latest = tf.train.latest_checkpoint(manifest_lib.join(model_dir, CHECKPOINT_DIR))
-    if latest is None:
-        return None
     try:
-        return int(latest.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
+        return checkpoints.latest_checkpoint_step(manifest_lib.join(model_dir, CHECKPOINT_DIR))
+    except (IndexError, ValueError, KeyError):
         return None
 
 

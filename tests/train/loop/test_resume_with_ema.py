@@ -17,12 +17,14 @@ from tests.stage1 import read_split
 from tests.train.loop.test_preemption import RunningTraining, resume
 from tests.train.test_training_recipe import restore_last_checkpoint
 from train.config import TrainConfig
+from train.loop import checkpoints
 from train.loop.plan import TrainingPlan
 from train.serving import export
 from train.trainer import fit_from_step, use_final_weights
 
-# In the Python 3.10 leg's subset (scripts/test_py310.sh): checkpoint, resume and EMA through Keras' own hooks.
-pytestmark = pytest.mark.py310
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): checkpoint, resume and EMA through Keras' own hooks;
+# and in the JAX leg (scripts/test_jax.sh).
+pytestmark = [pytest.mark.py310, pytest.mark.jax]
 
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 4
 
@@ -126,7 +128,7 @@ def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_
     code, stderr = run.finish()
     assert code != 0, "the signal came too late: the run had finished"
     assert not os.path.exists(os.path.join(config.model_dir, "metrics.json"))
-    assert tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints")).endswith("ckpt-10")
+    assert checkpoints.latest_checkpoint_step(os.path.join(config.model_dir, "checkpoints")) == 10
 
     second, metrics = resume(command, tmp_path)
     assert "resuming from step 10 of 10" in second.stdout
@@ -141,9 +143,9 @@ def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_
     images = export.serving_model_input(
         tf.constant(contents), image_format, manifest["image"]["resize_method"]
     )
-    trained = model.predict_on_batch(images)
+    trained = model.predict_on_batch(images.numpy())
     model.optimizer.finalize_variable_values(model.trainable_variables)
-    averaged = model.predict_on_batch(images)
+    averaged = model.predict_on_batch(images.numpy())
     assert np.abs(trained - averaged).max() > 0.05, "the test needs an average that differs from the weights"
     serve = tf.saved_model.load(metrics["export_dir"]).signatures["serving_default"]
     served = serve(image_bytes=tf.constant(contents))["probabilities"].numpy()
