@@ -451,6 +451,15 @@ class TrainConfig:
         help="Smooth the training targets: (1 - s) x one-hot + s / classes (default %(default)s; 0.1 is the "
         "ImageNet recipes' value). The reported cross-entropy stays unsmoothed.",
     )
+    gradient_accumulation_steps: int = flag(
+        1,
+        group=RECIPE,
+        type=positive_int,
+        help="Average the gradients of N steps and update once (Keras' gradient_accumulation_steps): the "
+        "optimizer sees N x --global-batch-size images per update, and the learning rate follows that batch. "
+        "The schedule (warmup, decay, --warmup-steps) counts optimizer updates; N must divide an epoch's steps. "
+        "Default %(default)s (an update every step).",
+    )
     ema: bool = flag(
         False,
         group=RECIPE,

@@ -44,6 +44,7 @@ SAMPLES = {
     "warmup_epochs": ("2.5", 2.5),
     "weight_decay": ("0.01", 0.01),
     "label_smoothing": ("0.1", 0.1),
+    "gradient_accumulation_steps": ("4", 4),
     "ema": (None, True),
     "ema_momentum": ("0.99", 0.99),
 }

@@ -44,6 +44,7 @@ _COMPARED = (
     ("label_smoothing", "--label-smoothing", lambda value: f"{value:g}"),
     ("ema_momentum", "--ema-momentum", lambda value: "(no --ema)" if value is None else f"{value:.6g}"),
     ("freeze_backbone_steps", "--freeze-backbone-epochs", None),  # written from the epochs, below
+    ("gradient_accumulation_steps", "--gradient-accumulation-steps", lambda value: str(value)),
 )
 
 
@@ -62,6 +63,7 @@ def recorded_plan(plan: TrainingPlan, recipe: Recipe) -> dict:
         "label_smoothing": recipe.label_smoothing,
         "ema_momentum": recipe.ema_momentum,
         "freeze_backbone_steps": recipe.freeze_backbone_steps,
+        "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
     }
 
 
@@ -89,6 +91,7 @@ _LABELS = {
     "weight_decay": "weight decay {:g}",
     "label_smoothing": "label smoothing {:g}",
     "freeze_backbone_steps": "backbone frozen for {} steps",
+    "gradient_accumulation_steps": "{} step(s) per optimizer update",
 }
 
 

@@ -77,8 +77,9 @@ def current_learning_rate(optimizer, model: keras.Model | None = None) -> float:
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's own
     schedule = getattr(optimizer, "_learning_rate", None)
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-        iterations = int(np.asarray(optimizer.iterations))
-        return float(np.asarray(schedule(np.float32(iterations))))
+        # Keras hands a schedule its step count (`_iterations`); `iterations` counts updates when it accumulates.
+        steps = int(np.asarray(optimizer._iterations))
+        return float(np.asarray(schedule(np.float32(steps))))
     return float(np.asarray(optimizer.learning_rate))
 
 
