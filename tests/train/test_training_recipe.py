@@ -48,9 +48,10 @@ def restore_last_checkpoint(config: TrainConfig):
     """The run's model, compiled with its recipe, with the last checkpoint's trained weights and average."""
     manifest = checks.read_manifest(config.data_dir)
     image_format = dataset.ImageFormat.from_manifest(manifest)
-    model = models.build_model_for_dataset(MODEL, image_format, len(manifest["labels"]))
-    run = trainer.setup_run(config, manifest)
-    trainer.compile_model(model, config, run.plan, run.choice)
+    run = trainer.setup_run(config, manifest)  # first, as the trainer: on JAX it sets Keras' distribution
+    with run.devices.scope():
+        model = models.build_model_for_dataset(MODEL, image_format, len(manifest["labels"]))
+        trainer.compile_model(model, config, run.plan, run.choice)
     restore_last_checkpoint_of(model, config.model_dir)
     return model, manifest, image_format
 

@@ -109,7 +109,12 @@ def test_sigterm_mid_epoch_saves_the_last_completed_step_exits_143_and_resumes_t
     code, stderr = run.finish()
 
     assert code == PREEMPTED_EXIT_CODE, stderr[-3000:]
-    assert "Traceback" not in stderr and "run the same command again to resume" in stderr
+    # The one-line stop message (issue 33): what stopped, the checkpoint, the resume command.
+    assert (
+        "Traceback" not in stderr
+        and "stopped by SIGTERM at step" in stderr
+        and "resume with: python -m train" in stderr
+    )
     saved = max(checkpoint_steps(model_dir))
     # Nothing completed is lost: the checkpoint is at or after every step done when the signal was sent,
     # and it is the last step the run completed (it stopped right there).
