@@ -212,3 +212,15 @@ def test_two_jax_processes_stop_together_when_one_gets_sigterm_and_resume_at_the
     assert metrics["num_replicas"] == 2 and metrics["backend"] == "jax"
     assert metrics["preemption_check"]["agreements"] > 0
     assert chief.steps[0] == other.steps[0] == saved + 1
+
+
+@pytest.mark.jax
+def test_freezing_the_backbone_is_refused_on_jax_before_anything_is_built(tmp_path):
+    # Keras' JAX optimizer updates every variable it was built for: a frozen backbone fails at its first step.
+    from train.device.jax_devices import JaxDevices
+
+    config = TrainConfig(
+        data_dir=str(tmp_path), model_dir=str(tmp_path / "m"), backend=JAX, freeze_backbone_epochs=1
+    )
+    with pytest.raises(ConfigError, match="--freeze-backbone-epochs is not supported on --backend jax"):
+        JaxDevices.resolve(config)

@@ -77,6 +77,14 @@ class JaxDevices(Devices):
                 f"--strategy {config.strategy} is a tf.distribute strategy; on --backend jax every device of every "
                 "process is a replica (keras.distribution.DataParallel): leave --strategy auto"
             )
+        if config.freeze_backbone_epochs:
+            # Keras' JAX optimizer applies its update to every variable it was built with (stateless_apply),
+            # so a backbone made untrainable mid-run cannot be left out of it.
+            raise ConfigError(
+                "--freeze-backbone-epochs is not supported on --backend jax yet (Keras' JAX optimizer updates "
+                "every variable it was built for); train the head first with --backend tensorflow, or leave "
+                "the flag out (the warmup protects the backbone)"
+            )
         initialize_processes(config)
         return cls()
 
