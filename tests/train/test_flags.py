@@ -16,6 +16,7 @@ SAMPLES = {
     "model": ("resnet50", "resnet50"),
     "epochs": ("3", 3),
     "steps_per_epoch": ("40", 40),
+    "more_epochs": ("2", 2),
     "global_batch_size": ("64", 64),
     "learning_rate": ("0.25", 0.25),
     "backend": ("jax", "jax"),
