@@ -8,6 +8,8 @@ the pins and the exact lines; the README's install section shows them):
     pip install '.[train]'  training only, on the CPU (TensorFlow 2.21; no Beam, no tf.Transform)
     pip install '.[gpu]'    training only, with CUDA (tensorflow[and-cuda] 2.21)
     pip install '.[tpu]'    training only, on a Cloud TPU VM (tensorflow-tpu 2.20 + its libtpu)
+    pip install '.[tpu-jax]'  training only, on a Cloud TPU VM, on Keras' JAX backend (jax[tpu] +
+                            tensorflow-cpu for tf.data; Python 3.11+)
 
 install_requires hold no TensorFlow: generic `tensorflow` and `tensorflow-tpu`
 install the same `tensorflow/` package over each other, and tf.Transform (with
@@ -74,5 +76,6 @@ setuptools.setup(
         lines.TRAIN: [lines.TENSORFLOW_REQUIREMENT, *lines.TRAINING_PINS],
         lines.GPU: [lines.TENSORFLOW_GPU_REQUIREMENT, *lines.TRAINING_PINS],
         lines.TPU: [*lines.TPU_REQUIREMENTS, *lines.TRAINING_PINS],
+        lines.TPU_JAX: [*lines.TPU_JAX_REQUIREMENTS, *lines.TRAINING_PINS],
     },
 )

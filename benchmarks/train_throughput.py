@@ -3,6 +3,7 @@
     python -m benchmarks.train_throughput --small                       # CPU, a few minutes on 2 cores
     python -m benchmarks.train_throughput                               # a GPU machine, unchanged
     python -m benchmarks.train_throughput --tpu local --data gs://BUCKET/dataset   # a TPU VM (any uint8 dataset)
+    python -m benchmarks.train_throughput --small --backend jax          # the same on Keras' JAX backend
 
 For each model (`resnet50`, `mobilenetv3small` by default) at 224x224 it
 trains with the device's defaults, resolved exactly as `python -m train`
@@ -17,6 +18,8 @@ times `model.fit` on two inputs:
   (b) real input  training's own input pipeline (train.trainer.distribute_train_input over
                   train.data.dataset's reader) on a uint8 dataset written by stage 1
 
+(`--backend jax`: under keras.distribution.DataParallel, with (a) one batch of this process's share
+repeated and (b) the same pipeline handed to JAX per process, as python -m train --backend jax runs it)
 and prints (b)/(a): 1.0 means the input pipeline keeps the device fed; below
 INPUT_BOUND_BELOW, training is input-bound. On a CPU-only machine the input
 pipeline and the train step share the same cores, so (b) is below (a) there
@@ -63,6 +66,7 @@ ON_DEVICE, REAL_INPUT = "on device", "real input"
 @dataclasses.dataclass
 class ModelResult:
     model: str
+    backend: str
     device: str
     strategy: str
     num_replicas: int
@@ -128,6 +132,13 @@ def _build_model(config, setup, manifest, image_format):
     from train.model import models
 
     strategy, plan, choice = setup.strategy, setup.plan, setup.choice
+    if strategy is None:  # JAX: nothing of tf.distribute to prepare
+        with setup.devices.scope():
+            model = models.build_model_for_dataset(
+                config.model, image_format, len(manifest["labels"]), choice.policy
+            )
+            trainer.compile_model(model, config, plan, choice)
+        return model
     with strategy.scope():
         model = models.build_model_for_dataset(
             config.model, image_format, len(manifest["labels"]), choice.policy
@@ -146,40 +157,55 @@ def _build_model(config, setup, manifest, image_format):
     return model
 
 
-def measure_model(args, model_name: str, data_dir: str, manifest: dict, strategy) -> ModelResult:
+def _synthetic_input(setup, image_format, num_classes: int):
+    """(a)'s input: the TensorFlow backend's distributed one; on JAX one batch of this process's share."""
+    import tensorflow as tf
+
+    from train.tools import bench_input
+
+    plan = setup.plan
+    if setup.strategy is not None:
+        return bench_input.synthetic_dataset(
+            setup.strategy, image_format, plan.per_replica_batch_size, num_classes
+        )
+    batch = plan.global_batch_size // setup.devices.num_processes
+    single = bench_input.synthetic_dataset(tf.distribute.get_strategy(), image_format, batch, num_classes)
+    return tf.data.Dataset.from_tensors(next(iter(single))).repeat()
+
+
+def measure_model(
+    args, model_name: str, data_dir: str, manifest: dict, strategy, replicas: int
+) -> ModelResult:
     from train import trainer
     from train.config import TrainConfig
     from train.data import dataset
-    from train.device import accelerator
-    from train.tools import bench_input
 
     config = TrainConfig(
         data_dir=data_dir,
         model_dir="",
         model=model_name,
-        global_batch_size=args.global_batch_size or args.per_replica_batch * strategy.num_replicas_in_sync,
+        global_batch_size=args.global_batch_size or args.per_replica_batch * replicas,
         steps_per_epoch=_STEPS_PER_EPOCH,
         tpu=args.tpu,
         shuffle_buffer=args.shuffle_buffer,
+        backend=args.backend,
     )
     setup = trainer.setup_run(config, manifest, strategy)
     plan, choice = setup.plan, setup.choice
     image_format = dataset.ImageFormat.from_manifest(manifest)
     print(
-        f"\n{model_name}: {setup.device.kind} ({setup.kind} strategy, {plan.num_replicas} replica(s)), "
+        f"\n{model_name} on {args.backend}: {setup.device.kind} ({setup.kind} strategy, {plan.num_replicas} replica(s)), "
         f"{choice.describe()}, global batch {plan.global_batch_size}",
         flush=True,
     )
     for note in choice.notes:
         print(f"  ({note})", flush=True)
 
-    with accelerator.xla_autoclustering(choice.xla == accelerator.XLA_AUTOCLUSTERING):
+    with setup.devices.training(choice):
         model = _build_model(config, setup, manifest, image_format)
         inputs = {
-            ON_DEVICE: bench_input.synthetic_dataset(
-                strategy, image_format, plan.per_replica_batch_size, len(manifest["labels"])
-            ),
-            REAL_INPUT: trainer.distribute_train_input(strategy, config, manifest, plan),
+            ON_DEVICE: _synthetic_input(setup, image_format, len(manifest["labels"])),
+            REAL_INPUT: trainer.distribute_train_input(setup.devices, config, manifest, plan),
         }
         per_call = plan.steps_per_execution
         start = time.perf_counter()
@@ -210,6 +236,7 @@ def measure_model(args, model_name: str, data_dir: str, manifest: dict, strategy
     ratio = median(b / a for a, b in zip(windows[ON_DEVICE], windows[REAL_INPUT], strict=True))
     return ModelResult(
         model=model_name,
+        backend=args.backend,
         device=setup.device.kind,
         strategy=setup.kind,
         num_replicas=plan.num_replicas,
@@ -302,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tiny", action="store_true", help="Smoke test: 24 tiny photos at 32 px, 1 step.")
     parser.add_argument("--verbose", action="store_true", help="TensorFlow's INFO logs too.")
+    parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax"),
+        default=None,
+        help="Keras' backend, as python -m train --backend (default: $KERAS_BACKEND, else tensorflow).",
+    )
     return parser
 
 
@@ -317,8 +350,10 @@ def main(argv=None) -> dict:
     models = [name.strip() for name in args.models.split(",") if name.strip()]
 
     from train import console
+    from train.config import resolve_backend
 
-    console.configure(args.verbose, args.tpu)
+    args.backend = resolve_backend(args.backend)
+    console.configure(args.verbose, args.tpu, args.backend)  # before Keras is imported
     console.import_tensorflow(args.verbose)
     import tensorflow as tf
 
@@ -328,7 +363,13 @@ def main(argv=None) -> dict:
     data_dir = _dataset_dir(args)
     manifest = checks.read_manifest(data_dir)
     image = manifest["image"]
-    strategy = strategy_lib.resolve_strategy("tpu" if args.tpu else "auto", args.tpu)
+    if args.backend == "jax":
+        import jax
+
+        strategy, replicas = None, jax.device_count()
+    else:
+        strategy = strategy_lib.resolve_strategy("tpu" if args.tpu else "auto", args.tpu)
+        replicas = strategy.num_replicas_in_sync
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m benchmarks.train_throughput " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: {command}")
@@ -342,13 +383,14 @@ def main(argv=None) -> dict:
         f"{image['height']}x{image['width']} {image['encoding']}",
         flush=True,
     )
-    results = [measure_model(args, name, data_dir, manifest, strategy) for name in models]
+    results = [measure_model(args, name, data_dir, manifest, strategy, replicas) for name in models]
 
     print()
     print(
         format_table(
             [
                 "model",
+                "backend",
                 "device",
                 "policy",
                 "XLA",
@@ -364,6 +406,7 @@ def main(argv=None) -> dict:
             [
                 [
                     r.model,
+                    r.backend,
                     f"{r.device} x{r.num_replicas}",
                     r.policy,
                     r.xla,
@@ -387,6 +430,7 @@ def main(argv=None) -> dict:
         "date": when,
         "machine": machine_description(),
         "tensorflow": tf.__version__,
+        "backend": args.backend,
         "dataset": data_dir,
         "image": f"{image['height']}x{image['width']} {image['encoding']}",
         "input_bound_below": INPUT_BOUND_BELOW,

@@ -21,7 +21,7 @@ from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
 from preprocess import options
 from preprocess.launch import logs
 from train import flags
-from train.config import MODELS, TrainConfig
+from train.config import MODELS, TrainConfig, resolve_backend
 from train.errors import SetupError
 from train.model.weights_flag import WeightsFlagError, check_weights_flag
 
@@ -48,7 +48,7 @@ STAGE1_FLAGS = (
     "--sample-images-per-class",
 )
 # The fields of python -m train the workflow takes as flags (stage 2's group of its --help).
-TRAIN_FIELDS = ("model", "epochs", "steps", "global_batch_size", "learning_rate", "weights")
+TRAIN_FIELDS = ("model", "epochs", "steps", "global_batch_size", "learning_rate", "weights", "backend")
 SAMPLE_CORPUS_MARKER = "sample_corpus.json"  # WORKDIR/sample_corpus.json: what the corpus there was made with
 
 
@@ -352,6 +352,13 @@ def main(argv=None) -> int:
     log_format.configure(logging.INFO)
     # Before TensorFlow is imported (stage 1, training): it reads its C++ log level once.
     logs.configure_launcher(args.verbose)
+    from train import console  # noqa: PLC0415 - see the imports
+
+    try:  # Keras' backend, before anything imports Keras (stage 1 does not; training does)
+        console.set_backend(resolve_backend(args.backend))
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.skip_preprocess and stage1_flags_given(argv):
         print(
             f"error: {', '.join(stage1_flags_given(argv))} given with --skip-preprocess, which reuses "
@@ -371,8 +378,6 @@ def main(argv=None) -> int:
     except (WeightsFlagError, SetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from train import console  # noqa: PLC0415 - see the imports
-
     # TensorFlow's native start-up lines (before absl's logging is set up, TF_CPP_MIN_LOG_LEVEL cannot hold them)
     # are dropped unless --verbose: imported here, once, for stage 1 and training alike.
     console.import_tensorflow(args.verbose)

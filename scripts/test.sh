@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up .venv (if needed), lints, and runs the whole test suite, slow tests included; then the Python 3.10
 # leg (scripts/test_py310.sh): the train tests and the `[tpu]` install-and-train test on Python 3.10, the
-# Python of Cloud TPU VMs. Extra arguments go to the main suite's pytest, e.g.
-# `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg.
+# Python of Cloud TPU VMs; between them the JAX leg (scripts/test_jax.sh): the trainer's tests marked `jax`
+# again on Keras' JAX backend. Extra arguments go to the main suite's pytest, e.g.
+# `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg, SKIP_JAX=1 the JAX leg.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 # The HTML report's test (tests/preprocess/inspect/test_report.py) opens the page in a real headless Chromium:
@@ -22,9 +23,11 @@ ruff check .
 ruff format --check .
 status=0
 python -m pytest "$@" || status=$?
+jax_status=0
+bash scripts/test_jax.sh -v --durations=15 || jax_status=$?
 py310_status=0
 bash scripts/test_py310.sh -v --durations=15 || py310_status=$?
-if [ "$status" != 0 ] || [ "$py310_status" != 0 ]; then
-  echo "failed: main suite exit status $status, Python 3.10 leg exit status $py310_status" >&2
+if [ "$status" != 0 ] || [ "$jax_status" != 0 ] || [ "$py310_status" != 0 ]; then
+  echo "failed: main suite exit status $status, JAX leg exit status $jax_status, Python 3.10 leg exit status $py310_status" >&2
   exit 1
 fi

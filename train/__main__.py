@@ -23,6 +23,12 @@ the full launch, software on every worker included):
 On several GPU machines: the same command on each, with TF_CONFIG naming the
 cluster (MultiWorkerMirroredStrategy).
 
+On Keras' JAX backend (`pip install '.[tpu-jax]'` on a TPU VM, Python 3.11): the same command with
+--backend jax trains under keras.distribution.DataParallel over the host's chips (on a multi-host
+slice, the same command on every worker, with --tpu NAME), tf.data feeding it from the CPU:
+
+    python -m train --backend jax --data gs://BUCKET/dataset --model-dir gs://BUCKET/runs/run1 --tpu local ...
+
 Running the same command again after an interruption resumes from the last
 checkpoint in --model-dir, at its step, on the dataset run it started on
 (MODEL_DIR/dataset_pin.json: a re-run of stage 1 in the meantime does not
@@ -74,11 +80,17 @@ def resume_command(argv) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)  # --help and flag errors end here, before TensorFlow
     from train import console
+    from train.config import resolve_backend
     from train.device import cuda_cache
     from train.errors import SetupError
     from train.model.weights_flag import WeightsFlagError, check_weights_flag
 
-    console.configure(args.verbose, args.tpu)
+    try:
+        args.backend = resolve_backend(args.backend)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    console.configure(args.verbose, args.tpu, args.backend)  # KERAS_BACKEND, before Keras is imported
     try:
         args.weights = check_weights_flag(args.weights, args.model)
         config = config_from_args(args)

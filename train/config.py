@@ -8,6 +8,7 @@ resolved against the dataset and the device, is train/loop/plan.py.
 
 import argparse
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,12 @@ def is_user_model(name: str) -> bool:
     """Whether `--model` names a user's `module:function` rather than a built-in model."""
     return USER_MODEL_SEPARATOR in name
 
+
+# `--backend`: Keras 3's backend, fixed when Keras is imported (KERAS_BACKEND); train.device.devices
+# holds what differs between them.
+TENSORFLOW, JAX = "tensorflow", "jax"
+BACKENDS = (TENSORFLOW, JAX)
+KERAS_BACKEND_ENV = "KERAS_BACKEND"
 
 # `--strategy` (train.device.strategy resolves them).
 STRATEGIES = ("auto", "tpu", "mirrored", "multiworker", "default")
@@ -256,6 +263,16 @@ class TrainConfig:
         type=float,
         help="The peak learning rate (default: --base-learning-rate x --global-batch-size / 256).",
     )
+    backend: str | None = flag(
+        None,
+        group=MODEL_AND_MACHINE,
+        choices=BACKENDS,
+        help="Keras' backend. tensorflow: a tf.distribute strategy (--strategy). jax: "
+        "keras.distribution.DataParallel over this process's devices (every TPU chip of the host; "
+        "keras.distribution.initialize() on a multi-host slice), tf.data feeding it from the CPU; the serving "
+        "export is the same SavedModel, written by a TensorFlow process from the trained weights. Default: "
+        "$KERAS_BACKEND, else tensorflow. Set before Keras is imported, as KERAS_BACKEND is.",
+    )
     strategy: str = flag(
         "auto",
         group=MODEL_AND_MACHINE,
@@ -434,6 +451,15 @@ class TrainConfig:
         help="Smooth the training targets: (1 - s) x one-hot + s / classes (default %(default)s; 0.1 is the "
         "ImageNet recipes' value). The reported cross-entropy stays unsmoothed.",
     )
+    gradient_accumulation_steps: int = flag(
+        1,
+        group=RECIPE,
+        type=positive_int,
+        help="Average the gradients of N steps and update once (Keras' gradient_accumulation_steps): the "
+        "optimizer sees N x --global-batch-size images per update, and the learning rate follows that batch. "
+        "The schedule (warmup, decay, --warmup-steps) counts optimizer updates; N must divide an epoch's steps. "
+        "Default %(default)s (an update every step).",
+    )
     ema: bool = flag(
         False,
         group=RECIPE,
@@ -447,6 +473,17 @@ class TrainConfig:
         type=float,
         help="The EMA's decay per step (default: 1 - 10 / total steps, within [0.9, 0.9999]).",
     )
+
+
+def resolve_backend(backend: str | None, environ=os.environ) -> str:
+    """`--backend`, else $KERAS_BACKEND, else tensorflow; ConfigError for a backend this package does not run on."""
+    chosen = backend or environ.get(KERAS_BACKEND_ENV) or TENSORFLOW
+    if chosen not in BACKENDS:
+        raise ConfigError(
+            f"{KERAS_BACKEND_ENV}={chosen}: this package trains on the {' or '.join(BACKENDS)} backend; "
+            f"unset {KERAS_BACKEND_ENV} or pass --backend {TENSORFLOW}|{JAX}"
+        )
+    return chosen
 
 
 def requests_tpu(config: TrainConfig) -> bool:

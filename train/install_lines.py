@@ -14,6 +14,8 @@ machine kind names its own through an extra:
   train  training only (no Beam, no tf.Transform), on the CPU: TensorFlow 2.21
   gpu    training only, with the CUDA libraries: tensorflow[and-cuda] 2.21
   tpu    training only, on a Cloud TPU VM: tensorflow-tpu 2.20 and the libtpu built for it
+  tpu-jax  training only, on a Cloud TPU VM, on Keras' JAX backend (--backend jax): jax[tpu] (with the
+         libtpu it pins) and tensorflow-cpu for tf.data only; Python 3.11+
 """
 
 TENSORFLOW_VERSION = "2.21.0"
@@ -37,6 +39,16 @@ TENSORFLOW_TPU_VERSION = "2.20.0"
 # Both are on PyPI, so no `-f https://storage.googleapis.com/libtpu-tf-releases/index.html`
 # is needed (that index served the 2.18 line's `libtpu==2.18.0`).
 LIBTPU_VERSION = "0.0.14"
+
+# Keras' JAX backend on a TPU VM (--backend jax): jax[tpu] pins its own libtpu (0.0.42.* for 0.10.2), and
+# needs Python 3.11 (jax 0.10 and Keras 3.13+ dropped 3.10; on 3.10 jax[tpu] resolves jax 0.6 and Keras
+# 3.12, versions this package is not tested with, so the extra requires 3.11). TensorFlow only runs
+# tf.data there, on the CPU: tensorflow-cpu, the same TensorFlow without CUDA and TPU support.
+JAX_VERSION = "0.10.2"
+JAX_PYTHON = "3.11"
+# No python_version marker: on 3.10 the install fails, with pip naming jax's Requires-Python, rather than
+# installing a training package without its backend.
+TPU_JAX_REQUIREMENTS = (f"jax[tpu]=={JAX_VERSION}", f"tensorflow-cpu=={TENSORFLOW_VERSION}")
 
 TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"
 TENSORFLOW_GPU_REQUIREMENT = f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"
@@ -66,7 +78,7 @@ TRAINING_PINS = _per_python("keras", KERAS_VERSIONS) + _per_python("numpy", NUMP
 STAGE1_REQUIREMENTS = (TENSORFLOW_REQUIREMENT, "tensorflow-transform==1.21.0")
 
 # The extras of setup.py, by machine kind.
-ALL, TRAIN, GPU, TPU = "all", "train", "gpu", "tpu"
+ALL, TRAIN, GPU, TPU, TPU_JAX = "all", "train", "gpu", "tpu", "tpu-jax"
 
 # Extra pip options the TPU install needs (none: tensorflow-tpu and its libtpu are both on PyPI).
 TPU_PIP_OPTIONS: tuple[str, ...] = ()
@@ -87,6 +99,7 @@ INSTALL_LINES = {
     "laptop / CPU (both stages and the workflows)": pip_install(".", ALL),
     "GPU machine (training)": pip_install(".", GPU),
     "Cloud TPU VM (training)": tpu_install_command("."),
+    "Cloud TPU VM, JAX backend (training, Python 3.11+)": pip_install(".", TPU_JAX),
     "Dataflow workers (stage 1)": "gcloud builds submit --tag REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG .",
 }
 

@@ -69,16 +69,20 @@ from train.config import (
 )
 from train.data import checks, dataset, dataset_lease, dataset_pin
 from train.device import accelerator, device_defaults
-from train.device import strategy as strategy_lib
+from train.device.backend import resolve_devices
+from train.device.devices import Devices
+from train.device.tensorflow_devices import (  # noqa: F401 - build_from_shapes: the benchmarks' and tests' name
+    TensorFlowDevices,
+    build_from_shapes,
+    reduce_logs_as_vectors,
+)
 from train.errors import TrainingPreempted
 from train.loop import learned_nothing, metrics, multi_step, plots, progress_lines, resume_check
 from train.loop.checkpoints import (
-    Checkpoints,
     PreemptionNotice,
     SaveCheckpoints,
     StepCounter,
     TrainingProgress,
-    make_worker_agreement,
 )
 from train.loop.evaluation import EvaluateEachEpoch, EvaluateEverySteps, Evaluator, build_evaluation_model
 from train.loop.plan import TrainingPlan, plan_training
@@ -86,7 +90,6 @@ from train.loop.summaries import VALIDATION, EpochSummaries, ProfileSteps, Scala
 from train.model import losses, models, optimization, pretrained
 from train.model import recipe as recipe_lib
 from train.model.freeze import FreezeBackbone
-from train.serving import export
 
 METRICS_FILE = "metrics.json"
 LOG_DIR = "logs"
@@ -96,24 +99,31 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class RunSetup:
-    """Where and how a run trains: the strategy, the device's defaults, and the plan."""
+    """Where and how a run trains: the devices (train/device/devices.py), their defaults, and the plan."""
 
-    strategy: tf.distribute.Strategy
+    devices: Devices
     kind: str
     device: accelerator.DeviceDescription
     choice: accelerator.AcceleratorChoice
     plan: TrainingPlan
     continuation: resume_check.Continuation | None = None  # --more-epochs
 
+    @property
+    def strategy(self) -> tf.distribute.Strategy | None:
+        """The tf.distribute strategy (the TensorFlow backend's; None on JAX)."""
+        return self.devices.strategy
+
 
 def setup_run(
     config: TrainConfig, manifest: dict, strategy: tf.distribute.Strategy | None = None
 ) -> RunSetup:
-    """Resolve the strategy (unless given), the device's defaults and the plan; shared with bench_input."""
-    if strategy is None:
-        strategy = strategy_lib.resolve_strategy(config.strategy, config.tpu, config.allow_cpu)
-    kind = strategy_lib.strategy_kind(strategy)
-    device = accelerator.describe_devices(strategy)
+    """Resolve the devices (a given strategy, else train/device/devices.py), their defaults and the plan.
+
+    Shared with bench_input and the benchmarks.
+    """
+    devices = resolve_devices(config, strategy)
+    kind = devices.kind
+    device = devices.describe()
     choice = accelerator.choose_defaults(
         device, config.mixed_precision, config.jit_compile, config.steps_per_execution
     )
@@ -121,8 +131,8 @@ def setup_run(
     plan = plan_training(
         config,
         manifest["splits"][manifest_lib.TRAIN]["num_examples"],
-        strategy.num_replicas_in_sync,
-        on_tpu=kind == strategy_lib.TPU,
+        devices.num_replicas,
+        on_tpu=device.kind == accelerator.TPU,
         multi_step_supported=choice.multi_step_supported,
         default_steps_per_execution=choice.steps_per_execution,
         defaults=device_defaults.for_manifest(device.kind, config.model, manifest),
@@ -130,7 +140,7 @@ def setup_run(
     for note in choice.notes:
         log.info("%s", note)
     warn_about_steps_per_execution(config, choice, plan)
-    return RunSetup(strategy=strategy, kind=kind, device=device, choice=choice, plan=plan)
+    return RunSetup(devices=devices, kind=kind, device=device, choice=choice, plan=plan)
 
 
 def warn_about_steps_per_execution(
@@ -189,45 +199,6 @@ def compile_model(
     return recipe
 
 
-def build_from_shapes(model: keras.Model, strategy: tf.distribute.Strategy, batch: tuple) -> None:
-    """Build the compiled model's metrics from the batch's shapes, instead of from a batch of data.
-
-    Keras 3.15 (fit and evaluate, under any tf.distribute strategy) pulls one
-    batch from the input and all-reduces it to build its metrics
-    symbolically: under MultiWorkerMirroredStrategy that reduce fails on a
-    structure of tensors ("Attempt to convert a value (PerReplica ...) to a
-    Tensor"), and everywhere it consumes a batch. Only shapes and dtypes are
-    needed, so the build is done here once and Keras's own is skipped.
-    `batch` holds keras.KerasTensor placeholders of one replica's batch.
-    """
-    with strategy.scope():
-        model._symbolic_build(data_batch=batch)
-    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
-
-
-def reduce_logs_as_vectors(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
-    """Under MultiWorkerMirroredStrategy, return each step's logs as shape-[1] tensors.
-
-    Keras 3.15 reduces a step's logs across workers with
-    strategy.reduce("MEAN", log, axis=0), which fails on the scalar logs every
-    compiled model returns ("Invalid reduction dimension 0 for input with 0
-    dimensions", tensorflow/tensorflow#72388). A shape-[1] log reduces to the
-    scalar Keras expects. Metric results are already global (their variables
-    are aggregated on read), so the mean across workers is the value itself.
-    """
-    if strategy_lib.strategy_kind(strategy) != strategy_lib.MULTIWORKER:
-        return
-
-    def as_vectors(step):
-        def vector_step(data):
-            return {name: tf.reshape(value, [1]) for name, value in step(data).items()}
-
-        return vector_step
-
-    model.train_step = as_vectors(model.train_step)
-    model.test_step = as_vectors(model.test_step)
-
-
 def _replica_batch(plan: TrainingPlan, image_format, weighted: bool) -> tuple:
     batch = plan.per_replica_batch_size
     images = keras.KerasTensor((batch, *image_format.input_shape), image_format.dtype.name)
@@ -241,11 +212,13 @@ def _write_json(path: str, content: dict) -> None:
 
 
 def distribute_train_input(
-    strategy: tf.distribute.Strategy, config: TrainConfig, manifest: dict, plan: TrainingPlan
+    devices: Devices | tf.distribute.Strategy, config: TrainConfig, manifest: dict, plan: TrainingPlan
 ):
-    """The training input of `config` under `strategy`, as train_and_evaluate feeds it (and bench_input times it)."""
-    return dataset.distribute_train_dataset(
-        strategy,
+    """The training input of `config` on `devices` (or a strategy), as train_and_evaluate feeds it (and
+    bench_input times it)."""
+    if isinstance(devices, tf.distribute.Strategy):
+        devices = TensorFlowDevices(devices)
+    return devices.train_input(
         config.data_dir,
         manifest,
         plan.global_batch_size,
@@ -358,6 +331,10 @@ def use_final_weights(model: keras.Model) -> None:
     confusion matrix, the export and backbone.weights.h5 all come after it.
     """
     model.optimizer.finalize_variable_values(model.trainable_weights)
+    # On JAX, assign() makes each weight hold its average's very array; Keras' steps donate their inputs'
+    # buffers, so the next evaluation would delete the optimizer's copy too. Each weight gets its own.
+    for weight in model.trainable_weights:
+        weight.assign(keras.ops.copy(weight))
 
 
 def fit_from_step(
@@ -439,7 +416,11 @@ class Run:
     eval_steps: int
 
     @property
-    def strategy(self) -> tf.distribute.Strategy:
+    def devices(self) -> Devices:
+        return self.setup.devices
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy | None:
         return self.setup.strategy
 
     @property
@@ -458,7 +439,7 @@ class TrainingState:
     model: keras.Model
     evaluation_model: keras.Model
     recipe: recipe_lib.Recipe
-    checkpoints: Checkpoints
+    checkpoints: object  # the devices' checkpoints: loop/checkpoints.py Checkpoints or KerasCheckpoints
     resumed_from_step: int
     progress: TrainingProgress
 
@@ -533,18 +514,18 @@ def start_run(
     """Phase 2: the strategy and plan, the checks that need them, the model dir and pin, the input pipelines."""
     manifest = data.manifest
     setup = setup_run(config, manifest, strategy)
-    strategy, plan, choice = setup.strategy, setup.plan, setup.choice
+    devices, plan, choice = setup.devices, setup.plan, setup.choice
     checks.check_paths_for_hosts(
-        config.data_dir, config.model_dir, strategy_lib.num_machines(strategy), config.shared_filesystem
+        config.data_dir, config.model_dir, devices.num_machines(), config.shared_filesystem
     )
     if (
-        setup.kind == strategy_lib.TPU
+        setup.device.kind == accelerator.TPU
     ):  # also a TPU found without being asked for ($TPU_NAME, this VM's chips)
         check_paths_for_tpu(config.data_dir, config.model_dir, config.shared_filesystem)
     # Resolved here too so that an impossible recipe fails before anything is built.
     planned_recipe = recipe_lib.resolve_recipe(config, plan)
-    chief = strategy_lib.is_chief(strategy)
-    worker = strategy_lib.worker_name(strategy)
+    chief = devices.is_chief()
+    worker = devices.worker_name()
     printer = print if chief else (lambda line: print(f"[{worker}] {line}", flush=True))
     # A resume must keep the checkpoint's batch, length and schedule (resume_check.py).
     resume_note = resume_check.check_resume(config.model_dir, plan, planned_recipe, chief)
@@ -573,9 +554,9 @@ def start_run(
         plan.describe_batch(),
         plan.parallel_files,
     )
-    train_data = distribute_train_input(strategy, config, manifest, plan)
-    eval_data, eval_steps = dataset.distribute_eval_dataset(
-        strategy, config.data_dir, manifest, manifest_lib.VALIDATION, plan.global_batch_size
+    train_data = distribute_train_input(devices, config, manifest, plan)
+    eval_data, eval_steps = devices.eval_input(
+        config.data_dir, manifest, manifest_lib.VALIDATION, plan.global_batch_size
     )
     return Run(
         setup=setup,
@@ -591,26 +572,20 @@ def start_run(
 
 def build_training_state(config: TrainConfig, data: RunDataset, run: Run) -> TrainingState:
     """Phase 3: model, optimizer and metrics in the strategy's scope, then the latest checkpoint restored."""
-    strategy, plan, choice = run.strategy, run.plan, run.choice
-    with strategy.scope():
+    devices, plan, choice = run.devices, run.plan, run.choice
+    with devices.scope():
         model = models.build_model_for_dataset(
             config.model, data.image_format, data.num_classes, choice.policy, weights=config.weights
         )
         recipe = compile_model(model, config, plan, choice, run.setup.continuation)
         evaluation_model = build_evaluation_model(model, choice.keras_jit_compile)
-        build_from_shapes(model, strategy, _replica_batch(plan, data.image_format, weighted=False))
-        build_from_shapes(evaluation_model, strategy, _replica_batch(plan, data.image_format, weighted=True))
-        reduce_logs_as_vectors(model, strategy)
-        reduce_logs_as_vectors(evaluation_model, strategy)
-        step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, global_step=step_variable)
-    checkpoints = Checkpoints(
-        checkpoint,
-        step_variable,
-        config.model_dir,
-        strategy_lib.worker_name(strategy),
-        keep=config.checkpoints_to_keep,
+    devices.prepare(
+        model,
+        evaluation_model,
+        _replica_batch(plan, data.image_format, weighted=False),
+        _replica_batch(plan, data.image_format, weighted=True),
     )
+    checkpoints = devices.checkpoints(model, config.model_dir, config.checkpoints_to_keep)
     resumed_from_step = min(checkpoints.restore_latest(), plan.total_steps)
     if resumed_from_step and run.printer:
         epoch, step_in_epoch = plan.position(resumed_from_step)
@@ -633,13 +608,13 @@ def fit_run(config: TrainConfig, data: RunDataset, run: Run, state: TrainingStat
 
     Raises TrainingPreempted (after its checkpoint) when a signal stopped training.
     """
-    strategy, plan, progress = run.strategy, run.plan, state.progress
+    devices, plan, progress = run.devices, run.plan, state.progress
     log_dir = manifest_lib.join(config.model_dir, LOG_DIR)
     writer = ScalarWriter(log_dir) if run.chief else None
     evaluator = Evaluator(state.evaluation_model, run.eval_data, run.eval_steps, writer)
     clock = TrainingClock()
     notice = PreemptionNotice()
-    agreement = make_worker_agreement(strategy, run.preemption_check, state.resumed_from_step)
+    agreement = devices.worker_agreement(run.preemption_check, state.resumed_from_step)
     saver = SaveCheckpoints(state.checkpoints, progress, plan, run.interval, notice, agreement)
     # Order matters: the step count first; at epoch ends the clock stops, then the evaluation
     # fills val_* before the checkpoint, the summaries and the progress line read it.
@@ -660,7 +635,7 @@ def fit_run(config: TrainConfig, data: RunDataset, run: Run, state: TrainingStat
     try:
         with (
             notice,
-            accelerator.xla_autoclustering(run.choice.xla == accelerator.XLA_AUTOCLUSTERING),
+            devices.training(run.choice),
             dataset_pin.explain_vanished_shards(data.pinned),
         ):
             fit_from_step(
@@ -704,9 +679,7 @@ def finish_run(
                 VALIDATION, "epoch", {f"ema_{name}": value for name, value in evaluation.items()}, plan.epochs
             )
     result = run_metrics(config, data, run, state, outcome, evaluation, trained_evaluation)
-    counts = metrics.validation_confusion_matrix(
-        run.strategy, model, run.eval_data, run.eval_steps, data.num_classes
-    )
+    counts = run.devices.confusion_matrix(model, run.eval_data, run.eval_steps, data.num_classes)
     result["validation"]["confusion_matrix"] = counts.tolist()
     warning = learned_nothing.learned_nothing_warning(
         result["validation"]["confusion_matrix"],
@@ -718,8 +691,9 @@ def finish_run(
     )
     if warning:
         result["validation"]["warning"] = warning
+    result.update(ship_model(config, data, run, model))
     if run.chief:
-        write_run_outputs(config, data, model, result, counts, outcome)
+        write_run_outputs(config, data, result, counts, outcome)
         run.printer(
             f"validation: accuracy {result['validation']['accuracy']:.4f}, loss "
             f"{result['validation']['cross_entropy']:.4f} on {result['validation']['num_examples']} images"
@@ -762,6 +736,7 @@ def run_metrics(
         "images_per_second": outcome.clock.images_per_second(plan.global_batch_size),
         "train_seconds": outcome.clock.seconds(),
         "model": config.model,
+        "backend": run.devices.backend,
         "strategy": run.setup.kind,
         "mixed_precision": choice.policy,
         "xla": choice.xla,
@@ -783,10 +758,29 @@ def run_metrics(
     return result
 
 
+def ship_model(config: TrainConfig, data: RunDataset, run: Run, model: keras.Model) -> dict:
+    """backbone.weights.h5 and the export (export/, model.keras); their paths, for metrics.json.
+
+    Every process calls it, the chief writes: on JAX, Keras' saving runs a collective that every
+    process of a multi-host run must join. After use_final_weights: with --ema the averaged weights.
+    """
+    shipped = {
+        "backbone_weights": pretrained.save_backbone_weights(model, config.model_dir, publish=run.chief)
+    }
+    if config.export:
+        # {"export_dir", "keras_model"}: the serving SavedModel and model.keras (serving/export.py)
+        shipped.update(
+            run.devices.export(
+                model, data.manifest, config.model_dir, data.pinned.lineage, config.model, publish=run.chief
+            )
+        )
+    return shipped
+
+
 def write_run_outputs(
-    config: TrainConfig, data: RunDataset, model: keras.Model, result: dict, counts, outcome: FitOutcome
+    config: TrainConfig, data: RunDataset, result: dict, counts, outcome: FitOutcome
 ) -> None:
-    """The chief's files: the plots, backbone.weights.h5, the export, then metrics.json (adds their paths)."""
+    """The chief's files: the plots, then metrics.json."""
     outcome.writer.close()
     plots.plot_learning_curves(
         plots.read_epoch_scalars(outcome.log_dir),
@@ -795,11 +789,4 @@ def write_run_outputs(
     plots.plot_confusion_matrix(
         counts, data.manifest["labels"], manifest_lib.join(config.model_dir, plots.CONFUSION_MATRIX_FILE)
     )
-    # After fit: with --ema these are the averaged weights (optimization.py).
-    result["backbone_weights"] = pretrained.save_backbone_weights(model, config.model_dir)
-    if config.export:
-        result["export_dir"] = export.export_serving_model(
-            model, data.manifest, export.export_path(config.model_dir), lineage=data.pinned.lineage
-        )
-        result["keras_model"] = export.save_keras_model(model, config.model_dir, data.manifest)
     _write_json(manifest_lib.join(config.model_dir, METRICS_FILE), result)

@@ -180,3 +180,32 @@ def test_stage1_audit_cost_runs_at_tiny_size_with_its_margin(cache, tmp_path, ca
     # At 12 images against 3 the margin is noise (it can come out negative): only that it is computed.
     assert margin["ratio"] == margin["with_ms"] / margin["without_ms"]
     assert "CPU ms per image at the margin" in capsys.readouterr().out
+
+
+def test_jax_handoff_prints_both_rates_and_their_ratio(cache, tmp_path):
+    # A process of its own: the benchmark sets KERAS_BACKEND=jax before Keras is imported.
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu", "TPU_LOAD_LIBRARY": "0"}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    figures = tmp_path / "handoff.json"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.jax_handoff",
+        "--tiny",
+        "--cache",
+        cache,
+        "--json",
+        str(figures),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(figures.read_text())
+    assert set(report["images_per_second"]) == {"raw pipeline", "to JAX"}
+    assert all(rate > 0 for rate in report["images_per_second"].values())
+    assert len(report["devices"]) == 2 and report["to_jax_over_raw"] > 0
+    assert f"{report['to_jax_over_raw']:.2f}" in result.stdout

@@ -16,8 +16,10 @@ SAMPLES = {
     "model": ("resnet50", "resnet50"),
     "epochs": ("3", 3),
     "steps_per_epoch": ("40", 40),
+    "more_epochs": ("2", 2),
     "global_batch_size": ("64", 64),
     "learning_rate": ("0.25", 0.25),
+    "backend": ("jax", "jax"),
     "strategy": ("mirrored", "mirrored"),
     "tpu": ("my-v4-32", "my-v4-32"),
     "mixed_precision": ("bfloat16", "bfloat16"),
@@ -43,6 +45,7 @@ SAMPLES = {
     "warmup_epochs": ("2.5", 2.5),
     "weight_decay": ("0.01", 0.01),
     "label_smoothing": ("0.1", 0.1),
+    "gradient_accumulation_steps": ("4", 4),
     "ema": (None, True),
     "ema_momentum": ("0.99", 0.99),
 }

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from tests.stage1 import read_split
+from tests.train.checkpoint_files import restore_last_checkpoint as restore_last_checkpoint_of
 from tests.train.conftest import CROP_MARGIN
 from train import trainer
 from train.config import TrainConfig
@@ -19,8 +20,9 @@ from train.loop.evaluation import build_evaluation_model, exact_logs
 from train.model import models, pretrained
 from train.serving import export
 
-# In the Python 3.10 leg's subset (scripts/test_py310.sh): the whole recipe (schedule, EMA, evaluation) through Keras' hooks.
-pytestmark = pytest.mark.py310
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): the whole recipe (schedule, EMA, evaluation) through Keras'
+# hooks; and in the JAX leg (scripts/test_jax.sh): EMA and the export on Keras' JAX backend.
+pytestmark = [pytest.mark.py310, pytest.mark.jax]
 
 MODEL = models.SMALL_CNN
 
@@ -46,11 +48,11 @@ def restore_last_checkpoint(config: TrainConfig):
     """The run's model, compiled with its recipe, with the last checkpoint's trained weights and average."""
     manifest = checks.read_manifest(config.data_dir)
     image_format = dataset.ImageFormat.from_manifest(manifest)
-    model = models.build_model_for_dataset(MODEL, image_format, len(manifest["labels"]))
-    run = trainer.setup_run(config, manifest)
-    trainer.compile_model(model, config, run.plan, run.choice)
-    latest = tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints"))
-    tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(latest).expect_partial()
+    run = trainer.setup_run(config, manifest)  # first, as the trainer: on JAX it sets Keras' distribution
+    with run.devices.scope():
+        model = models.build_model_for_dataset(MODEL, image_format, len(manifest["labels"]))
+        trainer.compile_model(model, config, run.plan, run.choice)
+    restore_last_checkpoint_of(model, config.model_dir)
     return model, manifest, image_format
 
 
@@ -60,8 +62,8 @@ def test_metrics_json_reports_the_evaluation_of_the_averaged_weights_that_ship(e
     with open(os.path.join(config.model_dir, trainer.METRICS_FILE)) as handle:
         recorded = json.load(handle)
     model, manifest, _ = restore_last_checkpoint(config)
-    eval_data, steps = dataset.distribute_eval_dataset(
-        tf.distribute.get_strategy(), config.data_dir, manifest, manifest_lib.VALIDATION, 8
+    eval_data, steps = trainer.setup_run(config, manifest).devices.eval_input(
+        config.data_dir, manifest, manifest_lib.VALIDATION, 8
     )
     evaluation_model = build_evaluation_model(model, jit_compile=False)
 
@@ -107,9 +109,9 @@ def test_the_export_and_the_backbone_file_hold_the_ema_weights(ema_run):
     images = export.serving_model_input(
         tf.constant(contents), image_format, manifest["image"]["resize_method"]
     )
-    raw = model.predict_on_batch(images)
+    raw = model.predict_on_batch(images.numpy())
     model.optimizer.finalize_variable_values(model.trainable_variables)  # the average into the model
-    averaged = model.predict_on_batch(images)
+    averaged = model.predict_on_batch(images.numpy())
     assert np.abs(raw - averaged).max() > 0.05, "the test needs an average that differs from the weights"
 
     serve = tf.saved_model.load(metrics["export_dir"]).signatures["serving_default"]
@@ -124,4 +126,4 @@ def test_the_export_and_the_backbone_file_hold_the_ema_weights(ema_run):
         model.get_layer(pretrained.BACKBONE).weights,
         strict=True,
     ):
-        np.testing.assert_array_equal(loaded.numpy(), expected.numpy())
+        np.testing.assert_array_equal(np.asarray(loaded), np.asarray(expected))

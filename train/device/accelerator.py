@@ -16,6 +16,11 @@ TPU, GPU, CPU = "tpu", "gpu", "cpu"
 # What `xla` can be: compiled by the TPU itself, by Keras (jit_compile=True), by TensorFlow's
 # auto-clustering (per device, around the all-reduce), or not at all.
 XLA_TPU, XLA_KERAS, XLA_AUTOCLUSTERING, XLA_OFF = "tpu", "keras", "autoclustering", "off"
+# On the JAX backend every step is one jax.jit program over the process's devices, the cross-device
+# reduction included (what Keras' jit_compile cannot do under a tf.distribute strategy); off only on request.
+XLA_JAX = "jax"
+# DeviceDescription.strategy on the JAX backend (keras.distribution.DataParallel): train.device.devices.
+JAX_DATA_PARALLEL = "jax data parallel"
 # Who runs several steps per execution: Keras' own loop, or train/loop/multi_step.py's (multi_step.TF_RANGE_LOOP).
 KERAS_LOOP, TF_RANGE_LOOP = "keras loop", "tf.range loop"
 
@@ -49,7 +54,7 @@ class AcceleratorChoice:
 
     @property
     def keras_jit_compile(self) -> bool:
-        return self.xla == XLA_KERAS
+        return self.xla in (XLA_KERAS, XLA_JAX)
 
     def describe(self) -> str:
         loop = f" ({self.multi_step_loop})" if self.steps_per_execution > 1 else ""
@@ -92,6 +97,8 @@ def _policy(device: DeviceDescription, choice: str, notes: list) -> str:
 def _xla(device: DeviceDescription, choice: str, notes: list) -> str:
     if choice not in ("auto", "on", "off"):
         raise ConfigError(f"unknown --jit-compile {choice!r}; choose auto, on or off")
+    if device.strategy == JAX_DATA_PARALLEL:
+        return XLA_OFF if choice == "off" else XLA_JAX
     if device.kind == TPU:
         return XLA_TPU
     if choice == "off" or (choice == "auto" and device.kind == CPU):
@@ -167,7 +174,7 @@ def check_cpu_xla_available(device: DeviceDescription, choice: AcceleratorChoice
     transfer manager for platform Host". A one-op compile here says so before
     anything is built.
     """
-    if device.kind != CPU or choice.xla == XLA_OFF:
+    if device.kind != CPU or choice.xla in (XLA_OFF, XLA_JAX):
         return
     import tensorflow as tf
 

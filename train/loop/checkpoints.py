@@ -1,14 +1,25 @@
 """Checkpoints at step boundaries, preemption (SIGTERM), and resuming from the latest checkpoint.
 
 How saving, stopping on a signal and resuming work, and why: docs/internals.md.
+
+Two formats, one per Keras backend (train/device/devices.py chooses): Checkpoints, a
+tf.train.CheckpointManager (`ckpt-<step>.index`/`.data-*`, the `checkpoint` index), on
+TensorFlow; KerasCheckpoints, Keras' own weights files with the optimizer's state
+(`ckpt-<step>.weights.h5`, the `checkpoint.json` index switched last), on JAX, where
+tf.train.Checkpoint cannot save the arrays. Every JAX process saves (Keras' saving runs a
+collective on several processes); only the chief publishes.
 """
 
+import contextlib
+import json
 import logging
+import os
 import shutil
 import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import keras
@@ -22,6 +33,9 @@ from train.loop import progress_file
 from train.loop.plan import TrainingPlan
 
 CHECKPOINT_DIR = "checkpoints"
+# The JAX backend's checkpoints (KerasCheckpoints): the index and each step's Keras weights file.
+KERAS_INDEX_FILE = "checkpoint.json"
+KERAS_CHECKPOINT_SUFFIX = ".weights.h5"
 # The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,
 # as a shell reports a process that SIGTERM ended): supervisors restart it rather than call it done.
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
@@ -111,6 +125,8 @@ class Checkpoints:
         """Restore the latest checkpoint, if any; return its global step (0 without one)."""
         latest = tf.train.latest_checkpoint(self.directory)
         if latest is None:
+            if read_keras_index(self.directory) is not None:
+                raise _other_backend_error(self.directory, "jax", "tensorflow")
             return 0
         try:
             self._checkpoint.restore(latest).assert_existing_objects_matched()
@@ -138,6 +154,150 @@ class Checkpoints:
         """Remove the scratch directory (non-chief workers)."""
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def sync_model_variables(model: keras.Model) -> None:
+    """Make the model's variables hold the values training reached, before a callback reads them mid-fit.
+
+    Keras' JAX trainer keeps the state in its own arrays during fit (the
+    variables are even emptied, purge_model_variables) and writes it back
+    at epoch ends; a checkpoint or an evaluation mid-epoch writes it back
+    first. Nothing to do on TensorFlow, whose steps update the variables.
+    """
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()
+
+
+def keras_checkpoint_name(step: int) -> str:
+    return f"ckpt-{step}{KERAS_CHECKPOINT_SUFFIX}"
+
+
+def read_keras_index(directory: str) -> dict | None:
+    """The JAX backend's checkpoint index ({"latest": step, "steps": [...]}), or None without one."""
+    path = manifest_lib.join(directory, KERAS_INDEX_FILE)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as handle:
+        return json.load(handle)
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+    """The global steps of the checkpoints kept in `directory` (either backend's), oldest first."""
+    index = read_keras_index(directory)
+    if index is not None:
+        return sorted(index["steps"])
+    state = tf.train.get_checkpoint_state(directory)
+    if not state:
+        return []
+    return sorted(int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths)
+
+
+def latest_checkpoint_step(directory: str) -> int | None:
+    """The global step of the latest checkpoint in `directory` (either backend's), None without one."""
+    index = read_keras_index(directory)
+    if index is not None:
+        return int(index["latest"])
+    latest = tf.train.latest_checkpoint(directory)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def _other_backend_error(directory: str, found: str, wanted: str) -> ConfigError:
+    return ConfigError(
+        f"{directory} holds checkpoints of the {found} backend; this run trains on {wanted}. Resume it with "
+        f"--backend {found}, or use a fresh --model-dir (with --weights MODEL_DIR to start from its backbone)"
+    )
+
+
+class KerasCheckpoints:
+    """Checkpoints as Keras weights files (weights plus optimizer state): the JAX backend's.
+
+    The same interface as Checkpoints. Every process saves, into a local
+    scratch file (Keras' saving runs a collective on several JAX processes);
+    only `chief` publishes it. Every process restores the same file.
+    """
+
+    def __init__(self, model: keras.Model, model_dir: str, chief: bool = True, keep: int = 3):
+        self._model = model
+        self._chief = chief
+        self._keep = keep
+        self.directory = manifest_lib.join(model_dir, CHECKPOINT_DIR)
+        self.last_saved_step = None
+
+    def restore_latest(self) -> int:
+        """Restore the latest checkpoint, if any; return its global step (0 without one)."""
+        index = read_keras_index(self.directory)
+        if index is None:
+            if tf.train.latest_checkpoint(self.directory):
+                raise _other_backend_error(self.directory, "tensorflow", "jax")
+            return 0
+        step = int(index["latest"])
+        path = manifest_lib.join(self.directory, keras_checkpoint_name(step))
+        with tempfile.TemporaryDirectory() as scratch:
+            local = os.path.join(scratch, keras_checkpoint_name(step))
+            try:
+                tf.io.gfile.copy(path, local, overwrite=True)
+                with _optimizer_mismatch_as_error():
+                    self._model.load_weights(local)
+            except (ValueError, tf.errors.OpError) as exc:
+                raise ConfigError(
+                    f"{path}: cannot restore this checkpoint into the model being trained ({exc}). Was the model "
+                    "dir used for another --model or dataset? Use a fresh --model-dir"
+                ) from exc
+        self.last_saved_step = step
+        return step
+
+    def save(self, step: int) -> str | None:
+        """Save at global step `step` (once: a second save at the same step does nothing)."""
+        if step == self.last_saved_step:
+            return None
+        sync_model_variables(self._model)
+        path = manifest_lib.join(self.directory, keras_checkpoint_name(step))
+        with tempfile.TemporaryDirectory() as scratch:
+            local = os.path.join(scratch, keras_checkpoint_name(step))
+            self._model.save_weights(local)  # every process: Keras' saving runs a collective on several
+            if self._chief:
+                tf.io.gfile.makedirs(self.directory)
+                _publish(local, path)
+        if self._chief:
+            index = read_keras_index(self.directory) or {"steps": []}
+            steps = sorted({*index["steps"], step})
+            kept, dropped = steps[-self._keep :], steps[: -self._keep]
+            _write_index(self.directory, {"latest": step, "steps": kept})  # switched last
+            for old in dropped:
+                with contextlib.suppress(tf.errors.NotFoundError):
+                    tf.io.gfile.remove(manifest_lib.join(self.directory, keras_checkpoint_name(old)))
+            progress_file.record_saved_step(step)
+        self.last_saved_step = step
+        return path
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _optimizer_mismatch_as_error():
+    """Keras only warns when a weights file's optimizer state does not fit the optimizer; a resume must not."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        if "Skipping variable loading for optimizer" in str(warning.message):
+            raise ValueError(str(warning.message))
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _publish(local: str, destination: str) -> None:
+    """Copy next to `destination`, then rename: a reader never sees half a file."""
+    tf.io.gfile.copy(local, destination + ".tmp", overwrite=True)
+    tf.io.gfile.rename(destination + ".tmp", destination, overwrite=True)
+
+
+def _write_index(directory: str, index: dict) -> None:
+    path = manifest_lib.join(directory, KERAS_INDEX_FILE)
+    with tf.io.gfile.GFile(path + ".tmp", "w") as handle:
+        handle.write(json.dumps(index) + "\n")
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 
 class PreemptionNotice:

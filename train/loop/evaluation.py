@@ -7,7 +7,7 @@ pass each time (why: docs/internals.md).
 import keras
 
 from train.loop import metrics
-from train.loop.checkpoints import TrainingProgress
+from train.loop.checkpoints import TrainingProgress, sync_model_variables
 from train.loop.plan import TrainingPlan
 from train.loop.summaries import VALIDATION, ScalarWriter
 
@@ -97,5 +97,6 @@ class EvaluateEverySteps(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = self._progress.step
         if step // self._every > self._last_step // self._every:
+            sync_model_variables(self.model)  # mid-epoch on JAX: the shared layers hold the trained values
             self._evaluator.evaluate(step)
         self._last_step = step

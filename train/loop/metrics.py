@@ -70,3 +70,34 @@ def validation_confusion_matrix(strategy, model: keras.Model, eval_data, steps: 
     for _ in range(steps):
         total += step(iterator).numpy()
     return np.rint(total).astype(np.int64)
+
+
+@keras.saving.register_keras_serializable(package="train")
+class ConfusionCounts(keras.metrics.Metric):
+    """counts[true, predicted], weighted by the sample weights (padding, of weight 0, counts for nothing).
+
+    A metric, so that evaluate() sums it over every device and process, on any backend.
+    """
+
+    def __init__(self, num_classes: int, name: str = "confusion_counts", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.num_classes = num_classes
+        self.counts = self.add_variable(
+            shape=(num_classes, num_classes), initializer="zeros", dtype="float32", name="counts"
+        )
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        weights = (
+            ops.ones_like(labels, "float32") if sample_weight is None else ops.cast(sample_weight, "float32")
+        )
+        pairs = ops.one_hot(labels * self.num_classes + predicted, self.num_classes * self.num_classes)
+        summed = ops.sum(pairs * ops.reshape(weights, (-1, 1)), axis=0)
+        self.counts.assign_add(ops.reshape(summed, (self.num_classes, self.num_classes)))
+
+    def result(self):
+        return ops.add(self.counts, 0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes}

@@ -92,6 +92,12 @@ def schedule_description(recipe) -> str:
         parts.append(f"EMA {recipe.ema_momentum:g}")
     if recipe.freeze_backbone_steps:
         parts.append(f"backbone frozen for the first {recipe.freeze_backbone_steps} steps")
+    accumulation = getattr(recipe, "gradient_accumulation_steps", 1)
+    if accumulation > 1:
+        parts.append(
+            f"gradients accumulated over {accumulation} steps: an update every {accumulation} steps, the warmup "
+            "and decay counted in updates"
+        )
     return "; ".join(parts)
 
 

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from train.errors import ConfigError
+from train.loop import checkpoints
 from train.loop.checkpoints import CHECKPOINT_DIR
 from train.loop.plan import TrainingPlan
 from train.model.recipe import Recipe
@@ -43,6 +44,7 @@ _COMPARED = (
     ("label_smoothing", "--label-smoothing", lambda value: f"{value:g}"),
     ("ema_momentum", "--ema-momentum", lambda value: "(no --ema)" if value is None else f"{value:.6g}"),
     ("freeze_backbone_steps", "--freeze-backbone-epochs", None),  # written from the epochs, below
+    ("gradient_accumulation_steps", "--gradient-accumulation-steps", lambda value: str(value)),
 )
 
 
@@ -61,6 +63,7 @@ def recorded_plan(plan: TrainingPlan, recipe: Recipe) -> dict:
         "label_smoothing": recipe.label_smoothing,
         "ema_momentum": recipe.ema_momentum,
         "freeze_backbone_steps": recipe.freeze_backbone_steps,
+        "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
     }
 
 
@@ -88,6 +91,7 @@ _LABELS = {
     "weight_decay": "weight decay {:g}",
     "label_smoothing": "label smoothing {:g}",
     "freeze_backbone_steps": "backbone frozen for {} steps",
+    "gradient_accumulation_steps": "{} step(s) per optimizer update",
 }
 
 
@@ -168,12 +172,9 @@ class PlanChangedError(ConfigError):
 
 def latest_checkpoint_step(model_dir: str) -> int | None:
     """The global step of the latest checkpoint in MODEL_DIR (checkpoints are numbered by it), or None."""
-    latest = tf.train.latest_checkpoint(manifest_lib.join(model_dir, CHECKPOINT_DIR))
-    if latest is None:
-        return None
     try:
-        return int(latest.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
+        return checkpoints.latest_checkpoint_step(manifest_lib.join(model_dir, CHECKPOINT_DIR))
+    except (IndexError, ValueError, KeyError):
         return None
 
 

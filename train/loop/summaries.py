@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from dataset_contract import manifest as manifest_lib
-from train.loop.checkpoints import TrainingProgress
+from train.loop.checkpoints import TrainingProgress, sync_model_variables
 from train.loop.plan import TrainingPlan
 
 TRAIN, VALIDATION = "train", "validation"
@@ -63,9 +64,23 @@ class ScalarWriter:
         self._writers.clear()
 
 
-def current_learning_rate(optimizer) -> float:
-    """The learning rate the optimizer applies at its current iteration (a schedule's value there)."""
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+def current_learning_rate(optimizer, model: keras.Model | None = None) -> float:
+    """The learning rate the optimizer applies at its current iteration (a schedule's value there).
+
+    Mid-epoch on JAX the iteration count is read after `model`'s state is written back
+    (sync_model_variables). The schedule is computed here, on the host, from the count read as a
+    number: on JAX a computation over the replicated variable would be a program every process of a
+    multi-host run must join, and only the chief writes the epoch summaries.
+    """
+    if model is not None:
+        sync_model_variables(model)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's own
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        # Keras hands a schedule its step count (`_iterations`); `iterations` counts updates when it accumulates.
+        steps = int(np.asarray(optimizer._iterations))
+        return float(np.asarray(schedule(np.float32(steps))))
+    return float(np.asarray(optimizer.learning_rate))
 
 
 class EpochSummaries(keras.callbacks.Callback):
@@ -144,7 +159,7 @@ class StepTelemetry(keras.callbacks.Callback):
         images_per_second = steps * self._plan.global_batch_size / seconds
         values = {
             "loss": (loss_sum - self._window_loss_sum) / steps,
-            "learning_rate": current_learning_rate(self.model.optimizer),
+            "learning_rate": current_learning_rate(self.model.optimizer, self.model),
             "seconds_per_step": seconds / steps,
             "images_per_second": images_per_second,
             "images_per_second_per_replica": images_per_second / self._plan.num_replicas,

@@ -3,7 +3,10 @@
 schedule             linear warmup from 0 to the peak learning rate, then cosine decay to 0 at
                      the last step (keras CosineDecay with warmup_target). A function of the
                      optimizer's step counter only, which the checkpoints hold: a resumed run
-                     continues the schedule where it stopped, mid-epoch included
+                     continues the schedule where it stopped, mid-epoch included. With
+                     --gradient-accumulation-steps N it counts optimizer updates (Keras hands
+                     a schedule the steps, so UpdateSchedule divides them by N); the
+                     accumulated gradients are optimizer variables, checkpointed too
 adamw / sgd          keras.optimizers.AdamW / SGD(momentum=0.9, nesterov=True); Keras applies
                      the weight decay decoupled from the gradient, as variable -= lr * wd * variable
 weight decay         on weights only: biases and normalization parameters (BatchNormalization's
@@ -22,9 +25,33 @@ import keras
 from train.model.recipe import ADAMW, SGD_MOMENTUM, Recipe
 
 
+@keras.saving.register_keras_serializable(package="train")
+class UpdateSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` of the optimizer's updates, given its steps: with N steps per update, schedule(step // N)."""
+
+    def __init__(self, schedule, steps_per_update: int):
+        self.schedule = schedule
+        self.steps_per_update = steps_per_update
+
+    def __call__(self, step):
+        return self.schedule(keras.ops.floor_divide(step, self.steps_per_update))
+
+    def get_config(self):
+        return {
+            "schedule": keras.saving.serialize_keras_object(self.schedule),
+            "steps_per_update": self.steps_per_update,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["steps_per_update"])
+
+
 def learning_rate_schedule(recipe: Recipe) -> keras.optimizers.schedules.LearningRateSchedule:
     """Linear warmup from 0 to the peak, then cosine decay to 0, as a function of the step counter
-    (from `recipe.schedule_offset` on, for a run continued with --more-epochs)."""
+    (from `recipe.schedule_offset` on, for a run continued with --more-epochs); with
+    --gradient-accumulation-steps N, of the optimizer's updates (step // N)."""
+    steps_per_update = recipe.gradient_accumulation_steps
     if recipe.warmup_steps == 0:
         schedule = keras.optimizers.schedules.CosineDecay(
             recipe.peak_learning_rate, decay_steps=recipe.decay_steps
@@ -37,7 +64,9 @@ def learning_rate_schedule(recipe: Recipe) -> keras.optimizers.schedules.Learnin
             warmup_steps=recipe.warmup_steps,
         )
     if recipe.schedule_offset:
-        return OffsetSchedule(schedule, recipe.schedule_offset)
+        schedule = OffsetSchedule(schedule, recipe.schedule_offset // steps_per_update)
+    if steps_per_update > 1:
+        return UpdateSchedule(schedule, steps_per_update)
     return schedule
 
 
@@ -102,6 +131,8 @@ def build_optimizer(recipe: Recipe, model: keras.Model) -> keras.optimizers.Opti
     """
     schedule = learning_rate_schedule(recipe)
     ema = {"use_ema": recipe.ema_momentum is not None}
+    if recipe.gradient_accumulation_steps > 1:  # an option of every Keras optimizer, as EMA is
+        ema["gradient_accumulation_steps"] = recipe.gradient_accumulation_steps
     if recipe.ema_momentum is not None:
         ema["ema_momentum"] = recipe.ema_momentum
     if recipe.optimizer == ADAMW:

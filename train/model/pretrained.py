@@ -337,13 +337,19 @@ def load_backbone_weights(backbone: keras.Model, path: str, model_name: str) -> 
     return source
 
 
-def save_backbone_weights(model: keras.Model, model_dir: str) -> str:
-    """Write the classifier's backbone weights to MODEL_DIR/backbone.weights.h5 (for --weights MODEL_DIR)."""
+def save_backbone_weights(model: keras.Model, model_dir: str, publish: bool = True) -> str:
+    """Write the classifier's backbone weights to MODEL_DIR/backbone.weights.h5 (for --weights MODEL_DIR).
+
+    Every process of a multi-host JAX run calls it (Keras' saving runs a collective there); only the one
+    with `publish` writes the file.
+    """
     destination = manifest_lib.join(model_dir, BACKBONE_WEIGHTS_FILE)
     backbone = model.get_layer(BACKBONE)
     with tempfile.TemporaryDirectory() as scratch:
         local = os.path.join(scratch, BACKBONE_WEIGHTS_FILE)
         backbone.save_weights(local)
+        if not publish:
+            return destination
         # Written next to the destination, then renamed: a reader never sees half a file.
         temporary = destination + ".tmp"
         tf.io.gfile.copy(local, temporary, overwrite=True)

@@ -10,6 +10,10 @@
     --optimizer sgd      Nesterov momentum 0.9, base learning rate 0.1, decoupled weight decay 1e-3
                          (about the usual L2 of 1e-4 under momentum 0.9)
     --label-smoothing    0 by default
+    --gradient-accumulation-steps N   an update every N steps, of their averaged gradients: the
+                         peak learning rate follows the batch of an update (N x the global batch),
+                         and the warmup and decay count updates (total steps / N), so that N steps
+                         of B images train like one of N x B
     --ema                EMA decay per step: --ema-momentum, or 1 - 10 / total steps within
                          [0.9, 0.9999] (an average over about the last tenth of the run)
 
@@ -64,6 +68,8 @@ class Recipe:
     )
     # --more-epochs: the step the schedule (warmup, then decay) starts from; 0 for a run's own schedule.
     schedule_offset: int = 0
+    # Steps per optimizer update; warmup_steps and decay_steps count updates (steps / this).
+    gradient_accumulation_steps: int = 1
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -98,22 +104,40 @@ def scaled_peak_learning_rate(
     return lr_scaling.scaled_learning_rate(base, global_batch_size, scaling), base, scaling
 
 
+def accumulation_steps(config: TrainConfig, plan: TrainingPlan) -> int:
+    """--gradient-accumulation-steps, checked against the plan: it must divide an epoch."""
+    steps = config.gradient_accumulation_steps
+    if steps < 1:
+        raise ConfigError(f"--gradient-accumulation-steps must be at least 1, got {steps}")
+    if plan.steps_per_epoch % steps:
+        raise ConfigError(
+            f"--gradient-accumulation-steps {steps} does not divide an epoch's {plan.steps_per_epoch} steps: an "
+            "update would straddle the epoch's end. Choose a divisor, or --steps-per-epoch a multiple of it"
+        )
+    return steps
+
+
 def warmup_steps(config: TrainConfig, plan: TrainingPlan) -> int:
-    """Steps of linear warmup: --warmup-steps, --warmup-epochs, or one epoch capped at a tenth of the run."""
-    total = plan.total_steps
+    """Optimizer updates of linear warmup: --warmup-steps, --warmup-epochs, or one epoch capped at a tenth of
+    the run. With gradient accumulation an update takes several steps: these count updates."""
+    updates_per_step = 1 / accumulation_steps(config, plan)
+    total = plan.total_steps // accumulation_steps(config, plan)
     if config.warmup_steps is not None and config.warmup_epochs is not None:
         raise ConfigError("give --warmup-steps or --warmup-epochs, not both")
     if config.warmup_steps is not None:
         steps = config.warmup_steps
     elif config.warmup_epochs is not None:
-        steps = round(config.warmup_epochs * plan.steps_per_epoch)
+        steps = round(config.warmup_epochs * plan.steps_per_epoch * updates_per_step)
     else:
-        steps = min(DEFAULT_WARMUP_EPOCHS * plan.steps_per_epoch, int(MAX_DEFAULT_WARMUP_FRACTION * total))
+        steps = min(
+            round(DEFAULT_WARMUP_EPOCHS * plan.steps_per_epoch * updates_per_step),
+            int(MAX_DEFAULT_WARMUP_FRACTION * total),
+        )
     if steps < 0:
         raise ConfigError(f"the warmup must not be negative, got {steps} steps")
     if steps >= total:
         raise ConfigError(
-            f"a warmup of {steps} steps leaves nothing of the {total} training steps for the decay; "
+            f"a warmup of {steps} steps leaves nothing of the {total} training steps (optimizer updates) for the decay; "
             "shorten --warmup-epochs/--warmup-steps or train longer"
         )
     return steps
@@ -134,7 +158,9 @@ def ema_momentum(config: TrainConfig, plan: TrainingPlan) -> float | None:
 def resolve_recipe(config: TrainConfig, plan: TrainingPlan) -> Recipe:
     """The optimization numbers of `config` under `plan`; raises ConfigError for impossible ones."""
     defaults = _check_optimizer(config.optimizer)
-    peak, base, scaling = scaled_peak_learning_rate(config, plan.global_batch_size)
+    accumulation = accumulation_steps(config, plan)
+    # The learning rate follows the batch of an update: N steps of the global batch.
+    peak, base, scaling = scaled_peak_learning_rate(config, plan.global_batch_size * accumulation)
     warmup = warmup_steps(config, plan)
     weight_decay = defaults.weight_decay if config.weight_decay is None else config.weight_decay
     if weight_decay < 0:
@@ -157,13 +183,14 @@ def resolve_recipe(config: TrainConfig, plan: TrainingPlan) -> Recipe:
         peak_learning_rate=peak,
         base_learning_rate=base,
         warmup_steps=warmup,
-        decay_steps=plan.total_steps - warmup,
+        decay_steps=plan.total_steps // accumulation - warmup,
         weight_decay=weight_decay,
         label_smoothing=config.label_smoothing,
         ema_momentum=ema_momentum(config, plan),
         weights=config.weights,
         freeze_backbone_steps=freeze * plan.steps_per_epoch,
         learning_rate_scaling=scaling,
+        gradient_accumulation_steps=accumulation,
     )
 
 

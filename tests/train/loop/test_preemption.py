@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
-import tensorflow as tf
 
+from train.loop import checkpoints
 from train.loop.checkpoints import PREEMPTED_EXIT_CODE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -28,8 +28,7 @@ WORKER_STEP_LINE = re.compile(r"^(?:\[[\w-]+\] )?step (\d+)/(\d+)")  # a non-chi
 
 
 def checkpoint_steps(model_dir) -> list[int]:
-    state = tf.train.get_checkpoint_state(str(model_dir / "checkpoints"))
-    return sorted(int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths) if state else []
+    return checkpoints.checkpoint_steps(str(model_dir / "checkpoints"))
 
 
 def train_command(data_dir, model_dir, *extra):
@@ -95,6 +94,7 @@ def resume(command, cwd) -> tuple[subprocess.CompletedProcess, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.jax
 def test_sigterm_mid_epoch_saves_the_last_completed_step_exits_143_and_resumes_there(
     stage1_dataset, tmp_path
 ):
@@ -109,7 +109,12 @@ def test_sigterm_mid_epoch_saves_the_last_completed_step_exits_143_and_resumes_t
     code, stderr = run.finish()
 
     assert code == PREEMPTED_EXIT_CODE, stderr[-3000:]
-    assert "Traceback" not in stderr and "run the same command again to resume" in stderr
+    # The one-line stop message (issue 33): what stopped, the checkpoint, the resume command.
+    assert (
+        "Traceback" not in stderr
+        and "stopped by SIGTERM at step" in stderr
+        and "resume with: python -m train" in stderr
+    )
     saved = max(checkpoint_steps(model_dir))
     # Nothing completed is lost: the checkpoint is at or after every step done when the signal was sent,
     # and it is the last step the run completed (it stopped right there).

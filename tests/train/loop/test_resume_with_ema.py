@@ -17,11 +17,14 @@ from tests.stage1 import read_split
 from tests.train.loop.test_preemption import RunningTraining, resume
 from tests.train.test_training_recipe import restore_last_checkpoint
 from train.config import TrainConfig
+from train.loop import checkpoints
 from train.loop.plan import TrainingPlan
 from train.serving import export
 from train.trainer import fit_from_step, use_final_weights
 
-# In the Python 3.10 leg's subset (scripts/test_py310.sh): checkpoint, resume and EMA through Keras' own hooks.
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): checkpoint, resume and EMA through Keras' own hooks;
+# the mid-epoch resume in the JAX leg too (scripts/test_jax.sh; the restart after the last step is two more
+# trainings, 4 min there, for logic that does not depend on the backend).
 pytestmark = pytest.mark.py310
 
 EPOCHS, STEPS_PER_EPOCH, BATCH = 2, 3, 4
@@ -56,6 +59,7 @@ def _same(first, second) -> bool:
     return all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+@pytest.mark.jax
 def test_a_mid_epoch_resume_with_ema_continues_from_the_trained_weights_and_ends_on_the_average():
     rng = np.random.default_rng(0)
     features = rng.normal(size=(BATCH * 8, 3)).astype("float32")
@@ -126,7 +130,7 @@ def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_
     code, stderr = run.finish()
     assert code != 0, "the signal came too late: the run had finished"
     assert not os.path.exists(os.path.join(config.model_dir, "metrics.json"))
-    assert tf.train.latest_checkpoint(os.path.join(config.model_dir, "checkpoints")).endswith("ckpt-10")
+    assert checkpoints.latest_checkpoint_step(os.path.join(config.model_dir, "checkpoints")) == 10
 
     second, metrics = resume(command, tmp_path)
     assert "resuming from step 10 of 10" in second.stdout
@@ -141,9 +145,9 @@ def test_a_run_restarted_after_its_last_step_exports_the_moving_average_not_the_
     images = export.serving_model_input(
         tf.constant(contents), image_format, manifest["image"]["resize_method"]
     )
-    trained = model.predict_on_batch(images)
+    trained = model.predict_on_batch(images.numpy())
     model.optimizer.finalize_variable_values(model.trainable_variables)
-    averaged = model.predict_on_batch(images)
+    averaged = model.predict_on_batch(images.numpy())
     assert np.abs(trained - averaged).max() > 0.05, "the test needs an average that differs from the weights"
     serve = tf.saved_model.load(metrics["export_dir"]).signatures["serving_default"]
     served = serve(image_bytes=tf.constant(contents))["probabilities"].numpy()

@@ -32,13 +32,16 @@ import tensorflow as tf
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from tests.train.checkpoint_files import restore_last_checkpoint
 from train.config import TrainConfig
 from train.data import checks, dataset
 from train.model import models
 from train.serving import decode, export
 from train.trainer import train_and_evaluate
 
-# In the Python 3.10 leg's subset (scripts/test_py310.sh): training to a SavedModel export under the Keras pinned for 3.10.
+# In the Python 3.10 leg's subset (scripts/test_py310.sh): training to a SavedModel export under the Keras pinned for 3.10;
+# the tests marked `jax` also in the JAX leg (scripts/test_jax.sh): the export a TensorFlow process writes from
+# JAX-trained weights (one training run there, the bfloat16 dataset's).
 pytestmark = pytest.mark.py310
 
 ENCODINGS = ("bfloat16", "float32", "uint8", "jpeg")
@@ -73,8 +76,7 @@ def restore_trained_model(data_dir, model_dir, manifest):
     """The Keras model of a finished run, from its last checkpoint."""
     image_format = dataset.ImageFormat.from_manifest(manifest)
     model = models.build_model_for_dataset(models.SMALL_CNN, image_format, len(manifest["labels"]))
-    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    restore_last_checkpoint(model, model_dir)
     return model
 
 
@@ -99,6 +101,7 @@ def read_bytes(uris):
     return tf.constant(contents)
 
 
+@pytest.mark.jax
 def test_export_serves_encoded_bytes_in_a_fresh_process_without_project_code(
     trained_run, sample_corpus, tmp_path
 ):
@@ -163,7 +166,9 @@ def test_the_export_refuses_above_the_max_pixels_stage_one_recorded(trained_run)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize(
+    "encoding", [pytest.param(e, marks=pytest.mark.jax) if e == "bfloat16" else e for e in ENCODINGS]
+)
 def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
     data_dir, model_dir, metrics = trained_run(encoding)
     manifest = checks.read_manifest(data_dir)
@@ -187,7 +192,7 @@ def test_serving_predictions_match_the_training_pipeline(trained_run, encoding):
 
     # The predictions.
     model = restore_trained_model(data_dir, model_dir, manifest)
-    through_pipeline = model.predict_on_batch(pipeline_images)
+    through_pipeline = np.asarray(model.predict_on_batch(pipeline_images.numpy()))
     serve = tf.saved_model.load(metrics["export_dir"]).signatures["serving_default"]
     served = serve(image_bytes=file_bytes)
     through_serving = served["probabilities"].numpy()
