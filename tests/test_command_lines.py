@@ -55,6 +55,7 @@ def test_a_typo_names_the_flag_it_meant_before_tensorflow_or_beam(tmp_path, modu
     [
         "preprocess.inspect",
         "preprocess.verify",
+        "preprocess.gc",
         "train",
         "train.evaluate",
         "train.predict",
