@@ -5,17 +5,17 @@ or live lease needs goes, a bounded amount per call.
     python -m preprocess.gc gs://bucket/datasets/flowers --dry-run
 """
 
-import argparse
 import logging
 import sys
 
 from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
+from dataset_contract.cli_help import CommandParser
 from preprocess.config import DEFAULT_GC_MAX_OBJECTS
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m preprocess.gc",
         description="Remove what no commit, retention promise or live lease of a dataset directory needs.",
     )
