@@ -324,12 +324,6 @@ def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
     return bool(leases.live_holders(names, now))
 
 
-def remove_run(output_dir: str, run_id: str) -> bool:
-    """Remove run `run_id`'s files now (garbage collection's removal of one run: preprocess/publish/gc.py);
-    True if they are gone, False if the run is published, leased, or publishing."""
-    return gc.remove_run(output_dir, run_id)
-
-
 def run_files_exist(store, run_id: str) -> bool:
     """Whether run `run_id`'s files are still there (its transform graph, which every run has; one stat)."""
     graph = manifest_lib.join(manifest_lib.run_dir(run_id), manifest_lib.TRANSFORM_FN_DIR, "saved_model.pb")

@@ -239,10 +239,10 @@ def test_on_a_hierarchical_namespace_bucket_gc_deletes_the_folders_it_empties(
 
 
 def test_removing_one_run_by_name_spares_the_published_and_the_leased_ones(directory):
-    assert publish.remove_run(directory.output, directory.retained)  # retention is the caller's to waive
+    assert gc.remove_run(directory.output, directory.retained)  # retention is the caller's to waive
     assert not os.path.exists(RunPaths(directory.output, directory.retained).run_dir)
-    assert not publish.remove_run(directory.output, directory.head)
-    assert not publish.remove_run(directory.output, directory.leased)
+    assert not gc.remove_run(directory.output, directory.head)
+    assert not gc.remove_run(directory.output, directory.leased)
     assert_complete_dataset(directory.output)
     assert (
         publish.missing_run_files(directory.output, directory.leased, directory.manifests[directory.leased])
