@@ -24,7 +24,7 @@ from preprocess.publish.protocol import (
     named_files,
     published_run_id,
     read_published,
-    read_published_manifest,
+    read_published_manifest,  # noqa: F401 - callers and tests read it from here
     retain_until,
 )
 from preprocess.publish.runs import PUBLISHING_MARKER, RunPaths
@@ -60,13 +60,6 @@ def superseded_message(output_dir: str, run_id: str, newer_run_id: str) -> str:
     )
 
 
-def check_not_superseded(output_dir: str, run_id: str):
-    """Raise SupersededRunError if the published manifest names a run that started after `run_id`."""
-    current = published_run_id(read_published_manifest(output_dir))
-    if current > run_id:
-        raise SupersededRunError(superseded_message(output_dir, run_id, current))
-
-
 # ------------------------------------------------------------------ reading the log
 
 
@@ -87,11 +80,6 @@ def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]
         f"{name} (absent)" for name in manifest_lib.other_required_files(manifest) if name not in present
     ]
     return problems
-
-
-def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
-    """Whether a `retained_runs` entry's retention has passed at `now` (see retain_until)."""
-    return now >= retain_until(entry, retention_days)
 
 
 def retained_runs(
