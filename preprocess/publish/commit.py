@@ -6,8 +6,6 @@ import logging
 import time
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
@@ -124,12 +122,6 @@ def live_removal(store, run_id: str) -> bool:
     """Whether a remover has announced itself on run `run_id` (a live removal marker; one listing)."""
     names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
     return bool(leases.live_removals(names, protocol._utc_now()))
-
-
-def write_marker(path: str, run_id: str):
-    """A marker's content does not matter, only that it exists (a full path, local or gs://)."""
-    with FileSystems.create(path) as handle:
-        handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
 def publish_run(

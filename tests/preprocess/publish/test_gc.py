@@ -26,7 +26,7 @@ from preprocess.publish import commit as publish
 from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
-from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults
+from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults, write_marker
 from tests.stage1 import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def garbage(tmp_path_factory) -> Garbage:
     for run_id in (x_id, c_id):
         # A publish attempt of each that died long ago.
         marker = RunPaths(output, run_id).marker(publish.PUBLISHING_MARKER, "dead")
-        publish.write_marker(marker, run_id)
+        write_marker(marker, run_id)
         long_ago = datetime.datetime.now().timestamp() - publish.PUBLISH_MARKER_TTL_SECONDS - 60
         os.utime(marker, (long_ago, long_ago))
     return Garbage(output, d_id, b_id, a_id, (x_id, c_id), manifests, later_id)
