@@ -85,7 +85,7 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
         try:
             content = json.loads(filesystem.read_bytes(path))
         except (OSError, ValueError):
-            continue  # damaged (records are created whole): the attempt does not count
+            continue  # being written, or damaged: the attempt does not count
         attempt = int(found.group("attempt"))
         if found.group("job"):
             job_ids[attempt] = content.get("job_id")
