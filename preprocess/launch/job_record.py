@@ -10,9 +10,10 @@ import re
 import time
 from collections.abc import Callable
 
+from apache_beam.io.filesystems import FileSystems
+
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
-from preprocess.publish import store as dataset_store
 
 LAUNCHES_DIR = "launches"
 # How long a recorded launch may take to get its job id from Dataflow (staging the package and the
@@ -58,16 +59,36 @@ class JobRecord:
 
 
 def record_path(output_dir: str, request: str, attempt: int, job: bool = False) -> str:
-    return manifest_lib.join(output_dir, _record_name(request, attempt, job))
+    return manifest_lib.join(output_dir, LAUNCHES_DIR, f"{request}.{attempt:04d}{'.job' if job else ''}.json")
 
 
-def _record_name(request: str, attempt: int, job: bool = False) -> str:
-    return f"{LAUNCHES_DIR}/{request}.{attempt:04d}{'.job' if job else ''}.json"
+def create_if_absent(path: str, data: bytes) -> bool:
+    """Create `path` holding `data` only if no object or file has that name; True if this call made it."""
+    if filesystem.is_local(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+    if FileSystems.get_scheme(path) != "gs":
+        raise ValueError(f"{path}: a job record needs local disk or gs://")
+    from apache_beam.io.gcp.gcsio import parse_gcs_path  # noqa: PLC0415 - GCS only
+    from google.api_core import exceptions  # noqa: PLC0415 - GCS only
 
-
-def _create_if_absent(output_dir: str, name: str, data: bytes) -> bool:
-    """Create `name` in `output_dir` only if nothing has that name yet; True if this call made it."""
-    return dataset_store.open_store(output_dir).create_if_absent(name, data)
+    bucket_name, name = parse_gcs_path(path)
+    client = filesystem.gcs_io(path).client
+    try:
+        client.bucket(bucket_name).blob(name).upload_from_string(
+            data, content_type="application/json", if_generation_match=0
+        )
+    except exceptions.PreconditionFailed:
+        return False
+    return True
 
 
 def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
@@ -113,8 +134,7 @@ def _create(record: JobRecord) -> bool:
         "build_id": record.build_id,
         "created_at": record.created_at,
     }
-    name = _record_name(record.request, record.attempt)
-    return _create_if_absent(record.output_dir, name, json.dumps(content, indent=2).encode("utf-8"))
+    return create_if_absent(record.path, json.dumps(content, indent=2).encode("utf-8"))
 
 
 def claim(
@@ -165,8 +185,7 @@ def record_job_id(record: JobRecord, job_id: str) -> None:
     record.job_id = job_id
     path = record_path(record.output_dir, record.request, record.attempt, job=True)
     try:
-        name = _record_name(record.request, record.attempt, job=True)
-        _create_if_absent(record.output_dir, name, json.dumps({"job_id": job_id}).encode("utf-8"))
+        create_if_absent(path, json.dumps({"job_id": job_id}).encode("utf-8"))
     except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
         log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
 
