@@ -14,7 +14,7 @@ ENCODINGS = (BFLOAT16, FLOAT32, UINT8, JPEG)
 
 # The source files of a tree that are images, by extension (any case): Keras' image_dataset_from_directory
 # takes .bmp .gif .jpeg .jpg .png; WebP is added as stage 1's decoder reads it. Stage 1 lists with it
-# (preprocess/input_rules.py); stage 2 recognises a folder of images given where a dataset belongs.
+# (preprocess/inputs/rules.py); stage 2 recognises a folder of images given where a dataset belongs.
 SOURCE_IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 
 # Encodings whose pixels are normalized offline; the others hold 0-255 pixels

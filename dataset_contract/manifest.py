@@ -26,8 +26,7 @@ import posixpath
 from dataset_contract import image_errors
 
 FORMAT_VERSION = 2
-# Format 3's layout (see above): dataset.json was a pointer to the newest of manifests/.
-POINTER_FORMAT_VERSION = 3
+# 3: format 3's layout (see above), where dataset.json was a pointer to the newest of manifests/.
 SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
 MANIFEST_FILE = "dataset.json"

@@ -168,15 +168,6 @@ def read_manifest(data_dir: str) -> dict:
     return manifest
 
 
-def sha256_of_file(path: str) -> str:
-    """Hex sha256 of a file's bytes, read in large chunks."""
-    digest = hashlib.sha256()
-    with tf.io.gfile.GFile(path, "rb") as handle:
-        while chunk := handle.read(_READ_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ------------------------------------------------------------------ records
 
 

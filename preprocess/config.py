@@ -19,6 +19,8 @@ DEFAULT_MAX_FAILED_FRACTION = 0.05
 # How long a superseded run's files stay for the readers that opened its manifest: a training job reads
 # its dataset for days.
 DEFAULT_RETENTION_DAYS = 7.0
+# `python -m preprocess.gc --max-objects`: deletions per call, so that one call's time stays bounded.
+DEFAULT_GC_MAX_OBJECTS = 10_000
 # --near-duplicates: report altered copies and keep them in one split, drop all but one of each group, or
 # skip the audit (preprocess/near_duplicates/).
 NEAR_DUPLICATES_KEEP = "keep"

@@ -215,3 +215,10 @@ def shard_digests(manifest: dict) -> dict[str, str]:
     return {
         shard["path"]: shard["sha256"] for info in manifest["splits"].values() for shard in info["shards"]
     }
+
+
+def write_marker(path: str, run_id: str):
+    """A publishing marker of run `run_id` at `path` (a full path, local or gs://), as a publish attempt
+    writes it: its content does not matter, only that it exists."""
+    with FileSystems.create(path) as handle:
+        handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))

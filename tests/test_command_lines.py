@@ -19,6 +19,7 @@ TYPOS = [
     ("preprocess", ["--input", "in", "--output", "out"], "--image_size", "--image-size"),
     ("preprocess.inspect", ["data"], "--per_class", "--per-class"),
     ("preprocess.verify", ["data"], "--no_records", "--no-records"),
+    ("preprocess.gc", ["data"], "--dry_run", "--dry-run"),
     ("train", ["--data", "d", "--model-dir", "m"], "--epocs", "--epochs"),
     ("train", ["--data", "d", "--model-dir", "m"], "--global_batch_size", "--global-batch-size"),
     ("train.evaluate", ["--model-dir", "m"], "--splt", "--split"),
@@ -55,6 +56,7 @@ def test_a_typo_names_the_flag_it_meant_before_tensorflow_or_beam(tmp_path, modu
     [
         "preprocess.inspect",
         "preprocess.verify",
+        "preprocess.gc",
         "train",
         "train.evaluate",
         "train.predict",

@@ -58,7 +58,7 @@ class TpuType:
 
     @property
     def multi_host(self) -> bool:
-        """Whether the slice spans several TPU VMs (TensorFlow then drives it from worker 0, tpu_launch.py)."""
+        """Whether the slice spans several TPU VMs (TensorFlow then drives it from worker 0, pipelines/tpu/launch.py)."""
         return self.chips > self.generation.chips_per_host
 
 

@@ -17,7 +17,7 @@ from preprocess.launch.progress import ProgressCounter
 class UniqueInput:
     """One distinct image: where to read it, its class and its split.
 
-    Its sha256 is computed by the read that decodes it (decode_stage.py).
+    Its sha256 is computed by the read that decodes it (preprocess/decode/stage.py).
     """
 
     uri: str

@@ -98,8 +98,6 @@ _SPLIT_NAMES = {
     "test": manifest_lib.TEST,
     "testing": manifest_lib.TEST,
 }
-# pandas' to_csv writes its index as a first column with an empty header ("Unnamed: 0" once read back).
-_INDEX_HEADERS = ("", "unnamed: 0", "index")
 
 
 def split_name(text: str) -> str | None:

@@ -32,7 +32,14 @@ from preprocess.publish.protocol import (
     published_run_id,
     read_published_manifest,
 )
-from preprocess.publish.runs import STAGING_DIR, TFT_TEMP_PREFIX, is_run_id, new_run_id, tft_temp_dir
+from preprocess.publish.runs import (
+    STAGING_DIR,
+    TFT_TEMP_PREFIX,
+    RunPaths,
+    is_run_id,
+    new_run_id,
+    tft_temp_dir,
+)
 
 
 def own_manifest(output_dir: str, run_id: str) -> dict | None:
@@ -80,9 +87,7 @@ def _fault_message(text: str, name: str) -> str:
 def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
     """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
     try:
-        paths = sorted(
-            m.path for m in filesystem.match(manifest_lib.join(output_dir, "runs", run_id, "errors-*.jsonl"))
-        )
+        paths = sorted(m.path for m in filesystem.match(RunPaths(output_dir, run_id).final("errors-*.jsonl")))
     except Exception:  # noqa: BLE001 - no log yet
         return {}, {}
     sample = errors.read_error_log(paths, per_reason)
@@ -114,7 +119,7 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
             for reason, count in sorted(counts.items(), key=lambda item: -item[1])
         ]
         lines.append(
-            f"Every failure, with its detail: {manifest_lib.join(output_dir, 'runs', run_id, 'errors-*.jsonl')}"
+            f"Every failure, with its detail: {RunPaths(output_dir, run_id).final('errors-*.jsonl')}"
         )
     else:
         lines.append(

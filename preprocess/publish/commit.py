@@ -6,8 +6,6 @@ import logging
 import time
 import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
@@ -24,7 +22,7 @@ from preprocess.publish.protocol import (
     named_files,
     published_run_id,
     read_published,
-    read_published_manifest,
+    read_published_manifest,  # noqa: F401 - callers and tests read it from here
     retain_until,
 )
 from preprocess.publish.runs import PUBLISHING_MARKER, RunPaths
@@ -60,13 +58,6 @@ def superseded_message(output_dir: str, run_id: str, newer_run_id: str) -> str:
     )
 
 
-def check_not_superseded(output_dir: str, run_id: str):
-    """Raise SupersededRunError if the published manifest names a run that started after `run_id`."""
-    current = published_run_id(read_published_manifest(output_dir))
-    if current > run_id:
-        raise SupersededRunError(superseded_message(output_dir, run_id, current))
-
-
 # ------------------------------------------------------------------ reading the log
 
 
@@ -87,11 +78,6 @@ def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]
         f"{name} (absent)" for name in manifest_lib.other_required_files(manifest) if name not in present
     ]
     return problems
-
-
-def retention_expired(entry: dict, now: datetime.datetime, retention_days: float) -> bool:
-    """Whether a `retained_runs` entry's retention has passed at `now` (see retain_until)."""
-    return now >= retain_until(entry, retention_days)
 
 
 def retained_runs(
@@ -136,12 +122,6 @@ def live_removal(store, run_id: str) -> bool:
     """Whether a remover has announced itself on run `run_id` (a live removal marker; one listing)."""
     names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
     return bool(leases.live_removals(names, protocol._utc_now()))
-
-
-def write_marker(path: str, run_id: str):
-    """A marker's content does not matter, only that it exists (a full path, local or gs://)."""
-    with FileSystems.create(path) as handle:
-        handle.write(json.dumps({"run_id": run_id}).encode("utf-8"))
 
 
 def publish_run(
@@ -322,12 +302,6 @@ def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
         store = dataset_store.open_store(store)
     names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
     return bool(leases.live_holders(names, now))
-
-
-def remove_run(output_dir: str, run_id: str) -> bool:
-    """Remove run `run_id`'s files now (garbage collection's removal of one run: preprocess/publish/gc.py);
-    True if they are gone, False if the run is published, leased, or publishing."""
-    return gc.remove_run(output_dir, run_id)
 
 
 def run_files_exist(store, run_id: str) -> bool:

@@ -2,9 +2,9 @@
 
 Runs once, after every shard, the error log and the transform graph of the
 run are complete in `runs/<run id>/`. Nothing is moved or copied: the
-manifest names those files where they are, and `preprocess.publish`
+manifest names those files where they are, and `preprocess.publish.commit`
 commits it, the next object of the log manifests/, created only if absent
-(see publish.py for the protocol and why it is crash-safe).
+(docs/dataset_format.md, "Publishing", gives the protocol and why it is crash-safe).
 """
 
 import datetime

@@ -1,19 +1,17 @@
 """Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs.
 
-python -m preprocess.gc DIR [--dry-run] [--max-objects N]
-python -m preprocess.gc gs://bucket/datasets/flowers --dry-run
+The command is `python -m preprocess.gc` (preprocess/gc.py); publishing calls `collect_garbage` too.
 """
 
-import argparse
 import dataclasses
 import datetime
 import json
 import logging
-import sys
 import uuid
 
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
+from preprocess.config import DEFAULT_GC_MAX_OBJECTS
 from preprocess.publish import protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import (
@@ -24,7 +22,6 @@ from preprocess.publish.runs import (
     is_run_id,
 )
 
-DEFAULT_MAX_OBJECTS = 10_000
 # Runs looked at per call, oldest first: a call's listings stay bounded however many runs wait.
 DEFAULT_MAX_RUNS = 50
 # A run that started after the published one and has not published this long after its start is dead.
@@ -394,7 +391,9 @@ def remove_run(output_dir: str, run_id: str) -> bool:
     Not the published run, nor one a live lease holds, nor (if it started after the published run) one
     whose publish is under way: False then. The same removal, marker and checks as `collect_garbage`'s.
     """
-    collector = _Collector(output_dir, DEFAULT_MAX_OBJECTS, 1, False, None, protocol._utc_now().timestamp())
+    collector = _Collector(
+        output_dir, DEFAULT_GC_MAX_OBJECTS, 1, False, None, protocol._utc_now().timestamp()
+    )
     sequence, manifest, _ = collector.head()
     head_run = protocol.published_run_id(manifest)
     if run_id == head_run or collector.live_lease(run_id):
@@ -414,7 +413,7 @@ def remove_run(output_dir: str, run_id: str) -> bool:
 
 def collect_garbage(
     output_dir: str,
-    max_objects: int = DEFAULT_MAX_OBJECTS,
+    max_objects: int = DEFAULT_GC_MAX_OBJECTS,
     dry_run: bool = False,
     tft_build_id: str | None = None,
     now: float | None = None,
@@ -431,33 +430,3 @@ def collect_garbage(
     for line in collector.report.lines():
         log.info("%s", line)
     return collector.report
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m preprocess.gc",
-        description="Remove what no commit, retention promise or live lease of a dataset directory needs.",
-    )
-    parser.add_argument("dir", help="the dataset directory (local path or gs://bucket/prefix)")
-    parser.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    parser.add_argument(
-        "--max-objects",
-        type=int,
-        default=DEFAULT_MAX_OBJECTS,
-        help=f"delete at most this many objects in this call (default {DEFAULT_MAX_OBJECTS}); run it again for more",
-    )
-    args = parser.parse_args(argv)
-    if args.max_objects < 1:
-        parser.error("--max-objects must be at least 1")
-    store = dataset_store.open_store(args.dir)
-    if store.read(commit_log.HINT_FILE) is None and not store.list(f"{manifest_lib.MANIFESTS_DIR}/").objects:
-        if not store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True).prefixes:
-            print(
-                f"preprocess.gc: {args.dir} holds no dataset (no {manifest_lib.MANIFESTS_DIR}/, "
-                f"{commit_log.HINT_FILE} or {manifest_lib.RUNS_DIR}/): check the path",
-                file=sys.stderr,
-            )
-            return 2
-    report = collect_garbage(args.dir, args.max_objects, args.dry_run)
-    print("\n".join(report.lines()))
-    return 0

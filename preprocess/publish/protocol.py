@@ -23,7 +23,7 @@ PUBLISH_MARKER_TTL_SECONDS = 6 * 3600
 TFT_TEMP_GRACE_SECONDS = 2 * 24 * 3600
 
 
-# The manifest's list of the runs it superseded whose files are kept (see the module docstring).
+# The manifest's list of the runs it superseded whose files are kept (docs/dataset_format.md, the retention period).
 RETAINED_RUNS = "retained_runs"
 
 

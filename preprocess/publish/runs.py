@@ -82,9 +82,6 @@ class RunPaths:
     def marker(self, kind: str, attempt: str) -> str:
         return manifest_lib.join(self.output_dir, manifest_lib.RUNS_DIR, f"{self.run_id}.{kind}.{attempt}")
 
-    def marker_glob(self, kind: str) -> str:
-        return manifest_lib.join(self.output_dir, manifest_lib.RUNS_DIR, f"{self.run_id}.{kind}.*")
-
 
 def tft_temp_dir(output_dir: str, build_id: str) -> str:
     """tf.Transform's temporary directory for one pipeline build.
@@ -109,14 +106,6 @@ def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> s
     record = json.dumps({"build_id": build_id, "shared": shared}).encode("utf-8")
     filesystem.write_bytes(paths.build_file, record, tmp_dir=paths.tmp_dir)
     return run_id
-
-
-def read_build(output_dir: str, run_id: str) -> dict | None:
-    """What `record_build` wrote for the run, or None."""
-    path = RunPaths(output_dir, run_id).build_file
-    if not filesystem.exists(path):
-        return None
-    return json.loads(filesystem.read_bytes(path).decode("utf-8"))
 
 
 class MakeRunId(beam.PTransform):

@@ -26,7 +26,7 @@ from preprocess.publish import commit as publish
 from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
-from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults
+from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults, write_marker
 from tests.stage1 import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def garbage(tmp_path_factory) -> Garbage:
     for run_id in (x_id, c_id):
         # A publish attempt of each that died long ago.
         marker = RunPaths(output, run_id).marker(publish.PUBLISHING_MARKER, "dead")
-        publish.write_marker(marker, run_id)
+        write_marker(marker, run_id)
         long_ago = datetime.datetime.now().timestamp() - publish.PUBLISH_MARKER_TTL_SECONDS - 60
         os.utime(marker, (long_ago, long_ago))
     return Garbage(output, d_id, b_id, a_id, (x_id, c_id), manifests, later_id)
@@ -239,10 +239,10 @@ def test_on_a_hierarchical_namespace_bucket_gc_deletes_the_folders_it_empties(
 
 
 def test_removing_one_run_by_name_spares_the_published_and_the_leased_ones(directory):
-    assert publish.remove_run(directory.output, directory.retained)  # retention is the caller's to waive
+    assert gc.remove_run(directory.output, directory.retained)  # retention is the caller's to waive
     assert not os.path.exists(RunPaths(directory.output, directory.retained).run_dir)
-    assert not publish.remove_run(directory.output, directory.head)
-    assert not publish.remove_run(directory.output, directory.leased)
+    assert not gc.remove_run(directory.output, directory.head)
+    assert not gc.remove_run(directory.output, directory.leased)
     assert_complete_dataset(directory.output)
     assert (
         publish.missing_run_files(directory.output, directory.leased, directory.manifests[directory.leased])

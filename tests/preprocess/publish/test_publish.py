@@ -39,6 +39,7 @@ from tests.publishing import (
     run_stopped_before_switch,
     shard_digests,
     start_paused_publish,
+    write_marker,
 )
 from tests.stage1 import run_stage1, write_corpus
 
@@ -308,7 +309,7 @@ def test_a_dead_publishers_marker_protects_a_later_run_only_until_it_expires(sta
     publish_run(output, staged.new_run_id, staged.new)
     later = clone_run(output, staged.new, new_run_id())
     marker = RunPaths(output, later["run"]["id"]).marker(publish.PUBLISHING_MARKER, "crashed")
-    publish.write_marker(marker, later["run"]["id"])
+    write_marker(marker, later["run"]["id"])
     week_later = time.time() + gc.ABANDONED_RUN_SECONDS + 3600
     os.utime(marker, (week_later - 60, week_later - 60))  # its publisher wrote it a minute before
     gc.collect_garbage(output, now=week_later)
@@ -325,7 +326,7 @@ def test_an_attempt_removes_only_its_own_marker_and_a_dead_attempts_once_it_expi
         paths.marker(publish.PUBLISHING_MARKER, "dead"),
     )
     for marker in (sibling, dead):
-        publish.write_marker(marker, staged.new_run_id)
+        write_marker(marker, staged.new_run_id)
     expired = time.time() - publish.PUBLISH_MARKER_TTL_SECONDS - 60
     os.utime(dead, (expired, expired))
     publish_run(output, staged.new_run_id, staged.new)
