@@ -45,6 +45,21 @@ def open_store(root: str, tmp_dir: str = _TMP_DIR):
     raise ValueError(f"{root}: publishing needs local disk or gs://")
 
 
+# Each call removes the shared temporary folder when it leaves it empty, so a concurrent call (another
+# publisher, the collector, a job record) can lose that folder, or the target's, between making it and
+# writing into it; it makes them again, a few times at most.
+_FOLDER_RACE_ATTEMPTS = 20
+
+
+def _make_folder(path: str):
+    """os.makedirs, whose FileExistsError when another call removes the folder at the same instant is
+    FileNotFoundError here: the caller's cue to try again."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError as exc:
+        raise FileNotFoundError(str(exc)) from exc
+
+
 class LocalStore:
     def __init__(self, root: str, tmp_dir: str = _TMP_DIR):
         self.root = root
@@ -56,15 +71,22 @@ class LocalStore:
 
     def create_if_absent(self, name: str, data: bytes) -> bool:
         self.requests += 1
+        for _ in range(_FOLDER_RACE_ATTEMPTS):
+            with contextlib.suppress(FileNotFoundError):
+                return self._create_if_absent_once(name, data)
+        raise OSError(f"{self._path(name)}: its folders kept disappearing while it was created")
+
+    def _create_if_absent_once(self, name: str, data: bytes) -> bool:
+        """One try; FileNotFoundError when another call removed a folder on the way (see _FOLDER_RACE_ATTEMPTS)."""
         tmp_dir = self._path(self.tmp_dir)
-        os.makedirs(tmp_dir, exist_ok=True)
-        os.makedirs(os.path.dirname(self._path(name)), exist_ok=True)
+        _make_folder(tmp_dir)
         temporary = os.path.join(tmp_dir, f"{os.path.basename(name)}.{uuid.uuid4().hex}")
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
         try:
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _make_folder(os.path.dirname(self._path(name)))
             os.link(temporary, self._path(name))
             return True
         except FileExistsError:
@@ -77,7 +99,14 @@ class LocalStore:
     def write(self, name: str, data: bytes):
         """Replace `name` with `data` atomically (the copy in dataset.json; the log never needs it)."""
         self.requests += 1
-        filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
+        for _ in range(_FOLDER_RACE_ATTEMPTS):
+            try:
+                filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
+                break
+            except (FileNotFoundError, FileExistsError):  # FileExistsError: makedirs lost its folder at once
+                continue
+        else:
+            raise OSError(f"{self._path(name)}: its folders kept disappearing while it was written")
         self._remove_empty_parents(f"{self.tmp_dir}/-")
 
     def read(self, name: str) -> bytes | None:
