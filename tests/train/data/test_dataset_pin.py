@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dataset_contract import commit_log
+from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
 from train.config import TrainConfig
 from train.errors import DatasetError
@@ -32,12 +32,25 @@ PINNED_MANIFEST_FILE = "dataset_pin.manifest.json"
 LINEAGE_FILE = "export/assets.extra/dataset_lineage.json"
 
 
+def _top_level(name: str):
+    """shutil.copytree's `ignore` that leaves out the folder `name` at the top of the copied tree."""
+    top = []
+
+    def ignore(directory, names):
+        if not top:
+            top.append(directory)
+        return [name] if directory == top[0] and name in names else []
+
+    return ignore
+
+
 class TwoRuns:
     """A dataset directory holding runs A and B of stage 1, and the manifest of each."""
 
     def __init__(self, root, run_a_dir, run_b_dir):
         self.root = root
-        shutil.copytree(run_a_dir, root)
+        # A copy of the session's shared dataset, without the leases that other tests' jobs took on it.
+        shutil.copytree(run_a_dir, root, ignore=_top_level(leases.LEASES_DIR))
         self.manifest_a = (root / manifest_lib.MANIFEST_FILE).read_bytes()
         self.manifest_b = (run_b_dir / manifest_lib.MANIFEST_FILE).read_bytes()
         self.run_a = json.loads(self.manifest_a)["run"]["id"]
