@@ -17,8 +17,9 @@ AUTOCHECKPOINT_GENERATIONS = ("v2", "v3", "v4", "v5e")
 AUTO, ON, OFF = "auto", "on", "off"
 INTERVAL = "up to --checkpoint-every of training (python -m train's default 10m), the interval checkpoint"
 
-# Runs as root at every boot of every worker. Only the worker a launch wrote start.sh on (worker 0, or the
-# single host) has one; on a fresh (recreated) disk there is none, and the launch commands start training.
+# Runs as root at every boot of every worker. Only the workers a launch wrote start.sh on (the single host,
+# worker 0 of a TensorFlow slice, every worker of a JAX one) have one; on a fresh (recreated) disk there is
+# none, and the launch commands start training.
 # No commas: gcloud's --metadata splits KEY=VALUE pairs on them.
 BOOT_SCRIPT = """#!/bin/bash
 # tf-image-pipeline (pipelines/tpu/lifecycle.py): after a reboot resume the training this VM ran.
