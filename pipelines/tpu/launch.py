@@ -175,6 +175,26 @@ def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
     return ["python3", "-m", "train.tools.tpu_servers", "--tpu", name, *location]
 
 
+_STATUS_URI_VARIABLE = "STATUS_URI_FROM_THE_WORKER_NUMBER"  # a word shlex leaves unquoted, then "$status_uri"
+# The worker's number in its slice, from the metadata server (as jax.distributed's Cloud TPU cluster reads it).
+WORKER_NUMBER_URL = "http://${GCE_METADATA_IP:-metadata.google.internal}/computeMetadata/v1/instance/attributes/agent-worker-number"
+
+
+def worker_status_lines(status_uri: str) -> str:
+    """start.sh's lines that give each JAX worker's supervisor its own status object.
+
+    Every worker of a JAX slice runs a supervisor: worker 0's writes MODEL_DIR/supervisor.json (the one
+    pipelines.tpu.restart watches), worker N's supervisor-worker-N.json beside it. Without an answer from
+    the metadata server every worker writes supervisor.json, as a single host does.
+    """
+    per_worker = status_uri[: -len(".json")] + "-worker-"
+    return (
+        f'worker="$(curl -sf --max-time 10 -H Metadata-Flavor:Google "{WORKER_NUMBER_URL}")" || worker=""\n'
+        f"status_uri={shlex.quote(status_uri)}\n"
+        f'case "$worker" in ""|0) ;; *[!0-9]*) ;; *) status_uri={shlex.quote(per_worker)}"$worker.json" ;; esac\n'
+    )
+
+
 def start_script(
     train_argv: list[str],
     multi_host: bool,
@@ -189,8 +209,13 @@ def start_script(
     On JAX the interpreter is JAX_VENV's.
     """
     exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host, backend))
-    supervised = shlex.join(supervisor_argv(training_python(backend), train_argv, tpu_argv=tpu_argv))
+    argv = supervisor_argv(training_python(backend), train_argv, tpu_argv=tpu_argv)
     wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""
+    if backend == JAX and multi_host and "--status-uri" in argv:
+        status_at = argv.index("--status-uri") + 1
+        wait += worker_status_lines(argv[status_at])
+        argv[status_at] = _STATUS_URI_VARIABLE
+    supervised = shlex.join(argv).replace(_STATUS_URI_VARIABLE, '"$status_uri"')
     # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
     return (
         "#!/bin/bash\n"

@@ -377,3 +377,72 @@ def test_backend_jax_with_a_tensorflow_only_flag_is_refused_before_any_cloud_cal
     monkeypatch.setenv("KERAS_BACKEND", "torch")
     assert dataflow.main(base[:-2]) == 2
     assert "KERAS_BACKEND=torch" in capsys.readouterr().err
+
+
+class MetadataServer:
+    """A GCE metadata server answering only a TPU worker's number, as a Cloud TPU slice's worker has it."""
+
+    def __init__(self, worker_number):
+        import http.server
+        import threading
+
+        number = worker_number
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                found = self.path == "/computeMetadata/v1/instance/attributes/agent-worker-number"
+                if found and self.headers.get("Metadata-Flavor") == "Google":
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(number.encode())
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    "worker_number,status_file", [("2", "supervisor-worker-2.json"), (None, "supervisor.json")]
+)
+def test_every_jax_worker_starts_its_supervisor_for_real_each_with_its_own_status(
+    tmp_path, worker_number, status_file
+):
+    # The JAX slice's launch text in a real shell, in a scratch home whose jax-venv python is this one; the
+    # worker's number from a metadata server on localhost (none: as on a single host, supervisor.json).
+    model_dir = tmp_path / "model"
+    command = tpu_launch.supervised_launch_command(
+        ["--data", str(tmp_path), "--model-dir", str(model_dir), "--epochs", "0"], True, backend="jax"
+    )
+    venv_bin = tmp_path / tpu_launch.JAX_VENV / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    model_dir.mkdir()
+    server = MetadataServer(worker_number) if worker_number else None
+    env = {**os.environ, "PYTHONPATH": REPO, "HOME": str(tmp_path)}
+    env["GCE_METADATA_IP"] = server.address if server else "127.0.0.1:9"  # port 9: nothing answers
+    try:
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        if server:
+            server.close()
+    assert result.returncode == 0 and "training started under train.tools.supervisor" in result.stdout
+    log = tmp_path / tpu_launch.LOG_FILE
+    deadline = time.monotonic() + 120
+    while "not restarting" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "not restarting" in log.read_text()
+    assert sorted(path.name for path in model_dir.iterdir() if path.name.startswith("supervisor")) == [
+        status_file
+    ]
