@@ -312,7 +312,9 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         )
     location = ["--zone", zone, "--project", args.project]
     arguments = train_argv(args, paths, choice, name if multi_host else "local")
-    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint)
+    # TensorFlow drives a slice from worker 0's one client; on JAX each worker's trainer holds its chips.
+    single_client = multi_host and args.backend == TENSORFLOW
+    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint, single_client)
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
