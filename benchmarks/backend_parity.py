@@ -1,9 +1,11 @@
 """The same recipe on Keras' two backends reaches the same validation accuracy, within the noise of seeds.
 
     python -m benchmarks.backend_parity --cache /tmp/bench-cache --images-per-class 100 --steps 300 --seeds 0,1,2
+    python -m benchmarks.backend_parity --cache /tmp/bench-cache --datasets digits --steps 450 --seeds 0,1,2
 
 On the shape corpus (pipelines.sample_corpus, five classes, no broken files; stage 1 writes a 64x64 uint8
-dataset from it once, cached), `train.trainer.train_and_evaluate` trains the small CNN
+dataset from it once, cached) or scikit-learn's digits (tests/data/digits.csv.gz: 1,797 real 8x8 scans of
+ten digits, written as PNGs, through stage 1 at 32x32 uint8), `train.trainer.train_and_evaluate` trains the small CNN
 `--steps` steps of `--batch-size` images, once per seed and backend, each run in a process of its own
 (KERAS_BACKEND is read when Keras is imported; JAX over two host devices, as over a TPU host's chips) after
 keras.utils.set_random_seed(seed). It prints every run's validation accuracy and the medians per backend.
@@ -12,6 +14,7 @@ spread across seeds is the noise to compare the medians against.
 """
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -42,6 +45,36 @@ def shape_dataset(cache: str, images_per_class: int) -> str:
 
     corpus = shape_corpus(cache, images_per_class)
     return corpus_lib.stage1_dataset(cache, corpus, image_size=64, encoding="uint8")
+
+
+DIGITS_CSV = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "digits.csv.gz"
+)
+
+
+def digits_dataset(cache: str) -> str:
+    """scikit-learn's digits as PNGs in a folder per digit (once), through stage 1 at 32x32 uint8 (cached)."""
+    import numpy as np
+    from PIL import Image
+
+    root = os.path.join(cache, "digits")
+    if not os.path.isdir(root):
+        with gzip.open(DIGITS_CSV, "rt") as handle:
+            rows = np.loadtxt(handle, delimiter=",", dtype=np.int64)
+        partial = root + ".partial"
+        for index, row in enumerate(rows):
+            folder = os.path.join(partial, str(row[64]))
+            os.makedirs(folder, exist_ok=True)
+            pixels = (row[:64].reshape(8, 8) * 255 // 16).astype(np.uint8)  # the scans count 0-16
+            Image.fromarray(pixels).save(os.path.join(folder, f"{index:04d}.png"))
+        os.replace(partial, root)
+    return corpus_lib.stage1_dataset(cache, root, image_size=32, encoding="uint8")
+
+
+DATASETS = {
+    "shapes": lambda args: shape_dataset(args.cache, args.images_per_class),
+    "digits": lambda args: digits_dataset(args.cache),
+}
 
 
 def run(backend: str, seed: int, data_dir: str, args) -> dict:
@@ -78,10 +111,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--datasets", default="shapes", help="Comma-separated: shapes, digits.")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    datasets = {"shapes": shape_dataset(args.cache, args.images_per_class)}
+    datasets = {name: DATASETS[name](args) for name in args.datasets.split(",")}
     command = "python -m benchmarks.backend_parity " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: {command}\nmachine: {machine_description()}; {machine_load()}", flush=True)
     results = {}

@@ -31,7 +31,8 @@ from preprocess import options
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
 from train import install_lines
-from train.config import MODELS, RECIPE, RESNET50, SMALL_CNN
+from train.config import JAX, MODELS, RECIPE, RESNET50, SMALL_CNN, TENSORFLOW, resolve_backend
+from train.errors import SetupError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,15 @@ BATCH_PER_CHIP = 128
 # ImageNet recipes the keras.applications backbones were trained with; the small CNN takes the center crop.
 IMAGENET_CROP_MARGIN = 0.143
 # The fields of python -m train this command takes as flags, besides the training recipe's.
-STAGE2_FIELDS = ("model", "epochs", "global_batch_size", "learning_rate", "augment", "checkpoint_every")
+STAGE2_FIELDS = (
+    "model",
+    "backend",
+    "epochs",
+    "global_batch_size",
+    "learning_rate",
+    "augment",
+    "checkpoint_every",
+)
 # Those handed on to python -m train as given (train_argv sets the model, epochs and batch itself).
 FORWARDED_FIELDS = ("augment", "learning_rate", "checkpoint_every", *train_flags.names_in(RECIPE))
 
@@ -61,7 +70,8 @@ def build_parser() -> CommandParser:
         "ssh under `python3 -m train.tools.supervisor`, which restarts it after an interruption (exit 143, a slice "
         "peer's preemption) and stops after success or a setup error (exit 2); log: ~/tf-image-pipeline/train.log. "
         "Single host: one command installs and launches on the VM; a multi-host slice: install and TPU servers on "
-        "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers. --spot: a TPU "
+        "every worker, training on worker 0 with --tpu NAME once every worker's TPU server answers (--backend jax: "
+        "jax[tpu] in a uv-managed Python 3.11, installed and training on every worker). --spot: a TPU "
         "Spot VM, recreated after a preemption by `python -m pipelines.tpu.restart --spec SPEC`; a boot script "
         "resumes training after a reboot. What an event can lose is bounded by --checkpoint-every, except "
         "maintenance on a single-host VM with Autocheckpoint (pipelines/tpu/lifecycle.py). "
@@ -120,6 +130,13 @@ def build_parser() -> CommandParser:
                 "choices": MODELS,
                 "metavar": None,
                 "help": "The classifier.",
+            },
+            "backend": {
+                "help": f"Keras' backend on the TPU VM. {TENSORFLOW}: tensorflow-tpu "
+                f"{tpu_runtime.TENSORFLOW_TPU_VERSION} on the image's Python 3.10, TPUStrategy (a slice is driven "
+                f"from worker 0). {JAX}: jax[tpu] {install_lines.JAX_VERSION} in a uv-managed Python "
+                f"{install_lines.JAX_PYTHON} (~/{tpu_launch.JAX_VENV}), keras.distribution.DataParallel, the trainer "
+                "on every worker of a slice. Default: $KERAS_BACKEND, else tensorflow.",
             },
             "epochs": {"default": 30},
             "global_batch_size": {
@@ -253,8 +270,11 @@ def train_argv(
         str(args.epochs),
         "--global-batch-size",
         str(global_batch_size(args, choice)),
-        "--strategy",
-        "tpu",
+        "--backend",
+        args.backend,
+        # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
+        # (every worker, keras.distribution.initialize() for a TPU's name).
+        *(["--strategy", "tpu"] if args.backend == TENSORFLOW else []),
         "--tpu",
         tpu,
     ]
@@ -265,11 +285,25 @@ def package_uri(args) -> str:
     return manifest_lib.join(args.workdir.rstrip("/"), "packages", "tf-image-pipeline.tar.gz")
 
 
+def backend_problem(args) -> str | None:
+    """What the flags ask that `--backend` cannot do, in words; None when they agree (checked before any cloud call)."""
+    if args.backend == JAX and args.freeze_backbone_epochs:
+        return (
+            "--freeze-backbone-epochs is not supported with --backend jax (Keras' JAX optimizer updates every "
+            "variable it was built for): drop it (the warmup protects the backbone), or train with --backend "
+            "tensorflow"
+        )
+    return None
+
+
 def training_job_spec(args, paths: WorkflowPaths) -> dict:
     """What runs stage 2 on a TPU: the machine, its runtime, the paths, the exact commands (module docstring)."""
     zone = args.zone or f"{args.region}-a"
     name = args.tpu if args.tpu != "local" else "THIS-TPU-VM"
-    choice = tpu_runtime.choose_runtime(args.accelerator_type, override=args.runtime_version)
+    args.backend = resolve_backend(args.backend)
+    choice = tpu_runtime.choose_runtime(
+        args.accelerator_type, override=args.runtime_version, backend=args.backend
+    )
     multi_host = choice.tpu.multi_host
     if args.tpu == "local" and multi_host:
         raise ValueError(
@@ -279,7 +313,9 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         )
     location = ["--zone", zone, "--project", args.project]
     arguments = train_argv(args, paths, choice, name if multi_host else "local")
-    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint)
+    # TensorFlow drives a slice from worker 0's one client; on JAX each worker's trainer holds its chips.
+    single_client = multi_host and args.backend == TENSORFLOW
+    lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, args.spot, args.autocheckpoint, single_client)
     return {
         "kind": "cloud-tpu-vm",
         "tpu": {
@@ -292,14 +328,20 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         },
         "chips": choice.tpu.chips,
         "hosts": choice.tpu.hosts,
-        "tensorflow_tpu": choice.tensorflow_version,
+        "backend": args.backend,
+        "software": choice.software,
+        "python": "uv-managed Python " + install_lines.JAX_PYTHON
+        if args.backend == JAX
+        else "the image's python3",
+        "tensorflow_tpu": choice.tensorflow_version if args.backend == TENSORFLOW else None,
         "runtime": choice.describe(),
-        "environment": dict(tpu_launch.training_environment(multi_host)),
+        "environment": dict(tpu_launch.training_environment(multi_host, args.backend)),
         "supervisor": {
-            "command": "python3 -m train.tools.supervisor",
+            "command": f"{tpu_launch.training_python(args.backend)} -m train.tools.supervisor",
             "log": f"~/{tpu_launch.LOG_FILE}",
             "pid_file": f"~/{tpu_launch.PID_FILE}",
-            "worker": "0" if multi_host else "all",
+            # TensorFlow drives a slice from worker 0; JAX trains on every worker.
+            "worker": "0" if multi_host and args.backend == TENSORFLOW else "all",
         },
         "package": package_uri(args),
         "data_dir": paths.dataset_dir,
@@ -307,7 +349,7 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
         "train_args": arguments,
         "lifecycle": lifecycle.describe(restart_command(args)),
         "commands": tpu_launch.training_commands(
-            name, location, choice, package_uri(args), arguments, lifecycle
+            name, location, choice, package_uri(args), arguments, lifecycle, args.backend
         ),
     }
 
@@ -355,14 +397,16 @@ def write_json(path: str, content: dict) -> None:
 def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
     """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
 
-    In the [tpu] venv the launcher makes (pipelines/tpu/interpreter.py): this process has Beam and generic
-    TensorFlow, which training on the TPU cannot use.
+    In the [tpu] venv the launcher makes (pipelines/tpu/interpreter.py), or on JAX the [tpu-jax] venv on a
+    uv-managed Python 3.11: this process has Beam and generic TensorFlow, which training on the TPU cannot use.
     """
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+    backend = spec.get("backend", TENSORFLOW)  # a spec an earlier version wrote trains on TensorFlow
     with tempfile.TemporaryDirectory() as build_dir:
-        python = tpu_interpreter.ensure_tpu_interpreter(run_dir, build_sdist(build_dir), run=run)
-    print(f"Training interpreter: {python} (this package with its [tpu] extra)")
-    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python)
+        python = tpu_interpreter.ensure_interpreter(run_dir, build_sdist(build_dir), backend, run=run)
+    extra = install_lines.TPU_JAX if backend == JAX else install_lines.TPU
+    print(f"Training interpreter: {python} (this package with its [{extra}] extra)")
+    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python, backend=backend)
     print(
         f"Dataset ready. Training started under train.tools.supervisor (pid {pid}); follow it with: tail -f {log_path}"
     )
@@ -410,6 +454,15 @@ def main(argv=None) -> int:
     mixed_up = parser.mixed_up_flags_problem(dataflow_args)  # ours for certain: said before Beam is imported
     if mixed_up:
         parser.refuse(mixed_up)
+    try:  # the training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported
+        args.backend = resolve_backend(args.backend)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    problem = backend_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
         print(
             f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
@@ -455,8 +508,9 @@ def main(argv=None) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-    if args.tpu == "local" and not args.dry_run:
-        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1.
+    if args.tpu == "local" and not args.dry_run and args.backend == TENSORFLOW:
+        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1
+        # (on JAX uv makes it, on its own Python).
         run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
         problem = (
             None if os.path.exists(tpu_interpreter.venv_python(run_dir)) else tpu_interpreter.venv_problem()

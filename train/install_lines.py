@@ -50,6 +50,30 @@ JAX_PYTHON = "3.11"
 # installing a training package without its backend.
 TPU_JAX_REQUIREMENTS = (f"jax[tpu]=={JAX_VERSION}", f"tensorflow-cpu=={TENSORFLOW_VERSION}")
 
+# A Cloud TPU VM image (Ubuntu 22.04) has Python 3.10 only, so the [tpu-jax] extra gets a uv-managed
+# CPython 3.11 (python-build-standalone, downloaded by `uv python install`) in a venv of its own. uv comes from
+# the registry (`pip install uv`: the wheel carries the binary; `python -m uv` runs it without PATH changes).
+UV_VERSION = "0.13.9"
+PACKAGE_NAME = (
+    "tf-image-pipeline"  # setup.py's name: reinstalled into an existing venv (a new sdist, same version)
+)
+
+
+def tpu_jax_venv_commands(python: str, package: str, venv: str, pip_user: bool) -> list[list[str]]:
+    """uv (into `python`: --user for a system Python), a uv-managed Python 3.11, a venv on it, `package[tpu-jax]`.
+
+    Run again on the same machine it reuses the interpreter and the venv, and reinstalls the package.
+    """
+    uv = [python, "-m", "uv"]
+    return [
+        [python, "-m", "pip", "install", "--quiet", *(["--user"] if pip_user else []), f"uv=={UV_VERSION}"],
+        [*uv, "python", "install", JAX_PYTHON],
+        [*uv, "venv", "--allow-existing", "--managed-python", "--python", JAX_PYTHON, venv],
+        [*uv, "pip", "install", "--python", f"{venv}/bin/python", "--reinstall-package", PACKAGE_NAME,
+         f"{package}[{TPU_JAX}]"],
+    ]  # fmt: skip
+
+
 TENSORFLOW_REQUIREMENT = f"tensorflow=={TENSORFLOW_VERSION}"
 TENSORFLOW_GPU_REQUIREMENT = f"tensorflow[and-cuda]=={TENSORFLOW_VERSION}"
 TPU_REQUIREMENTS = (f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}", f"libtpu=={LIBTPU_VERSION}")

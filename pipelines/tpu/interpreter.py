@@ -1,5 +1,7 @@
-"""The `[tpu]` interpreter the on-VM mode trains in: a venv the launcher makes on the TPU VM.
+"""The interpreter the on-VM mode trains in: a venv the launcher makes on the TPU VM.
 
+`[tpu]` (TensorFlow) in a venv of the launcher's Python; `[tpu-jax]` (--backend jax) in a venv on a
+uv-managed Python 3.11 (train/install_lines.py spells the uv commands, the remote launch runs the same).
 Why and how: docs/internals.md.
 """
 
@@ -9,13 +11,15 @@ import subprocess
 import sys
 
 from train import install_lines
+from train.config import JAX
 
 VENV_DIR = "tpu-venv"
+JAX_VENV_DIR = "jax-venv"  # pipelines/tpu/launch.py's JAX_VENV, on the remote launch's VMs
 INSTALLED_MARKER = ".tf-image-pipeline-sdist-sha256"
 
 
-def venv_python(run_dir: str) -> str:
-    return os.path.join(run_dir, VENV_DIR, "bin", "python")
+def venv_python(run_dir: str, venv_dir: str = VENV_DIR) -> str:
+    return os.path.join(run_dir, venv_dir, "bin", "python")
 
 
 def _sha256(path: str) -> str:
@@ -68,3 +72,29 @@ def ensure_tpu_interpreter(
     with open(marker, "w") as handle:
         handle.write(wanted + "\n")
     return venv_python(run_dir)
+
+
+def jax_install_commands(run_dir: str, sdist: str, base_python: str = sys.executable) -> list[list[str]]:
+    """uv into the launcher's venv (`base_python`'s), a uv-managed Python 3.11, the JAX venv, `sdist[tpu-jax]`."""
+    venv = os.path.join(run_dir, JAX_VENV_DIR)
+    return install_lines.tpu_jax_venv_commands(base_python, sdist, venv, pip_user=False)
+
+
+def ensure_interpreter(
+    run_dir: str, sdist: str, backend: str, base_python: str = sys.executable, run=subprocess.run
+) -> str:
+    """The training interpreter for `backend`, with `sdist` installed: reused when it holds this sdist."""
+    if backend != JAX:
+        return ensure_tpu_interpreter(run_dir, sdist, base_python, run)
+    python = venv_python(run_dir, JAX_VENV_DIR)
+    marker = os.path.join(run_dir, JAX_VENV_DIR, INSTALLED_MARKER)
+    wanted = _sha256(sdist)
+    if os.path.exists(python) and os.path.exists(marker):
+        with open(marker) as handle:
+            if handle.read().strip() == wanted:
+                return python
+    for command in jax_install_commands(run_dir, sdist, base_python):
+        run(command, check=True)
+    with open(marker, "w") as handle:
+        handle.write(wanted + "\n")
+    return python

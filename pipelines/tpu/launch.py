@@ -1,6 +1,8 @@
 """The commands that put this package on a TPU VM and start training there, supervised and detached from ssh.
 
-The commands for a single-host VM and a slice, and the environment they set: docs/internals.md.
+The commands for a single-host VM and a slice, on each backend, and the environment they set:
+docs/internals.md. On TensorFlow (tensorflow-tpu on the image's Python 3.10) a slice is driven from worker
+0 alone; on JAX (jax[tpu] in a uv-managed Python 3.11) every worker runs the trainer.
 """
 
 import importlib.util
@@ -12,6 +14,7 @@ import sys
 from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
 from train import install_lines
+from train.config import JAX, TENSORFLOW
 from train.device import device_defaults
 from train.tools import run_status
 
@@ -23,6 +26,8 @@ PID_FILE = f"{RUN_DIR}/supervisor.pid"
 START_SCRIPT = f"{RUN_DIR}/start.sh"  # the launch runs it; the VM's boot script runs it again after a reboot
 STOPPED_FILE = f"{RUN_DIR}/stopped"  # the supervisor's reason when training ended for good
 PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the supervisor's no-progress stop
+# --backend jax: the venv of the [tpu-jax] extra on a uv-managed Python 3.11 (install_lines.tpu_jax_venv_commands).
+JAX_VENV = f"{RUN_DIR}/jax-venv"
 TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
 TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
 # Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
@@ -64,9 +69,23 @@ def pip_install_command(sdist_path: str) -> str:
     return install_lines.tpu_install_command(sdist_path)
 
 
-def install_command(package_uri: str) -> str:
-    """Copy the staged sdist from GCS and install it with the [tpu] extra."""
-    return f"gcloud storage cp {shlex.quote(package_uri)} {REMOTE_PACKAGE} && {pip_install_command(REMOTE_PACKAGE)}"
+def install_command(package_uri: str, backend: str = TENSORFLOW) -> str:
+    """Copy the staged sdist from GCS and install it: the [tpu] extra (TensorFlow), or [tpu-jax] in JAX_VENV.
+
+    On JAX the image's Python 3.10 is too old for jax 0.10 and Keras 3.15: uv (from the registry, into the
+    ssh user's site) brings a managed Python 3.11 and makes the venv on it.
+    """
+    if backend == JAX:
+        steps = install_lines.tpu_jax_venv_commands("python3", REMOTE_PACKAGE, JAX_VENV, pip_user=True)
+        install = " && ".join(shlex.join(step) for step in steps)
+    else:
+        install = pip_install_command(REMOTE_PACKAGE)
+    return f"gcloud storage cp {shlex.quote(package_uri)} {REMOTE_PACKAGE} && {install}"
+
+
+def training_python(backend: str = TENSORFLOW) -> str:
+    """The interpreter start.sh runs the supervisor and the trainer with (relative to the ssh user's home)."""
+    return f"{JAX_VENV}/bin/python" if backend == JAX else "python3"
 
 
 def tpu_server_image(tensorflow_version: str) -> str:
@@ -89,8 +108,11 @@ def tpu_server_setup_command(tensorflow_version: str) -> str:
     )
 
 
-def training_environment(multi_host: bool) -> list[tuple[str, str]]:
+def training_environment(multi_host: bool, backend: str = TENSORFLOW) -> list[tuple[str, str]]:
     """(name, shell value) pairs the training process gets, as the harness sets them (docs/internals.md)."""
+    if backend == JAX:
+        # Keras' backend before Keras is imported; TensorFlow (tf.data only) leaves libtpu to JAX.
+        return [("KERAS_BACKEND", JAX), ("TPU_LOAD_LIBRARY", "0")]
     if multi_host:
         # The client on worker 0 leaves the chips to the TPU servers (python -m train sets it too for --tpu NAME).
         return [("TPU_LOAD_LIBRARY", "0")]
@@ -110,9 +132,13 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def supervisor_tpu_argv(name: str, location: list[str], multi_host: bool) -> list[str]:
-    """The supervisor's TPU flags: it waits for the TPU's health (and a slice's servers) before each restart."""
-    return ["--tpu", name, *location, *(["--wait-for-tpu-servers"] if multi_host else [])]
+def supervisor_tpu_argv(
+    name: str, location: list[str], multi_host: bool, backend: str = TENSORFLOW
+) -> list[str]:
+    """The supervisor's TPU flags: it waits for the TPU's health (and a TensorFlow slice's servers) before each
+    restart. JAX runs no TPU servers: every worker's own trainer holds its chips."""
+    servers = multi_host and backend == TENSORFLOW
+    return ["--tpu", name, *location, *(["--wait-for-tpu-servers"] if servers else [])]
 
 
 def supervisor_argv(
@@ -149,20 +175,47 @@ def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
     return ["python3", "-m", "train.tools.tpu_servers", "--tpu", name, *location]
 
 
+_STATUS_URI_VARIABLE = "STATUS_URI_FROM_THE_WORKER_NUMBER"  # a word shlex leaves unquoted, then "$status_uri"
+# The worker's number in its slice, from the metadata server (as jax.distributed's Cloud TPU cluster reads it).
+WORKER_NUMBER_URL = "http://${GCE_METADATA_IP:-metadata.google.internal}/computeMetadata/v1/instance/attributes/agent-worker-number"
+
+
+def worker_status_lines(status_uri: str) -> str:
+    """start.sh's lines that give each JAX worker's supervisor its own status object.
+
+    Every worker of a JAX slice runs a supervisor: worker 0's writes MODEL_DIR/supervisor.json (the one
+    pipelines.tpu.restart watches), worker N's supervisor-worker-N.json beside it. Without an answer from
+    the metadata server every worker writes supervisor.json, as a single host does.
+    """
+    per_worker = status_uri[: -len(".json")] + "-worker-"
+    return (
+        f'worker="$(curl -sf --max-time 10 -H Metadata-Flavor:Google "{WORKER_NUMBER_URL}")" || worker=""\n'
+        f"status_uri={shlex.quote(status_uri)}\n"
+        f'case "$worker" in ""|0) ;; *[!0-9]*) ;; *) status_uri={shlex.quote(per_worker)}"$worker.json" ;; esac\n'
+    )
+
+
 def start_script(
     train_argv: list[str],
     multi_host: bool,
     wait_argv: list[str] | None = None,
     tpu_argv: list[str] | tuple = (),
+    backend: str = TENSORFLOW,
 ) -> str:
     """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh.
 
     The launch runs it, and the VM's boot script (tpu_lifecycle.BOOT_SCRIPT) runs it again at every boot,
     so it starts nothing when training ended for good (the supervisor's stopped file) or still runs.
+    On JAX the interpreter is JAX_VENV's.
     """
-    exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host))
-    supervised = shlex.join(supervisor_argv("python3", train_argv, tpu_argv=tpu_argv))
+    exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host, backend))
+    argv = supervisor_argv(training_python(backend), train_argv, tpu_argv=tpu_argv)
     wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""
+    if backend == JAX and multi_host and "--status-uri" in argv:
+        status_at = argv.index("--status-uri") + 1
+        wait += worker_status_lines(argv[status_at])
+        argv[status_at] = _STATUS_URI_VARIABLE
+    supervised = shlex.join(argv).replace(_STATUS_URI_VARIABLE, '"$status_uri"')
     # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
     return (
         "#!/bin/bash\n"
@@ -186,9 +239,10 @@ def supervised_launch_command(
     multi_host: bool,
     wait_argv: list[str] | None = None,
     tpu_argv: list[str] | tuple = (),
+    backend: str = TENSORFLOW,
 ) -> str:
     """The ssh command: write start.sh (kept for the boot script), clear an earlier end, and run it."""
-    script = start_script(train_argv, multi_host, wait_argv, tpu_argv)
+    script = start_script(train_argv, multi_host, wait_argv, tpu_argv, backend)
     return (
         f"mkdir -p {RUN_DIR} && printf '%s' {shlex.quote(script)} > {START_SCRIPT} && "
         f"rm -f {STOPPED_FILE} && bash {START_SCRIPT}"
@@ -196,7 +250,11 @@ def supervised_launch_command(
 
 
 def start_detached(
-    train_argv: list[str], run_dir: str, multi_host: bool = False, python: str = sys.executable
+    train_argv: list[str],
+    run_dir: str,
+    multi_host: bool = False,
+    python: str = sys.executable,
+    backend: str = TENSORFLOW,
 ):
     """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log.
 
@@ -204,7 +262,9 @@ def start_detached(
     """
     os.makedirs(run_dir, exist_ok=True)
     env = dict(os.environ)
-    if multi_host:
+    if backend == JAX:
+        env.update(training_environment(multi_host, backend))
+    elif multi_host:
         env["TPU_LOAD_LIBRARY"] = "0"
     else:
         env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
@@ -234,12 +294,21 @@ def training_commands(
     package_uri: str,
     train_argv: list[str],
     lifecycle: tpu_lifecycle.Lifecycle | None = None,
+    backend: str = TENSORFLOW,
 ) -> list[str]:
-    """create, then install (+ TPU servers on a slice) and the supervised launch, as gcloud commands."""
+    """create, then install (+ TPU servers on a TensorFlow slice) and the supervised launch, as gcloud commands."""
     lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
     create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
-    install = install_command(package_uri)
-    tpu_argv = supervisor_tpu_argv(name, location, choice.tpu.multi_host)
+    install = install_command(package_uri, backend)
+    tpu_argv = supervisor_tpu_argv(name, location, choice.tpu.multi_host, backend)
+    if backend == JAX and choice.tpu.multi_host:
+        # JAX runs on every host: the same install, then the same supervised trainer, on every worker; the
+        # trainers find each other (keras.distribution.initialize(), from --tpu NAME).
+        launch = supervised_launch_command(train_argv, True, tpu_argv=tpu_argv, backend=backend)
+        return [create, _ssh(name, location, "all", install), _ssh(name, location, "all", launch)]
+    if backend == JAX:
+        launch = supervised_launch_command(train_argv, False, tpu_argv=tpu_argv, backend=backend)
+        return [create, _ssh(name, location, "all", f"{install} && {launch}")]
     if choice.tpu.multi_host:
         # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0,
         # started once every worker's TPU server answers.

@@ -17,8 +17,9 @@ AUTOCHECKPOINT_GENERATIONS = ("v2", "v3", "v4", "v5e")
 AUTO, ON, OFF = "auto", "on", "off"
 INTERVAL = "up to --checkpoint-every of training (python -m train's default 10m), the interval checkpoint"
 
-# Runs as root at every boot of every worker. Only the worker a launch wrote start.sh on (worker 0, or the
-# single host) has one; on a fresh (recreated) disk there is none, and the launch commands start training.
+# Runs as root at every boot of every worker. Only the workers a launch wrote start.sh on (the single host,
+# worker 0 of a TensorFlow slice, every worker of a JAX one) have one; on a fresh (recreated) disk there is
+# none, and the launch commands start training.
 # No commas: gcloud's --metadata splits KEY=VALUE pairs on them.
 BOOT_SCRIPT = """#!/bin/bash
 # tf-image-pipeline (pipelines/tpu/lifecycle.py): after a reboot resume the training this VM ran.
@@ -36,7 +37,9 @@ class Lifecycle:
     spot: bool
     autocheckpoint: bool
     autocheckpoint_why: str
-    multi_host: bool = False  # then only worker 0's process can save, and Autocheckpoint's SIGTERM misses it
+    single_client: bool = (
+        False  # TensorFlow on a slice: only worker 0's process saves; Autocheckpoint's SIGTERM misses it
+    )
 
     def describe(self, restart_command: str) -> dict:
         return {
@@ -57,7 +60,7 @@ class Lifecycle:
             # The interval checkpoint (--checkpoint-every, python -m train's default 10m) bounds every other case.
             "at_most_lost": {
                 "maintenance": "nothing: Autocheckpoint waits for the SIGTERM checkpoint"
-                if self.autocheckpoint and not self.multi_host
+                if self.autocheckpoint and not self.single_client
                 else INTERVAL,
                 "spot_preemption": INTERVAL if self.spot else "not spot",
                 "crash_or_sigkill": INTERVAL,
@@ -96,8 +99,19 @@ def add_lifecycle_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def choose_lifecycle(tpu: tpu_runtime.TpuType, spot: bool = False, autocheckpoint: str = AUTO) -> Lifecycle:
-    """The creation choices for `tpu`; ValueError when Autocheckpoint is asked for where Cloud TPU has none."""
+def choose_lifecycle(
+    tpu: tpu_runtime.TpuType,
+    spot: bool = False,
+    autocheckpoint: str = AUTO,
+    single_client: bool | None = None,
+) -> Lifecycle:
+    """The creation choices for `tpu`; ValueError when Autocheckpoint is asked for where Cloud TPU has none.
+
+    `single_client`: one process, on worker 0, drives the slice (TensorFlow's TPUStrategy; the default for a
+    multi-host `tpu`). On JAX every worker's trainer holds its own chips, so Autocheckpoint's SIGTERM reaches
+    each of them, and they agree on the step to save at.
+    """
+    single_client = tpu.multi_host if single_client is None else single_client
     generation = tpu.generation.name
     supported = generation in AUTOCHECKPOINT_GENERATIONS
     if autocheckpoint == ON and not supported:
@@ -107,11 +121,11 @@ def choose_lifecycle(tpu: tpu_runtime.TpuType, spot: bool = False, autocheckpoin
             "lose is then bounded by --checkpoint-every)"
         )
     if autocheckpoint == OFF:
-        return Lifecycle(spot, False, "--autocheckpoint off", tpu.multi_host)
+        return Lifecycle(spot, False, "--autocheckpoint off", single_client)
     if not supported:
         why = f"Cloud TPU offers no Autocheckpoint on {generation} ({AUTOCHECKPOINT_DOC})"
-        return Lifecycle(spot, False, why, tpu.multi_host)
-    if tpu.multi_host and autocheckpoint == AUTO:
+        return Lifecycle(spot, False, why, single_client)
+    if single_client and autocheckpoint == AUTO:
         return Lifecycle(
             spot,
             False,
@@ -119,12 +133,13 @@ def choose_lifecycle(tpu: tpu_runtime.TpuType, spot: bool = False, autocheckpoin
             "worker's TPU server, not to worker 0's client (--autocheckpoint on to enable it anyway)",
             True,
         )
-    where = (
-        "slice: the SIGTERM reaches the TPU servers, not worker 0's client"
-        if tpu.multi_host
-        else "single host"
-    )
-    return Lifecycle(spot, True, f"{generation} {where} ({AUTOCHECKPOINT_DOC})", tpu.multi_host)
+    if single_client:
+        where = "slice: the SIGTERM reaches the TPU servers, not worker 0's client"
+    elif tpu.multi_host:
+        where = "slice on JAX: every worker's trainer holds its chips and gets the SIGTERM"
+    else:
+        where = "single host"
+    return Lifecycle(spot, True, f"{generation} {where} ({AUTOCHECKPOINT_DOC})", single_client)
 
 
 GCLOUD_COMPONENTS_DOC = "https://cloud.google.com/sdk/docs/components"

@@ -1,13 +1,15 @@
 """Which TPU VM software version ("runtime") a training run gets, from the accelerator type and TensorFlow.
 
 `choose_runtime` decides it from a table, RUNTIMES, in which every entry names the documents it comes
-from (docs/internals.md has them).
+from (docs/internals.md has them). On Keras' JAX backend there are no TPU servers to match: every host
+gets the docs' base image for its generation (the table's single-host row), with jax[tpu] on top.
 """
 
 import dataclasses
 import re
 
 from train import install_lines
+from train.config import JAX, TENSORFLOW
 
 # The newest tensorflow-tpu on the registry (no 2.21 exists): the one the [tpu] extra installs.
 TENSORFLOW_TPU_VERSION = install_lines.TENSORFLOW_TPU_VERSION
@@ -162,6 +164,14 @@ class RuntimeChoice:
     tensorflow_version: str
     runtime_version: str
     entry: RuntimeEntry | None  # None: the user gave --runtime-version
+    backend: str = TENSORFLOW
+
+    @property
+    def software(self) -> str:
+        """What trains on the TPU: tensorflow-tpu X, or jax[tpu] X."""
+        if self.backend == JAX:
+            return f"jax[tpu] {install_lines.JAX_VERSION}"
+        return f"tensorflow-tpu {self.tensorflow_version}"
 
     def describe(self) -> str:
         hosts = f"{self.tpu.hosts} hosts, multi-host" if self.tpu.multi_host else "single host"
@@ -172,12 +182,15 @@ class RuntimeChoice:
         )
         return (
             f"{self.tpu.name}: {self.tpu.generation.name}, {self.tpu.chips} chips, {hosts}; runtime "
-            f"{self.runtime_version} for tensorflow-tpu {self.tensorflow_version}: {why}"
+            f"{self.runtime_version} for {self.software}: {why}"
         )
 
 
 def choose_runtime(
-    accelerator_type: str, tensorflow_version: str = TENSORFLOW_TPU_VERSION, override: str | None = None
+    accelerator_type: str,
+    tensorflow_version: str = TENSORFLOW_TPU_VERSION,
+    override: str | None = None,
+    backend: str = TENSORFLOW,
 ) -> RuntimeChoice:
     """The runtime for `accelerator_type` and `tensorflow_version` from RUNTIMES (or `override`).
 
@@ -186,7 +199,19 @@ def choose_runtime(
     """
     tpu = parse_accelerator_type(accelerator_type)
     if override:
-        return RuntimeChoice(tpu, tensorflow_version, override, entry=None)
+        return RuntimeChoice(tpu, tensorflow_version, override, entry=None, backend=backend)
+    if backend == JAX:
+        # The single-host row is the docs' base image for the generation; a slice needs nothing else on JAX.
+        base = RUNTIMES[(TENSORFLOW_TPU_VERSION, tpu.generation.name, False)]
+        entry = RuntimeEntry(
+            base.version,
+            tensorflow_preinstalled=False,
+            sources=(RUNTIMES_DOC,),
+            note=f"the docs' base image for {tpu.generation.name}, on every host; the launch installs jax[tpu] "
+            f"{install_lines.JAX_VERSION} on top, in a uv-managed Python {install_lines.JAX_PYTHON} (the image has "
+            "3.10)",
+        )
+        return RuntimeChoice(tpu, tensorflow_version, entry.version, entry, backend=JAX)
     entry = RUNTIMES.get((tensorflow_version, tpu.generation.name, tpu.multi_host))
     if entry is None:
         known = sorted({tf for tf, _, _ in RUNTIMES})

@@ -12,6 +12,7 @@ from pipelines import dataflow
 from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import runtime as tpu_runtime
 from pipelines.workflow import WorkflowPaths
+from train import install_lines
 from train.tools import supervisor
 
 
@@ -252,3 +253,196 @@ def test_tpu_local_on_a_multi_host_slice_is_refused():
     )  # fmt: skip
     with pytest.raises(ValueError, match="v5litepod-16 is a multi-host slice"):
         dataflow.training_job_spec(args, WorkflowPaths(args.workdir))
+
+
+def jax_train_argv(launch_command):
+    """The trainer's argv in start.sh on --backend jax: the JAX venv's python runs the supervisor and the trainer."""
+    words = shlex.split(start_script_of(launch_command), comments=True)
+    python = tpu_launch.training_python("jax")
+    start = words.index("setsid")
+    assert words[start : start + 5] == ["setsid", "nohup", python, "-m", "train.tools.supervisor"]
+    command = words[words.index("--", start) + 1 : words.index(">>", start)]
+    assert command[:3] == [python, "-m", "train"]
+    return command[3:]
+
+
+def test_jax_on_a_slice_installs_a_uv_python_and_runs_the_trainer_on_every_worker():
+    spec = spec_for("v4-32", "--backend", "jax")
+    create, setup, train = (shlex.split(command) for command in spec["commands"])
+    assert (
+        spec["backend"] == "jax" and spec["supervisor"]["worker"] == "all" and spec["tensorflow_tpu"] is None
+    )
+    # No TensorFlow TPU servers to match: the docs' base image for v4 (TensorFlow's slice gets v2-alpha-tpuv5).
+    assert flag(create, "--version") == "tpu-ubuntu2204-base"
+    assert (
+        "--worker=all" in setup and "--worker=all" in train and "--worker=0" not in " ".join(spec["commands"])
+    )
+    setup_command = flag(setup, "--command")
+    steps = setup_command.split(" && ")
+    assert (
+        steps[0]
+        == f"gcloud storage cp gs://b/run/packages/tf-image-pipeline.tar.gz {tpu_launch.REMOTE_PACKAGE}"
+    )
+    assert steps[1:] == [
+        f"python3 -m pip install --quiet --user uv=={install_lines.UV_VERSION}",
+        "python3 -m uv python install 3.11",
+        "python3 -m uv venv --allow-existing --managed-python --python 3.11 tf-image-pipeline/jax-venv",
+        "python3 -m uv pip install --python tf-image-pipeline/jax-venv/bin/python --reinstall-package "
+        "tf-image-pipeline '/tmp/tf-image-pipeline.tar.gz[tpu-jax]'",
+    ]
+    assert "tpu-runtime" not in setup_command and "[tpu]" not in setup_command
+    launch = flag(train, "--command")
+    script = start_script_of(launch)
+    assert "export KERAS_BACKEND=jax TPU_LOAD_LIBRARY=0" in script
+    assert "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in script and "tpu_servers" not in script
+    train_argv = jax_train_argv(launch)
+    # --tpu NAME: every worker's trainer joins the others (keras.distribution.initialize()); no tf.distribute.
+    assert flag(train_argv, "--backend") == "jax" and flag(train_argv, "--tpu") == "my-tpu"
+    assert "--strategy" not in train_argv and spec["train_args"] == train_argv
+    args = supervisor_flags(launch)
+    assert args.tpu == "my-tpu" and args.wait_for_tpu_servers is False  # JAX has no TPU servers to wait for
+
+
+def test_jax_on_a_single_host_installs_and_launches_in_one_command_and_tensorflow_stays_as_it_was():
+    spec = spec_for("v5litepod-8", "--backend", "jax")
+    create, run = (shlex.split(command) for command in spec["commands"])
+    assert flag(create, "--version") == "v2-alpha-tpuv5-lite" and "--worker=all" in run
+    command = flag(run, "--command")
+    assert command.index("[tpu-jax]") < command.index(tpu_launch.START_SCRIPT)
+    train_argv = jax_train_argv(command)
+    assert flag(train_argv, "--tpu") == "local" and "--strategy" not in train_argv
+    assert "jax[tpu] 0.10.2" in spec["runtime"] and "uv-managed Python 3.11" in spec["runtime"]
+    # The same flags without --backend: TensorFlow, said explicitly to the trainer.
+    tensorflow = spec_for("v5litepod-8")
+    argv = supervised_train_argv(flag(shlex.split(tensorflow["commands"][1]), "--command"))
+    assert flag(argv, "--backend") == "tensorflow" and flag(argv, "--strategy") == "tpu"
+    assert tensorflow["tensorflow_tpu"] == "2.20.0" and "uv" not in tensorflow["commands"][1].split()
+
+
+def test_the_jax_arguments_parse_as_python_m_train_flags():
+    from train.__main__ import build_parser, config_from_args
+
+    args = spec_for("v5litepod-16", "--backend", "jax", "--ema")["train_args"]
+    config = config_from_args(build_parser().parse_args(args))
+    assert (config.backend, config.strategy, config.tpu, config.ema) == ("jax", "auto", "my-tpu", True)
+
+
+def test_the_jax_install_runs_in_order_in_a_real_shell_and_stops_where_a_step_fails(tmp_path):
+    # The ssh --command text in bash, with a `gcloud` that stages the package and a `python3` that records
+    # each call; uv's Python download fails (as it does off Google's network without GitHub): nothing trains.
+    spec = spec_for("v5litepod-8", "--backend", "jax")
+    command = flag(shlex.split(spec["commands"][1]), "--command")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "gcloud").write_text('#!/bin/sh\necho "gcloud $*" >> "$CALLS"\n')
+    (bin_dir / "python3").write_text(
+        '#!/bin/sh\necho "python3 $*" >> "$CALLS"\n'
+        'case "$*" in *"uv python install"*) echo "error: download failed" >&2; exit 1;; esac\n'
+    )
+    for fake in ("gcloud", "python3"):
+        (bin_dir / fake).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "CALLS": str(calls),
+    }
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and "download failed" in result.stderr
+    assert calls.read_text().splitlines() == [
+        f"gcloud storage cp gs://b/run/packages/tf-image-pipeline.tar.gz {tpu_launch.REMOTE_PACKAGE}",
+        f"python3 -m pip install --quiet --user uv=={install_lines.UV_VERSION}",
+        "python3 -m uv python install 3.11",
+    ]
+    assert "training started" not in result.stdout and not (tmp_path / tpu_launch.START_SCRIPT).exists()
+
+
+def test_backend_jax_with_a_tensorflow_only_flag_is_refused_before_any_cloud_call(monkeypatch, capsys):
+    def no_cloud(*args, **kwargs):
+        raise AssertionError("a cloud call before the flags were checked")
+
+    monkeypatch.setattr(dataflow, "precheck_problem", no_cloud)
+    monkeypatch.setattr(dataflow, "run_workflow", no_cloud)
+    monkeypatch.setattr(subprocess, "run", no_cloud)
+    base = ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "r",
+            "--tpu", "my-tpu", "--backend", "jax"]  # fmt: skip
+    assert dataflow.main([*base, "--freeze-backbone-epochs", "2"]) == 2
+    error = capsys.readouterr().err
+    assert (
+        "--freeze-backbone-epochs is not supported with --backend jax" in error and "Traceback" not in error
+    )
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert dataflow.main(base[:-2]) == 2
+    assert "KERAS_BACKEND=torch" in capsys.readouterr().err
+
+
+class MetadataServer:
+    """A GCE metadata server answering only a TPU worker's number, as a Cloud TPU slice's worker has it."""
+
+    def __init__(self, worker_number):
+        import http.server
+        import threading
+
+        number = worker_number
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                found = self.path == "/computeMetadata/v1/instance/attributes/agent-worker-number"
+                if found and self.headers.get("Metadata-Flavor") == "Google":
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(number.encode())
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    "worker_number,status_file", [("2", "supervisor-worker-2.json"), (None, "supervisor.json")]
+)
+def test_every_jax_worker_starts_its_supervisor_for_real_each_with_its_own_status(
+    tmp_path, worker_number, status_file
+):
+    # The JAX slice's launch text in a real shell, in a scratch home whose jax-venv python is this one; the
+    # worker's number from a metadata server on localhost (none: as on a single host, supervisor.json).
+    model_dir = tmp_path / "model"
+    command = tpu_launch.supervised_launch_command(
+        ["--data", str(tmp_path), "--model-dir", str(model_dir), "--epochs", "0"], True, backend="jax"
+    )
+    venv_bin = tmp_path / tpu_launch.JAX_VENV / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    model_dir.mkdir()
+    server = MetadataServer(worker_number) if worker_number else None
+    env = {**os.environ, "PYTHONPATH": REPO, "HOME": str(tmp_path)}
+    env["GCE_METADATA_IP"] = server.address if server else "127.0.0.1:9"  # port 9: nothing answers
+    try:
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        if server:
+            server.close()
+    assert result.returncode == 0 and "training started under train.tools.supervisor" in result.stdout
+    log = tmp_path / tpu_launch.LOG_FILE
+    deadline = time.monotonic() + 120
+    while "not restarting" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "not restarting" in log.read_text()
+    assert sorted(path.name for path in model_dir.iterdir() if path.name.startswith("supervisor")) == [
+        status_file
+    ]

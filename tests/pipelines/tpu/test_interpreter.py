@@ -6,6 +6,7 @@ install test's job (tests/train/test_install.py), not this one's.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pipelines import dataflow
 from pipelines.tpu import interpreter as tpu_interpreter
 from pipelines.tpu import launch as tpu_launch
 from pipelines.workflow import WorkflowPaths
+from train import install_lines
 from train.tools import supervisor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -130,11 +132,32 @@ def test_the_on_vm_mode_refuses_before_stage_1_when_the_training_venv_cannot_be_
     assert "-venv" in err and "scripts/tpu_vm_setup.sh" in err and "Traceback" not in err
 
 
+def tiny_wheel(directory, module, name, extra, version="0.1"):
+    """A pure wheel of `name` with an empty `extra`: a stand-in for a package, installed offline."""
+    dist = name.replace("-", "_")
+    wheel = directory / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{module}/__init__.py", "READY = True\n")
+        archive.writestr(
+            f"{dist}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nProvides-Extra: {extra}\n",
+        )
+        archive.writestr(
+            f"{dist}-{version}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        archive.writestr(
+            f"{dist}-{version}.dist-info/RECORD",
+            f"{module}/__init__.py,,\n{dist}-{version}.dist-info/METADATA,,\n",
+        )
+    return wheel
+
+
 SETUP = os.path.join(REPO, "scripts", "tpu_vm_setup.sh")
 
 
-def run_setup(tmp_path, python, *args):
-    """scripts/tpu_vm_setup.sh with PYTHON311=python, and an apt-get (through a sudo) that records and fails."""
+def fake_apt(tmp_path):
+    """A bin directory with an apt-get (through a sudo) that records and fails, and a stand-in uv wheel."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "apt-get").write_text(
@@ -144,8 +167,22 @@ def run_setup(tmp_path, python, *args):
     (bin_dir / "sudo").write_text('#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n')
     for tool in ("apt-get", "sudo"):
         (bin_dir / tool).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON311": python, "PIP_NO_INDEX": "1",
-           "LAUNCHER_VENV": str(tmp_path / "launcher-venv")}  # fmt: skip
+    wheels = (
+        tmp_path / "wheels"
+    )  # the launcher venv gets uv too; offline here: a stand-in at the pinned version
+    wheels.mkdir(exist_ok=True)
+    tiny_wheel(wheels, "uv", "uv", extra="none", version=install_lines.UV_VERSION)
+    return bin_dir, {
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "LAUNCHER_VENV": str(tmp_path / "launcher-venv"),
+    }
+
+
+def run_setup(tmp_path, python, *args):
+    """scripts/tpu_vm_setup.sh with PYTHON311=python, and an apt-get (through a sudo) that records and fails."""
+    bin_dir, offline = fake_apt(tmp_path)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON311": python, **offline}
     return subprocess.run(["bash", SETUP, *args], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -177,21 +214,107 @@ def test_the_vm_setup_makes_the_launcher_venv_with_the_all_extra(tmp_path):
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the setup makes a Python 3.11 venv; the main suite runs on 3.11")
     # A wheel standing in for this package (its [all] extra empty), installed without the registry.
-    wheel = tmp_path / "tiny-0.1-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("tiny/__init__.py", "READY = True\n")
-        archive.writestr(
-            "tiny-0.1.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: tiny\nVersion: 0.1\nProvides-Extra: all\n",
-        )
-        archive.writestr(
-            "tiny-0.1.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        )
-        archive.writestr("tiny-0.1.dist-info/RECORD", "tiny/__init__.py,,\ntiny-0.1.dist-info/METADATA,,\n")
+    wheel = tiny_wheel(tmp_path, "tiny", "tiny", extra="all")
     result = run_setup(tmp_path, sys.executable, str(wheel))
     assert result.returncode == 0, result.stderr
     python = tmp_path / "launcher-venv" / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import tiny; assert tiny.READY"], check=False).returncode == 0
     assert "The on-VM launcher is ready. Run: source" in result.stdout
     assert not (tmp_path / "apt").exists()  # nothing to install: 3.11 and its venv were there
+
+
+class UvInstaller:
+    """Records the JAX venv's commands; `uv venv` makes a venv for real from this Python (no download here)."""
+
+    def __init__(self):
+        self.commands = []
+
+    def __call__(self, command, check=True):
+        self.commands.append(list(command))
+        if command[1:4] == ["-m", "uv", "venv"]:
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", command[-1]], check=check)
+
+
+def test_the_jax_venv_is_made_with_uv_on_its_own_python_3_11_once_per_package(tmp_path):
+    sdist = tmp_path / "tf-image-pipeline-0.1.0.tar.gz"
+    sdist.write_bytes(b"first build")
+    run_dir = str(tmp_path / "run")
+    installer = UvInstaller()
+    python = tpu_interpreter.ensure_interpreter(run_dir, str(sdist), "jax", run=installer)
+    venv = os.path.join(run_dir, "jax-venv")
+    assert python == os.path.join(venv, "bin", "python") and os.path.exists(python)
+    uv = [sys.executable, "-m", "uv"]
+    assert installer.commands == [
+        # uv into the launcher's own venv (no --user there), then a uv-managed 3.11 and the venv on it.
+        [sys.executable, "-m", "pip", "install", "--quiet", f"uv=={install_lines.UV_VERSION}"],
+        [*uv, "python", "install", "3.11"],
+        [*uv, "venv", "--allow-existing", "--managed-python", "--python", "3.11", venv],
+        [*uv, "pip", "install", "--python", f"{venv}/bin/python", "--reinstall-package", "tf-image-pipeline",
+         f"{sdist}[tpu-jax]"],
+    ]  # fmt: skip
+    installer.commands.clear()
+    assert tpu_interpreter.ensure_interpreter(run_dir, str(sdist), "jax", run=installer) == python
+    assert installer.commands == []  # the same package: reused as it is
+    # TensorFlow's [tpu] venv is another one, beside it.
+    assert tpu_interpreter.ensure_interpreter(run_dir, str(sdist), "tensorflow", run=Installer()) != python
+
+
+def test_the_uv_commands_parse_with_the_real_uv_at_the_pinned_version(tmp_path):
+    # The interpreter download cannot run here (python-build-standalone comes from GitHub): each command is
+    # given to the real uv with --help, which fails (exit 2) on any flag or argument uv does not take.
+    version = subprocess.run([sys.executable, "-m", "uv", "--version"], capture_output=True, text=True)
+    assert version.stdout.split()[:2] == ["uv", install_lines.UV_VERSION], version.stderr
+    for command in tpu_interpreter.jax_install_commands(str(tmp_path / "run"), str(tmp_path / "p.tar.gz")):
+        if command[1:3] == ["-m", "uv"]:
+            result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, (command, result.stderr)
+
+
+def test_the_uv_venv_and_install_steps_work_for_real_on_a_local_python(tmp_path):
+    # The same `uv venv` and `uv pip install` as the launch, on this Python 3.11 instead of a managed one
+    # (no download), twice, as a second launch on the same VM runs them: the venv is kept, the package replaced.
+    wheel = tiny_wheel(tmp_path, "tf_image_pipeline", "tf-image-pipeline", extra="tpu-jax")
+    venv = str(tmp_path / "jax-venv")
+    commands = install_lines.tpu_jax_venv_commands(sys.executable, str(wheel), venv, pip_user=False)
+    make_venv, install = commands[2], commands[3]
+    make_venv[make_venv.index("--python") + 1] = sys.executable
+    make_venv.remove("--managed-python")
+    for _ in range(2):
+        for command in (make_venv, [*install[:4], "--offline", *install[4:]]):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            assert result.returncode == 0, (command, result.stderr)
+    check = "import sys, tf_image_pipeline; print('%d.%d' % sys.version_info[:2])"
+    assert subprocess.run(
+        [f"{venv}/bin/python", "-c", check], capture_output=True, text=True
+    ).stdout.strip() == (f"{sys.version_info.major}.{sys.version_info.minor}")
+
+
+def test_the_vm_setup_falls_back_to_a_uv_managed_python_3_11_where_apt_has_none(tmp_path):
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the setup makes a Python 3.11 venv; the main suite runs on 3.11")
+    # A stock TPU VM as far as the script can tell: python3 (3.10) only, apt-get unable to install 3.11.
+    # uv's interpreter download cannot run here, so `python3` records each call and, for `uv python find`,
+    # answers with this Python 3.11 as the uv-managed one; the launcher venv is then made on it for real.
+    bin_dir, offline = fake_apt(tmp_path)
+    for tool in ("dirname", "id", "sed", "cat"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python3").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/python3-calls\n'
+        f'case "$*" in *"uv python find"*) echo {sys.executable};; esac\n'
+    )
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), **offline}
+    wheel = tiny_wheel(tmp_path, "tiny", "tiny", extra="all")
+    result = subprocess.run(
+        ["/bin/bash", SETUP, str(wheel)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert "install -y -q python3.11 python3.11-venv" in (tmp_path / "apt").read_text()  # apt first
+    assert (tmp_path / "python3-calls").read_text().splitlines() == [
+        f"-m pip install --quiet --user uv=={install_lines.UV_VERSION}",
+        "-m uv python install 3.11",
+        "-m uv python find --managed-python 3.11",
+    ]
+    assert f"using the uv-managed {sys.executable}" in result.stdout
+    launcher = tmp_path / "launcher-venv" / "bin" / "python"
+    assert subprocess.run([str(launcher), "-c", "import tiny, uv"], check=False).returncode == 0

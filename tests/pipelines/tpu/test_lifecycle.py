@@ -227,3 +227,31 @@ def test_a_launch_whose_gcloud_has_no_alpha_commands_is_refused_before_stage_1(t
     assert "not in an interactive session" in err and "Traceback" not in err
     # Without Autocheckpoint the create is plain `gcloud compute ...`: no alpha needed, the launch goes on.
     assert dataflow.main([*argv, "--autocheckpoint", "off"]) == 0 and len(ran) == 1
+
+
+def test_on_jax_a_slice_gets_autocheckpoint_where_the_docs_allow_it_since_every_worker_holds_its_chips():
+    # JAX: no single client; each worker's trainer gets the SIGTERM and the workers agree on the step to save.
+    for accelerator_type, enabled in (("v4-32", True), ("v5litepod-16", True), ("v5p-32", False)):
+        choice = tpu_runtime.choose_runtime(accelerator_type, backend="jax")
+        lifecycle = tpu_lifecycle.choose_lifecycle(choice.tpu, single_client=False)
+        assert lifecycle.autocheckpoint is enabled, accelerator_type
+        lost = lifecycle.describe("")["at_most_lost"]["maintenance"]
+        assert (lost == "nothing: Autocheckpoint waits for the SIGTERM checkpoint") is enabled
+    # The launch passes it: TensorFlow's v4-32 keeps it off, JAX's turns it on.
+    from pipelines import dataflow
+    from pipelines.workflow import WorkflowPaths
+
+    def spec(*extra):
+        args = dataflow.build_parser().parse_args(
+            ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central2",
+             "--tpu", "t", "--accelerator-type", "v4-32", *extra]
+        )  # fmt: skip
+        return dataflow.training_job_spec(args, WorkflowPaths(args.workdir))
+
+    assert spec()["lifecycle"]["autocheckpoint"] is False
+    jax = spec("--backend", "jax")
+    assert (
+        jax["lifecycle"]["autocheckpoint"] is True
+        and "slice on JAX" in jax["lifecycle"]["autocheckpoint_why"]
+    )
+    assert jax["commands"][0].startswith("gcloud alpha compute tpus tpu-vm create")
