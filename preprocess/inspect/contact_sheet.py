@@ -301,7 +301,8 @@ def build_parser() -> CommandParser:
     parser = CommandParser(
         prog="python -m preprocess.inspect",
         description="Print a dataset's manifest as a readable summary and write a contact sheet PNG of its "
-        "images (one row per class), decoded from the shards.",
+        "images (one row per class), decoded from the shards; or, with --diff, what changed between two of "
+        "its versions.",
     )
     parser.add_argument("data_dir", help="The dataset directory; local or gs://.")
     parser.add_argument("--split", default=manifest_lib.TRAIN, help="Split to draw from (default train).")
@@ -325,7 +326,8 @@ def build_parser() -> CommandParser:
         type=int,
         default=512,
         help="Stop reading shards after this many MB (default 512); with --report, also the most the "
-        "near-duplicate thumbnails read from the source files.",
+        "near-duplicate thumbnails read from the source files, and the most the changes between two versions "
+        "read of their shards (else that section is left out; --diff reads them all).",
     )
     parser.add_argument(
         "--report",
@@ -474,8 +476,12 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
     groups = data.groups
     print(
         f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "
-        f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups)"
+        f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups"
+        + (f", the changes since version {data.changes.old.sequence}" if data.changes is not None else "")
+        + ")"
     )
+    if data.changes_note:
+        print(f"  note: {data.changes_note}")
     return 0
 
 

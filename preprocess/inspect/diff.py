@@ -11,6 +11,7 @@ class name, the split of the shard). Design notes: docs/internals.md.
 import concurrent.futures
 import dataclasses
 import heapq
+import sys
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -195,7 +196,9 @@ def read_images(data_dir: str, version: Version) -> dict[str, Image]:
     with concurrent.futures.ThreadPoolExecutor(_READ_THREADS) as pool:
         for split, rows in pool.map(read, _shards(data_dir, version.manifest)):
             for sha256, uri, class_name in rows:
-                images[sha256] = Image(uri, class_name, split)
+                images[sha256] = Image(
+                    uri, sys.intern(class_name), split
+                )  # one string per class, not per image
     return images
 
 

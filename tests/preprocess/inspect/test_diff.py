@@ -6,9 +6,11 @@ files moved to another class folder) and one moved by the manifest's split colum
 """
 
 import json
+import os
 import shutil
 
 import pytest
+import tensorflow as tf
 
 from dataset_contract import commit_log
 from preprocess.inspect import contact_sheet as inspect_lib
@@ -127,16 +129,20 @@ def test_the_cli_prints_counts_and_files_and_limit_cuts_the_lists(versions, caps
     assert "Examples per split" not in out and "contact sheet" not in out  # --diff prints the diff alone
 
 
-def test_an_unknown_run_and_a_directory_with_one_version_are_refused_in_a_few_lines(versions, tmp_path):
+def test_an_unknown_run_and_a_directory_with_one_version_are_refused_in_a_few_lines(
+    versions, tmp_path, capsys
+):
+    # As a user runs it: one process start (TensorFlow's import is most of this test's time).
     unknown = run_command(
         "preprocess.inspect", [versions.output, "--diff", "20990101T000000Z-nope"], tmp_path
     )
     assert_refused(unknown, "no version", "20990101T000000Z-nope", versions.first["run"]["id"])
-    newest = versions.second["run"]["id"]
+    # The same way out (print_diff's DiffRefused), in process.
+    assert inspect_lib.main([str(versions.one_version), "--diff"]) == 2
+    said = capsys.readouterr()
+    assert "one published version" in said.err and "nothing to compare" in said.err and not said.out
     with pytest.raises(diff.DiffRefused, match="is the newest version"):
-        diff.choose_versions(str(versions.output), newest)
-    one = run_command("preprocess.inspect", [versions.one_version, "--diff"], tmp_path)
-    assert_refused(one, "one published version", "nothing to compare")
+        diff.choose_versions(str(versions.output), versions.second["run"]["id"])
 
 
 def test_a_version_whose_shards_are_gone_is_not_compared(versions, tmp_path, capsys):
@@ -192,3 +198,13 @@ def test_commits_are_listed_oldest_first_and_a_gone_one_reads_as_none(versions):
         versions.one_version
     )
     assert commit_log.read_commit(commits[0][1] + ".gone", 1, files) is None
+
+
+def test_the_diff_reads_a_directory_on_gcs(versions, gcs_dir, capsys):
+    for folder, _, names in os.walk(versions.output):
+        relative = os.path.relpath(folder, versions.output)
+        for name in names:
+            if relative == "manifests" or name.endswith(".tfrecord"):
+                tf.io.gfile.copy(os.path.join(folder, name), f"{gcs_dir}/{relative}/{name}")
+    assert inspect_lib.main([gcs_dir, "--diff"]) == 0
+    assert "added 3, removed 2, relabelled 2, moved to another split 1" in capsys.readouterr().out
