@@ -108,6 +108,15 @@ def _read_version(path: str, sequence: int, files) -> Version | None:
     return Version(sequence, manifest)
 
 
+def _older_versions(commits: list[tuple[int, str]], files):
+    """The versions of `commits` (list_commits entries), newest first, each read when reached; those
+    gone meanwhile (garbage collection) passed over."""
+    for sequence, path in reversed(commits):
+        version = _read_version(path, sequence, files)
+        if version is not None:
+            yield version
+
+
 def _run_of(text: str) -> str:
     """A RUN as users may give it: its id, or its directory (`runs/<id>/`)."""
     text = text.strip().rstrip("/")
@@ -125,19 +134,27 @@ def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Ver
         if newest is None:
             commits.pop()
     if newest is None or len(commits) < 2:
-        held = "no published version" if newest is None else "one published version"
+        held = (
+            f"no commit in {manifest_lib.MANIFESTS_DIR}/ (written before the commit log, it holds one version)"
+            if newest is None
+            else f"one published version in its commit log ({manifest_lib.MANIFESTS_DIR}/)"
+        )
         raise DiffRefused(
-            f"{data_dir} holds {held} in its commit log ({manifest_lib.MANIFESTS_DIR}/): nothing to compare. "
+            f"{data_dir} holds {held}: nothing to compare. "
             f"Each run of `python -m preprocess --output {data_dir}` publishes the next version"
         )
     older = commits[:-1]
     if run is None:
-        # The version the newest was built from: the commit before it in the log (issue 32's lineage,
-        # where a manifest records it, will name it instead).
-        for sequence, path in reversed(older):
-            version = _read_version(path, sequence, files)
-            if version is not None:
+        # The version the newest was built from: the run its manifest names (`run.built_from`, an
+        # incremental run's lineage) while the log still holds it, else the commit before it.
+        built_from = (newest.manifest.get("run") or {}).get("built_from")
+        previous = None
+        for version in _older_versions(older, files):
+            previous = previous or version
+            if not built_from or version.run_id == built_from:
                 return version, newest
+        if previous is not None:
+            return previous, newest
         raise DiffRefused(f"{data_dir}: the versions before version {newest.sequence} were removed meanwhile")
     wanted = _run_of(run)
     if wanted in (newest.run_id, str(newest.sequence)):
@@ -146,13 +163,10 @@ def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Ver
             "or leave RUN out for the version before it"
         )
     seen = []
-    for sequence, path in reversed(older):
-        version = _read_version(path, sequence, files)
-        if version is None:
-            continue
-        if wanted in (version.run_id, str(sequence)):
+    for version in _older_versions(older, files):
+        if wanted in (version.run_id, str(version.sequence)):
             return version, newest
-        seen.append(f"{sequence} ({version.run_id})")
+        seen.append(f"{version.sequence} ({version.run_id})")
     listed = ", ".join(seen[:_VERSIONS_NAMED]) + (", ..." if len(seen) > _VERSIONS_NAMED else "")
     raise DiffRefused(
         f"no version of {data_dir} was built by run {run!r}. Older versions in its commit log, newest first: "

@@ -145,6 +145,22 @@ def test_an_unknown_run_and_a_directory_with_one_version_are_refused_in_a_few_li
         diff.choose_versions(str(versions.output), versions.second["run"]["id"])
 
 
+def test_the_run_a_version_was_built_from_is_preferred_to_the_commit_before_it(versions, tmp_path):
+    """A third commit, version 2's manifest built from run 1 (an incremental run's `run.built_from`): the
+    default compares it with version 1; with a run the log no longer holds, with the commit before it."""
+    copy = tmp_path / "copy"
+    shutil.copytree(versions.output, copy)
+    third = dict(versions.second, run={**versions.second["run"], "built_from": versions.first["run"]["id"]})
+    (copy / commit_log.commit_name(3)).write_text(json.dumps(third))
+    old, new = diff.choose_versions(str(copy))
+    assert (old.sequence, new.sequence) == (1, 3)
+    assert diff.diff_versions(str(copy), old, new).added.count == 3
+    third["run"]["built_from"] = "20200101T000000000000Z-collected"
+    (copy / commit_log.commit_name(4)).write_text(json.dumps(third))
+    old, new = diff.choose_versions(str(copy))
+    assert (old.sequence, new.sequence) == (3, 4)
+
+
 def test_a_version_whose_shards_are_gone_is_not_compared(versions, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(versions.output, copy)
