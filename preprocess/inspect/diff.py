@@ -287,7 +287,10 @@ def format_diff(diff: VersionDiff) -> str:
     lines = [
         f"from {diff.old.describe()}",
         f"  to {diff.new.describe()}",
-        f"images: {diff.old_images} -> {diff.new_images} ({diff.in_both} in both)",
+        f"images: {diff.old_images} -> {diff.new_images} ({diff.in_both} in both); inputs that failed: "
+        + " -> ".join(
+            str(version.manifest["inputs"].get("num_failed", 0)) for version in (diff.old, diff.new)
+        ),
         ", ".join(f"{title} {getattr(diff, attribute).count}" for title, attribute, _ in CATEGORIES),
     ]
     for title, attribute, what in CATEGORIES:

@@ -121,7 +121,7 @@ def test_the_cli_prints_counts_and_files_and_limit_cuts_the_lists(versions, caps
     first_run = versions.first["run"]["id"]
     assert inspect_lib.main([str(versions.output), "--diff", first_run, "--limit", "1"]) == 0
     out = capsys.readouterr().out
-    assert "images: 24 -> 25 (22 in both)" in out
+    assert "images: 24 -> 25 (22 in both); inputs that failed: 0 -> 0\n" in out
     assert "added 3, removed 2, relabelled 2, moved to another split 1" in out
     assert f"from version 1 (run {first_run}" in out
     assert "  ... and 2 more (--limit)" in out  # added: 3, one listed
