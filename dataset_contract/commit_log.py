@@ -84,6 +84,27 @@ def read_head(data_dir: str, files: Files) -> Published | None:
     )
 
 
+def list_commits(data_dir: str, files: Files) -> list[tuple[int, str]]:
+    """Every commit of `manifests/` (one listing), oldest first: (sequence, path); [] when it holds none.
+
+    Garbage collection removes old commits, so the list can start anywhere
+    and a listed commit can be gone when read (`read_commit` is then None).
+    """
+    directory = manifest_lib.join(data_dir, MANIFESTS_DIR)
+    commits = [(commit_sequence(name), name) for name in files.list_names(directory)]
+    return sorted(
+        (sequence, manifest_lib.join(directory, posixpath.basename(name)))
+        for sequence, name in commits
+        if sequence is not None
+    )
+
+
+def read_commit(path: str, sequence: int, files: Files) -> Published | None:
+    """The commit at `path` (a `list_commits` entry), or None if it is gone."""
+    data = files.read(path)
+    return None if data is None else Published(data, path, sequence)
+
+
 def read_published(data_dir: str, files: Files) -> Published | None:
     """The published manifest of `data_dir`, or None if there is none.
 

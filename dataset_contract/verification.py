@@ -264,6 +264,36 @@ def parse_examples(serialized: list[bytes]) -> dict[str, np.ndarray]:
     return {key: value.numpy() for key, value in parsed.items()}
 
 
+# What names an image across versions (its sha256, the content of its source) and what a version says of it.
+_IDENTITY_SPEC = {
+    key: tf.io.FixedLenFeature([], tf.string) for key in (features.SHA256, features.URI, features.CLASS_NAME)
+}
+
+
+def read_identities(path: str) -> Iterator[tuple[str, str, str]]:
+    """(sha256, uri, class_name) of each record of one shard, in order, without parsing the image.
+
+    Streams, in batches. RecordError where the framing breaks;
+    tf.errors.InvalidArgumentError for a record without those features.
+    """
+    batch, batch_bytes = [], 0
+    for record in read_records(path):
+        batch.append(record)
+        batch_bytes += len(record)
+        if len(batch) >= _BATCH_RECORDS or batch_bytes >= _BATCH_BYTES:
+            yield from _identities(batch)
+            batch, batch_bytes = [], 0
+    if batch:
+        yield from _identities(batch)
+
+
+def _identities(serialized: list[bytes]) -> Iterator[tuple[str, str, str]]:
+    parsed = tf.io.parse_example(tf.constant(serialized, dtype=tf.string), _IDENTITY_SPEC)
+    columns = [parsed[key].numpy() for key in (features.SHA256, features.URI, features.CLASS_NAME)]
+    for sha256, uri, class_name in zip(*columns, strict=True):
+        yield sha256.decode("ascii"), uri.decode("utf-8", "replace"), class_name.decode("utf-8", "replace")
+
+
 def decode_image(payload: bytes, image: dict) -> np.ndarray:
     """The `image` feature as float32 [height, width, 3], in the stored units.
 

@@ -5,6 +5,9 @@
         --out gs://BUCKET/run/contact_sheet_validation.png
 
     python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
+
+    python -m preprocess.inspect /tmp/run/dataset --diff            # what changed since the version before
+    python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 # Without --classes, a sheet of a 1000-class dataset would be 1000 rows tall.
 MAX_DEFAULT_CLASSES = 64
 DEFAULT_MAX_GROUPS = 50
+DEFAULT_DIFF_LIMIT = 20  # preprocess.inspect.diff.DEFAULT_LIMIT, here to answer --help before TensorFlow
 BORDER = 2
 _PADDING = 6
 _MAX_LABEL_WIDTH = 200
@@ -297,7 +301,8 @@ def build_parser() -> CommandParser:
     parser = CommandParser(
         prog="python -m preprocess.inspect",
         description="Print a dataset's manifest as a readable summary and write a contact sheet PNG of its "
-        "images (one row per class), decoded from the shards.",
+        "images (one row per class), decoded from the shards; or, with --diff, what changed between two of "
+        "its versions.",
     )
     parser.add_argument("data_dir", help="The dataset directory; local or gs://.")
     parser.add_argument("--split", default=manifest_lib.TRAIN, help="Split to draw from (default train).")
@@ -321,7 +326,8 @@ def build_parser() -> CommandParser:
         type=int,
         default=512,
         help="Stop reading shards after this many MB (default 512); with --report, also the most the "
-        "near-duplicate thumbnails read from the source files.",
+        "near-duplicate thumbnails read from the source files, and the most the changes between two versions "
+        "read of their shards (else that section is left out; --diff reads them all).",
     )
     parser.add_argument(
         "--report",
@@ -341,6 +347,24 @@ def build_parser() -> CommandParser:
         help=f"Near-duplicate groups the report shows, those with more than one label first "
         f"(default {DEFAULT_MAX_GROUPS}).",
     )
+    parser.add_argument(
+        "--diff",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="RUN",
+        help="Print what changed between two published versions instead of the summary and the sheet: the "
+        "images added, removed, relabelled and moved to another split, with counts and up to --limit files "
+        "of each. Without RUN, the newest version against the one before it; with RUN (a run id, or a "
+        "version number), the newest against RUN's version, as `git diff RUN` compares RUN with now. "
+        "Reads the shards of both versions. With --report, the report's section compares the same two.",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_DIFF_LIMIT,
+        help=f"Files listed for each kind of change, by --diff and the report (default {DEFAULT_DIFF_LIMIT}).",
+    )
     return parser
 
 
@@ -348,9 +372,10 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # --help and flag mistakes end here, before TensorFlow
     native_logs.import_tensorflow_quietly(args.verbose)
-    if args.max_groups < 0:
-        print(f"{parser.prog}: error: --max-groups must be 0 or more, not {args.max_groups}", file=sys.stderr)
-        return 2
+    for flag, value in (("--max-groups", args.max_groups), ("--limit", args.limit)):
+        if value < 0:
+            print(f"{parser.prog}: error: {flag} must be 0 or more, not {value}", file=sys.stderr)
+            return 2
     from preprocess.inspect.summary import (  # noqa: PLC0415 - TensorFlow, after the flags
         format_bytes,
         format_summary,
@@ -362,9 +387,15 @@ def main(argv=None) -> int:
     manifest = read_manifest_or_explain(data_dir)
     if manifest is None:
         return 2
-    print(format_summary(manifest, data_dir, read_error_examples(data_dir, manifest)))
+    changes = None
+    if args.diff is not None:
+        status, changes = print_diff(args, data_dir)
+        if status or not args.report:
+            return status
+    else:
+        print(format_summary(manifest, data_dir, read_error_examples(data_dir, manifest)))
     if args.report:
-        status = write_report(args, data_dir, manifest)
+        status = write_report(args, data_dir, manifest, changes)
         if status or not args.out:
             return status
     if args.split not in manifest["splits"] or not manifest["splits"][args.split]["shards"]:
@@ -396,8 +427,30 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_report(args, data_dir: str, manifest: dict) -> int:
-    """--report: sample the split's classes and write the HTML page; the exit status."""
+def print_diff(args, data_dir: str):
+    """--diff: print what changed between the two versions; (exit status, the VersionDiff or None)."""
+    from preprocess.inspect import diff  # noqa: PLC0415 - TensorFlow, after the flags
+
+    try:
+        old, new = diff.choose_versions(data_dir, args.diff or None)
+    except diff.DiffRefused as exc:
+        print(f"{build_parser().prog}: {exc}", file=sys.stderr)
+        return 2, None
+    except diff.VersionUnreadable as exc:
+        print(f"cannot compare: {exc}", file=sys.stderr)
+        return 1, None
+    try:
+        changes = diff.diff_versions(data_dir, old, new, args.limit)
+    except diff.VersionUnreadable as exc:
+        print(f"cannot compare: {exc}", file=sys.stderr)
+        return 1, None
+    print(diff.format_diff(changes))
+    return 0, changes
+
+
+def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
+    """--report: sample the split's classes and write the HTML page; the exit status. `changes`: the
+    --diff already computed, for the page's section (else the section compares the default pair)."""
     from preprocess.inspect.report import build as report_build  # noqa: PLC0415 - TensorFlow, after the flags
 
     sample = None
@@ -410,13 +463,25 @@ def write_report(args, data_dir: str, manifest: dict) -> int:
             print(str(exc), file=sys.stderr)
             return 2
     data = report_build.write_report(
-        data_dir, manifest, args.report, args.split, sample, args.max_groups, args.max_read_mb << 20
+        data_dir,
+        manifest,
+        args.report,
+        args.split,
+        sample,
+        args.max_groups,
+        args.max_read_mb << 20,
+        changes=changes,
+        diff_limit=args.limit,
     )
     groups = data.groups
     print(
         f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "
-        f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups)"
+        f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups"
+        + (f", the changes since version {data.changes.old.sequence}" if data.changes is not None else "")
+        + ")"
     )
+    if data.changes_note:
+        print(f"  note: {data.changes_note}")
     return 0
 
 

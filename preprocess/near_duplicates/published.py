@@ -16,7 +16,6 @@ import logging
 
 import apache_beam as beam
 
-from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 
 
@@ -40,14 +39,12 @@ def published_shards(output_dir: str) -> list[tuple[str, str]]:
 
 def shard_keys(element):
     """(split, shard path) -> (sha256, split) of every record of the shard."""
-    import tensorflow as tf  # noqa: PLC0415 - on the workers, only when a previous version exists
-
-    from dataset_contract.verification import read_records  # noqa: PLC0415
+    # TensorFlow, on the workers, only when a previous version exists.
+    from dataset_contract.verification import read_identities  # noqa: PLC0415
 
     split, path = element
-    for record in read_records(path):
-        example = tf.train.Example.FromString(record)
-        yield example.features.feature[features.SHA256].bytes_list.value[0].decode("ascii"), split
+    for sha256, _, _ in read_identities(path):
+        yield sha256, split
 
 
 class ReadPublishedSplits(beam.PTransform):

@@ -7,7 +7,9 @@ import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
+from preprocess.inspect import diff
 from preprocess.inspect.report import near_duplicate_groups, page, thumbnails
+from preprocess.inspect.summary import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,10 @@ class ReportData:
     source_budget: thumbnails.ReadBudget
     # Parallel to the manifest's near_duplicates.near_misses and their two members.
     near_miss_thumbnails: list[list[thumbnails.Thumbnail]] = dataclasses.field(default_factory=list)
+    # What changed between two versions; None with a `changes_note` saying why they were not compared, or
+    # with none when the directory holds one version (then the page has no such section).
+    changes: diff.VersionDiff | None = None
+    changes_note: str = ""
 
 
 def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
@@ -54,10 +60,40 @@ def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
     return rows
 
 
+def gather_changes(data_dir: str, max_read_bytes: int, limit: int) -> tuple[diff.VersionDiff | None, str]:
+    """(the diff of the newest version against the one before, or None; why not, "" when the directory holds
+    one version). Both versions' shards are read only within `max_read_bytes`."""
+    try:
+        old, new = diff.choose_versions(data_dir)
+    except diff.DiffRefused:
+        return None, ""
+    except diff.VersionUnreadable as exc:
+        return None, f"Not compared: {exc}"
+    cost = diff.shard_bytes(data_dir, (old, new))
+    if cost > max_read_bytes:
+        return (
+            None,
+            f"Not compared: the two versions' shards are {format_bytes(cost)}, over --max-read-mb. "
+            f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
+        )
+    try:
+        return diff.diff_versions(data_dir, old, new, limit), ""
+    except diff.VersionUnreadable as exc:
+        return None, f"Not compared: {exc}"
+
+
 def gather(
-    data_dir: str, manifest: dict, split: str, sample, max_groups: int, max_read_bytes: int
+    data_dir: str,
+    manifest: dict,
+    split: str,
+    sample,
+    max_groups: int,
+    max_read_bytes: int,
+    changes: diff.VersionDiff | None = None,
+    diff_limit: int = diff.DEFAULT_LIMIT,
 ) -> ReportData:
-    """Read what the page needs (see the module docstring for the bounds)."""
+    """Read what the page needs (see the module docstring for the bounds). `changes`: the diff `--diff`
+    computed, else the newest version against the one before, within the read budget."""
     groups = near_duplicate_groups.select_groups(data_dir, manifest, max_groups)
     budget = thumbnails.ReadBudget(remaining=max_read_bytes)
     group_thumbnails = [
@@ -68,6 +104,9 @@ def gather(
         [thumbnails.source_thumbnail(uri, budget) for uri in pair.get("uris", [])[:2]]
         for pair in (groups.summary.get("near_misses") or [])
     ]
+    changes_note = ""
+    if changes is None:
+        changes, changes_note = gather_changes(data_dir, max_read_bytes, diff_limit)
     return ReportData(
         data_dir=data_dir,
         manifest=manifest,
@@ -86,6 +125,8 @@ def gather(
         group_thumbnails=group_thumbnails,
         source_budget=budget,
         near_miss_thumbnails=near_miss_thumbnails,
+        changes=changes,
+        changes_note=changes_note,
     )
 
 
@@ -99,9 +140,17 @@ def write_text(path: str, text: str):
 
 
 def write_report(
-    data_dir: str, manifest: dict, out: str, split: str, sample, max_groups: int, max_read_bytes: int
+    data_dir: str,
+    manifest: dict,
+    out: str,
+    split: str,
+    sample,
+    max_groups: int,
+    max_read_bytes: int,
+    changes: diff.VersionDiff | None = None,
+    diff_limit: int = diff.DEFAULT_LIMIT,
 ) -> ReportData:
     """Gather, render and write the page to `out`; returns what it shows."""
-    data = gather(data_dir, manifest, split, sample, max_groups, max_read_bytes)
+    data = gather(data_dir, manifest, split, sample, max_groups, max_read_bytes, changes, diff_limit)
     write_text(out, page.render(data))
     return data

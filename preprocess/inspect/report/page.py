@@ -8,6 +8,7 @@ otherwise.
 import datetime
 import posixpath
 
+from preprocess.inspect import diff
 from preprocess.inspect.report import figures, near_duplicate_groups
 from preprocess.inspect.report.figures import escape
 from preprocess.inspect.summary import format_bytes
@@ -19,6 +20,7 @@ SECTION_TITLES = {
     "sizes": "Source image sizes",
     "sheet": "Contact sheet",
     "groups": "Near-duplicate groups",
+    "changes": "Changes between versions",
 }
 
 _CSS = """
@@ -384,9 +386,48 @@ def _low_information(summary: dict) -> str:
     )
 
 
+def _changes(data) -> str:
+    """What changed between two versions (`inspect --diff`'s counts and files); "" for a directory with one."""
+    changes = data.changes
+    if changes is None:
+        return (
+            _section("changes", f'<p class="missing">{escape(data.changes_note)}</p>')
+            if data.changes_note
+            else ""
+        )
+    intro = (
+        f'<p class="note">From {escape(changes.old.describe())} to {escape(changes.new.describe())}: '
+        f"{changes.old_images:,} → {changes.new_images:,} images, {changes.in_both:,} in both. An image is the "
+        "same image when its source file's sha256 is.</p>"
+    )
+    counts = "".join(
+        f"<li><b>{getattr(changes, attribute).count:,}</b>{escape(title)}</li>"
+        for title, attribute, _ in diff.CATEGORIES
+    )
+    parts = [intro, f'<ul class="facts">{counts}</ul>']
+    for title, attribute, what in diff.CATEGORIES:
+        category = getattr(changes, attribute)
+        if not category.count:
+            continue
+        items = "".join(
+            f'<li><span class="uri">{escape(change.uri)}</span> {escape(what(change))}</li>'
+            for change in category.first
+        )
+        more = category.count - len(category.first)
+        parts.append(
+            f'<h3 id="changes-{attribute}">{escape(title.capitalize())} ({category.count:,})</h3>'
+            f'<ul class="examples">{items}</ul>'
+            + (f'<p class="note">… and {more:,} more (--limit).</p>' if more else "")
+        )
+    return _section("changes", "".join(parts))
+
+
 def render(data) -> str:
     """The page for a `build.ReportData`."""
-    nav = "".join(f'<a href="#{key}">{escape(title)}</a>' for key, title in SECTION_TITLES.items())
+    shown = [
+        key for key in SECTION_TITLES if key != "changes" or data.changes is not None or data.changes_note
+    ]
+    nav = "".join(f'<a href="#{key}">{escape(SECTION_TITLES[key])}</a>' for key in shown)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = "".join(
         [
@@ -397,6 +438,7 @@ def render(data) -> str:
             _sizes(data),
             _sheet(data),
             _groups(data),
+            _changes(data),
         ]
     )
     return (

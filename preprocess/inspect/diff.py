@@ -1,0 +1,308 @@
+"""What changed between two published versions of a dataset directory (`python -m preprocess.inspect DIR --diff`).
+
+    python -m preprocess.inspect /tmp/run/dataset --diff              # the newest against the version before it
+    python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50   # the newest against run RUN's version
+
+An image is the same image in two versions when its `sha256` (of its source
+file's bytes) is; what a version says of it is in its shards' records (uri,
+class name, the split of the shard). Design notes: docs/internals.md.
+"""
+
+import concurrent.futures
+import dataclasses
+import heapq
+import sys
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from dataset_contract import commit_log, verification
+from dataset_contract import manifest as manifest_lib
+from preprocess.inspect.summary import format_bytes
+
+DEFAULT_LIMIT = 20
+# Shards read at once: reads of GCS objects overlap; the records of one shard at a time per thread in memory.
+_READ_THREADS = 8
+# Versions named when a RUN is not found.
+_VERSIONS_NAMED = 5
+
+
+class DiffRefused(ValueError):
+    """The comparison asked for cannot be made (one version, an unknown RUN): the user's to fix."""
+
+
+class VersionUnreadable(RuntimeError):
+    """A version's files cannot be read (garbage collection removed them, or they are damaged)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    """One commit of the log: its sequence and its checked manifest."""
+
+    sequence: int
+    manifest: dict
+
+    @property
+    def run_id(self) -> str:
+        return manifest_lib.manifest_run_id(self.manifest) or "?"
+
+    def describe(self) -> str:
+        created = self.manifest.get("created_at")
+        return f"version {self.sequence} (run {self.run_id}" + (f", {created})" if created else ")")
+
+
+class Image(NamedTuple):
+    """What one version says of an image."""
+
+    uri: str
+    class_name: str
+    split: str
+
+
+class Change(NamedTuple):
+    """An image that was added, removed, relabelled or moved: its file, and its class and split before and
+    after (None on the side where it is absent)."""
+
+    uri: str
+    before: Image | None
+    after: Image | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Category:
+    """One kind of change: how many, and the first `limit` by URI."""
+
+    count: int
+    first: list[Change]
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionDiff:
+    old: Version
+    new: Version
+    old_images: int
+    new_images: int
+    added: Category
+    removed: Category
+    relabelled: Category
+    moved: Category
+    shards_read: int
+    bytes_read: int
+
+    @property
+    def in_both(self) -> int:
+        return self.new_images - self.added.count
+
+
+def _read_version(path: str, sequence: int, files) -> Version | None:
+    published = commit_log.read_commit(path, sequence, files)
+    if published is None:
+        return None
+    manifest = published.manifest()
+    if manifest is None:
+        raise VersionUnreadable(f"{path}: not a JSON object")
+    try:
+        manifest_lib.check_manifest(manifest, where=path)
+    except manifest_lib.ManifestError as exc:
+        raise VersionUnreadable(str(exc)) from exc
+    return Version(sequence, manifest)
+
+
+def _older_versions(commits: list[tuple[int, str]], files):
+    """The versions of `commits` (list_commits entries), newest first, each read when reached; those
+    gone meanwhile (garbage collection) passed over."""
+    for sequence, path in reversed(commits):
+        version = _read_version(path, sequence, files)
+        if version is not None:
+            yield version
+
+
+def _run_of(text: str) -> str:
+    """A RUN as users may give it: its id, or its directory (`runs/<id>/`)."""
+    text = text.strip().rstrip("/")
+    return text.rsplit("/", 1)[-1]
+
+
+def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Version]:
+    """(older, newest) of `data_dir`'s commit log: the version before the newest, or the one `run` names
+    (a run id, its `runs/<id>` directory or a version number). DiffRefused when there is no such pair."""
+    files = commit_log.TensorFlowFiles()
+    commits = commit_log.list_commits(data_dir, files)
+    newest = None
+    while commits and newest is None:  # a commit removed between the listing and the read: the one below
+        newest = _read_version(commits[-1][1], commits[-1][0], files)
+        if newest is None:
+            commits.pop()
+    if newest is None or len(commits) < 2:
+        held = (
+            f"no commit in {manifest_lib.MANIFESTS_DIR}/ (written before the commit log, it holds one version)"
+            if newest is None
+            else f"one published version in its commit log ({manifest_lib.MANIFESTS_DIR}/)"
+        )
+        raise DiffRefused(
+            f"{data_dir} holds {held}: nothing to compare. "
+            f"Each run of `python -m preprocess --output {data_dir}` publishes the next version"
+        )
+    older = commits[:-1]
+    if run is None:
+        # The version the newest was built from: the run its manifest names (`run.built_from`, an
+        # incremental run's lineage) while the log still holds it, else the commit before it.
+        built_from = (newest.manifest.get("run") or {}).get("built_from")
+        previous = None
+        for version in _older_versions(older, files):
+            previous = previous or version
+            if not built_from or version.run_id == built_from:
+                return version, newest
+        if previous is not None:
+            return previous, newest
+        raise DiffRefused(f"{data_dir}: the versions before version {newest.sequence} were removed meanwhile")
+    wanted = _run_of(run)
+    if wanted in (newest.run_id, str(newest.sequence)):
+        raise DiffRefused(
+            f"{run} is the newest version ({newest.describe()}): give an older run to compare it with, "
+            "or leave RUN out for the version before it"
+        )
+    seen = []
+    for version in _older_versions(older, files):
+        if wanted in (version.run_id, str(version.sequence)):
+            return version, newest
+        seen.append(f"{version.sequence} ({version.run_id})")
+    listed = ", ".join(seen[:_VERSIONS_NAMED]) + (", ..." if len(seen) > _VERSIONS_NAMED else "")
+    raise DiffRefused(
+        f"no version of {data_dir} was built by run {run!r}. Older versions in its commit log, newest first: "
+        f"{listed}; give a run id or a version number"
+    )
+
+
+def _shards(data_dir: str, manifest: dict) -> list[tuple[str, str, int]]:
+    """(split, path, bytes) of every shard the manifest lists."""
+    return [
+        (split, manifest_lib.join(data_dir, shard["path"]), int(shard.get("num_bytes", 0)))
+        for split, info in sorted(manifest["splits"].items())
+        for shard in info["shards"]
+    ]
+
+
+def shard_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
+    """What reading both versions' shards costs, in bytes (from their manifests)."""
+    return sum(size for version in versions for _, _, size in _shards(data_dir, version.manifest))
+
+
+def read_images(data_dir: str, version: Version) -> dict[str, Image]:
+    """sha256 -> Image of every record of the version's shards (the image itself is not parsed)."""
+
+    def read(shard):
+        split, path, _ = shard
+        try:
+            return split, list(verification.read_identities(path))
+        except (tf.errors.OpError, verification.RecordError) as exc:
+            gone = isinstance(exc, tf.errors.NotFoundError)
+            raise VersionUnreadable(
+                f"{version.describe()}: {path}: "
+                + (
+                    "not found (garbage collection removes a superseded run's files once its retention ends)"
+                    if gone
+                    else str(exc).splitlines()[0]
+                )
+            ) from exc
+
+    images = {}
+    with concurrent.futures.ThreadPoolExecutor(_READ_THREADS) as pool:
+        for split, rows in pool.map(read, _shards(data_dir, version.manifest)):
+            for sha256, uri, class_name in rows:
+                images[sha256] = Image(
+                    uri, sys.intern(class_name), split
+                )  # one string per class, not per image
+    return images
+
+
+def _category(changes, limit: int) -> Category:
+    changes = list(changes)
+    return Category(len(changes), heapq.nsmallest(limit, changes))
+
+
+def diff_images(old: dict[str, Image], new: dict[str, Image], limit: int):
+    """(added, removed, relabelled, moved) Categories between two versions' images. An image both
+    relabelled and moved is in both."""
+    both = [(old[key], image) for key, image in new.items() if key in old]
+    return (
+        _category((Change(image.uri, None, image) for key, image in new.items() if key not in old), limit),
+        _category((Change(image.uri, image, None) for key, image in old.items() if key not in new), limit),
+        _category(
+            (
+                Change(after.uri, before, after)
+                for before, after in both
+                if before.class_name != after.class_name
+            ),
+            limit,
+        ),
+        _category(
+            (Change(after.uri, before, after) for before, after in both if before.split != after.split), limit
+        ),
+    )
+
+
+def diff_versions(data_dir: str, old: Version, new: Version, limit: int = DEFAULT_LIMIT) -> VersionDiff:
+    """Read both versions' shards and say what changed."""
+    old_images, new_images = read_images(data_dir, old), read_images(data_dir, new)
+    added, removed, relabelled, moved = diff_images(old_images, new_images, limit)
+    return VersionDiff(
+        old=old,
+        new=new,
+        old_images=len(old_images),
+        new_images=len(new_images),
+        added=added,
+        removed=removed,
+        relabelled=relabelled,
+        moved=moved,
+        shards_read=sum(len(_shards(data_dir, version.manifest)) for version in (old, new)),
+        bytes_read=shard_bytes(data_dir, (old, new)),
+    )
+
+
+def _was(change: Change) -> str:
+    """The file's earlier name, when it changed (a file moved to another class folder)."""
+    return f" (was {change.before.uri})" if change.before.uri != change.uri else ""
+
+
+# (title, attribute, what a line says after the URI)
+CATEGORIES = (
+    ("added", "added", lambda change: f"{change.after.class_name}, {change.after.split}"),
+    ("removed", "removed", lambda change: f"{change.before.class_name}, {change.before.split}"),
+    (
+        "relabelled",
+        "relabelled",
+        lambda change: f"{change.before.class_name} -> {change.after.class_name}{_was(change)}",
+    ),
+    (
+        "moved to another split",
+        "moved",
+        lambda change: f"{change.before.split} -> {change.after.split}{_was(change)}",
+    ),
+)
+
+
+def format_diff(diff: VersionDiff) -> str:
+    """The text `--diff` prints: counts, then up to the limit of files of each kind of change."""
+    lines = [
+        f"from {diff.old.describe()}",
+        f"  to {diff.new.describe()}",
+        f"images: {diff.old_images} -> {diff.new_images} ({diff.in_both} in both); inputs that failed: "
+        + " -> ".join(
+            str(version.manifest["inputs"].get("num_failed", 0)) for version in (diff.old, diff.new)
+        ),
+        ", ".join(f"{title} {getattr(diff, attribute).count}" for title, attribute, _ in CATEGORIES),
+    ]
+    for title, attribute, what in CATEGORIES:
+        category = getattr(diff, attribute)
+        if not category.count:
+            continue
+        lines.append(f"\n{title} ({category.count}):")
+        lines += [f"  {change.uri}  {what(change)}" for change in category.first]
+        if category.count > len(category.first):
+            lines.append(f"  ... and {category.count - len(category.first)} more (--limit)")
+    lines.append(
+        f"\nread {diff.shards_read} shards ({format_bytes(diff.bytes_read)}) of the two versions; an image is "
+        "the same image when its source file's sha256 is"
+    )
+    return "\n".join(lines)
