@@ -36,7 +36,9 @@ Then the product-style images go through the real FindNearDuplicateGroups
 when two of its members are not the same picture (pieces of different
 photos, or non-overlapping pieces of one: the generator draws pieces at
 random, so some repeat a region, and those are copies); no false group may
-grow with the corpus.
+grow with the corpus. The same for a second generator no threshold was chosen
+on (`second_product_image`: polygons, discs and boxes on off-white or light
+grey, a third of them flat colours, no shadow, other proportions, its own seed).
 """
 
 import argparse
@@ -109,14 +111,69 @@ def product_image(rng: random.Random, photos, source: int, size: int = 256, piec
     return image
 
 
-def products(count: int, seed: int = 2, pieces=None):
+def second_product_image(
+    rng: random.Random, photos, source: int, size: int = 320, pieces=None
+) -> Image.Image:
+    """Another generator, which no threshold was tuned on: a polygon, a disc or a box on an off-white or
+    light grey background, filled with a piece of a photograph (two thirds of them) or a flat colour
+    with a faint gradient, no shadow, at a random place; not square. `pieces` as for product_image (a flat
+    object's piece is (-1 - its colour index, its box on the canvas): two are the same picture only when
+    they are of one colour and overlap)."""
+    height = rng.randint(size * 3 // 4, size)
+    background = (rng.randint(236, 255),) * 3
+    image = Image.new("RGB", (size, height), background)
+    width, tall = rng.randint(size // 5, size * 2 // 3), rng.randint(height // 5, height * 2 // 3)
+    left, top = rng.randint(4, size - width - 4), rng.randint(4, height - tall - 4)
+    if rng.random() < 2 / 3:
+        photo = photos[source]
+        scale = rng.uniform(0.4, 1.6)
+        source_w, source_h = min(photo.width, round(width * scale)), min(photo.height, round(tall * scale))
+        x, y = rng.randint(0, photo.width - source_w), rng.randint(0, photo.height - source_h)
+        fill = photo.crop((x, y, x + source_w, y + source_h)).resize((width, tall))
+        piece = (source, (x, y, x + source_w, y + source_h))
+    else:
+        colour = rng.randrange(len(FLAT_COLOURS))
+        ramp = np.linspace(-12, 12, width)[None, :, None]
+        fill = Image.fromarray(
+            np.clip(np.array(FLAT_COLOURS[colour]) + ramp + np.zeros((tall, 1, 1)), 0, 255).astype(np.uint8)
+        )
+        piece = (-1 - colour, (left, top, left + width, top + tall))
+    if pieces is not None:
+        pieces.append(piece)
+    mask = Image.new("L", (width, tall), 0)
+    draw = ImageDraw.Draw(mask)
+    shape = rng.choice(("polygon", "disc", "box"))
+    if shape == "polygon":
+        corners = rng.randint(3, 7)
+        draw.polygon(
+            [
+                (
+                    width / 2 * (1 + np.cos(2 * np.pi * k / corners)),
+                    tall / 2 * (1 + np.sin(2 * np.pi * k / corners)),
+                )
+                for k in range(corners)
+            ],
+            fill=255,
+        )
+    elif shape == "disc":
+        draw.ellipse((0, 0, width - 1, tall - 1), fill=255)
+    else:
+        draw.rectangle((0, 0, width, tall), fill=255)
+    image.paste(fill, (left, top), mask)
+    return image
+
+
+# The second generator's flat colours: catalogue-like plain objects.
+FLAT_COLOURS = [(200, 30, 30), (30, 60, 150), (40, 40, 40), (230, 200, 40), (30, 140, 70), (150, 150, 155)]
+
+
+def products(count: int, seed: int = 2, pieces=None, generator=None):
     """(signatures, source photo of each) of `count` product-style images; `pieces` as for product_image."""
     rng = random.Random(seed)
     photos = [Image.open(path).convert("RGB") for _, path in sorted(quality.photo_paths().items())]
     sources = [rng.randrange(len(photos)) for _ in range(count)]
-    signed = [
-        signature.source_signature(product_image(rng, photos, source, pieces=pieces)) for source in sources
-    ]
+    make = generator or product_image
+    signed = [signature.source_signature(make(rng, photos, source, pieces=pieces)) for source in sources]
     return signed, sources
 
 
@@ -307,18 +364,27 @@ def main(argv=None):
             report["emulated"][f"{scheme}/{scale}"] = {"left_out": left_out, "recall": recall}
             print(f"{scheme:<12} {scale:>11,} {left_out:>9.4f} {recall:>7.3f}")
     sizes = (args.images // 4, args.images)
+    # The second generator (second_product_image, its own seed): no threshold was chosen on it.
+    second_pieces = []
+    second, _ = products(args.images, seed=11, pieces=second_pieces, generator=second_product_image)
+    report["product_groups"], report["second_product_groups"] = {}, {}
     with tempfile.TemporaryDirectory(prefix="near-duplicate-bands-") as workdir:
         report["product_groups"] = product_groups(corpora["products"], pieces, sizes, workdir)
+        report["second_product_groups"] = product_groups(second, second_pieces, sizes, workdir)
     print(
         "\nproduct-style images through FindNearDuplicateGroups: groups, and false ones (two members that are"
     )
     print("not the same picture: pieces of different photos, or of one photo that do not overlap)")
-    print(f"{'images':>8} {'groups':>7} {'in groups':>10} {'false':>6} {'in false':>9} {'largest false':>14}")
-    for size, found in report["product_groups"].items():
-        print(
-            f"{size:>8,} {found['groups']:>7} {found['images_in_groups']:>10} {found['false_groups']:>6} "
-            f"{found['images_in_false_groups']:>9} {found['largest_false_group']:>14}"
-        )
+    print(
+        f"{'generator':<10} {'images':>8} {'groups':>7} {'in groups':>10} {'false':>6} {'in false':>9} "
+        f"{'largest false':>14}"
+    )
+    for name, key in (("products", "product_groups"), ("second", "second_product_groups")):
+        for size, found in report[key].items():
+            print(
+                f"{name:<10} {size:>8,} {found['groups']:>7} {found['images_in_groups']:>10} "
+                f"{found['false_groups']:>6} {found['images_in_false_groups']:>9} {found['largest_false_group']:>14}"
+            )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)

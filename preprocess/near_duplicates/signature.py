@@ -6,7 +6,7 @@ blurred, captioned, mirrored, turned grey) can be grouped at Beam scale
 (`grouping.py`). `near(a, b, max_distance)` is the one judgement: two images
 are near-duplicates when it returns a distance, not None.
 
-The signature (version 3) is one int of `SIGNATURE_BITS` bits:
+The signature (version 4) is one int of `SIGNATURE_BITS` bits:
 
 - bits 0-63 (`CANDIDATE_BITS`): a DCT hash ("pHash") of the image's grey
   centre: the central 80% of the content box (below) boxed down to 32x32,
@@ -32,13 +32,25 @@ The signature (version 3) is one int of `SIGNATURE_BITS` bits:
   accident (two different scans of a 1 look alike at 64 bits), so they are
   near only with stronger evidence: thumbnails equal within
   `LOW_INFORMATION_TOLERANCE` per cell.
+- bits 897-928: the content box (below) in the base square, a byte per side;
+  bits 929-944: its proportions in the source (width / height, in 1/1024).
+  Two objects on a background (trimmed on all four sides) are near only when
+  their proportions agree (`ASPECT_TOLERANCE_PER_MILLE`): trimmed to a
+  square, two discs of one colour look alike whatever their proportions.
+- bit 945: a flat object on a background (a plain disc on white: its outline,
+  colour and place are all it shows). It is signed whole, not trimmed to, and
+  is near only another image whose whole thumbnail is near-equal
+  (`FLAT_OBJECT_TOLERANCE`).
 
 The signature is taken from the decoded source image (upright, RGB), boxed
 to a fixed `BASE_SIZE` square first: it does not depend on `--image-size`,
 the resize method, the crop margin or the output encoding, so the same
 corpus groups (and splits) alike at every size. Uniform borders (letterbox
 bars, the white around a product) are trimmed from the content box before
-the hash, within `MAX_TRIM` per side, so a letterboxed copy is near.
+the hash, so a letterboxed copy is near and a product on white is signed by the
+product, not by the white around it (version 3 trimmed at most a quarter of each
+side: the white then filled the hash, and two objects of one outline were near
+whatever they showed).
 
 Determinism: signatures are compared across workers, machines and runs (a
 resumed run must find the same groups), so no bit may depend on float
@@ -65,7 +77,14 @@ _MIRROR_SHIFT = CANDIDATE_BITS
 _COLOUR_SHIFT = 2 * CANDIDATE_BITS
 _CHECK_SHIFT = _COLOUR_SHIFT + 8 * _COLOUR_VALUES
 _LOW_INFORMATION_BIT = _CHECK_SHIFT + 8 * _CHECK_VALUES
-SIGNATURE_BITS = _LOW_INFORMATION_BIT + 1
+# The content box in the base square (left, top, right, bottom: a byte each), and its proportions in the
+# source (width / height, in 1/1024, 16 bits).
+_FRAME_SHIFT = _LOW_INFORMATION_BIT + 1
+_ASPECT_SHIFT = _FRAME_SHIFT + 32
+_ASPECT_UNIT = 1024
+# A flat object on a background (signed whole: its outline and place are all it shows).
+_FLAT_OBJECT_BIT = _ASPECT_SHIFT + 16
+SIGNATURE_BITS = _FLAT_OBJECT_BIT + 1
 # Chosen by benchmarks/near_duplicate_quality.py on half of its source photos
 # (the other half reports the figures): see benchmarks/RESULTS.md.
 DEFAULT_MAX_DISTANCE = 8
@@ -83,6 +102,17 @@ MIRRORED_MIN_CORRELATION_PER_MILLE = 900
 TINY_SOURCE_SIDE = 24
 FLAT_SPREAD = 6
 LOW_INFORMATION_TOLERANCE = 6
+# An object on a uniform background (its borders trimmed): two such images are copies only when their objects'
+# proportions agree within this (per mille).
+ASPECT_TOLERANCE_PER_MILLE = 80
+# An object is flat when the grey spread of its inner pixels in the 32x32 thumbnail is under this (a plain
+# colour with a shading), or when it has fewer inner pixels than the second.
+OBJECT_FLAT_SPREAD = 8
+MIN_OBJECT_PIXELS = 16
+# Two flat objects are copies when their whole 8x8 thumbnails differ by at most the first per cell on
+# average and the second in any cell.
+FLAT_OBJECT_TOLERANCE = 2
+FLAT_OBJECT_MAX_DIFFERENCE = 32
 # What `distance` returns when the pair is not near whatever the grey distance: above any grey Hamming distance.
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
 # --near-duplicate-distance is at most this (version 1's precision at 16 was 0.65 on the benchmark); pairs
@@ -94,10 +124,10 @@ _CHROMA_OFFSET = 128  # stored as a byte: value + 128
 
 # The source is boxed to this square first, whatever its size: the signature does not see --image-size.
 BASE_SIZE = 128
-# Uniform borders: a row or column is trimmed while every pixel is within this of the corners' colour,
-# up to this share of the side.
+# Uniform borders: a row or column is trimmed while every pixel is within this of the corners' colour (on
+# black; twice this on white: _background_tolerance), as long as this share of the side is left.
 _TRIM_TOLERANCE = 12
-MAX_TRIM = 0.25
+MIN_CONTENT = 0.125
 _THUMBNAIL_SIZE = 32
 # A tenth of each side is left out: borders are what crops cut and captions cover.
 _MARGIN_DIVISOR = 10
@@ -159,23 +189,26 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
     # reducing_gap: an integer box reduction first (several times cheaper on a large source), then the box
     # resize; a function of the pixels alone.
     base = image.resize((BASE_SIZE, BASE_SIZE), Image.Resampling.BOX, reducing_gap=1.0)
-    left, top, right, bottom = _content_box(np.asarray(base, dtype=np.int16))
-    margin_x, margin_y = (right - left) // _MARGIN_DIVISOR, (bottom - top) // _MARGIN_DIVISOR
-    box = (left + margin_x, top + margin_y, right - margin_x, bottom - margin_y)
-    # One resize; the grey thumbnail, the colour cells and the check thumbnail are integer means of it.
-    rgb = np.asarray(
-        base.resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box), dtype=np.int64
-    )
-    # ITU-R 601-2 luma, as PIL's "L", in integers.
-    thumbnail = (rgb[:, :, 0] * 299 + rgb[:, :, 1] * 587 + rgb[:, :, 2] * 114 + 500) // 1000
-    check = _block_means(thumbnail, _CHECK_GRID).astype(np.uint8)
+    left, top, right, bottom = frame = _content_box(np.asarray(base, dtype=np.int16))
+    rgb, thumbnail, check = _region(base, frame)
+    flat_object = _is_object(frame) and _flat_object(rgb, thumbnail, check, _corner_colour(base))
+    if flat_object:
+        # A flat object on a background (a plain disc on white) shows only its outline, and trimmed to it
+        # its hash is noise: it is signed whole, where it lies, and only near-equal pixels of the whole image
+        # make two such images copies (thumbnails_agree).
+        # (The central 96 px: 3x3 pixels per thumbnail pixel, so a mirrored copy's thumbnail is mirrored exactly.)
+        rgb, thumbnail, check = _region(base, (4, 4, BASE_SIZE - 4, BASE_SIZE - 4))
     low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
+    aspect = min((1 << 16) - 1, (right - left) * width * _ASPECT_UNIT // ((bottom - top) * height))
     return (
         _grey_hash(thumbnail)
         | _grey_hash(thumbnail[:, ::-1]) << _MIRROR_SHIFT
         | _colour_layout(rgb) << _COLOUR_SHIFT
         | int.from_bytes(check.tobytes(), "little") << _CHECK_SHIFT
         | int(low_information) << _LOW_INFORMATION_BIT
+        | int.from_bytes(bytes((left, top, right, bottom)), "little") << _FRAME_SHIFT
+        | aspect << _ASPECT_SHIFT
+        | int(flat_object) << _FLAT_OBJECT_BIT
     )
 
 
@@ -199,29 +232,80 @@ def _spread(thumbnail: np.ndarray) -> float:
     return float(np.abs(scaled).sum() // (thumbnail.size * thumbnail.size))
 
 
+def _region(base: Image.Image, frame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the 32x32 RGB thumbnail, its grey, the 8x8 check thumbnail) of the central 80% of `frame`."""
+    left, top, right, bottom = frame
+    margin_x, margin_y = (right - left) // _MARGIN_DIVISOR, (bottom - top) // _MARGIN_DIVISOR
+    box = (left + margin_x, top + margin_y, right - margin_x, bottom - margin_y)
+    # One resize; the grey thumbnail, the colour cells and the check thumbnail are integer means of it.
+    rgb = np.asarray(
+        base.resize((_THUMBNAIL_SIZE, _THUMBNAIL_SIZE), Image.Resampling.BOX, box=box), dtype=np.int64
+    )
+    # ITU-R 601-2 luma, as PIL's "L", in integers.
+    thumbnail = (rgb[:, :, 0] * 299 + rgb[:, :, 1] * 587 + rgb[:, :, 2] * 114 + 500) // 1000
+    return rgb, thumbnail, _block_means(thumbnail, _CHECK_GRID).astype(np.uint8)
+
+
+def _background_tolerance(background: np.ndarray) -> int:
+    """How far a pixel may be from the background's colour and still be background: _TRIM_TOLERANCE on black,
+    twice that on white (a JPEG's ringing around an object on white reaches further than 12 levels, and
+    dark content beside black bars is close to them)."""
+    return _TRIM_TOLERANCE + int(background.max()) * _TRIM_TOLERANCE // 255
+
+
+def _corner_colour(base: Image.Image) -> np.ndarray:
+    corners = np.asarray(base, dtype=np.int64)[[0, 0, -1, -1], [0, -1, 0, -1]]
+    return corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
+
+
+def _flat_object(rgb: np.ndarray, thumbnail: np.ndarray, check: np.ndarray, background: np.ndarray) -> bool:
+    """Whether the object in the thumbnail is flat: the central 4x4 cells of the check thumbnail are (a plain
+    disc or box), or the object's pixels (those not of the background's colour, less their edge) have a grey
+    spread under OBJECT_FLAT_SPREAD (a plain triangle), or are too few to tell."""
+    inner = _CHECK_GRID // 4
+    if _spread(check[inner:-inner, inner:-inner].astype(np.int64)) < FLAT_SPREAD:
+        return True
+    solid = (np.abs(rgb - background) > _background_tolerance(background)).any(axis=2)
+    inside = solid.copy()
+    inside[1:, :] &= solid[:-1, :]
+    inside[:-1, :] &= solid[1:, :]
+    inside[:, 1:] &= solid[:, :-1]
+    inside[:, :-1] &= solid[:, 1:]
+    values = thumbnail[inside]
+    if values.size < MIN_OBJECT_PIXELS:
+        return True
+    return (
+        int(np.abs(values * values.size - values.sum()).sum())
+        < OBJECT_FLAT_SPREAD * values.size * values.size
+    )
+
+
 def _content_box(base: np.ndarray) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of the base square without its uniform borders (of the corners' colour).
 
-    Borders are trimmed only when the four corners agree (letterbox bars, a product on white), at most
-    MAX_TRIM of each side.
+    Borders are trimmed only when the four corners agree (letterbox bars, a product on white); at least
+    MIN_CONTENT of each side is kept.
     """
     size = base.shape[0]
     corners = base[[0, 0, -1, -1], [0, -1, 0, -1]]
     if int((corners.max(axis=0) - corners.min(axis=0)).max()) > _TRIM_TOLERANCE:
         return 0, 0, size, size
     reference = corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
-    uniform = (np.abs(base - reference) <= _TRIM_TOLERANCE).all(axis=2)
+    uniform = (np.abs(base - reference) <= _background_tolerance(reference)).all(axis=2)
     rows, columns = uniform.all(axis=1), uniform.all(axis=0)
-    limit = int(size * MAX_TRIM)
+    # What may be trimmed in all, across both sides: at least MIN_CONTENT of the side is kept.
+    limit = size - int(size * MIN_CONTENT)
 
-    def run(flags):
+    def run(flags, most):
         count = 0
-        while count < limit and flags[count]:
+        while count < most and flags[count]:
             count += 1
         return count
 
-    top, bottom = run(rows), run(rows[::-1])
-    left, right = run(columns), run(columns[::-1])
+    top = run(rows, limit)
+    bottom = run(rows[::-1], limit - top)
+    left = run(columns, limit)
+    right = run(columns[::-1], limit - left)
     return left, top, size - right, size - bottom
 
 
@@ -266,6 +350,34 @@ def mirrored_grey_hash(value: int) -> int:
 
 def is_low_information(value: int) -> bool:
     return bool(value >> _LOW_INFORMATION_BIT & 1)
+
+
+def is_flat_object(value: int) -> bool:
+    return bool(value >> _FLAT_OBJECT_BIT & 1)
+
+
+def _frame(value: int, mirrored: bool = False) -> tuple[int, int, int, int]:
+    """The content box in the base square (the mirrored image's when `mirrored`)."""
+    left, top, right, bottom = ((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")
+    return (BASE_SIZE - right, top, BASE_SIZE - left, bottom) if mirrored else (left, top, right, bottom)
+
+
+def _is_object(frame) -> bool:
+    """Whether a content box is an object on a background: trimmed on all four sides (a letterbox is
+    trimmed on two, a photo on none)."""
+    left, top, right, bottom = frame
+    return left > 0 and top > 0 and right < BASE_SIZE and bottom < BASE_SIZE
+
+
+def objects_agree(a: int, b: int, mirrored: bool = False) -> bool:
+    """Whether two objects on a background (both framed: their borders trimmed) have the same proportions,
+    within ASPECT_TOLERANCE_PER_MILLE; true when either is not such an object."""
+    frame_a, frame_b = _frame(a), _frame(b, mirrored)
+    if _is_object(frame_a) and _is_object(frame_b):
+        aspect_a, aspect_b = (value >> _ASPECT_SHIFT & 0xFFFF for value in (a, b))
+        if 1000 * abs(aspect_a - aspect_b) > ASPECT_TOLERANCE_PER_MILLE * min(aspect_a, aspect_b):
+            return False
+    return True
 
 
 def _colours(value: int) -> np.ndarray:
@@ -319,6 +431,14 @@ def thumbnails_agree(
         second = second[:, ::-1]
     if is_low_information(a) or is_low_information(b):
         return int(np.abs(first - second).max()) <= LOW_INFORMATION_TOLERANCE
+    if is_flat_object(a) or is_flat_object(b):
+        # Its outline, colour and place are all a flat object shows: every cell of the whole image is
+        # compared, with room for its edge to move by a pixel or so (a resize, a JPEG's ringing).
+        difference = np.abs(first - second)
+        return (
+            int(difference.sum()) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
+            and int(difference.max()) <= FLAT_OBJECT_MAX_DIFFERENCE
+        )
     first, second = first[1:-1, 1:-1], second[1:-1, 1:-1]
     count = first.size
     # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
@@ -347,7 +467,7 @@ def near(a: int, b: int, max_distance: int) -> int | None:
     taken out, and the structure agrees much more closely (half the distance, RECOLOURED_MIN_CORRELATION).
     """
     grey, mirrored = grey_distance(a, b)
-    if grey > max_distance:
+    if grey > max_distance or not objects_agree(a, b, mirrored):
         return None
     if colour_difference(a, b, mirrored) <= COLOUR_TOLERANCE:
         minimum = MIRRORED_MIN_CORRELATION_PER_MILLE if mirrored else MIN_CORRELATION_PER_MILLE
