@@ -37,8 +37,8 @@ OVERRIDES = "overrides"
 ROWS_PER_BATCH = 32
 
 # The spilled columns: the raw example as DecodeImagesFn made it, without the signature's extras.
-_BINARY_COLUMNS = ("image_raw",)
-_STRING_COLUMNS = ("label", "sha256", "uri", "split")
+_BINARY_COLUMNS = ("image_raw", "moments")
+_STRING_COLUMNS = ("label", "sha256", "uri", "split", "key")
 PART_SCHEMA = pa.schema(
     [(name, pa.large_binary()) for name in _BINARY_COLUMNS]
     + [(name, pa.string()) for name in _STRING_COLUMNS]
