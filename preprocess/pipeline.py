@@ -172,16 +172,15 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     )
 
 
-def audit_near_duplicates(
-    decoded_examples, args, output_dir: str, run_id, published=None, carried_counts=None
-):
+def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
     """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
 
     Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
     preprocess/near_duplicates/stage.py. In an incremental run, `published` are the (sha256, split) of the
     published images decoded again (from the ledger, instead of a read of the previous shards) and
-    `carried_counts` the ((split, label), 1) of the carried ones, which the summary counts too.
+    `carried` the (sha256, CarriedImage) of the images carried over (carried_in_audit).
     """
+    carried_inputs = carried_in_audit(carried, args) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,
         run_id,
@@ -190,7 +189,7 @@ def audit_near_duplicates(
         max_group_size=args.near_duplicate_max_group,
         max_moved_share=args.near_duplicate_max_moved,
         published_shards=published_shards(output_dir) if published is None else published,
-        carried_counts=carried_counts,
+        **carried_inputs,
     )
     # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
     files = (
@@ -204,6 +203,32 @@ def audit_near_duplicates(
         "near_duplicate_files": beam.pvalue.AsSingleton(files),
     }
     return near["examples"], near["summary"], near["dropped"], manifest_inputs
+
+
+class CarriedForAuditFn(beam.DoFn):
+    """(sha256, CarriedImage) -> its SignedImage (main), to be grouped; or, when it cannot be grouped (drop
+    mode, or no signature in the ledger), its ((split, label), 1) on "counts", to be counted only."""
+
+    def __init__(self, group: bool):
+        self._group = group
+
+    def process(self, element):
+        _, carried = element
+        signed = carried.signed() if self._group else None
+        if signed is None:
+            yield beam.pvalue.TaggedOutput("counts", ((carried.image.split, carried.image.label), 1))
+        else:
+            yield signed
+
+
+def carried_in_audit(carried, args) -> dict:
+    """How the near-duplicate audit takes the images carried over: in keep mode, grouped with the decoded
+    ones (held in their published split: a new copy of a published image follows it); in drop mode only
+    counted, since a carried record is never dropped (docs/preprocessing.md, "Re-runs")."""
+    sorted_ = carried | "CarriedForAudit" >> beam.ParDo(
+        CarriedForAuditFn(group=args.near_duplicates != NEAR_DUPLICATES_DROP)
+    ).with_outputs("counts", main="signed")
+    return {"carried_images": sorted_.signed, "carried_counts": sorted_.counts}
 
 
 def reuse_published(unique, plan: ReusePlan) -> dict:
@@ -298,7 +323,6 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
-    carried_inputs = reused["carried"] | "CarriedInputs" >> beam.MapTuple(lambda _, carried: carried.image)
     source_image_sizes = (
         decoded.examples
         | "SourceSizes" >> beam.Map(source_size)
@@ -312,11 +336,13 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             output_dir,
             run_id,
             published=reused["published"] if plan.incremental else None,
-            carried_counts=carried_inputs
-            | "CarriedCounts" >> beam.Map(lambda image: ((image.split, image.label), 1)),
+            carried=reused["carried"],
         )
     else:
         examples, dropped, near_duplicate_inputs = decoded.examples, None, {}
+        carried_inputs = reused["carried"] | "CarriedInputs" >> beam.MapTuple(
+            lambda _, carried: carried.image
+        )
         summary = (
             (reused["decode_first"], carried_inputs)
             | "UniqueInFinalSplits" >> beam.Flatten()

@@ -30,8 +30,8 @@ def entry_of(example: dict) -> dict:
         "split": example["split"],
         "moments": np.frombuffer(example["moments"], dtype="<f8").tolist(),
     }
-    if example.get("signature") is not None:
-        entry["signature"] = example["signature"]
+    if example.get("signature") not in (None, ""):
+        entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
     return entry
 
 

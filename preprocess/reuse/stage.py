@@ -46,6 +46,24 @@ class CarriedImage:
             example["signature"] = self.entry["signature"]
         return example
 
+    def signed(self):
+        """As near-duplicate grouping takes it (a SignedImage): held in its split, with no part to route;
+        None when the previous version kept no signature (its audit was off)."""
+        from preprocess.near_duplicates.grouping import SignedImage  # noqa: PLC0415
+
+        if self.entry.get("signature") is None:
+            return None
+        return SignedImage(
+            key=self.entry["sha256"],
+            signature=int(self.entry["signature"]),
+            uri=self.image.uri,
+            label=self.image.label,
+            split=self.image.split,
+            split_given=self.image.split_given,
+            num_bytes=self.image.size or 0,
+            published_split=self.image.split,
+        )
+
 
 class SortByPublishedFn(beam.DoFn):
     """(content key, {"inputs": [UniqueInput], "published": [entry]}) -> DECODE (main): UniqueInputs to decode;
