@@ -143,7 +143,7 @@ def read_part(path: str):
 
 def override_of(member):
     """GroupMember -> [(part path, (row, final split or None if dropped))]; none when nothing changes."""
-    if (member.kept and member.split == member.image.split) or not member.image.locator:
+    if (member.kept and member.split == member.image.split) or member.image.carried:
         return []  # unchanged, or carried over from the previous version (no part: it keeps its split)
     path, row = member.image.locator
     return [(path, (row, member.split if member.kept else None))]

@@ -62,6 +62,7 @@ class CarriedImage:
             split_given=self.image.split_given,
             num_bytes=self.image.size or 0,
             published_split=self.image.split,
+            carried=True,
         )
 
 

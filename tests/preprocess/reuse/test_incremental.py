@@ -8,6 +8,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +22,9 @@ from dataset_contract import manifest as manifest_lib
 from preprocess.config import DEFAULT_SPLIT, parse_split_fractions
 from preprocess.inputs.content import assign_split
 from preprocess.inputs.reading import key_of_md5
-from tests.stage1 import read_split, run_stage1, write_corpus
+from tests.stage1 import read_manifest, read_split, run_stage1, write_corpus
 
+REPO = Path(__file__).resolve().parents[3]
 IMAGE_SIZE = 24
 SPLITS = ("train", "validation", "test")
 MAX_MOVED = ("--near-duplicate-max-moved", "0.5")
@@ -237,3 +243,58 @@ def test_a_change_of_image_size_is_a_full_rebuild_said_in_one_line(versions, cap
     assert manifest["inputs"]["num_reused"] == 0
     assert manifest["inputs"]["num_decoded"] == second["inputs"]["num_written"]
     assert manifest["run"]["built_from"] == second["run"]["id"]
+
+
+def test_kill_9_during_an_incremental_run_leaves_the_previous_version_whole(versions, tmp_path, capsys):
+    """Runs after the --image-size change above: its version is the previous one here."""
+    from preprocess import verify as verify_cli  # noqa: PLC0415
+
+    _, _, changes, output = versions
+    previous = read_manifest(output)
+    previous_records = _records(output, previous)
+    # One more image: the run carries the others over, and decodes it.
+    added = tmp_path / "one-more.png"
+    Image.fromarray(np.random.default_rng(11).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(added)
+    with open(changes["v2.csv"]) as handle:
+        rows = [line for line in handle.read().splitlines() if line][1:]
+    manifest = tmp_path / "v4.csv"
+    manifest.write_text("uri,label,split\n" + "\n".join([*rows, f"{added},circle,"]) + "\n")
+    runs_before = set(os.listdir(output / "runs"))
+    log_path = tmp_path / "stage1.log"
+    argv = [sys.executable, "-m", "preprocess", "--input", str(manifest), "--output", str(output)]
+    argv += [
+        "--image-size",
+        str(IMAGE_SIZE + 8),
+        "--encoding",
+        "uint8",
+        "--max-failed-fraction",
+        "1",
+        *MAX_MOVED,
+    ]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 300
+        # Killed once the incremental run writes into its own run directory (it has read the ledger).
+        while not any(
+            os.listdir(output / "runs" / name)
+            for name in set(os.listdir(output / "runs")) - runs_before
+            if os.path.isdir(output / "runs" / name)
+        ):
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert "incremental:" in log_path.read_text()
+    assert read_manifest(output) == previous
+    assert verify_cli.main([str(output)]) == 0, capsys.readouterr().out
+    # A reader of the previous version finishes: every record of every shard it names, as before.
+    after = _records(output, previous)
+    assert sorted(after) == sorted(previous_records)
+    for uri, row in after.items():
+        assert row["sha256"] == previous_records[uri]["sha256"]
+        np.testing.assert_array_equal(row["image"], previous_records[uri]["image"])
