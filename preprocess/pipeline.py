@@ -274,14 +274,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     config = job_config(args, build_id)
     output_dir = config["output"]
     # What this run reuses of the published version (preprocess/reuse/): said in one line.
-    plan = plan_reuse(output_dir, config, getattr(args, "rebuild", False))
+    # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
+    template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
+    plan = plan_reuse(output_dir, config, getattr(args, "rebuild", False), template=template)
     announcement = plan.announcement()
     if announcement:
         print(f"preprocess: {announcement}", flush=True)
     config["built_from"], config["full_rebuild"] = plan.built_from, plan.full_rebuild
     one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
-    # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
-    template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
@@ -299,7 +299,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     known = known_outcomes(
         listed.records,
         listed.errors,
-        unique,
+        # The inputs to decode (in an incremental run, not those carried over): what the decoding samples.
+        reused["decode_first"],
         (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
     )
     decoded = (

@@ -68,8 +68,14 @@ def _setting_change(image: dict, config: dict) -> str | None:
     return None
 
 
-def plan_reuse(output_dir: str, config: dict, rebuild: bool) -> ReusePlan:
+# A Dataflow template's graph is built once and launched later, against whatever version is published then.
+TEMPLATE = "a Dataflow template is built once and launched later, so it cannot know the version it will find"
+
+
+def plan_reuse(output_dir: str, config: dict, rebuild: bool, template: bool = False) -> ReusePlan:
     """The ReusePlan of a run of `config` (pipeline.job_config) into `output_dir`."""
+    if template:
+        return ReusePlan(full_rebuild=TEMPLATE)
     from dataset_contract.verification import read_manifest  # noqa: PLC0415 - TensorFlow, with the graph
 
     try:

@@ -231,6 +231,23 @@ def test_the_summary_says_decoded_and_reused(versions):
     assert f"1 published images moved to the split their input names: {changes['moved']}" in text
 
 
+def test_a_rerun_at_the_same_size_reads_no_source_header_before_it_starts(versions, monkeypatch):
+    """The launcher's check of --image-size against the sources (size_check) reads up to 24 headers: not
+    again for a directory that holds a version of this size, whose sources it checked then."""
+    from preprocess import options  # noqa: PLC0415
+    from preprocess.inputs import size_check  # noqa: PLC0415
+
+    _, _, changes, output = versions
+    checked = []
+    monkeypatch.setattr(size_check, "check_image_size", lambda *args: checked.append(args))
+    argv = ["--input", str(changes["v2.csv"]), "--output", str(output), "--encoding", "uint8"]
+    size_check.warn_if_upscaled(options.parse_args([*argv, "--image-size", str(IMAGE_SIZE)])[0])
+    assert checked == []
+    size_check.warn_if_upscaled(options.parse_args([*argv, "--image-size", str(IMAGE_SIZE + 8)])[0])
+    size_check.warn_if_upscaled(options.parse_args([*argv, "--image-size", str(IMAGE_SIZE), "--rebuild"])[0])
+    assert len(checked) == 2
+
+
 def test_a_change_of_image_size_is_a_full_rebuild_said_in_one_line(versions, capsys):
     _, second, changes, output = versions
     capsys.readouterr()
