@@ -215,11 +215,12 @@ def format_reuse(manifest: dict) -> list[str]:
     if "num_decoded" not in inputs:
         return []
     built_from = run.get("built_from")
-    how = (
-        f"carried over from run {built_from}, neither read nor decoded"
-        if built_from and not run.get("full_rebuild")
-        else f"full rebuild: {run.get('full_rebuild')}"
-    )
+    if not built_from:
+        how = "the first version of this directory"
+    elif run.get("full_rebuild"):
+        how = f"full rebuild after run {built_from}: {run['full_rebuild']}"
+    else:
+        how = f"carried over from run {built_from}, neither read nor decoded"
     lines = [f"  {inputs['num_decoded']} decoded + {inputs.get('num_reused', 0)} reused ({how})"]
     moved = inputs.get("num_moved_by_named_split", 0)
     if moved:
