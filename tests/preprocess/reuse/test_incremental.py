@@ -319,3 +319,21 @@ def test_kill_9_during_an_incremental_run_leaves_the_previous_version_whole(vers
     for uri, row in after.items():
         assert row["sha256"] == previous_records[uri]["sha256"]
         np.testing.assert_array_equal(row["image"], previous_records[uri]["image"])
+
+
+def test_a_carried_record_gets_its_new_label_index_and_uri_and_keeps_its_pixels():
+    """A class added or removed shifts the label indices; a renamed copy changes the URI: the record is
+    rewritten, never decoded or encoded again (preprocess/reuse/stage.py)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from dataset_contract import features  # noqa: PLC0415
+    from preprocess.reuse.stage import rewritten  # noqa: PLC0415
+    from preprocess.write.encode import serialize_example  # noqa: PLC0415
+
+    record = serialize_example(b"\x01\x02\x03", 1, b"cat", b"ab" * 32, b"/a/cat/1.png")
+    assert rewritten(record, 1, "/a/cat/1.png") is record
+    feature = tf.train.Example.FromString(rewritten(record, 2, "/b/cat/1.png")).features.feature
+    assert feature[features.LABEL].int64_list.value == [2]
+    assert feature[features.URI].bytes_list.value == [b"/b/cat/1.png"]
+    assert feature[features.IMAGE].bytes_list.value == [b"\x01\x02\x03"]
+    assert feature[features.CLASS_NAME].bytes_list.value == [b"cat"]
