@@ -381,21 +381,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         read_normalization, image_size=args.stored_size
     )
 
-    # Decoded and carried over: every record of the version (SPLIT, record, class name).
-    encoded_examples = (encoded_examples, carried.records) | "AllRecords" >> beam.Flatten()
+    # Decoded and carried over: every record of the version, (split, record, class name) each, written
+    # by the shard writer as two inputs (never flattened: see WriteShards).
     shards = (
-        encoded_examples
-        | "Records" >> beam.MapTuple(lambda split, record, _: (split, record))
-        | "WriteShards"
-        >> WriteShards(
-            output_dir,
-            args.shard_size_mb * 1_000_000,
-            args.min_shards,
-            summary
-            | "EstimatedSplitBytes"
-            >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
-            run_id,
-        )
+        encoded_examples | "Records" >> beam.MapTuple(lambda split, record, _: (split, record)),
+        carried.records | "CarriedSplitRecords" >> beam.MapTuple(lambda split, record, _: (split, record)),
+    ) | "WriteShards" >> WriteShards(
+        output_dir,
+        args.shard_size_mb * 1_000_000,
+        args.min_shards,
+        summary
+        | "EstimatedSplitBytes"
+        >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
+        run_id,
     )
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
@@ -408,6 +406,11 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     ledger = (
         (examples, carried.examples)
         | "LedgerExamples" >> beam.Flatten()
+        # Not an example whose class has no train image: it fails to be labelled (label_not_in_train).
+        | "LedgerLabelled"
+        >> beam.Filter(
+            lambda example, labels: example["label"] in labels, beam.pvalue.AsSingleton(vocabulary)
+        )
         | "LedgerLines" >> beam.Map(entry_line)
         | "WriteLedger" >> WriteErrorLog(output_dir, run_id, prefix=LEDGER, count_key="num_images")
     )
@@ -420,6 +423,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         all_errors | "Failed" >> beam.Map(outcomes.failed),
         encoded_examples
         | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        carried.records
+        | "WrittenCarried" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
         reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
         carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
     ]
