@@ -252,6 +252,21 @@ def test_a_rerun_at_the_same_size_reads_no_source_header_before_it_starts(versio
     assert len(checked) == 2
 
 
+def test_rebuild_and_a_template_decode_everything_and_say_why(versions):
+    from preprocess import options  # noqa: PLC0415
+    from preprocess.pipeline import job_config  # noqa: PLC0415
+    from preprocess.reuse.previous import TEMPLATE, plan_reuse  # noqa: PLC0415
+
+    _, second, changes, output = versions
+    argv = ["--input", str(changes["v2.csv"]), "--output", str(output), "--encoding", "uint8"]
+    config = job_config(options.parse_args([*argv, "--image-size", str(IMAGE_SIZE), "--rebuild"])[0], "b")
+    assert plan_reuse(str(output), config, rebuild=False).incremental
+    forced = plan_reuse(str(output), config, rebuild=True)
+    assert (forced.incremental, forced.built_from) == (False, second["run"]["id"])
+    assert forced.announcement() == "full rebuild, every input decoded again: --rebuild"
+    assert plan_reuse(str(output), config, rebuild=False, template=True).full_rebuild == TEMPLATE
+
+
 def test_a_change_of_image_size_is_a_full_rebuild_said_in_one_line(versions, capsys):
     _, second, changes, output = versions
     capsys.readouterr()
