@@ -175,6 +175,12 @@ def near_duplicate_file_paths(manifest: dict) -> list[str]:
     return [entry["path"] for entry in manifest.get("near_duplicate_files") or []]
 
 
+def ledger_file_paths(manifest: dict) -> list[str]:
+    """The files of the version's ledger, relative paths (`ledger_files`, a list of {path, num_images,
+    num_bytes, sha256}: one JSON line per image written, what a re-run reuses; absent before issue 32)."""
+    return [entry["path"] for entry in manifest.get("ledger_files") or []]
+
+
 def describe_error_files(manifest: dict, data_dir: str = "") -> str:
     """Where the error log is, for a person: its one file, or how many files where."""
     paths = [join(data_dir, path) for path in error_file_paths(manifest)]
@@ -195,6 +201,7 @@ def other_required_files(manifest: dict) -> list[str]:
     """
     required = error_file_paths(manifest) if "error_files" in manifest or "errors" in manifest else []
     required += near_duplicate_file_paths(manifest)
+    required += ledger_file_paths(manifest)
     transform = manifest.get("transform") or {}
     if TRANSFORM_FN_DIR in transform:
         required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
@@ -249,6 +256,11 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             if key not in entry:
                 raise ManifestError(f"{where}: an entry of error_files has no {key!r}")
         _check_path(entry["path"], "error file path", where)
+    for entry in manifest.get("ledger_files") or []:
+        for key in ("path", "num_images", "num_bytes", "sha256"):
+            if key not in entry:
+                raise ManifestError(f"{where}: an entry of ledger_files has no {key!r}")
+        _check_path(entry["path"], "ledger_files", where)
     for entry in manifest.get("near_duplicate_files") or []:
         for key in ("path", "num_groups", "num_bytes", "sha256"):
             if key not in entry:

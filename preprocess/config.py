@@ -241,6 +241,14 @@ class Stage1Config:
         DATASET,
         _non_negative_float,
     )
+    rebuild: bool = setting(
+        False,
+        "Decode every input again, even those whose record the published version of --output holds "
+        "(by default a re-run carries over the records of unchanged inputs and decodes only new or "
+        "changed ones; a change of --image-size, --crop-margin, --encoding or --resize-method rebuilds "
+        "anyway).",
+        DATASET,
+    )
     near_duplicates: str = setting(
         NEAR_DUPLICATES_KEEP,
         "Altered copies of one image (re-encoded, resized, brightened, ...), found by a perceptual "

@@ -39,6 +39,9 @@ from preprocess.near_duplicates.stage import NearDuplicateAudit
 from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
+from preprocess.reuse import stage as reuse
+from preprocess.reuse.ledger import LEDGER, entry_line
+from preprocess.reuse.previous import ReusePlan, plan_reuse
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
 from preprocess.write.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
@@ -169,12 +172,15 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
     )
 
 
-def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
+def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
     """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
 
     Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
-    preprocess/near_duplicates/stage.py.
+    preprocess/near_duplicates/stage.py. In an incremental run, `published` are the (sha256, split) of the
+    published images decoded again (from the ledger, instead of a read of the previous shards) and
+    `carried` the (sha256, CarriedImage) of the images carried over (carried_in_audit).
     """
+    carried_inputs = carried_in_audit(carried, args) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,
         run_id,
@@ -182,7 +188,8 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
         drop=args.near_duplicates == NEAR_DUPLICATES_DROP,
         max_group_size=args.near_duplicate_max_group,
         max_moved_share=args.near_duplicate_max_moved,
-        published_shards=published_shards(output_dir),
+        published_shards=published_shards(output_dir) if published is None else published,
+        **carried_inputs,
     )
     # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
     files = (
@@ -198,6 +205,63 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id):
     return near["examples"], near["summary"], near["dropped"], manifest_inputs
 
 
+class CarriedForAuditFn(beam.DoFn):
+    """(sha256, CarriedImage) -> its SignedImage (main), to be grouped; or, when it cannot be grouped (drop
+    mode, or no signature in the ledger), its ((split, label), 1) on "counts", to be counted only."""
+
+    def __init__(self, group: bool):
+        self._group = group
+
+    def process(self, element):
+        _, carried = element
+        signed = carried.signed() if self._group else None
+        if signed is None:
+            yield beam.pvalue.TaggedOutput("counts", ((carried.image.split, carried.image.label), 1))
+        else:
+            yield signed
+
+
+def carried_in_audit(carried, args) -> dict:
+    """How the near-duplicate audit takes the images carried over: in keep mode, grouped with the decoded
+    ones (held in their published split: a new copy of a published image follows it); in drop mode only
+    counted, since a carried record is never dropped (docs/preprocessing.md, "Re-runs")."""
+    sorted_ = carried | "CarriedForAudit" >> beam.ParDo(
+        CarriedForAuditFn(group=args.near_duplicates != NEAR_DUPLICATES_DROP)
+    ).with_outputs("counts", main="signed")
+    return {"carried_images": sorted_.signed, "carried_counts": sorted_.counts}
+
+
+def reuse_published(unique, plan: ReusePlan) -> dict:
+    """The unique inputs sorted against the published version (preprocess/reuse/):
+
+    - "decode": every input to read and decode (new, relabelled, and carried ones whose record is missing)
+    - "decode_first": the same without the missing ones (they are counted among "carried")
+    - "carried": (sha256, CarriedImage) of the unchanged inputs; "found": (CarriedImage, record) of those
+    - "moved": {uri, from, to} of published images a named split moved
+    - "published": (sha256, split) of the published images decoded again
+
+    Without a version to reuse (a first run, a full rebuild), everything is decoded and the rest is empty.
+    """
+    pipeline = unique.pipeline
+    if not plan.incremental:
+        empty = {
+            name: pipeline | f"No{name.capitalize()}" >> beam.Create([])
+            for name in ("carried", "found", "moved", "published")
+        }
+        return {"decode": unique, "decode_first": unique, **empty}
+    sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files)
+    found = sorted_[reuse.CARRY] | "FindCarried" >> reuse.FindCarriedRecords(plan.shards)
+    decode = (sorted_[reuse.DECODE], found["missing"]) | "ToDecode" >> beam.Flatten()
+    return {
+        "decode": decode,
+        "decode_first": sorted_[reuse.DECODE],
+        "carried": sorted_[reuse.CARRY],
+        "found": found["found"],
+        "moved": sorted_[reuse.MOVED],
+        "published": sorted_[reuse.PUBLISHED],
+    }
+
+
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | None = None):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest.
 
@@ -209,15 +273,22 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
 
     config = job_config(args, build_id)
     output_dir = config["output"]
-    one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
+    # What this run reuses of the published version (preprocess/reuse/): said in one line.
     # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
     template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
+    plan = plan_reuse(output_dir, config, getattr(args, "rebuild", False), template=template)
+    announcement = plan.announcement()
+    if announcement:
+        print(f"preprocess: {announcement}", flush=True)
+    config["built_from"], config["full_rebuild"] = plan.built_from, plan.full_rebuild
+    one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
     unique = deduplicated["unique"]
+    reused = reuse_published(unique, plan)
     audit = args.near_duplicates != NEAR_DUPLICATES_OFF
     # Without the audit, decoding, encoding and writing must run in one fused stage, so that no decoded
     # image ever crosses a stage boundary (the local runner would hold every one in memory). The
@@ -228,11 +299,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     known = known_outcomes(
         listed.records,
         listed.errors,
-        unique,
+        # The inputs to decode (in an incremental run, not those carried over): what the decoding samples.
+        reused["decode_first"],
         (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
     )
     decoded = (
-        unique
+        reused["decode"]
         | "SpreadDecoding" >> beam.Reshuffle()
         # A run that a newer one superseded stops here rather than decode for hours (superseded.py).
         | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
@@ -260,17 +332,35 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     if audit:
         # Every image in its final split: no group of near-duplicates straddles train and evaluation.
         examples, summary, dropped, near_duplicate_inputs = audit_near_duplicates(
-            decoded.examples, args, output_dir, run_id
+            decoded.examples,
+            args,
+            output_dir,
+            run_id,
+            published=reused["published"] if plan.incremental else None,
+            carried=reused["carried"],
         )
     else:
         examples, dropped, near_duplicate_inputs = decoded.examples, None, {}
-        summary = unique | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+        carried_inputs = reused["carried"] | "CarriedInputs" >> beam.MapTuple(
+            lambda _, carried: carried.image
+        )
+        summary = (
+            (reused["decode_first"], carried_inputs)
+            | "UniqueInFinalSplits" >> beam.Flatten()
+            | "SummarizeUnique" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+        )
     vocabulary = summary | "Vocabulary" >> beam.Map(lambda summary: summary["labels"])
+    # The carried records, labelled with this version's vocabulary (an index that moved is rewritten).
+    carried = reused["found"] | "CarriedRecords" >> beam.ParDo(
+        reuse.RelabelRecordFn(), beam.pvalue.AsSingleton(vocabulary)
+    ).with_outputs("examples", "errors", main="records")
+    error_collections.append(carried.errors)
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            examples
+            (examples, carried.examples)
+            | "DecodedAndCarried" >> beam.Flatten()
             | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
@@ -291,19 +381,19 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         read_normalization, image_size=args.stored_size
     )
 
+    # Decoded and carried over: every record of the version, (split, record, class name) each, written
+    # by the shard writer as two inputs (never flattened: see WriteShards).
     shards = (
-        encoded_examples
-        | "Records" >> beam.MapTuple(lambda split, record, _: (split, record))
-        | "WriteShards"
-        >> WriteShards(
-            output_dir,
-            args.shard_size_mb * 1_000_000,
-            args.min_shards,
-            summary
-            | "EstimatedSplitBytes"
-            >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
-            run_id,
-        )
+        encoded_examples | "Records" >> beam.MapTuple(lambda split, record, _: (split, record)),
+        carried.records | "CarriedSplitRecords" >> beam.MapTuple(lambda split, record, _: (split, record)),
+    ) | "WriteShards" >> WriteShards(
+        output_dir,
+        args.shard_size_mb * 1_000_000,
+        args.min_shards,
+        summary
+        | "EstimatedSplitBytes"
+        >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
+        run_id,
     )
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
@@ -311,6 +401,18 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         all_errors
         | "ErrorsToJson" >> beam.Map(lambda error: errors.ErrorRecord.to_json(error).encode("utf-8"))
         | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
+    )
+    # The version's ledger (preprocess/reuse/ledger.py): what the next version reuses without decoding.
+    ledger = (
+        (examples, carried.examples)
+        | "LedgerExamples" >> beam.Flatten()
+        # Not an example whose class has no train image: it fails to be labelled (label_not_in_train).
+        | "LedgerLabelled"
+        >> beam.Filter(
+            lambda example, labels: example["label"] in labels, beam.pvalue.AsSingleton(vocabulary)
+        )
+        | "LedgerLines" >> beam.Map(entry_line)
+        | "WriteLedger" >> WriteErrorLog(output_dir, run_id, prefix=LEDGER, count_key="num_images")
     )
     # Every input's fate, counted in one combine (each global count would add its own stages).
     fates = [
@@ -321,6 +423,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         all_errors | "Failed" >> beam.Map(outcomes.failed),
         encoded_examples
         | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        carried.records
+        | "WrittenCarried" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
+        carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
     ]
     if dropped is not None:
         fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))
@@ -342,6 +448,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             errors_log=beam.pvalue.AsSingleton(errors_log),
             outcome_counts=beam.pvalue.AsList(outcome_counts),
             source_image_sizes=beam.pvalue.AsSingleton(source_image_sizes),
+            ledger_files=beam.pvalue.AsSingleton(ledger),
+            moved=beam.pvalue.AsList(reused["moved"]),
             **near_duplicate_inputs,
         )
     )

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from tfx_bsl.public import tfxio
 
 IMAGE_RAW = "image_raw"
+# Each image's per-channel mean and mean square (6 float64, little-endian, as bytes): what the analysis
+# averages over train. Computed once when the image is decoded (image_moments) and kept in the version's
+# ledger, so that a record carried over into the next version (preprocess/reuse/) adds its exact share
+# to the statistics without being decoded again.
+IMAGE_MOMENTS = "image_moments"
 MEAN = "normalization_mean"
 STD = "normalization_std"
 LABEL_VOCABULARY_FILE = "labels"
@@ -24,6 +29,7 @@ def raw_feature_spec() -> dict:
 
     return {
         IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
+        IMAGE_MOMENTS: tf.io.FixedLenFeature([], tf.string),
         features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
         features.SHA256: tf.io.FixedLenFeature([], tf.string),
         features.URI: tf.io.FixedLenFeature([], tf.string),
@@ -50,6 +56,7 @@ def tensor_adapter_config() -> "tfxio.TensorAdapterConfig":
 # Column names of the raw record batches, and the raw example dict key each is taken from.
 _COLUMN_SOURCES = {
     IMAGE_RAW: "image_raw",
+    IMAGE_MOMENTS: "moments",
     features.CLASS_NAME: "label",
     features.SHA256: "sha256",
     features.URI: "uri",
@@ -67,16 +74,42 @@ def _binary_column(values: list[bytes]) -> pa.Array:
     return pa.LargeListArray.from_arrays(offsets, pa.array(values, type=pa.large_binary()))
 
 
+def image_moments(pixels: bytes) -> bytes:
+    """The per-channel mean and mean square of an image's uint8 RGB pixels: 6 float64 as bytes.
+
+    Sums of integers are exact in uint64, so each value is the correctly rounded quotient: the
+    same bytes for the same pixels on every worker, whichever version decoded them.
+    """
+    flat = np.frombuffer(pixels, dtype=np.uint8).reshape(-1, features.CHANNELS)
+    count = flat.shape[0]
+    sums = flat.sum(axis=0, dtype=np.uint64)
+    squares = []
+    for channel in range(features.CHANNELS):
+        values = flat[:, channel].astype(np.uint64)
+        squares.append(int(np.dot(values, values)))
+    moments = [int(total) / count for total in sums] + [total / count for total in squares]
+    return np.asarray(moments, dtype="<f8").tobytes()
+
+
+def moments_of(example: dict) -> bytes:
+    """An example's moments: kept with it (decoded, or carried from the ledger), else from its pixels."""
+    moments = example.get("moments")
+    return moments if moments is not None else image_moments(example["image_raw"])
+
+
 def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
-    """A batch of raw example dicts (from DecodeImagesFn) as one Arrow record batch."""
+    """A batch of raw example dicts (from DecodeImagesFn, or carried over) as one Arrow record batch."""
     schema = _arrow_schema()
     columns = []
     for name in schema.names:
         key = _COLUMN_SOURCES[name]
-        values = [example[key] for example in examples]
-        columns.append(
-            _binary_column(values if key == "image_raw" else [value.encode("utf-8") for value in values])
-        )
+        if key == "moments":
+            values = [moments_of(example) for example in examples]
+        elif key == "image_raw":
+            values = [example[key] for example in examples]
+        else:
+            values = [example[key].encode("utf-8") for example in examples]
+        columns.append(_binary_column(values))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
@@ -109,15 +142,11 @@ def make_preprocessing_fn(image_size: int, encoding: str):
     num_values = image_size * image_size * features.CHANNELS
 
     def preprocessing_fn(inputs):
-        pixels = tf.io.decode_raw(inputs[IMAGE_RAW], tf.uint8)
-        pixels = tf.reshape(pixels, [-1, image_size * image_size, features.CHANNELS])
-        # Per image in float32, across images in float64: a batch's pixels are never float64 (a batch
-        # of 64 at 224 would be two 77 MB temporaries). An image's sum of values is exact in float32
-        # (50,176 pixels * 255 < 2**24); its sum of squares is not, but is off by ~1e-6 relative at
-        # most, far below what a std is used for. Only the [batch, 3] means are float64.
-        as_float32 = tf.cast(pixels, tf.float32)
-        image_mean = tf.cast(tf.reduce_mean(as_float32, axis=1), tf.float64)
-        image_mean_square = tf.cast(tf.reduce_mean(tf.square(as_float32), axis=1), tf.float64)
+        # Each image's moments come with it (image_moments: exact, computed once per image), so the
+        # analysis never needs pixels, and a carried-over record (no pixels in this run) counts the same.
+        moments = tf.reshape(tf.io.decode_raw(inputs[IMAGE_MOMENTS], tf.float64), [-1, 2 * features.CHANNELS])
+        image_mean = moments[:, : features.CHANNELS]
+        image_mean_square = moments[:, features.CHANNELS :]
         mean64 = tft.mean(image_mean, reduce_instance_dims=False, output_dtype=tf.float64)
         mean_square64 = tft.mean(image_mean_square, reduce_instance_dims=False, output_dtype=tf.float64)
         std64 = tf.sqrt(tf.maximum(mean_square64 - tf.square(mean64), 0.0))
@@ -135,7 +164,7 @@ def make_preprocessing_fn(image_size: int, encoding: str):
         )[0]
         labels = tft.apply_vocabulary(inputs[features.CLASS_NAME], vocabulary_path, default_value=-1)
 
-        batch_size = tf.shape(pixels)[0]
+        batch_size = tf.shape(moments)[0]
         outputs = {
             features.LABEL: tf.cast(labels, tf.int64),
             features.CLASS_NAME: inputs[features.CLASS_NAME],
@@ -145,6 +174,8 @@ def make_preprocessing_fn(image_size: int, encoding: str):
             STD: tf.broadcast_to(std, [batch_size, features.CHANNELS]),
         }
         if encoding in features.NORMALIZED_ENCODINGS:
+            pixels = tf.io.decode_raw(inputs[IMAGE_RAW], tf.uint8)
+            pixels = tf.reshape(pixels, [-1, image_size * image_size, features.CHANNELS])
             normalized = (tf.cast(pixels, tf.float32) - mean) / std
             outputs[features.IMAGE] = tf.reshape(normalized, [-1, num_values])
         else:

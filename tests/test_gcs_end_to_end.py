@@ -172,7 +172,10 @@ def assert_dataset_is_complete_in_the_bucket(gcs_emulator, dataset_url: str, man
     assert {name.rsplit("/", 1)[0] for name in listed} == {run_dir}
     in_run = {name[len(run_dir) + 1 :].split("/", 1)[0] for name in objects if name.startswith(run_dir + "/")}
     error_files = manifest_lib.error_file_paths(manifest)
-    expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in [*listed, *error_files]}
+    # The version's ledger (issue 32: what a re-run reuses) is in the run's directory too.
+    ledger_files = manifest_lib.ledger_file_paths(manifest)
+    assert ledger_files
+    expected = RUN_ENTRIES | {name[len(run_dir) + 1 :] for name in [*listed, *error_files, *ledger_files]}
     assert in_run == expected, sorted(in_run ^ expected)
     assert len(objects) == 2 + sum(1 for name in objects if name.startswith(run_dir + "/"))
     assert error_files and all(path.startswith(f"{run_dir}/errors-") for path in error_files)

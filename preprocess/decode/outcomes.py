@@ -3,6 +3,9 @@
 FOUND = ("found",)
 DUPLICATE = ("duplicate",)
 NEAR_DUPLICATE = ("near_duplicate",)
+# An incremental run (preprocess/reuse/): a unique input read and decoded, or carried over without either.
+DECODED = ("decoded",)
+REUSED = ("reused",)
 _FAILED = "failed"
 _WRITTEN = "written"
 _SKIPPED = "skipped"
@@ -25,12 +28,12 @@ def skipped(item) -> tuple:
 
 def tally(outcome_counts) -> dict:
     """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, num_near_duplicates,
-    failures, class_counts,
+    num_decoded, num_reused, failures, class_counts,
     skipped_by_extension (files in class folders that are not images) and skipped_at_root.
 
     An outcome nothing had is absent from the counts, and counts 0.
     """
-    num_found = num_duplicates = num_near_duplicates = skipped_at_root = 0
+    num_found = num_duplicates = num_near_duplicates = skipped_at_root = num_decoded = num_reused = 0
     failures, class_counts, skipped_by_extension = {}, [], {}
     for outcome, count in outcome_counts:
         if outcome == FOUND:
@@ -39,6 +42,10 @@ def tally(outcome_counts) -> dict:
             num_duplicates += count
         elif outcome == NEAR_DUPLICATE:
             num_near_duplicates += count
+        elif outcome == DECODED:
+            num_decoded += count
+        elif outcome == REUSED:
+            num_reused += count
         elif outcome[0] == _FAILED:
             failures[outcome[1]] = failures.get(outcome[1], 0) + count
         elif outcome[0] == _WRITTEN:
@@ -54,6 +61,8 @@ def tally(outcome_counts) -> dict:
         "num_found": num_found,
         "num_duplicates": num_duplicates,
         "num_near_duplicates": num_near_duplicates,
+        "num_decoded": num_decoded,
+        "num_reused": num_reused,
         "failures": failures,
         "class_counts": class_counts,
         "skipped_by_extension": skipped_by_extension,

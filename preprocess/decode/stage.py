@@ -25,6 +25,7 @@ from preprocess.decode.image import load_image_and_source_size, load_image_with_
 from preprocess.inputs.content import UniqueInput
 from preprocess.inputs.reading import read_file_bytes
 from preprocess.launch.progress import ProgressCounter
+from preprocess.transform import image_moments
 
 
 class DecodeImagesFn(beam.DoFn):
@@ -99,8 +100,12 @@ class DecodeImagesFn(beam.DoFn):
         self._budget.record(None, known)
         self._decoded.inc()
         self._progress.inc()
+        image_raw = pixels.tobytes()
         example = {
-            "image_raw": pixels.tobytes(),
+            "image_raw": image_raw,
+            # What the version's ledger keeps of it (preprocess/reuse/): its content key and its moments.
+            "key": getattr(item, "key", None) or "",
+            "moments": image_moments(image_raw),
             "label": item.label,
             "sha256": hashlib.sha256(data).hexdigest(),
             "uri": item.uri,

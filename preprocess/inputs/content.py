@@ -28,6 +28,8 @@ class UniqueInput:
     # Whether the input named the split, a manifest's split column or a pre-split tree's folder
     # (near-duplicate grouping never changes it then).
     split_given: bool = dataclasses.field(default=False, compare=False)
+    # The content key (the MD5's, reading.content_key): what the previous version's ledger is keyed by.
+    key: str | None = dataclasses.field(default=None, compare=False)
 
 
 def _digest_or_error(read, record: InputRecord):
@@ -87,6 +89,7 @@ class KeyContentFn(beam.DoFn):
             size=size,
             split=record.split or assign_split(key, self._fractions),
             split_given=bool(record.split),
+            key=key,
         )
         yield key, record
 
@@ -271,7 +274,12 @@ class ResolveDuplicatesFn(beam.DoFn):
             return
         kept = copies.kept
         yield UniqueInput(
-            uri=kept.uri, label=kept.label, split=kept.split, size=kept.size, split_given=kept.split_given
+            uri=kept.uri,
+            label=kept.label,
+            split=kept.split,
+            size=kept.size,
+            split_given=kept.split_given,
+            key=kept.key,
         )
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
@@ -333,6 +341,7 @@ class SeparateSharedKeysFn(beam.DoFn):
                 split=record.split,
                 size=record.size,
                 split_given=record.split_given,
+                key=record.key,
             )
             return
         for record in records:

@@ -33,6 +33,9 @@ class InputRecord:
     # Whether the manifest named `split` (content.KeyContentFn fills in the others): near-duplicate
     # grouping never moves such an image to another split (preprocess/near_duplicates/).
     split_given: bool = dataclasses.field(default=False, compare=False)
+    # The content key (content.KeyContentFn fills it in): what a re-run compares with the previous
+    # version's ledger to carry the record over (preprocess/reuse/).
+    key: str | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,8 +163,25 @@ def check_image_size(
     return upscale_warning(uris, count, stored_size, crop_size, resize_method, encoding)
 
 
+def _published_at_this_size(config) -> bool:
+    """Whether --output holds a published version of this --image-size and resize method: the sources were
+    checked when it was built, and a re-run reads no unchanged source, not even a header (preprocess/reuse/)."""
+    from preprocess.publish.protocol import read_published_manifest  # noqa: PLC0415 - Beam's filesystems
+
+    output = config.output.rstrip("/")
+    manifest = read_published_manifest(output if "://" in output else os.path.abspath(output))
+    image = (manifest or {}).get("image") or {}
+    return (image.get("height"), image.get("crop_size", image.get("height")), image.get("resize_method")) == (
+        config.stored_size,
+        config.image_size,
+        config.resize_method,
+    )
+
+
 def warn_if_upscaled(config) -> None:
     """Logs check_image_size's warning for a Stage1Config (preprocess/config.py), if there is one."""
+    if not config.rebuild and _published_at_this_size(config):
+        return
     warning = check_image_size(
         config.input,
         config.stored_size,

@@ -208,6 +208,35 @@ def _crop_note(image: dict) -> str:
     return f"; training crops {crop}x{crop} (margin {image.get('crop_margin', 0):g}), center crop to serve"
 
 
+def format_reuse(manifest: dict) -> list[str]:
+    """What the run decoded and what it carried over from the version it was built from (issue 32), and the
+    published images a named split moved; nothing for a manifest written before incremental versions."""
+    inputs, run = manifest["inputs"], manifest.get("run") or {}
+    if "num_decoded" not in inputs:
+        return []
+    built_from = run.get("built_from")
+    if not built_from:
+        how = "the first version of this directory"
+    elif run.get("full_rebuild"):
+        how = f"full rebuild after run {built_from}: {run['full_rebuild']}"
+    else:
+        how = f"carried over from run {built_from}, neither read nor decoded"
+    lines = [f"  {inputs['num_decoded']} decoded + {inputs.get('num_reused', 0)} reused ({how})"]
+    moved = inputs.get("num_moved_by_named_split", 0)
+    if moved:
+        named = ", ".join(
+            f"{move['uri']} ({move['from']} -> {move['to']})"
+            for move in inputs.get("moved_by_named_split", [])
+        )
+        more = (
+            f" and {moved - len(inputs['moved_by_named_split'])} more"
+            if moved > len(inputs["moved_by_named_split"])
+            else ""
+        )
+        lines.append(f"  {moved} published images moved to the split their input names: {named}{more}")
+    return lines
+
+
 def format_summary(
     manifest: dict, output_dir: str, error_examples: dict[str, list[str]] | None = None
 ) -> str:
@@ -229,6 +258,7 @@ def format_summary(
             else ""
         ),
     ]
+    lines += format_reuse(manifest)
     skipped = format_skipped(inputs)
     lines += [f"  {skipped}"] if skipped else []
     lines += [

@@ -137,6 +137,9 @@ class SignedImage:
     num_bytes: int = 0  # the source file's size (tie-break after source_pixels)
     locator: tuple = ()  # opaque to grouping, carried through: where the pipeline keeps the decoded image
     published_split: str | None = None  # the split a previous version published it in (published.py)
+    # Carried over by an incremental run without being decoded (preprocess/reuse/): no part holds it, and
+    # its published split holds, so routing and the split counts pass it by.
+    carried: bool = False
 
     @property
     def held_split(self) -> str | None:

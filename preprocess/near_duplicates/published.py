@@ -7,8 +7,9 @@ published splits come from: today the newest manifest published in the
 output directory, whose shards' records carry each image's sha256 under the
 shard's split (read in parallel by `ReadPublishedSplits`, so the lookup costs
 one read of the previous version's shards; a first version costs nothing).
-Issue 32's ledger of published splits replaces what `published_shards` and
-`ReadPublishedSplits` read, not their callers.
+In an incremental run (issue 32), the previous version's ledger gives the
+(sha256, split) of the published images decoded again instead (preprocess/reuse/):
+no read of the previous shards for this.
 """
 
 import dataclasses
@@ -80,9 +81,12 @@ class WithPublishedSplits(beam.PTransform):
         self._shards = shards
 
     def expand(self, images):
-        if not self._shards:
+        if isinstance(self._shards, beam.PCollection):
+            published = self._shards  # an incremental run's, from the ledger (preprocess/reuse/)
+        elif not self._shards:
             return images
-        published = images.pipeline | "ReadPublished" >> ReadPublishedSplits(self._shards)
+        else:
+            published = images.pipeline | "ReadPublished" >> ReadPublishedSplits(self._shards)
         keyed = images | "ByKey" >> beam.Map(lambda image: (image.key, image))
         return (
             {"images": keyed, "published": published}

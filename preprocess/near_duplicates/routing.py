@@ -37,8 +37,10 @@ OVERRIDES = "overrides"
 ROWS_PER_BATCH = 32
 
 # The spilled columns: the raw example as DecodeImagesFn made it, without the signature's extras.
-_BINARY_COLUMNS = ("image_raw",)
-_STRING_COLUMNS = ("label", "sha256", "uri", "split")
+_BINARY_COLUMNS = ("image_raw", "moments")
+# The signature (an int of up to SIGNATURE_BITS) as decimal text: the version's ledger keeps it, so that a
+# re-run can group new images with the published ones it carries over (preprocess/reuse/).
+_STRING_COLUMNS = ("label", "sha256", "uri", "split", "key", "signature")
 PART_SCHEMA = pa.schema(
     [(name, pa.large_binary()) for name in _BINARY_COLUMNS]
     + [(name, pa.string()) for name in _STRING_COLUMNS]
@@ -91,7 +93,7 @@ class SpillDecodedFn(beam.DoFn):
                 for name in _BINARY_COLUMNS
             ]
             columns += [
-                pa.array([row[name] for row in self._rows], type=pa.string()) for name in _STRING_COLUMNS
+                pa.array([str(row[name]) for row in self._rows], type=pa.string()) for name in _STRING_COLUMNS
             ]
             self._part.write(pa.RecordBatch.from_arrays(columns, schema=PART_SCHEMA))
             self._rows = []
@@ -141,8 +143,8 @@ def read_part(path: str):
 
 def override_of(member):
     """GroupMember -> [(part path, (row, final split or None if dropped))]; none when nothing changes."""
-    if member.kept and member.split == member.image.split:
-        return []
+    if (member.kept and member.split == member.image.split) or member.image.carried:
+        return []  # unchanged, or carried over from the previous version (no part: it keeps its split)
     path, row = member.image.locator
     return [(path, (row, member.split if member.kept else None))]
 

@@ -20,8 +20,8 @@ def image_count(image) -> tuple:
 
 def member_deltas(member) -> list[tuple]:
     """A GroupMember -> the changes to the counts: out of its old split, into its new one unless dropped."""
-    if member.kept and member.split == member.image.split:
-        return []
+    if (member.kept and member.split == member.image.split) or member.image.carried:
+        return []  # unchanged, or carried over (published: it keeps its split, and is kept in keep mode)
     label = member.image.label
     deltas = [((member.image.split, label), -1)]
     if member.kept:

@@ -27,6 +27,10 @@ class NearDuplicateAudit(beam.PTransform):
 
     `run_id` is the singleton of preprocess.publish.runs.MakeRunId; `published_shards` the previous
     version's (published.published_shards): a group with a published member follows its split.
+    `carried_counts`: ((split, label), 1) of each image an incremental run carried over without decoding
+    (preprocess/reuse/), counted into the summary; `carried_images`: the same images as SignedImages
+    (their ledger's signature, their published split held, no locator), grouped with the decoded ones so
+    that a new copy of a published image follows its split (then not in `carried_counts`).
     """
 
     def __init__(
@@ -38,9 +42,16 @@ class NearDuplicateAudit(beam.PTransform):
         max_group_size: int,
         max_moved_share: float,
         published_shards=(),
+        carried_counts=None,
+        carried_images=None,
     ):
         super().__init__()
-        self._published_shards = list(published_shards)
+        # A list of (split, shard path) to read, or, in an incremental run, a PCollection of (sha256, split).
+        self._published_shards = (
+            published_shards if isinstance(published_shards, beam.PCollection) else list(published_shards)
+        )
+        self._carried_counts = carried_counts
+        self._carried_images = carried_images
         self._max_group_size = max_group_size
         self._max_moved_share = max_moved_share
         self._output_dir = output_dir
@@ -53,6 +64,8 @@ class NearDuplicateAudit(beam.PTransform):
             routing.SpillDecodedFn(self._output_dir), beam.pvalue.AsSingleton(self._run_id)
         ).with_outputs(routing.PARTS, main="signed")
         signed = spilled.signed | "Published" >> WithPublishedSplits(self._published_shards)
+        if self._carried_images is not None:
+            signed = (signed, self._carried_images) | "WithCarried" >> beam.Flatten()
         found = signed | "Group" >> FindNearDuplicateGroups(
             self._max_distance,
             drop=self._drop,
@@ -67,11 +80,14 @@ class NearDuplicateAudit(beam.PTransform):
             | "OverridesPerPart" >> beam.CoGroupByKey()
             | "Route" >> beam.ParDo(routing.RoutePartFn())
         )
+        counts = [
+            signed | "CountImages" >> beam.Map(split_counts.image_count),
+            members | "CountMoves" >> beam.FlatMap(split_counts.member_deltas),
+        ]
+        if self._carried_counts is not None:
+            counts.append(self._carried_counts)
         summary = (
-            (
-                spilled.signed | "CountImages" >> beam.Map(split_counts.image_count),
-                members | "CountMoves" >> beam.FlatMap(split_counts.member_deltas),
-            )
+            counts
             | "Counts" >> beam.Flatten()
             | "SplitLabelCounts" >> beam.CombineGlobally(split_counts.SplitLabelCountsFn())
         )

@@ -22,6 +22,8 @@ from preprocess.publish.fingerprint import compute_fingerprint
 from preprocess.publish.runs import RunPaths, run_started_at
 from preprocess.write.transform_output import read_label_vocabulary
 
+# How many moved images the manifest names (all are counted).
+MOVES_NAMED = 20
 _TRANSFORM_DIRS = (manifest_lib.TRANSFORM_FN_DIR, manifest_lib.TRANSFORMED_METADATA_DIR)
 
 
@@ -43,6 +45,10 @@ def build_manifest(
     near_duplicates=None,
     near_duplicate_files=(),
     source_image_sizes=None,
+    num_decoded=None,
+    num_reused=0,
+    ledger_files=(),
+    moved=(),
 ):
     """The manifest dict, from the job's config and the facts the pipeline gathered.
 
@@ -76,7 +82,15 @@ def build_manifest(
     return {
         "format_version": manifest_lib.FORMAT_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "run": {"id": run_id, "started_at": run_started_at(run_id), "dir": run.relative_dir},
+        "run": {
+            "id": run_id,
+            "started_at": run_started_at(run_id),
+            "dir": run.relative_dir,
+            # Lineage: the version published when this run started (None for the first), and why this
+            # one decoded every input instead of carrying records over from it (None: it carried them).
+            "built_from": config.get("built_from"),
+            "full_rebuild": config.get("full_rebuild", "the first version"),
+        },
         "source": {"input": config["input"], "kind": config["input_kind"]},
         "image": {
             "height": config["image_size"],
@@ -109,6 +123,13 @@ def build_manifest(
             "num_duplicates": num_duplicates,
             # Dropped by --near-duplicates drop: every member of a group but the one kept.
             "num_near_duplicates": num_near_duplicates,
+            # Of the unique inputs: read and decoded by this run, or carried over from `run.built_from`
+            # without either (preprocess/reuse/).
+            "num_decoded": num_decoded,
+            "num_reused": num_reused,
+            # Published images that a split the input names moved to another split: counted, and named.
+            "num_moved_by_named_split": len(moved),
+            "moved_by_named_split": sorted(moved, key=lambda move: move["uri"])[:MOVES_NAMED],
             "failures_by_reason": dict(sorted(failures.items())),
             # Not inputs, so not in num_found: a tree's files without an image extension, by extension
             # ("" for none), and the files directly in its root (no class folder).
@@ -122,6 +143,8 @@ def build_manifest(
         # Altered copies of one image (preprocess/near_duplicates/): the counts, and one JSON line per group.
         "near_duplicates": _with_realised_fractions(near_duplicates or {"mode": "off"}, splits),
         "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
+        # One JSON line per image written: what the next version reuses (preprocess/reuse/ledger.py).
+        "ledger_files": sorted(ledger_files, key=lambda entry: entry["path"]),
         "source_image_sizes": source_image_sizes or empty_source_sizes(),
     }
 
@@ -207,6 +230,8 @@ def finalize_dataset(
     near_duplicate_stats=None,
     near_duplicate_files=(),
     source_image_sizes=None,
+    ledger_files=(),
+    moved=(),
 ):
     """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
 
@@ -247,6 +272,8 @@ def finalize_dataset(
         near_duplicates=near_duplicate_summary(config, near_duplicate_stats),
         near_duplicate_files=near_duplicate_files,
         source_image_sizes=source_image_sizes,
+        ledger_files=ledger_files,
+        moved=moved,
         **counts,
     )
     manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}

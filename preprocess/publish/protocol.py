@@ -99,6 +99,7 @@ def named_files(manifest: dict) -> set[str]:
     names = {shard["path"] for info in manifest["splits"].values() for shard in info["shards"]}
     names.update(manifest_lib.error_file_paths(manifest))
     names.update(manifest_lib.near_duplicate_file_paths(manifest))
+    names.update(manifest_lib.ledger_file_paths(manifest))
     names.update((manifest.get("transform") or {}).values())
     return names
 

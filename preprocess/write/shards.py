@@ -323,7 +323,8 @@ class WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """(split, serialized example) pairs of every split -> shard manifest entries (dicts).
+    """(split, serialized example) pairs of every split -> shard manifest entries (dicts); several
+    PCollections of them (a tuple) are written as one.
 
     `estimated_bytes` is a singleton PCollection of {split: estimated bytes of
     its records} (record count times the bytes a record takes, or an estimate
@@ -347,9 +348,19 @@ class WriteShards(beam.PTransform):
             >> beam.Map(file_targets, shard_size_bytes=self._shard_size_bytes, min_shards=self._min_shards)
         )
         run_id = beam.pvalue.AsSingleton(self._run_id)
+        # Several inputs (an incremental run's decoded records and carried ones) are written each by a
+        # writer of its own and meet as file entries: a Flatten of the records would end the stage that
+        # decodes them, and every decoded record would cross a stage boundary.
+        inputs = records if isinstance(records, (tuple, list)) else (records,)
+        files = [
+            collection
+            | ("WriteFiles" if index == 0 else f"WriteFiles[{index}]")
+            >> beam.ParDo(WriteShardFilesFn(self._output_dir), targets, run_id)
+            for index, collection in enumerate(inputs)
+        ]
+        files = files[0] if len(files) == 1 else files | "FilesOfAllInputs" >> beam.Flatten()
         return (
-            records
-            | "WriteFiles" >> beam.ParDo(WriteShardFilesFn(self._output_dir), targets, run_id)
+            files
             | "AllFiles" >> beam.combiners.ToList()
             | "Plan" >> beam.FlatMap(plan_shards, targets, min_shards=self._min_shards)
             | "Spread" >> beam.Reshuffle()

@@ -11,7 +11,7 @@ from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
 from preprocess.publish.runs import RunPaths
-from preprocess.transform import IMAGE_RAW, LABEL_VOCABULARY_FILE, MEAN, STD
+from preprocess.transform import IMAGE_MOMENTS, IMAGE_RAW, LABEL_VOCABULARY_FILE, MEAN, STD, image_moments
 
 SCHEMA_FILE = "schema.pbtxt"
 # tf.Transform keeps its own metadata inside the SavedModel directory; its
@@ -111,6 +111,7 @@ def read_normalization(transform_fn_dir: str, image_size: int) -> tuple[tuple[fl
     black = bytes(image_size * image_size * features.CHANNELS)
     raw = {
         IMAGE_RAW: tf.constant([black]),
+        IMAGE_MOMENTS: tf.constant([image_moments(black)]),
         features.CLASS_NAME: tf.constant([b""]),
         features.SHA256: tf.constant([b""]),
         features.URI: tf.constant([b""]),

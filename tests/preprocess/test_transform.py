@@ -138,7 +138,13 @@ def test_the_analysis_makes_no_float64_copy_of_a_batch_of_pixels():
     with tf.compat.v1.Graph().as_default() as graph:
         inputs = {
             name: tf.compat.v1.placeholder(tf.string, [None])
-            for name in (transform.IMAGE_RAW, features.CLASS_NAME, features.SHA256, features.URI)
+            for name in (
+                transform.IMAGE_RAW,
+                transform.IMAGE_MOMENTS,
+                features.CLASS_NAME,
+                features.SHA256,
+                features.URI,
+            )
         }
         transform.make_preprocessing_fn(image_size, "uint8")(inputs)
     pixels_per_image = image_size * image_size

@@ -194,6 +194,9 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
     assert f"{run_dir}/transformed_metadata/schema.pbtxt" in transform
     near_duplicates = manifest_lib.near_duplicate_file_paths(manifest)
     assert all(path.startswith(f"{run_dir}/near-duplicates-") for path in near_duplicates)
+    # The version's ledger (issue 32: what a re-run reuses), in the run's directory too.
+    ledger = manifest_lib.ledger_file_paths(manifest)
+    assert ledger and all(path.startswith(f"{run_dir}/ledger-") for path in ledger)
     assert (
         _files_below(output)
         == {
@@ -201,6 +204,7 @@ def test_nothing_but_the_dataset_is_left_in_the_directory(dataset):
             commit_log.commit_name(1),
             *errors,
             *near_duplicates,
+            *ledger,
         }
         | listed
         | transform

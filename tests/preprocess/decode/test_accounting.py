@@ -22,6 +22,9 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
         + [outcomes.DUPLICATE] * 2
         # A near-duplicate left out by --near-duplicates drop: counted apart from the exact copies.
         + [outcomes.NEAR_DUPLICATE]
+        # An incremental run: unique inputs decoded, and carried over without decoding (preprocess/reuse/).
+        + [outcomes.DECODED] * 3
+        + [outcomes.REUSED] * 2
         + [outcomes.failed(_failure("not_an_image")), outcomes.failed(_failure("not_an_image"))]
         + [outcomes.failed(_failure("too_many_pixels"))]
         + [
@@ -53,6 +56,8 @@ def test_every_outcome_counted_in_one_combine_becomes_the_manifests_figures():
                         "num_found": 8,
                         "num_duplicates": 2,
                         "num_near_duplicates": 1,
+                        "num_decoded": 3,
+                        "num_reused": 2,
                         "failures": {"not_an_image": 2, "too_many_pixels": 1},
                         "class_counts": [(("test", "dog"), 1), (("train", "cat"), 2)],
                         "skipped_by_extension": {".json": 2, "": 1},
@@ -68,6 +73,8 @@ def test_an_outcome_nothing_had_counts_zero():
         "num_found": 0,
         "num_duplicates": 0,
         "num_near_duplicates": 0,
+        "num_decoded": 0,
+        "num_reused": 0,
         "failures": {},
         "class_counts": [],
         "skipped_by_extension": {},

@@ -462,12 +462,15 @@ def test_publishing_over_a_format_1_dataset_removes_its_top_level_files_after_th
             with open(os.path.join(output, path), "rb") as part:
                 log.write(part.read())
             os.remove(os.path.join(output, path))
+    for path in manifest_lib.ledger_file_paths(staged.old):  # format 1 had no ledger either
+        os.remove(os.path.join(output, path))
     for entry in os.listdir(old_dir):
         shutil.move(os.path.join(old_dir, entry), os.path.join(output, entry))
     shutil.rmtree(old_dir)
     flat = json.loads(text.replace(staged.old["run"]["dir"] + "/", ""))
     flat["format_version"] = 1
     del flat["run"], flat["error_files"]
+    flat.pop("ledger_files", None)
     shutil.rmtree(os.path.join(output, manifest_lib.MANIFESTS_DIR))  # format 1 had no log
     with open(os.path.join(output, "dataset.json"), "w") as handle:
         json.dump(flat, handle)

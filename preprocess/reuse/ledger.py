@@ -1,0 +1,69 @@
+"""A version's ledger: one JSON line per image it wrote, what the next version reuses without decoding.
+
+    {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
+     "signature": the perceptual signature (absent when the audit was off)}
+
+`key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
+its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
+shards; `split` is the split the image was published in, which it keeps (splits never move);
+`moments` are its share of the statistics (transform.image_moments), exact, so that carried images
+count without their pixels. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
+the manifest lists the files in `ledger_files`.
+"""
+
+import json
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+LEDGER = "ledger"
+
+
+def entry_of(example: dict) -> dict:
+    """The ledger entry of an example written (decoded, or carried over: both carry the same keys)."""
+    entry = {
+        "key": example["key"],
+        "sha256": example["sha256"],
+        "uri": example["uri"],
+        "label": example["label"],
+        "split": example["split"],
+        "moments": np.frombuffer(example["moments"], dtype="<f8").tolist(),
+    }
+    if example.get("signature") not in (None, ""):
+        entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
+    return entry
+
+
+def entry_line(example: dict) -> bytes:
+    return json.dumps(entry_of(example), sort_keys=True).encode("utf-8")
+
+
+def moments_bytes(entry: dict) -> bytes:
+    """An entry's moments as the analysis takes them (transform.IMAGE_MOMENTS): exact, float64 round-trips JSON."""
+    return np.asarray(entry["moments"], dtype="<f8").tobytes()
+
+
+def read_entries(path: str):
+    """Every entry of one ledger file."""
+    with FileSystems.open(path) as handle:
+        for line in handle.read().decode("utf-8").splitlines():
+            if line:
+                yield json.loads(line)
+
+
+class ReadLedger(beam.PTransform):
+    """PBegin -> (content key, entry) of every image the ledger files list, read in parallel."""
+
+    def __init__(self, paths):
+        super().__init__()
+        self._paths = list(paths)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Files" >> beam.Create(self._paths)
+            | "Spread" >> beam.Reshuffle()
+            | "Entries" >> beam.FlatMap(read_entries)
+            | "ByKey" >> beam.Map(lambda entry: (entry["key"], entry))
+        )

@@ -1,0 +1,209 @@
+"""The reuse steps of an incremental run: match the inputs to the previous version's ledger, then carry over
+the records of the unchanged ones, copied from the previous version's shards.
+
+    unique inputs (content key) + ledger (content key) -> SortByPublishedFn:
+        unchanged (same content, same label) -> carry   (never read nor decoded)
+        new, relabelled                      -> decode  (a published one keeps its split)
+        a published image a named split moves -> moved  (counted and named by the summary)
+    carry (sha256) + the previous shards' records (sha256) -> CarryRecordFn:
+        the record as it was (its label index and URI rewritten where they changed), or, if the previous
+        version's shards lack it, the input back to decoding
+
+Why by copy and not by reference to the previous run's shards: docs/preprocessing.md, "Re-runs".
+"""
+
+import dataclasses
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from dataset_contract import features
+from preprocess.reuse.ledger import ReadLedger, moments_bytes
+from preprocess.write.encode import label_not_in_train
+
+DECODE, CARRY, MOVED, PUBLISHED = "decode", "carry", "moved", "published"
+
+
+@dataclasses.dataclass(frozen=True)
+class CarriedImage:
+    """An unchanged input (a content.UniqueInput, in its final split) and its previous version's ledger entry."""
+
+    image: object
+    entry: dict
+
+    def example(self) -> dict:
+        """What the rest of the job needs of it: the statistics' moments, the ledger's fields; no pixels."""
+        example = {
+            "image_raw": b"",
+            "moments": moments_bytes(self.entry),
+            "key": self.image.key,
+            "sha256": self.entry["sha256"],
+            "uri": self.image.uri,
+            "label": self.image.label,
+            "split": self.image.split,
+        }
+        if self.entry.get("signature") is not None:
+            example["signature"] = self.entry["signature"]
+        return example
+
+    def signed(self):
+        """As near-duplicate grouping takes it (a SignedImage): held in its split, with no part to route;
+        None when the previous version kept no signature (its audit was off)."""
+        from preprocess.near_duplicates.grouping import SignedImage  # noqa: PLC0415
+
+        if self.entry.get("signature") is None:
+            return None
+        return SignedImage(
+            key=self.entry["sha256"],
+            signature=int(self.entry["signature"]),
+            uri=self.image.uri,
+            label=self.image.label,
+            split=self.image.split,
+            split_given=self.image.split_given,
+            num_bytes=self.image.size or 0,
+            published_split=self.image.split,
+            carried=True,
+        )
+
+
+class SortByPublishedFn(beam.DoFn):
+    """(content key, {"inputs": [UniqueInput], "published": [entry]}) -> DECODE (main): UniqueInputs to decode;
+    CARRY: (sha256, CarriedImage); MOVED: {uri, from, to}; PUBLISHED: (sha256, split) of every published image
+    that is decoded again (near-duplicate grouping holds it in its split)."""
+
+    def __init__(self):
+        self._carried = Metrics.counter("preprocess", "carried_over")
+
+    def process(self, element):
+        _, grouped = element
+        inputs, published = list(grouped["inputs"]), list(grouped["published"])
+        if not inputs:
+            return  # removed since the previous version
+        if len(published) != 1 or len(inputs) != 1:
+            # New content (or two contents under one key, a crafted MD5 collision): decoded.
+            yield from inputs
+            return
+        image, entry = inputs[0], published[0]
+        split = image.split if image.split_given else entry["split"]
+        if split != entry["split"]:
+            # A split the input names wins, even over the published one; the summary says so.
+            yield beam.pvalue.TaggedOutput(MOVED, {"uri": image.uri, "from": entry["split"], "to": split})
+        image = dataclasses.replace(image, split=split)
+        if image.label != entry["label"]:
+            # Relabelled: written again with its new label, in the split it was published in.
+            yield beam.pvalue.TaggedOutput(PUBLISHED, (entry["sha256"], split))
+            yield image
+            return
+        self._carried.inc()
+        yield beam.pvalue.TaggedOutput(CARRY, (entry["sha256"], CarriedImage(image, entry)))
+
+
+class SortByPublished(beam.PTransform):
+    """UniqueInputs -> {DECODE, CARRY, MOVED, PUBLISHED} (SortByPublishedFn) against the ledger files given."""
+
+    def __init__(self, ledger_files):
+        super().__init__()
+        self._ledger_files = list(ledger_files)
+
+    def expand(self, unique):
+        ledger = unique.pipeline | "ReadLedger" >> ReadLedger(self._ledger_files)
+        keyed = unique | "ByKey" >> beam.Map(lambda image: (image.key, image))
+        sorted_ = (
+            {"inputs": keyed, "published": ledger}
+            | "Match" >> beam.CoGroupByKey()
+            | "Sort" >> beam.ParDo(SortByPublishedFn()).with_outputs(CARRY, MOVED, PUBLISHED, main=DECODE)
+        )
+        return {name: sorted_[name] for name in (DECODE, CARRY, MOVED, PUBLISHED)}
+
+
+def shard_records(path: str):
+    """A shard -> (sha256, serialized record) of each of its records."""
+    import tensorflow as tf  # noqa: PLC0415 - on the workers, only in an incremental run
+
+    from dataset_contract.verification import read_records  # noqa: PLC0415
+
+    for record in read_records(path):
+        example = tf.train.Example.FromString(record)
+        yield example.features.feature[features.SHA256].bytes_list.value[0].decode("ascii"), record
+
+
+def rewritten(record: bytes, label: int, uri: str) -> bytes:
+    """The record with its label index and URI set (the pixels untouched: no decode, no encode)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    example = tf.train.Example.FromString(record)
+    feature = example.features.feature
+    if (
+        feature[features.LABEL].int64_list.value[0] == label
+        and feature[features.URI].bytes_list.value[0] == uri.encode()
+    ):
+        return record
+    feature[features.LABEL].int64_list.value[0] = label
+    feature[features.URI].bytes_list.value[0] = uri.encode()
+    return example.SerializeToString()
+
+
+class FindRecordFn(beam.DoFn):
+    """(sha256, {"carried": [CarriedImage], "records": [record]}) -> (CarriedImage, record) (main); "missing":
+    the UniqueInputs whose record the previous version's shards lack (decoded instead)."""
+
+    def process(self, element):
+        _, grouped = element
+        carried = list(grouped["carried"])
+        if not carried:
+            return  # a record of the previous version that this one does not carry (removed, relabelled)
+        record = next(iter(grouped["records"]), None)
+        for image in carried:
+            if record is None:
+                yield beam.pvalue.TaggedOutput("missing", image.image)
+            else:
+                yield image, record
+
+
+class RelabelRecordFn(beam.DoFn):
+    """(CarriedImage, record) -> (split, record, class name) (main), its example dict on "examples"; "errors":
+    a carried validation/test image whose class has no train image any more."""
+
+    def __init__(self):
+        self._indices = None
+
+    def _index(self, vocabulary):
+        if self._indices is None or self._indices[0] is not vocabulary:
+            self._indices = (vocabulary, {name: index for index, name in enumerate(vocabulary)})
+        return self._indices[1]
+
+    def process(self, element, vocabulary):
+        carried, record = element
+        image = carried.image
+        label = self._index(vocabulary).get(image.label)
+        if label is None:
+            yield beam.pvalue.TaggedOutput("errors", label_not_in_train(image.uri, image.label, image.split))
+            return
+        yield beam.pvalue.TaggedOutput("examples", carried.example())
+        yield image.split, rewritten(record, label, image.uri), image.label
+
+
+class FindCarriedRecords(beam.PTransform):
+    """(sha256, CarriedImage) -> {"found": (CarriedImage, record), "missing": UniqueInputs}: the previous
+    version's records of the carried images, read from its shards (`shards`: (split, path)).
+
+    Needs no label vocabulary (RelabelRecordFn does), so the images it finds missing can still be decoded
+    before the vocabulary is known."""
+
+    def __init__(self, shards):
+        super().__init__()
+        self._shards = list(shards)
+
+    def expand(self, carried):
+        records = (
+            carried.pipeline
+            | "Shards" >> beam.Create([path for _, path in self._shards])
+            | "SpreadShards" >> beam.Reshuffle()
+            | "Records" >> beam.FlatMap(shard_records)
+        )
+        out = (
+            {"carried": carried, "records": records}
+            | "BySha256" >> beam.CoGroupByKey()
+            | "Find" >> beam.ParDo(FindRecordFn()).with_outputs("missing", main="found")
+        )
+        return {"found": out.found, "missing": out.missing}
