@@ -64,6 +64,9 @@ import numpy as np
 from PIL import Image
 
 # The grey DCT hash: the low bits, which the grouping's candidate bands are cut from.
+# Recorded in the manifest (near_duplicates.signature_version): a re-run carries a published image's
+# signature over from its ledger only when this is the version that took it (preprocess/reuse/previous.py).
+SIGNATURE_VERSION = 4
 CANDIDATE_BITS = 64
 _GREY_MASK = (1 << CANDIDATE_BITS) - 1
 # The colour layout: a 4x4 grid of cells, two opponent chromaticities each, one byte each.

@@ -17,6 +17,7 @@ from preprocess.config import DEFAULT_MAX_FAILED_FRACTION, DEFAULT_RETENTION_DAY
 from preprocess.decode import outcomes, source_sizes
 from preprocess.errors import TooManyFailuresError
 from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
+from preprocess.near_duplicates.signature import SIGNATURE_VERSION
 from preprocess.publish.commit import SupersededRunError, publish_run
 from preprocess.publish.fingerprint import compute_fingerprint
 from preprocess.publish.runs import RunPaths, run_started_at
@@ -176,6 +177,7 @@ def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
     }
     return {
         "mode": mode,
+        "signature_version": SIGNATURE_VERSION,
         "max_distance": config["near_duplicate_distance"],
         **guards,
         **dict(sorted((stats or {}).items())),

@@ -12,6 +12,8 @@ import logging
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
+from preprocess.config import NEAR_DUPLICATES_OFF
+from preprocess.near_duplicates.signature import SIGNATURE_VERSION
 
 # (the manifest's `image` field, the job config's key, the flag that sets it): what decides a record's
 # pixels and bytes. A record carried over must have been written under the same values.
@@ -53,6 +55,23 @@ class ReusePlan:
                 "carried over without being read or decoded; new and changed ones are decoded"
             )
         return f"full rebuild, every input decoded again: {self.full_rebuild}"
+
+
+def _signature_change(manifest: dict, config: dict) -> str | None:
+    """Why the ledger's near-duplicate signatures cannot be carried over, or None: they are compared with the
+    signatures this run takes, so both must come from one version of the signature."""
+    published = manifest.get("near_duplicates") or {}
+    if config.get("near_duplicates", NEAR_DUPLICATES_OFF) == NEAR_DUPLICATES_OFF:
+        return None
+    if published.get("mode", NEAR_DUPLICATES_OFF) == NEAR_DUPLICATES_OFF:
+        return None  # no signatures in the ledger: carried images are held in their splits, not grouped
+    before = published.get("signature_version")
+    if before != SIGNATURE_VERSION:
+        return (
+            f"the near-duplicate signature is version {SIGNATURE_VERSION}, the published version's is "
+            f"{before or 'older'}: every image is signed again"
+        )
+    return None
 
 
 def _setting_change(image: dict, config: dict) -> str | None:
@@ -98,7 +117,7 @@ def plan_reuse(output_dir: str, config: dict, rebuild: bool, template: bool = Fa
             "which change with the inputs"
         )
     else:
-        reason = _setting_change(manifest["image"], config)
+        reason = _setting_change(manifest["image"], config) or _signature_change(manifest, config)
     if reason is not None:
         return ReusePlan(built_from=built_from, full_rebuild=reason)
     return ReusePlan(

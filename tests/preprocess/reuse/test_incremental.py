@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
 from preprocess.config import DEFAULT_SPLIT, parse_split_fractions
 from preprocess.inputs.content import assign_split
@@ -352,3 +353,30 @@ def test_a_carried_record_gets_its_new_label_index_and_uri_and_keeps_its_pixels(
     assert feature[features.URI].bytes_list.value == [b"/b/cat/1.png"]
     assert feature[features.IMAGE].bytes_list.value == [b"\x01\x02\x03"]
     assert feature[features.CLASS_NAME].bytes_list.value == [b"cat"]
+
+
+def test_a_published_version_signed_by_another_signature_version_is_rebuilt(versions):
+    """Carried signatures are compared with the ones this run takes: a version signed by an older signature
+    (or by none recorded) cannot be carried over, and the run says why."""
+    from preprocess import options  # noqa: PLC0415
+    from preprocess.near_duplicates.signature import SIGNATURE_VERSION  # noqa: PLC0415
+    from preprocess.pipeline import job_config  # noqa: PLC0415
+    from preprocess.reuse.previous import plan_reuse  # noqa: PLC0415
+
+    _, second, changes, output = versions
+    assert second["near_duplicates"]["signature_version"] == SIGNATURE_VERSION
+    argv = ["--input", str(changes["v2.csv"]), "--output", str(output), "--encoding", "uint8"]
+    config = job_config(options.parse_args([*argv, "--image-size", str(IMAGE_SIZE)])[0], "b")
+    older = json.loads(json.dumps(second))
+    older["near_duplicates"]["signature_version"] = SIGNATURE_VERSION - 1
+    copy = output.parent / "older-signature"
+    shutil.copytree(output, copy)
+    head = commit_log.head_of(os.listdir(copy / commit_log.MANIFESTS_DIR))[1]
+    (copy / commit_log.MANIFESTS_DIR / head).write_text(json.dumps(older))
+    plan = plan_reuse(str(copy), config, rebuild=False)
+    assert not plan.incremental
+    assert f"signature is version {SIGNATURE_VERSION}" in plan.announcement()
+    (copy / commit_log.MANIFESTS_DIR / head).write_text(json.dumps(second))
+    assert plan_reuse(
+        str(copy), config, rebuild=False
+    ).incremental  # the same version, signed as this run signs
