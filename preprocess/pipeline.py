@@ -180,7 +180,7 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, publi
     published images decoded again (from the ledger, instead of a read of the previous shards) and
     `carried` the (sha256, CarriedImage) of the images carried over (carried_in_audit).
     """
-    carried_inputs = carried_in_audit(carried, args) if carried is not None else {}
+    carried_inputs = carried_in_audit(carried) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,
         run_id,
@@ -206,28 +206,25 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, publi
 
 
 class CarriedForAuditFn(beam.DoFn):
-    """(sha256, CarriedImage) -> its SignedImage (main), to be grouped; or, when it cannot be grouped (drop
-    mode, or no signature in the ledger), its ((split, label), 1) on "counts", to be counted only."""
-
-    def __init__(self, group: bool):
-        self._group = group
+    """(sha256, CarriedImage) -> its SignedImage (main), to be grouped; or, when it cannot be grouped (no
+    signature in the ledger), its ((split, label), 1) on "counts", to be counted only."""
 
     def process(self, element):
         _, carried = element
-        signed = carried.signed() if self._group else None
+        signed = carried.signed()
         if signed is None:
             yield beam.pvalue.TaggedOutput("counts", ((carried.image.split, carried.image.label), 1))
         else:
             yield signed
 
 
-def carried_in_audit(carried, args) -> dict:
-    """How the near-duplicate audit takes the images carried over: in keep mode, grouped with the decoded
-    ones (held in their published split: a new copy of a published image follows it); in drop mode only
-    counted, since a carried record is never dropped (docs/preprocessing.md, "Re-runs")."""
-    sorted_ = carried | "CarriedForAudit" >> beam.ParDo(
-        CarriedForAuditFn(group=args.near_duplicates != NEAR_DUPLICATES_DROP)
-    ).with_outputs("counts", main="signed")
+def carried_in_audit(carried) -> dict:
+    """How the near-duplicate audit takes the images carried over: grouped with the decoded ones, held in
+    their published split, so a new copy of a published image follows it; in drop mode a carried member is
+    the one its group keeps, never dropped (grouping.py; docs/preprocessing.md, "Re-runs")."""
+    sorted_ = carried | "CarriedForAudit" >> beam.ParDo(CarriedForAuditFn()).with_outputs(
+        "counts", main="signed"
+    )
     return {"carried_images": sorted_.signed, "carried_counts": sorted_.counts}
 
 

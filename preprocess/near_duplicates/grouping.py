@@ -59,10 +59,14 @@ The split of a group, in order:
   family of similar images than of copies.
 
 Drop mode keeps, per group: a member of the label most members hold, then
-one whose split was named or published, then the largest source in pixels,
-then the largest file, then the smallest key. A group whose labels have no
-majority is kept whole (`groups_kept_whole`): a likely label error to look at,
-not a copy to delete. A group that crosses splits or is over the size limit
+one carried over by an incremental run (`carried`), then one whose split was
+named or published, then the largest source in pixels, then the largest
+file, then the smallest key. A carried member is never dropped (its record
+is written as published): every carried member is kept, the decoded ones
+are dropped. A group whose labels have no majority is kept whole
+(`groups_kept_whole`): a likely label error to look at, not a copy to
+delete; so is a group with a carried member none of whose carried members
+has the majority label. A group that crosses splits or is over the size limit
 drops no one either.
 """
 
@@ -197,8 +201,9 @@ class NearDuplicateGroup:
 
 
 def _keep_order(image: SignedImage) -> tuple:
-    """Drop mode's preference within one label: a named or published split, the largest source, file, key."""
-    return (image.held_split is None, -image.source_pixels, -image.num_bytes, image.key)
+    """Drop mode's preference within one label: a carried (published) record, a named or published split,
+    the largest source, file, key. Its first field says whether the label has a carried member at all."""
+    return (not image.carried, image.held_split is None, -image.source_pixels, -image.num_bytes, image.key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +249,8 @@ class GroupDecision:
         return self.target
 
     def member(self, image: SignedImage, drop: bool) -> GroupMember:
-        kept = not drop or self.keep is None or image.key == self.keep
+        # A carried record (preprocess/reuse/) is written as published, whatever the group: never dropped.
+        kept = not drop or self.keep is None or image.key == self.keep or image.carried
         return GroupMember(image=image, group=self.group, split=self.split_of(image), kept=kept)
 
 
@@ -266,6 +272,11 @@ def decide_group(group: str, first_split: str, flood: Flood, max_group_size: int
     if len(counts) == 1 or counts[0][0] != counts[1][0]:
         majority = counts[0][1]
         keep = dict(flood.keep)[majority][-1]
+        if any(not order[0] for _, order in flood.keep) and dict(flood.keep)[majority][0]:
+            # A carried record is never dropped (it is written as published), and the majority label has
+            # none: the published image and its new copies disagree on the label, a likely label error.
+            keep = None
+            flags.append("kept_whole")
     else:
         flags.append("kept_whole")
     if "oversized" in flags or "across_splits" in flags:

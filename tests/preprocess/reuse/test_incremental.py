@@ -380,3 +380,74 @@ def test_a_published_version_signed_by_another_signature_version_is_rebuilt(vers
     assert plan_reuse(
         str(copy), config, rebuild=False
     ).incremental  # the same version, signed as this run signs
+
+
+@pytest.fixture(scope="module")
+def drop_versions(tmp_path_factory):
+    """`--near-duplicates drop`: version 1, then version 2 that adds an altered copy of a published train
+    image (its own content would put it in another split): two Beam runs on a corpus of a few images."""
+    base = tmp_path_factory.mktemp("incremental-drop")
+    corpus, output = base / "corpus", base / "dataset"
+    write_corpus(corpus, images_per_class=4, include_broken=False)
+    rows = sorted(
+        [os.path.join(folder, name), os.path.basename(folder), ""]
+        for folder, _, names in os.walk(corpus)
+        for name in names
+        if name.endswith(".png")
+    )
+    _write_manifest(base / "v1.csv", rows)
+    drop = ("--near-duplicates", "drop", *MAX_MOVED)
+    first = run_stage1(base / "v1.csv", output, *drop, image_size=IMAGE_SIZE, encoding="uint8")
+    v1 = _records(output, first)
+    original, altered_copy = _altered_copy_elsewhere(
+        [uri for uri, row in sorted(v1.items()) if row["split"] == "train"], str(base / "altered-copy.jpg")
+    )
+    rows = [row for row in rows if row[0] in v1] + [[altered_copy, v1[original]["class_name"], ""]]
+    _write_manifest(base / "v2.csv", rows)
+    second = run_stage1(base / "v2.csv", output, *drop, image_size=IMAGE_SIZE, encoding="uint8")
+    return first, second, original, altered_copy, output
+
+
+def test_drop_mode_keeps_the_published_image_and_drops_its_new_altered_copy(drop_versions):
+    """A carried (published) record joins grouping in drop mode too: its group keeps it, never drops it,
+    and drops the new copy, which would otherwise be written in another split than its original."""
+    first, second, original, altered_copy, output = drop_versions
+    v1, v2 = _records(output, first), _records(output, second)
+    assert sorted(v2) == sorted(v1)  # the copy is not written; every published image is, in its split
+    assert all(row["split"] == v1[uri]["split"] for uri, row in v2.items())
+    inputs = second["inputs"]
+    assert (inputs["num_reused"], inputs["num_decoded"], inputs["num_near_duplicates"]) == (len(v1), 1, 1)
+    assert inputs["num_found"] == (
+        inputs["num_written"]
+        + inputs["num_failed"]
+        + inputs["num_duplicates"]
+        + inputs["num_near_duplicates"]
+    )
+    groups = []
+    for relative in manifest_lib.near_duplicate_file_paths(second):
+        with open(os.path.join(output, relative)) as handle:
+            groups += [json.loads(line) for line in handle]
+    (group,) = [group for group in groups if altered_copy in group["uris"]]
+    kept = dict(zip(group["uris"], group["kept"], strict=True))
+    assert kept == {original: True, altered_copy: False}
+    assert group["splits"] == ["train", "train"]
+
+
+def test_drop_mode_never_drops_a_carried_member_and_keeps_whole_a_group_that_outvotes_its_label():
+    """Two carried members of one group are both kept (the new copy dropped); when the new copies outvote
+    the carried member's label, no one is dropped and the group is flagged kept_whole (grouping.py)."""
+    from preprocess.near_duplicates.grouping import Flood, SignedImage, decide_group  # noqa: PLC0415
+
+    def image(key, label, carried=False):
+        published = "train" if carried else None
+        return SignedImage(key, 0, key, label, "test", False, published_split=published, carried=carried)
+
+    def decide(images):
+        decision = decide_group(min(i.key for i in images), "test", Flood.merge(map(Flood.of, images)), 50)
+        return decision, {i.key: (m.kept, m.split) for i in images for m in [decision.member(i, drop=True)]}
+
+    _, members = decide([image("a", "cat", True), image("b", "cat", True), image("c", "cat")])
+    assert members == {"a": (True, "train"), "b": (True, "train"), "c": (False, "train")}
+    decision, members = decide([image("a", "cat", True), image("b", "dog"), image("c", "dog")])
+    assert decision.flags == ("kept_whole",)
+    assert members == {"a": (True, "train"), "b": (True, "train"), "c": (True, "train")}
