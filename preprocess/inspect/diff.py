@@ -4,8 +4,10 @@
     python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50   # the newest against run RUN's version
 
 An image is the same image in two versions when its `sha256` (of its source
-file's bytes) is; what a version says of it is in its shards' records (uri,
-class name, the split of the shard). Design notes: docs/internals.md.
+file's bytes) is; what a version says of it (uri, class name, split) is read
+from its ledger (preprocess/reuse/ledger.py, a JSON line per image), or from
+its shards' records for a version written before ledgers. Design notes:
+docs/internals.md.
 """
 
 import concurrent.futures
@@ -19,9 +21,10 @@ import tensorflow as tf
 from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
 from preprocess.inspect.summary import format_bytes
+from preprocess.reuse import ledger as ledger_lib
 
 DEFAULT_LIMIT = 20
-# Shards read at once: reads of GCS objects overlap; the records of one shard at a time per thread in memory.
+# Files read at once: reads of GCS objects overlap; the images of one file at a time per thread in memory.
 _READ_THREADS = 8
 # Versions named when a RUN is not found.
 _VERSIONS_NAMED = 5
@@ -86,6 +89,7 @@ class VersionDiff:
     removed: Category
     relabelled: Category
     moved: Category
+    ledger_files_read: int
     shards_read: int
     bytes_read: int
 
@@ -183,36 +187,73 @@ def _shards(data_dir: str, manifest: dict) -> list[tuple[str, str, int]]:
     ]
 
 
-def shard_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
-    """What reading both versions' shards costs, in bytes (from their manifests)."""
-    return sum(size for version in versions for _, _, size in _shards(data_dir, version.manifest))
+class Source(NamedTuple):
+    """One file a version's images are read from: a file of its ledger, or one of its shards."""
+
+    path: str
+    num_bytes: int
+    split: str | None  # the shard's split; None for a ledger file, whose lines each name theirs
+
+
+def sources(data_dir: str, manifest: dict) -> list[Source]:
+    """The files the diff reads of a version: its ledger when the manifest lists one (a short JSON line per
+    image, a fraction of the shards' bytes), else its shards (a version written before ledgers, issue 32)."""
+    ledger = manifest.get("ledger_files") or []
+    if ledger:
+        return [Source(manifest_lib.join(data_dir, e["path"]), int(e["num_bytes"]), None) for e in ledger]
+    return [Source(path, size, split) for split, path, size in _shards(data_dir, manifest)]
+
+
+def read_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
+    """What comparing the two versions reads, in bytes (from their manifests: ledger or shard sizes)."""
+    return sum(source.num_bytes for version in versions for source in sources(data_dir, version.manifest))
+
+
+def source_counts(data_dir: str, versions: tuple[Version, Version]) -> tuple[int, int]:
+    """(ledger files, shards) that comparing the two versions reads."""
+    read = [source for version in versions for source in sources(data_dir, version.manifest)]
+    ledger_files = sum(source.split is None for source in read)
+    return ledger_files, len(read) - ledger_files
+
+
+def _rows(source: Source):
+    """(sha256, uri, class name, split) of every image of one file of a version."""
+    if source.split is None:
+        for entry in ledger_lib.read_entries(source.path):
+            yield entry["sha256"], entry["uri"], entry["label"], entry["split"]
+    else:
+        for sha256, uri, class_name in verification.read_identities(source.path):
+            yield sha256, uri, class_name, source.split
 
 
 def read_images(data_dir: str, version: Version) -> dict[str, Image]:
-    """sha256 -> Image of every record of the version's shards (the image itself is not parsed)."""
+    """sha256 -> Image of every image of the version: from its ledger, else its shards' records (the image
+    itself is not parsed)."""
 
-    def read(shard):
-        split, path, _ = shard
+    def read(source: Source):
         try:
-            return split, list(verification.read_identities(path))
-        except (tf.errors.OpError, verification.RecordError) as exc:
-            gone = isinstance(exc, tf.errors.NotFoundError)
+            return list(_rows(source))
+        except (tf.errors.OpError, verification.RecordError, OSError, ValueError, KeyError) as exc:
+            # A ledger read through Beam's FileSystems raises an OSError (BeamIOError) where TensorFlow's
+            # says NotFoundError: whether the file is there says which it was.
+            gone = isinstance(exc, tf.errors.NotFoundError) or (
+                isinstance(exc, OSError) and not tf.io.gfile.exists(source.path)
+            )
             raise VersionUnreadable(
-                f"{version.describe()}: {path}: "
+                f"{version.describe()}: {source.path}: "
                 + (
                     "not found (garbage collection removes a superseded run's files once its retention ends)"
                     if gone
-                    else str(exc).splitlines()[0]
+                    else (str(exc).splitlines() or [repr(exc)])[0]
                 )
             ) from exc
 
     images = {}
     with concurrent.futures.ThreadPoolExecutor(_READ_THREADS) as pool:
-        for split, rows in pool.map(read, _shards(data_dir, version.manifest)):
-            for sha256, uri, class_name in rows:
-                images[sha256] = Image(
-                    uri, sys.intern(class_name), split
-                )  # one string per class, not per image
+        for rows in pool.map(read, sources(data_dir, version.manifest)):
+            for sha256, uri, class_name, split in rows:
+                # One string per class and split, not per image.
+                images[sha256] = Image(uri, sys.intern(class_name), sys.intern(split))
     return images
 
 
@@ -243,8 +284,9 @@ def diff_images(old: dict[str, Image], new: dict[str, Image], limit: int):
 
 
 def diff_versions(data_dir: str, old: Version, new: Version, limit: int = DEFAULT_LIMIT) -> VersionDiff:
-    """Read both versions' shards and say what changed."""
+    """Read both versions' ledgers (or shards, for a version without one) and say what changed."""
     old_images, new_images = read_images(data_dir, old), read_images(data_dir, new)
+    ledger_files, shards = source_counts(data_dir, (old, new))
     added, removed, relabelled, moved = diff_images(old_images, new_images, limit)
     return VersionDiff(
         old=old,
@@ -255,8 +297,9 @@ def diff_versions(data_dir: str, old: Version, new: Version, limit: int = DEFAUL
         removed=removed,
         relabelled=relabelled,
         moved=moved,
-        shards_read=sum(len(_shards(data_dir, version.manifest)) for version in (old, new)),
-        bytes_read=shard_bytes(data_dir, (old, new)),
+        ledger_files_read=ledger_files,
+        shards_read=shards,
+        bytes_read=read_bytes(data_dir, (old, new)),
     )
 
 
@@ -282,6 +325,17 @@ CATEGORIES = (
 )
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def describe_files(ledger_files: int, shards: int) -> str:
+    """Files a diff reads, for a person: "2 ledger files", "9 shards", or both."""
+    parts = [_count(ledger_files, "ledger file")] if ledger_files else []
+    parts += [_count(shards, "shard")] if shards or not parts else []
+    return " and ".join(parts)
+
+
 def format_diff(diff: VersionDiff) -> str:
     """The text `--diff` prints: counts, then up to the limit of files of each kind of change."""
     lines = [
@@ -302,7 +356,7 @@ def format_diff(diff: VersionDiff) -> str:
         if category.count > len(category.first):
             lines.append(f"  ... and {category.count - len(category.first)} more (--limit)")
     lines.append(
-        f"\nread {diff.shards_read} shards ({format_bytes(diff.bytes_read)}) of the two versions; an image is "
+        f"\nread {describe_files(diff.ledger_files_read, diff.shards_read)} ({format_bytes(diff.bytes_read)}) of the two versions; an image is "
         "the same image when its source file's sha256 is"
     )
     return "\n".join(lines)

@@ -62,18 +62,19 @@ def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
 
 def gather_changes(data_dir: str, max_read_bytes: int, limit: int) -> tuple[diff.VersionDiff | None, str]:
     """(the diff of the newest version against the one before, or None; why not, "" when the directory holds
-    one version). Both versions' shards are read only within `max_read_bytes`."""
+    one version). Both versions' ledgers (shards, before ledgers) are read only within `max_read_bytes`."""
     try:
         old, new = diff.choose_versions(data_dir)
     except diff.DiffRefused:
         return None, ""
     except diff.VersionUnreadable as exc:
         return None, f"Not compared: {exc}"
-    cost = diff.shard_bytes(data_dir, (old, new))
+    cost = diff.read_bytes(data_dir, (old, new))
     if cost > max_read_bytes:
+        files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
         return (
             None,
-            f"Not compared: the two versions' shards are {format_bytes(cost)}, over --max-read-mb. "
+            f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
             f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
         )
     try:

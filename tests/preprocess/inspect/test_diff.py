@@ -2,7 +2,9 @@
 written by the real stage 1 job (DirectRunner).
 
 Version 2's inputs manifest, against version 1's: three images added, two removed, two relabelled (their
-files moved to another class folder) and one moved by the manifest's split column.
+files moved to another class folder) and one moved by the manifest's split column. Both versions have a
+ledger, which the diff reads; a copy whose manifests list none (written before ledgers) is read from its
+shards.
 """
 
 import json
@@ -169,9 +171,63 @@ def test_a_version_whose_shards_are_gone_is_not_compared(versions, tmp_path, cap
     assert "not found (garbage collection removes" in capsys.readouterr().err
 
 
+def without_ledgers(source, copy):
+    """A copy of the directory as versions written before ledgers are: no `ledger_files`, no ledger file."""
+    shutil.copytree(source, copy)
+    for path in (copy / "manifests").glob("*.json"):
+        manifest = json.loads(path.read_text())
+        manifest.pop("ledger_files")
+        path.write_text(json.dumps(manifest))
+    for path in copy.glob("runs/*/ledger-*"):
+        path.unlink()
+    return copy
+
+
+def ledger_bytes(manifest: dict) -> int:
+    return sum(entry["num_bytes"] for entry in manifest["ledger_files"])
+
+
+def test_the_diff_reads_each_versions_ledger_not_its_shards(versions, capsys):
+    ledgers = ledger_bytes(versions.first) + ledger_bytes(versions.second)
+    old, new = diff.choose_versions(str(versions.output))
+    changes = diff.diff_versions(str(versions.output), old, new)
+    assert (changes.ledger_files_read, changes.shards_read, changes.bytes_read) == (2, 0, ledgers)
+    # Its bytes are the ledgers' files' own sizes, not the manifest's say-so.
+    assert ledgers == sum(path.stat().st_size for path in versions.output.glob("runs/*/ledger-*"))
+    assert inspect_lib.main([str(versions.output), "--diff"]) == 0
+    assert "\nread 2 ledger files (" in capsys.readouterr().out
+
+
+def test_a_version_without_a_ledger_is_read_from_its_shards_with_the_same_changes(versions, tmp_path):
+    output = str(versions.output)
+    with_ledgers = diff.diff_versions(output, *diff.choose_versions(output))
+    copy = str(without_ledgers(versions.output, tmp_path / "copy"))
+    old, new = diff.choose_versions(copy)
+    from_shards = diff.diff_versions(copy, old, new)
+    shards = [
+        shard
+        for version in (old, new)
+        for info in version.manifest["splits"].values()
+        for shard in info["shards"]
+    ]
+    assert (from_shards.ledger_files_read, from_shards.shards_read) == (0, len(shards))
+    assert from_shards.bytes_read == sum(shard["num_bytes"] for shard in shards) > with_ledgers.bytes_read
+    for _, attribute, _ in diff.CATEGORIES:
+        assert getattr(from_shards, attribute) == getattr(with_ledgers, attribute), attribute
+    assert (from_shards.old_images, from_shards.new_images) == (
+        with_ledgers.old_images,
+        with_ledgers.new_images,
+    )
+
+
 def test_the_report_compares_within_its_read_budget(versions):
     changes, note = report_build.gather_changes(str(versions.output), max_read_bytes=0, limit=5)
     assert changes is None and "over --max-read-mb" in note and "--diff` reads them all" in note
+    assert "2 ledger files are" in note
+    # The budget is the ledgers' bytes: one that holds them and not the shards compares.
+    ledgers = ledger_bytes(versions.first) + ledger_bytes(versions.second)
+    changes, note = report_build.gather_changes(str(versions.output), max_read_bytes=ledgers, limit=5)
+    assert changes is not None and changes.added.count == 3 and note == ""
     assert report_build.gather_changes(str(versions.one_version), 1 << 30, 5) == (None, "")
 
 
@@ -220,7 +276,7 @@ def test_the_diff_reads_a_directory_on_gcs(versions, gcs_dir, capsys):
     for folder, _, names in os.walk(versions.output):
         relative = os.path.relpath(folder, versions.output)
         for name in names:
-            if relative == "manifests" or name.endswith(".tfrecord"):
+            if relative == "manifests" or name.endswith((".tfrecord", ".jsonl")):
                 tf.io.gfile.copy(os.path.join(folder, name), f"{gcs_dir}/{relative}/{name}")
     assert inspect_lib.main([gcs_dir, "--diff"]) == 0
     assert "added 3, removed 2, relabelled 2, moved to another split 1" in capsys.readouterr().out
