@@ -31,6 +31,18 @@ class UniqueInput:
     # The content key (the MD5's, reading.content_key): what the previous version's ledger is keyed by.
     key: str | None = dataclasses.field(default=None, compare=False)
 
+    @classmethod
+    def of(cls, copy) -> "UniqueInput":
+        """The UniqueInput of one keyed copy of an image (a record whose content key is known)."""
+        return cls(
+            uri=copy.uri,
+            label=copy.label,
+            split=copy.split,
+            size=copy.size,
+            split_given=copy.split_given,
+            key=copy.key,
+        )
+
 
 def _digest_or_error(read, record: InputRecord):
     """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for an
@@ -273,14 +285,7 @@ class ResolveDuplicatesFn(beam.DoFn):
                 )
             return
         kept = copies.kept
-        yield UniqueInput(
-            uri=kept.uri,
-            label=kept.label,
-            split=kept.split,
-            size=kept.size,
-            split_given=kept.split_given,
-            key=kept.key,
-        )
+        yield UniqueInput.of(kept)
         # The same URI may be listed twice (two manifest rows): one of them is the kept copy.
         kept_seen = False
         for record in records:
@@ -335,14 +340,7 @@ class SeparateSharedKeysFn(beam.DoFn):
         records = (value for tag, value in tagged if tag == _COPY)
         if count == 1:
             record = next(records)
-            yield UniqueInput(
-                uri=record.uri,
-                label=record.label,
-                split=record.split,
-                size=record.size,
-                split_given=record.split_given,
-                key=record.key,
-            )
+            yield UniqueInput.of(record)
             return
         for record in records:
             yield beam.pvalue.TaggedOutput("shared", record)
