@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import posixpath
 import re
 from typing import Protocol
@@ -15,6 +16,8 @@ _COMMIT = re.compile(r"(\d{20})\.json")
 _FORMAT3_COMMIT = re.compile(r"(\d{12})-[^/]+\.json")
 # A head listed and then gone when read (a garbage collection in between): list again this many times.
 _READ_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 
 class Files(Protocol):
@@ -126,6 +129,16 @@ def read_published(data_dir: str, files: Files) -> Published | None:
             "first publish into this directory has not finished"
         )
     return published
+
+
+def read_published_manifest(data_dir: str, files: Files) -> dict | None:
+    """The published manifest parsed, or None: there is none, or it is not readable as one (logged)."""
+    try:
+        published = read_published(data_dir, files)
+    except manifest_lib.ManifestError as exc:
+        log.warning("%s", exc)
+        return None
+    return published.manifest() if published is not None else None
 
 
 class TensorFlowFiles:

@@ -84,24 +84,12 @@ def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
     return compute_fingerprint(pipeline.job_config(config, build_id=""))
 
 
-def published_manifest_or_none(dataset_dir: str) -> dict | None:
-    """The published manifest of `dataset_dir` now (dataset_contract/commit_log.py, the one reader), or
-    None (no dataset, or not readable as one)."""
-    from dataset_contract import commit_log  # noqa: PLC0415
-    from preprocess import filesystem  # noqa: PLC0415 - see the imports
-
-    try:
-        published = commit_log.read_published(dataset_dir, filesystem.BeamFiles())
-    except (OSError, ValueError):
-        return None
-    return published.manifest() if published is not None else None
-
-
 def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
     """The published manifest when it was built from these stage 1 flags and these inputs, else None."""
+    from preprocess.publish.commit import read_published_manifest  # noqa: PLC0415 - see the imports
     from preprocess.publish.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
 
-    manifest = published_manifest_or_none(dataset_dir)
+    manifest = read_published_manifest(dataset_dir)
     recorded = published_fingerprint(manifest)
     if recorded is None:
         return None
@@ -173,7 +161,9 @@ def run_workflow(
     if preprocess_argv is not None and model_dir is not None:
         changes = None
         if describe_stage1_changes is not None:
-            changes = describe_stage1_changes(published_manifest_or_none(dataset_dir))
+            from preprocess.publish.commit import read_published_manifest  # noqa: PLC0415 - see the imports
+
+            changes = describe_stage1_changes(read_published_manifest(dataset_dir))
         check_model_dir_is_new(model_dir, changes)
     own = run_stage1(preprocess_argv) if preprocess_argv is not None else None
     manifest = check_stage1_output(dataset_dir)
