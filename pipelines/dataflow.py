@@ -1,14 +1,10 @@
 """The cloud workflow: stage 1 on Dataflow, then training on a Cloud TPU VM.
 
-On a single-host TPU VM itself it does everything (stage 1, the check, training detached under the
-supervisor):
-
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Anywhere else, with the TPU's name, it runs stage 1 and prints the commands that create the TPU and
-train there. How it works: docs/internals.md; the user's guide: docs/cloud.md.
+How it works: docs/internals.md; the user's guide: docs/cloud.md.
 """
 
 import json

@@ -1,8 +1,5 @@
-"""Stage 1's settings: one frozen Stage1Config, each setting with its default, its help and its check.
-
-`python -m preprocess`'s flags are made from it (preprocess/options.py); library code takes a
-Stage1Config, never the command line. Imports nothing heavy.
-"""
+"""Stage 1's settings: one frozen Stage1Config, each setting with its default, help and check; the flags
+are made from it (options.py) and library code takes it. Imports nothing heavy."""
 
 import argparse
 import dataclasses

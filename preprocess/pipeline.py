@@ -1,21 +1,7 @@
-"""Stage 1: the Beam job that writes a dataset directory from a corpus of images.
-
-Locally (DirectRunner, one worker process per core):
-
-    python -m preprocess --input images/ --output /tmp/dataset \\
-        --direct_running_mode=multi_processing --direct_num_workers=2
-
-On Dataflow (same code; the workers run the image built from the repository's
-Dockerfile, or install the package from setup.py at boot with
-`--setup_file ./setup.py` instead of `--sdk_container_image`):
-
-    python -m preprocess --input gs://BUCKET/raw --output gs://BUCKET/dataset \\
-        --runner DataflowRunner --project PROJECT --region REGION \\
-        --temp_location gs://BUCKET/tmp \\
-        --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
+"""Stage 1: the Beam job that writes a dataset directory from a corpus of images (`python -m preprocess`).
 
 `build_pipeline` is the graph, its steps taken from the folders of preprocess/ in the order
-docs/development.md lists; preprocess/launch/launcher.py runs it. How they fit: docs/internals.md.
+docs/development.md lists; launch/launcher.py runs it. Command lines and design: docs/internals.md.
 """
 
 import os

@@ -1,13 +1,8 @@
 """Look at a dataset directory: the manifest as a readable summary, and a contact sheet of its images.
 
-    python -m preprocess.inspect /tmp/run/dataset
-    python -m preprocess.inspect gs://BUCKET/run/dataset --split validation --per-class 12 \\
-        --out gs://BUCKET/run/contact_sheet_validation.png
-
-    python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
-
-    python -m preprocess.inspect /tmp/run/dataset --diff            # what changed since the version before
-    python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50
+python -m preprocess.inspect gs://BUCKET/run/dataset --split validation --per-class 12 --out sheet.png
+python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
+python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`python -m preprocess`: parse the flags once, check the inputs once, run, and end with one exit code.
-
-Exit codes: 0 done (also: superseded by a newer run, before or after publishing: docs/cloud.md); 2 a
-user's mistake or the input's fault (said in a few lines, no traceback); 1 a launcher Python the worker
-image cannot load, or an error of the code (with its traceback); 130 Ctrl-C (a Dataflow job goes on,
-and the message says how to cancel it).
-"""
+"""`python -m preprocess`: parse the flags once, check the inputs once, run, and end with one exit code:
+0 done (or superseded), 2 a user's mistake or the input's fault, 1 an error of the code, 130 Ctrl-C."""
 
 import sys
 

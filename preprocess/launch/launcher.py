@@ -1,12 +1,5 @@
-"""The launcher's side of a run of stage 1: start the job, wait for it, and tell what became of it.
-
-`run(config, beam_args)` builds the graph (preprocess/pipeline.py), runs it on the runner Beam's flags
-name, and returns the run's manifest; it raises SupersededRunError when a newer run published, an input
-fault with a message for a person, or JobContinuesError when Ctrl-C leaves a Dataflow job running.
-On Dataflow a relaunch of the same request waits for its running job, whatever its --job_name
-(job_record.py). Into a gs:// output, the launch first states the bucket's cost rules and warns where
-one multiplies the cost (bucket_costs.py).
-"""
+"""The launcher's side of a run of stage 1: start the job, wait for it, and tell what became of it
+(`run(config, beam_args)`). Design notes: docs/internals.md."""
 
 import contextlib
 import logging

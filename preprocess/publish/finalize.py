@@ -1,11 +1,5 @@
-"""The last step of the job: build the manifest and publish the run.
-
-Runs once, after every shard, the error log and the transform graph of the
-run are complete in `runs/<run id>/`. Nothing is moved or copied: the
-manifest names those files where they are, and `preprocess.publish.commit`
-commits it, the next object of the log manifests/, created only if absent
-(docs/dataset_format.md, "Publishing", gives the protocol and why it is crash-safe).
-"""
+"""The last step of the job: build the manifest naming the run's files where they are, and publish it
+(preprocess.publish.commit)."""
 
 import datetime
 import logging
