@@ -248,19 +248,8 @@ _DECISION = 1
 
 
 class ResolveDuplicatesFn(beam.DoFn):
-    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
-
-    The copies come with their splits (KeyContentFn); the kept copy's is the image's.
-
-    Copies under one label are one image: the copy with the smallest URI is
-    kept and the rest are counted as duplicates. Copies under different
-    labels are a labelling mistake that no rule can settle: every copy
-    becomes a CONFLICTING_LABELS error. Each copy's fate follows from the
-    per-hash decision (a ContentCopies) alone, so the group is read twice,
-    for the decision and then copy by copy, and never held: O(N) for N copies.
-    A group-by's values may be iterated again; on Dataflow they are read from
-    the shuffle as they are consumed.
-    """
+    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or CONFLICTING_LABELS errors;
+    the group is read twice (decision, then copy by copy) and never held."""
 
     def __init__(self):
         self._duplicates = Metrics.counter("preprocess", "duplicates")

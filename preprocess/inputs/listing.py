@@ -55,15 +55,8 @@ _LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
 
 
 def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
-    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/.
-
-    One listing with delimiter "/": objects directly below come as its items,
-    deeper ones only as the prefix of their subfolder (`.prefixes`, complete
-    once every item has been consumed). Pages of 1,000 are fetched as the
-    items are consumed, with the client's retries for each request. `start`
-    and `end` (names below the folder) bound it to [start, end): GCS's
-    `startOffset`/`endOffset`.
-    """
+    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/ (delimiter "/"),
+    bounded to [start, end) by GCS's startOffset/endOffset."""
     bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
     listing = _gcs_client(folder).list_blobs(
         bucket,
@@ -184,16 +177,8 @@ _LOCAL_SAMPLE_NAMES = 1024
 
 
 def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_LISTING_ABOVE, ranges=None):
-    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several.
-
-    Ranges of similar numbers of names, whatever the names look like. On GCS
-    the boundaries come from counting pages of names by their prefixes,
-    without listing the folder (preprocess/inputs/listing_plan.py: a few hundred
-    requests for 5M names). Locally the directory is read once, names
-    sampled, and the boundaries placed at the sample's quantiles. Any
-    boundaries give the same files in all (ListingRange); these give ranges
-    of at most about twice the ideal (tests/preprocess/inputs/test_listing_plan.py).
-    """
+    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several of
+    similar numbers of names (on GCS from counting pages by prefix: listing_plan.py)."""
     label, folder, split = ClassFolder(*class_folder)
     if folder.startswith(_GCS_PREFIX):
         listing, _, _ = _list_gcs_level(folder, page_size=min(split_above + 1, 1000))
@@ -386,18 +371,8 @@ def _in_mixed_order(group):
 
 
 class MixClasses(beam.PTransform):
-    """Records -> the same records, spread over the workers and with the classes mixed.
-
-    Listings come grouped by class (folders, or manifests written class by
-    class). On Dataflow the group-by below spreads them over the workers and
-    its output order is arbitrary anyway; but a local runner keeps the order
-    of its input all the way into the shards (its group-by emits keys in the
-    order they first arrive), and shards each holding one class would have to
-    be undone by a reader's shuffle buffer. So each record goes into one of
-    about N / MIX_GROUP_SIZE groups by a hash of its URI, and each group comes
-    out sorted by that hash: every group holds a pseudo-random handful of the
-    whole listing, whatever order it arrived in, and no group grows with N.
-    """
+    """Records -> the same records, spread over the workers and with the classes mixed (groups by a hash of
+    the URI, each sorted by it), so that a local run's shards do not each hold one class."""
 
     def expand(self, records):
         num_records = records | "CountRecords" >> beam.combiners.Count.Globally()

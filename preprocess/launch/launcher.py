@@ -122,19 +122,9 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
 
 
 def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
-    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
-
-    The caller checks the inputs first (preprocess.inputs.checks.check_inputs: `python -m preprocess`
-    and the workflows do), so that a wrong path is said before Beam starts.
-
-    Raises SupersededRunError, naming both runs, if a run that started later
-    has published: whether this run then failed (it publishes nothing) or
-    had published first. On Dataflow, a launch of a request whose job is
-    already running attaches to that job instead of starting a second one,
-    whatever its --job_name (preprocess/launch/job_record.py; RelaunchRefused
-    when Dataflow cannot be asked), and Ctrl-C raises JobContinuesError while
-    the job runs on (preprocess/launch/dataflow_job.py).
-    """
+    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it). The
+    caller checks the inputs first. SupersededRunError if a later run has published; on Dataflow a relaunch
+    attaches to its running job (RelaunchRefused if Dataflow cannot be asked); Ctrl-C: JobContinuesError."""
     worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
@@ -268,17 +258,8 @@ class PublishedThenSuperseded(SupersededRunError):
 
 @contextlib.contextmanager
 def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
-    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line.
-
-    Not through KeyboardInterrupt: the runner would then close its worker
-    processes in the middle of their bundles, and its threads would log the
-    broken connections (a hundred lines and more), or wait for a worker that
-    is waiting for them. The workers get the same Ctrl-C and exit quietly
-    (preprocess/launch/local_worker.py). Nothing the run wrote is published: only its
-    last step commits, and its unpublished files are removed by
-    a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
-    running when its launcher stops.
-    """
+    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line (not
+    through KeyboardInterrupt); nothing it wrote is published."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -45,16 +45,8 @@ def build_manifest(
     ledger_files=(),
     moved=(),
 ):
-    """The manifest dict, from the job's config and the facts the pipeline gathered.
-
-    `shards` are the entries shards.WriteShards yields, `error_files` the
-    list shards.WriteErrorLog yields: paths relative to the output directory,
-    inside the run's directory. `skipped_by_extension` and `skipped_at_root`
-    count a tree's files that are not inputs (outcomes.tally). `near_duplicates` is the
-    manifest's near-duplicate summary (near_duplicate_summary), `near_duplicate_files` the
-    list shards.WriteErrorLog yields for the groups, `source_image_sizes` the dict of
-    source_sizes.SourceImageSizesFn.
-    """
+    """The manifest dict, from the job's config and the facts the pipeline gathered (shards.WriteShards' and
+    WriteErrorLog's entries, outcomes.tally's skips, the near-duplicate summary, source_sizes')."""
     run = RunPaths(config["output"], run_id)
     splits = {}
     for split in manifest_lib.SPLITS:
@@ -229,17 +221,8 @@ def finalize_dataset(
     ledger_files=(),
     moved=(),
 ):
-    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
-
-    `labels` is the label vocabulary the records were written with, `stats`
-    the (mean, std) the transform graph holds (read back from the run's copy
-    of it, so the graph is written when this runs). `outcome_counts` are the
-    (outcome, count) pairs of outcomes.py. `errors_log` is the list of the
-    error log's files (shards.WriteErrorLog), already written: the manifest
-    names them, nothing is copied here. `near_duplicate_stats` are the grouping's counts (None when
-    --near-duplicates is off), `near_duplicate_files` the groups' files (written as the error log's),
-    `source_image_sizes` the decoded sources' sizes (source_sizes.py).
-    """
+    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest. The
+    arguments are the facts the pipeline gathered (build_manifest); `stats` is read back from the run's graph."""
     run = RunPaths(config["output"], run_id)
     counts = outcomes.tally(outcome_counts)
     check_failed_fraction(counts, config.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION), run)

@@ -84,15 +84,8 @@ class RunPaths:
 
 
 def tft_temp_dir(output_dir: str, build_id: str) -> str:
-    """tf.Transform's temporary directory for one pipeline build.
-
-    The one path fixed when the graph is built: tf.Transform takes it as a
-    string, not as a value computed at run time. Every file tf.Transform
-    writes below it has a name of its own (a uuid made when it is written),
-    so runs of one template share the directory without sharing files. It
-    holds a few small SavedModels and the label vocabulary, read only until
-    the run has copied the transform graph into `runs/<run id>/`.
-    """
+    """tf.Transform's temporary directory for one pipeline build (fixed when the graph is built; runs of one
+    template share it, each file having a name of its own)."""
     return manifest_lib.join(output_dir, STAGING_DIR, f"{TFT_TEMP_PREFIX}{build_id}")
 
 
@@ -109,15 +102,8 @@ def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> s
 
 
 class MakeRunId(beam.PTransform):
-    """PBegin -> a PCollection of one element: this run's id, made at execution time.
-
-    Consumers take it as a singleton side input. The reshuffle after the id
-    is made commits the one value every consumer sees, even if the step that
-    made it is retried. `shared_build`: whether other runs execute this same
-    pipeline build (a template), and so share its tf.Transform directory.
-    `run_id`: the id the launcher made (a job that is not a template), used
-    as it is.
-    """
+    """PBegin -> a PCollection of one element: this run's id (`run_id` if the launcher made one), made at
+    execution time and committed by a reshuffle; consumers take it as a singleton side input."""
 
     def __init__(self, output_dir: str, build_id: str, shared_build: bool, run_id: str | None = None):
         super().__init__()
