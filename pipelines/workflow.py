@@ -97,14 +97,8 @@ def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
 
 
 def check_model_dir_is_new(model_dir: str, stage1_changes: list[str] | None = None) -> None:
-    """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
-
-    Training pins the dataset run a model dir started on (train/data/dataset_pin.py),
-    and every run of stage 1 publishes a new run: a model dir from an earlier
-    workflow would resume on that earlier run, never on the one this workflow
-    is about to write. Asked before stage 1, so that nothing is spent first. `stage1_changes`: what
-    differs from the published dataset's build, as the workflow's flags say it (named in the message).
-    """
+    """WorkflowError if `model_dir` already holds a model (its checkpoints or its dataset pin), asked before
+    stage 1; `stage1_changes`: what differs from the published dataset's build (named in the message)."""
     import tensorflow as tf  # noqa: PLC0415 - see the imports (a gs:// model dir needs its filesystem)
 
     from train.data import dataset_pin  # noqa: PLC0415 - see the imports
@@ -141,15 +135,8 @@ def run_workflow(
     say: Callable[[str], None] = print,
     describe_stage1_changes: Callable[[dict | None], list[str]] | None = None,
 ):
-    """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
-
-    With `skip_if_built`, stage 1 is skipped when the published dataset was built from the same
-    stage 1 flags and inputs (already_built): the same command run again resumes training instead
-    of building a dataset that its model dir would not train on. With stage 1 to run, `model_dir`
-    (where stage 2 will train) must not hold a model yet (check_model_dir_is_new). Returns
-    (manifest, whatever `launch_training(manifest)` returned). `describe_stage1_changes(published manifest or
-    None)`: what differs from the published dataset, for the refusal of a model dir that holds a model.
-    """
+    """Stage 1 (unless `preprocess_argv` is None, or `skip_if_built` and already_built), the check, stage 2;
+    returns (manifest, launch_training(manifest)). With stage 1 to run, `model_dir` must hold no model yet."""
     if preprocess_argv is not None and skip_if_built:
         built = already_built(dataset_dir, preprocess_argv)
         if built is not None:

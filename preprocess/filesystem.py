@@ -69,12 +69,8 @@ def _make_parent(path: str):
 
 @contextlib.contextmanager
 def write_atomically(path: str, tmp_dir: str | None = None):
-    """A binary handle whose bytes appear at `path` whole, on a clean exit only.
-
-    `tmp_dir` (local disk only; default: next to `path`) holds the file until
-    its rename; it must be on the same filesystem. An exception inside the
-    block leaves `path` as it was.
-    """
+    """A binary handle whose bytes appear at `path` whole, on a clean exit only (`tmp_dir`, local disk only,
+    holds the file until its rename; default: next to `path`)."""
     if not is_local(path):
         # A GCS upload that fails or is abandoned creates no object.
         with FileSystems.create(path) as handle:
@@ -197,12 +193,8 @@ def write_bytes(path: str, data: bytes, tmp_dir: str | None = None):
 def write_concatenation(
     sources: list[str], destination: str, tmp_dir: str | None = None, expected_bytes: int | None = None
 ) -> tuple[int, str]:
-    """Write the files `sources` one after the other into `destination`; returns (size, hex sha256).
-
-    Unless `destination` already holds an object of `expected_bytes` (their
-    total size: a retried write, on GCS): then the sources are read to compare
-    its md5 with theirs, and the object is kept if they match.
-    """
+    """Write the files `sources` one after the other into `destination`; returns (size, hex sha256). A
+    retried write on GCS keeps an object of `expected_bytes` whose md5 matches the sources'."""
     if (
         expected_bytes is not None
         and not is_local(destination)

@@ -84,13 +84,8 @@ def job_config(args, build_id: str) -> dict:
 
 
 class SummarizeUniqueInputsFn(beam.CombineFn):
-    """Unique inputs -> {"labels": the train split's sorted class names, "per_split": {split: inputs}}.
-
-    One combine gives both things known before decoding: the label vocabulary
-    (so that uint8 and jpeg records can be labelled as they are decoded) and
-    the split sizes (to size the shard files). Its accumulator grows with the
-    number of classes, not of images.
-    """
+    """Unique inputs -> {"labels": the train split's sorted class names, "per_split": {split: inputs}}, in one
+    combine whose accumulator grows with the classes, not the images."""
 
     def create_accumulator(self):
         return set(), {}

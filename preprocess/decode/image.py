@@ -77,13 +77,8 @@ def resize_image(image: np.ndarray, size: int, method: str) -> np.ndarray:
 
 
 def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.ndarray:
-    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError`.
-
-    `max_pixels` (width * height) is checked from the header, before any
-    pixel is decoded. PIL's own decompression-bomb guard also refuses, at
-    open, anything over 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 megapixels by
-    default) as TOO_MANY_PIXELS; raise that attribute to allow larger images.
-    """
+    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError` (`max_pixels` is checked
+    from the header, before any pixel is decoded)."""
     return load_image_and_source_size(data, size=size, method=method, max_pixels=max_pixels)[0]
 
 
@@ -217,13 +212,8 @@ def _resize_to_target(image: Image.Image, target_shape, size: int, method: str) 
 
 
 def _resize_crop_window(image: Image.Image, target_shape, size: int) -> np.ndarray:
-    """The centered size x size window of `image` resized to `target_shape`, without resizing the rest.
-
-    PIL's `box` resamples only the source region under the window, at the
-    scale of the whole resize, and its filter still reads the pixels around
-    the region, so the window's pixels are those of the whole resize (up to
-    float rounding) at the cost of the window alone.
-    """
+    """The centered size x size window of `image` resized to `target_shape`, resampling only the source
+    region under it (PIL's `box`): the whole resize's pixels at the cost of the window alone."""
     target_height, target_width = target_shape
     top, left = geometry.crop_offsets(target_height, target_width, size)
     scale_x = image.width / target_width

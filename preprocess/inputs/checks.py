@@ -343,12 +343,8 @@ _CHECKED: dict = {}
 def check_inputs(
     input_spec: str, output: str, labels=None, template: bool = False, output_flag: str = "--output"
 ) -> InputSurvey | None:
-    """Checks --input and --output before a job starts (module docstring); InputError says what is wrong.
-
-    A Dataflow template (`template`) may be built before its input exists:
-    then only the output's place is checked (None is returned). Checked once
-    per process for the same arguments, so its warnings are said once.
-    """
+    """Checks --input and --output before a job starts (once per process for the same arguments); InputError
+    says what is wrong. A template's input may not exist yet: only the output's place is checked (None)."""
     if "://" not in output:
         output = os.path.abspath(output)
     key = (input_spec, output.rstrip("/"), tuple(labels or ()), template)

@@ -61,14 +61,8 @@ def _digest_or_error(read, record: InputRecord):
 
 
 class KeyContentFn(beam.DoFn):
-    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or
-    too large files -> 'errors'.
-
-    The key is the file's MD5 (reading.content_key): from the listing where
-    it gave one, else from the object's metadata, else read and hashed. A
-    file over `max_file_bytes` is never read. A record whose split the
-    manifest does not name gets the split of its key.
-    """
+    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or too large
+    files -> 'errors'. A record whose split the manifest does not name gets its key's."""
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
         self._fractions = fractions
@@ -107,13 +101,8 @@ class KeyContentFn(beam.DoFn):
 
 
 class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord) of the whole file; empty, unreadable or too large files -> 'errors'.
-
-    For the files whose content key is shared (a file can change or vanish
-    between the two reads, hence the same checks). Each bundle's count of
-    files hashed goes into the `hashed_in_full_per_bundle` distribution: how
-    evenly the copies of hot keys were spread.
-    """
+    """InputRecord -> (sha256, InputRecord) of the whole file, for the files whose content key is shared;
+    empty, unreadable or too large files -> 'errors'."""
 
     def __init__(self, max_file_bytes: int | None = None):
         self._max_file_bytes = max_file_bytes
@@ -205,12 +194,8 @@ def _copy_order(record: InputRecord) -> tuple[str, str, str]:
 
 
 class CountCopiesFn(beam.CombineFn):
-    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size.
-
-    A scraped corpus can hold a million copies of one placeholder image; the
-    combiner is lifted, so they are counted where they are hashed, and no
-    worker ever holds more than a few of them.
-    """
+    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size (a lifted
+    combiner: copies are counted where they are hashed)."""
 
     def create_accumulator(self):
         return ContentCopies(0, (), ())
@@ -287,14 +272,8 @@ class ResolveDuplicatesFn(beam.DoFn):
 
 
 class ResolveDuplicates(beam.PTransform):
-    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs.
-
-    Two passes instead of one group of all copies: a lifted combine decides
-    per hash (which copy is kept, whether labels conflict), then the decision
-    and the copies are grouped under the hash and each copy goes past the
-    decision. (Not a CoGroupByKey: Beam's Python one copies each side of a
-    group into a list, which for a hot hash is every copy at once.)
-    """
+    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs: a lifted
+    combine decides per hash, then each copy goes past the decision."""
 
     def expand(self, hashed):
         copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())

@@ -144,11 +144,7 @@ def list_root_files(root: str):
 @dataclasses.dataclass(frozen=True)
 class ListingRange:
     """The files of one class folder whose names (below the folder) sort in [start, end); None: unbounded.
-
-    A folder's ranges run from None to None, each starting where the one
-    before ends, so together they hold every file once, whatever the
-    boundaries are (plan_listing_ranges).
-    """
+    A folder's ranges, end to end, hold every file once, whatever the boundaries."""
 
     label: str
     folder: str
@@ -268,13 +264,8 @@ def _list_local_subtree(folder: str, label: str, split: str | None = None):
 
 
 def list_range(listing_range: ListingRange):
-    """The files of a class folder within one name range: InputRecord (with its size) for each image,
-    SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class.
-
-    Streamed as it is listed: memory stays flat however many files the
-    range holds (one page of names on GCS, one directory-entry buffer
-    locally).
-    """
+    """The files of a class folder within one name range, streamed: InputRecord (with its size) for each
+    image, SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class."""
     label, folder, split = listing_range.label, listing_range.folder, listing_range.split
     _RANGES_LISTED.inc()
     if folder.startswith(_GCS_PREFIX):
@@ -400,14 +391,8 @@ def _route(item):
 
 
 class ListInputs(beam.PTransform):
-    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord (tagged 'errors') and
-    SkippedFile (tagged 'skipped').
-
-    The listing runs inside the pipeline, so a Dataflow job lists the bucket on
-    its workers, not in the launcher, and a template stays valid as the bucket
-    changes. `layout`: a CSV manifest's columns (detect_manifest_layout), found
-    by the launcher; None: read from the manifest's first line now, if it is there.
-    """
+    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord ('errors') and SkippedFile
+    ('skipped'), listed on the workers. `layout`: a CSV manifest's columns (None: read from its first line)."""
 
     def __init__(
         self,

@@ -96,12 +96,8 @@ def md5_hex(md5_base64: str | None) -> str | None:
 
 
 def size_and_md5(uri: str) -> tuple[int, str | None]:
-    """(size in bytes, MD5 hex digest or None) of a file without reading it: on GCS one metadata
-    request (None: a composite object), locally a stat (None: not known without reading).
-
-    For inputs whose size the listing did not give (a manifest's rows).
-    Failures as for `read_file_bytes`.
-    """
+    """(size in bytes, MD5 hex digest or None) of a file without reading it: on GCS one metadata request,
+    locally a stat. Failures as for `read_file_bytes`."""
     with _unreadable_if_deterministic():
         if _is_gcs(uri):
             blob, retry = _gcs_blob(uri)
@@ -235,10 +231,6 @@ def content_key(
 
 
 def key_of_md5(md5: str) -> str:
-    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest.
-
-    The split is taken from the key's first 64 bits (content.assign_split);
-    hashing the MD5 once more keeps that a uniform number while the key
-    stays a function of the file's bytes alone, the same wherever they are.
-    """
+    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest (a uniform
+    number for the split, a function of the bytes alone)."""
     return hashlib.sha256(md5.encode("ascii")).hexdigest()

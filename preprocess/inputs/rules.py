@@ -143,12 +143,8 @@ def tree_splits(folder_names) -> dict[str, str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class ManifestLayout:
-    """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one.
-
-    Found from the manifest's first row (`detect_manifest_layout`) when the
-    job is built, so that every worker, whichever part of the file it reads,
-    parses rows alike and passes over the header.
-    """
+    """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one
+    (found once, when the job is built, so that every worker parses rows alike)."""
 
     uri: int = 0
     label: int = 1

@@ -36,13 +36,8 @@ def worker_command() -> str:
 
 
 def fn_api_runner(options: PipelineOptions, verbose: bool = False):
-    """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options.
-
-    Its worker processes (`--direct_running_mode=multi_processing`) run
-    preprocess/launch/local_worker.py: Beam's harness, which exits without the
-    interpreter's teardown. Unless `verbose`, they log at WARNING
-    (preprocess/launch/logs.py): their INFO lines would reach this terminal.
-    """
+    """An FnApiRunner set up as the DirectRunner sets it up: its workers (local_worker.py) receive the job's
+    options, and log at WARNING unless `verbose`."""
     from apache_beam.portability import python_urns
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner

@@ -164,14 +164,8 @@ def runs_locally(options) -> bool:
 
 
 class ProgressReporter:
-    """Prints the progress of the `ProgressCounter`s of a local run every `interval` seconds.
-
-        with ProgressReporter(enabled=runs_locally(options)):
-            result = pipeline.run()
-            result.wait_until_finish()
-
-    Disabled, it does nothing. `stream` defaults to stderr, where Beam logs too.
-    """
+    """Prints the progress of the `ProgressCounter`s of a local run every `interval` seconds to `stream`
+    (stderr by default), around `pipeline.run()`; disabled, it does nothing."""
 
     def __init__(self, interval: float = DEFAULT_INTERVAL_SECONDS, stream=None, enabled: bool = True):
         self._interval = interval
