@@ -72,14 +72,8 @@ def center_crop_offset(stored, crop_size):
 
 
 def center_crop_window(height, width, stored, crop_size, minimum=min, maximum=max):
-    """(resized height, resized width, top, left) of the evaluation/serving window of a height x width image.
-
-    The window is what stage 1 stores (resize the short side to `stored`,
-    center square) followed by the center `crop_size` crop: in the image
-    resized to (resized height, resized width), the `crop_size` square at
-    (top, left). Not the same as center-cropping `crop_size` straight out of
-    the resized image: each step rounds its offset down on its own.
-    """
+    """(resized height, resized width, top, left) of the evaluation/serving window of a height x width image:
+    what stage 1 stores (`stored`), then its center `crop_size` crop, each step rounding its offset down."""
     resized_height, resized_width = resized_shape(height, width, stored, CROP, minimum, maximum)
     top, left = crop_offsets(resized_height, resized_width, stored)
     inner = center_crop_offset(stored, crop_size)

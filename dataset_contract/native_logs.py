@@ -42,13 +42,8 @@ _FILTER_DRAIN_SECONDS = 10.0
 
 @contextlib.contextmanager
 def filtered_native_stderr(enabled: bool = True):
-    """Pass what native code writes to stderr (fd 2) meanwhile through a filter that drops the noise.
-
-    Each line goes on as soon as it is written, through a small filter
-    process: if the process dies meanwhile (SIGABRT from a fatal native
-    error), the lines it wrote, the fatal one included, still reach the log.
-    Python exceptions are not affected: only the file descriptor is redirected.
-    """
+    """Pass what native code writes to stderr (fd 2) meanwhile, line by line, through a filter process that
+    drops the noise (a fatal line still reaches the log)."""
     if not enabled:
         yield
         return

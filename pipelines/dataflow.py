@@ -179,32 +179,28 @@ def build_parser() -> CommandParser:
     return parser
 
 
+def _argv(flags: dict) -> list[str]:
+    """{"--flag": value} -> ["--flag", "value", ...]."""
+    return [word for flag, value in flags.items() for word in (flag, str(value))]
+
+
 def preprocess_argv(args, paths: WorkflowPaths, dataflow_args: list[str]) -> list[str]:
     workdir = args.workdir.rstrip("/")
-    argv = [
-        "--input",
-        args.input,
-        "--output",
-        paths.dataset_dir,
-        "--image-size",
-        str(args.image_size),
-        "--crop-margin",
-        str(crop_margin(args)),
-        "--encoding",
-        args.encoding,
-        "--runner",
-        "DataflowRunner",
-        "--project",
-        args.project,
-        "--region",
-        args.region,
-        "--temp_location",
-        manifest_lib.join(workdir, "tmp"),
-        "--staging_location",
-        manifest_lib.join(workdir, "staging"),
-        *worker_setup_argv(args),
-        *dataflow_args,
-    ]
+    argv = _argv(
+        {
+            "--input": args.input,
+            "--output": paths.dataset_dir,
+            "--image-size": args.image_size,
+            "--crop-margin": crop_margin(args),
+            "--encoding": args.encoding,
+            "--runner": "DataflowRunner",
+            "--project": args.project,
+            "--region": args.region,
+            "--temp_location": manifest_lib.join(workdir, "tmp"),
+            "--staging_location": manifest_lib.join(workdir, "staging"),
+        }
+    )
+    argv += [*worker_setup_argv(args), *dataflow_args]
     if args.dry_run:
         argv += ["--template_location", os.path.abspath(os.path.join(args.dry_run_dir, TEMPLATE_FILE))]
     return argv
@@ -227,14 +223,9 @@ def worker_setup_argv(args) -> list[str]:
     requirements = os.path.join(tempfile.mkdtemp(prefix="stage1-workers-"), "requirements.txt")
     with open(requirements, "w") as out:
         out.write("".join(f"{requirement}\n" for requirement in install_lines.STAGE1_REQUIREMENTS))
-    return [
-        "--setup_file",
-        args.setup_file,
-        "--requirements_file",
-        requirements,
-        "--requirements_cache",
-        "skip",
-    ]
+    return _argv(
+        {"--setup_file": args.setup_file, "--requirements_file": requirements, "--requirements_cache": "skip"}
+    )
 
 
 def crop_margin(args) -> float:
@@ -255,25 +246,20 @@ def train_argv(
     args, paths: WorkflowPaths, choice: tpu_runtime.RuntimeChoice, tpu: str = "local"
 ) -> list[str]:
     """`python -m train`'s arguments: `tpu` is `local` on a single-host VM, the TPU's name for a slice."""
-    argv = [
-        "--data",
-        paths.dataset_dir,
-        "--model-dir",
-        paths.model_dir,
-        "--model",
-        args.model,
-        "--epochs",
-        str(args.epochs),
-        "--global-batch-size",
-        str(global_batch_size(args, choice)),
-        "--backend",
-        args.backend,
-        # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
-        # (every worker, keras.distribution.initialize() for a TPU's name).
-        *(["--strategy", "tpu"] if args.backend == TENSORFLOW else []),
-        "--tpu",
-        tpu,
-    ]
+    argv = _argv(
+        {
+            "--data": paths.dataset_dir,
+            "--model-dir": paths.model_dir,
+            "--model": args.model,
+            "--epochs": args.epochs,
+            "--global-batch-size": global_batch_size(args, choice),
+            "--backend": args.backend,
+            # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
+            # (every worker, keras.distribution.initialize() for a TPU's name).
+            **({"--strategy": "tpu"} if args.backend == TENSORFLOW else {}),
+            "--tpu": tpu,
+        }
+    )
     return argv + train_flags.train_argv(train_flags.config_fields(args, FORWARDED_FIELDS))
 
 

@@ -171,14 +171,8 @@ def _random_color(rng: np.random.Generator) -> tuple[int, int, int]:
 
 
 def sample_shape_params(rng: np.random.Generator, shape: str) -> ShapeImageParams:
-    """Random size, placement, rotation and colours of one shape image.
-
-    The shape lies wholly inside the central square of the image, so the
-    default center crop of stage 1 never cuts it off; its luminance differs
-    from the background's, so it survives conversion to grayscale. It is
-    turned at most 20 degrees from upright: a triangle points up, so a file
-    whose EXIF orientation is ignored shows a shape the model has not seen.
-    """
+    """Random size, placement, rotation (at most 20 degrees from upright) and colours of one shape image, the
+    shape inside the central square and of a luminance unlike the background's."""
     short = int(rng.integers(80, 257))
     long = int(round(short * rng.uniform(1.0, 1.6)))
     width, height = (long, short) if rng.random() < 0.5 else (short, long)
@@ -401,16 +395,8 @@ def write_sample_corpus(
     include_broken: bool = True,
     near_duplicates: bool = False,
 ) -> CorpusInfo:
-    """Write the shape corpus under `root/<class>/` and say what was written.
-
-    `images_per_class` distinct usable images per class; on top of those, 3
-    exact duplicates of good images (same class; fewer if there are fewer
-    good images) and, if `include_broken`, 6 broken files:
-    a truncated JPEG, an empty file, a text file named .png, a PNG whose
-    header claims 50000 x 50000 pixels, and one content stored under two
-    classes (both copies fail with CONFLICTING_LABELS). Same arguments, same
-    bytes.
-    """
+    """Write the shape corpus under `root/<class>/` and say what was written: `images_per_class` usable images
+    per class, 3 exact duplicates, and with `include_broken` 6 broken files (EXPECTED_REASONS). Deterministic."""
     if images_per_class < 1:
         raise ValueError("images_per_class must be at least 1")
     class_names = list(SHAPES)

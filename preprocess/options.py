@@ -90,12 +90,8 @@ def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
 
 
 def runner_problem(beam_args: list[str]) -> str | None:
-    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know: Beam would
-    stop with a traceback when the pipeline starts); None when it is fine or not given.
-
-    Resolved as Beam resolves it (runner.create_runner): any case, 'Direct' for 'DirectRunner', or the
-    full name of a PipelineRunner subclass (a name with a dot).
-    """
+    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know, resolved as
+    Beam resolves it); None when it is fine or not given."""
     value = None
     for index, word in enumerate(beam_args):
         if word == "--runner" and index + 1 < len(beam_args):

@@ -154,13 +154,8 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 
 
 def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
-    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
-
-    Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
-    preprocess/near_duplicates/stage.py. In an incremental run, `published` are the (sha256, split) of the
-    published images decoded again (from the ledger, instead of a read of the previous shards) and
-    `carried` the (sha256, CarriedImage) of the images carried over (carried_in_audit).
-    """
+    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups:
+    (examples, summary, dropped, finalize's side inputs); `published`/`carried`: an incremental run's."""
     carried_inputs = carried_in_audit(carried) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,

@@ -48,13 +48,8 @@ def tpu_replicas(tpu: tpu_runtime.TpuType) -> int:
 
 
 def default_global_batch_size(model: str, image_size: int, tpu: tpu_runtime.TpuType) -> int:
-    """The global batch `python -m train` picks on `tpu` without --global-batch-size (train/device/device_defaults.py).
-
-    128 per replica for the ResNet-50-class models at 224x224, less for larger
-    images: 1024 on a v5litepod-8, 2048 on a v4-32, 8192 on a v5litepod-64.
-    The launch passes it explicitly, so the printed commands show the batch
-    that will train.
-    """
+    """The global batch `python -m train` picks on `tpu` without --global-batch-size (device_defaults.py: 1024
+    on a v5litepod-8), passed explicitly so that the printed commands show it."""
     per_replica = device_defaults.default_per_replica_batch(
         device_defaults.TPU, model, image_size
     ).per_replica

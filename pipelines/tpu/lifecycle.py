@@ -146,13 +146,8 @@ GCLOUD_COMPONENTS_DOC = "https://cloud.google.com/sdk/docs/components"
 
 
 def autocheckpoint_gcloud_problem(run=subprocess.run) -> str | None:
-    """None when this machine's gcloud creates TPUs with --autocheckpoint-enabled; else what to do, in words.
-
-    Only `gcloud alpha compute tpus tpu-vm create` has the flag (gcloud 528: not the GA or beta command).
-    Run without a terminal, a gcloud without its alpha component fails ("This prompt could not be answered
-    because you are not in an interactive session"), which would block the unattended restart loop at its
-    first create: so the launch and the loop ask first, before creating anything.
-    """
+    """None when this machine's gcloud creates TPUs with --autocheckpoint-enabled (the alpha command); else
+    what to do, in words, asked before anything is created."""
     argv = ["gcloud", "alpha", "compute", "tpus", "tpu-vm", "create", "--help"]
     try:
         result = run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)

@@ -45,12 +45,8 @@ class UniqueInput:
 
 
 def _digest_or_error(read, record: InputRecord):
-    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for an
-    unreadable, too large or empty file.
-
-    Only a deterministic read failure (reading.py) becomes an ErrorRecord;
-    anything else is raised, so that the runner retries the bundle.
-    """
+    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for a deterministic
+    read failure (unreadable, too large, empty); anything else is raised, for the runner to retry."""
     try:
         digest, size = read(record)
     except errors.ImageError as exc:
@@ -158,12 +154,8 @@ NAMED_LABELS = 20
 
 @dataclasses.dataclass(frozen=True)
 class ContentCopies:
-    """What is known about all copies of one content hash, in space bounded whatever their number.
-
-    `first` holds the NAMED_COPIES + 1 copies with the smallest URIs (sorted),
-    so that any copy can name NAMED_COPIES others; `labels` the smallest
-    NAMED_LABELS distinct labels, `more_labels` whether there were others.
-    """
+    """What is known about all copies of one content hash, in bounded space: the NAMED_COPIES + 1 smallest
+    URIs (`first`), the NAMED_LABELS smallest labels, and whether there were more (`more_labels`)."""
 
     count: int
     first: tuple[InputRecord, ...]

@@ -118,12 +118,8 @@ class MixedTreeError(ValueError):
 
 
 def tree_splits(folder_names) -> dict[str, str] | None:
-    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree.
-
-    A tree is pre-split when every top folder names a split (SPLIT_FOLDER_NAMES); MixedTreeError when
-    only some do, because either reading of it would be wrong: the split folders taken as classes (a
-    class `train` holding every class's images), or the class folders left out.
-    """
+    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree; MixedTreeError when
+    only some top folders name a split."""
     names = sorted(folder_names)
     splits = {name: split_name(name) for name in names if name.lower() in SPLIT_FOLDER_NAMES}
     if not splits:
@@ -166,13 +162,8 @@ def _is_integer(text: str) -> bool:
 
 
 def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
-    """The layout of a manifest whose first line is `first_line` (None: unknown yet, e.g. a template's).
-
-    A header names the columns (URI_COLUMNS, LABEL_COLUMNS, SPLIT_COLUMNS, any
-    order, any case; other columns, such as pandas' unnamed index, ignored).
-    Without a header the columns are uri,label[,split], after an integer index
-    column if the first row starts with one and has a column to spare.
-    """
+    """The layout of a manifest whose first line is `first_line` (None: unknown yet): a header's named
+    columns (any order, any case), else uri,label[,split], after an integer index column if there is one."""
     if kind != CSV or not first_line:
         return ManifestLayout()
     cells = [cell.strip().lower() for cell in next(csv.reader([first_line.removeprefix("\ufeff")]), [])]

@@ -124,13 +124,8 @@ def claim(
     grace_seconds: float = SUBMIT_GRACE_SECONDS,
     poll_seconds: float = _POLL_SECONDS,
 ) -> tuple[str, JobRecord]:
-    """(SUBMIT, this launch's new record) or (ATTACH, the record of the running job to wait for, its
-    job id set). See the module docstring.
-
-    `job_state(record)`: (job id, state without its JOB_STATE_ prefix) of the record's job, or
-    (None, None) when Dataflow knows no running job of it; it raises when Dataflow cannot be asked,
-    which raises RelaunchRefused.
-    """
+    """(SUBMIT, this launch's new record) or (ATTACH, the running job's record, its job id set).
+    `job_state(record)`: (job id, state without JOB_STATE_) or (None, None); if it raises: RelaunchRefused."""
     while True:
         records = read_records(output_dir, request)
         newest = records[max(records)] if records else None
