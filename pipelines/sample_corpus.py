@@ -232,15 +232,12 @@ def shape_polygon(shape: str, center: tuple[float, float], radius: float, angle_
     return [(cx + radius * (x * c - y * s), cy + radius * (x * s + y * c)) for x, y in unit]
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, params: ShapeImageParams, fill) -> None:
-    if params.shape == "circle":
-        cx, cy = params.center
-        r = params.radius
+def _draw(draw: ImageDraw.ImageDraw, shape: str, center, radius: float, angle_degrees: float, fill) -> None:
+    if shape == "circle":
+        (cx, cy), r = center, radius
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
     else:
-        draw.polygon(
-            shape_polygon(params.shape, params.center, params.radius, params.angle_degrees), fill=fill
-        )
+        draw.polygon(shape_polygon(shape, center, radius, angle_degrees), fill=fill)
 
 
 def render_shape_image(params: ShapeImageParams, *, transparent_background: bool = False) -> Image.Image:
@@ -255,7 +252,7 @@ def render_shape_image(params: ShapeImageParams, *, transparent_background: bool
     background = start + t * (end - start)
 
     mask_image = Image.new("L", (w, h), 0)
-    _draw_shape(ImageDraw.Draw(mask_image), params, 255)
+    _draw(ImageDraw.Draw(mask_image), params.shape, params.center, params.radius, params.angle_degrees, 255)
     mask = np.asarray(mask_image, np.float32)[..., None] / 255.0
     pixels = background * (1 - mask) + np.asarray(params.shape_color, np.float32) * mask
     noise = np.random.default_rng(params.noise_seed).standard_normal((h, w, 3), dtype=np.float32)
@@ -382,6 +379,7 @@ class _CorpusWriter:
         path = f"{class_name}/{class_name}_{index:04d}.{extension}"
         with open(os.path.join(self.root, class_name, path.split("/")[1]), "wb") as f:
             f.write(data)
+        record.setdefault("expected_error", EXPECTED_REASONS.get(record["kind"]))
         corpus_file = CorpusFile(path=path, class_name=class_name, sha256=_sha256(data), **record)
         self.files.append(corpus_file)
         return corpus_file
@@ -501,38 +499,16 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
     # Cut in the middle of the entropy-coded data: the headers are intact, so
     # the file opens and fails only when decoded, as an interrupted upload does.
     jpeg = _encode(render_shape_image(sample_shape_params(rng, owner(0))), "JPEG", rng)
-    writer.write(
-        owner(0),
-        "jpg",
-        jpeg[: len(jpeg) // 2],
-        kind=TRUNCATED,
-        format="JPEG",
-        expected_error=EXPECTED_REASONS[TRUNCATED],
-    )
-    writer.write(owner(1), "jpg", b"", kind=EMPTY, format=None, expected_error=EXPECTED_REASONS[EMPTY])
+    writer.write(owner(0), "jpg", jpeg[: len(jpeg) // 2], kind=TRUNCATED, format="JPEG")
+    writer.write(owner(1), "jpg", b"", kind=EMPTY, format=None)
     text = b"This is a text file with an image's extension, not an image.\n"
-    writer.write(
-        owner(2), "png", text, kind=NOT_AN_IMAGE, format=None, expected_error=EXPECTED_REASONS[NOT_AN_IMAGE]
-    )
+    writer.write(owner(2), "png", text, kind=NOT_AN_IMAGE, format=None)
     small = _encode(render_shape_image(sample_shape_params(rng, owner(3))).resize((64, 64)), "PNG", rng)
-    writer.write(
-        owner(3),
-        "png",
-        make_bomb_png(small),
-        kind=TOO_MANY_PIXELS,
-        format="PNG",
-        expected_error=EXPECTED_REASONS[TOO_MANY_PIXELS],
-    )
+    writer.write(owner(3), "png", make_bomb_png(small), kind=TOO_MANY_PIXELS, format="PNG")
     params = sample_shape_params(rng, owner(4))
     conflicting = _encode(render_shape_image(params), "JPEG", rng)
     original = writer.write(
-        owner(4),
-        "jpg",
-        conflicting,
-        kind=CONFLICTING_ORIGINAL,
-        format="JPEG",
-        expected_error=EXPECTED_REASONS[CONFLICTING_ORIGINAL],
-        params=params,
+        owner(4), "jpg", conflicting, kind=CONFLICTING_ORIGINAL, format="JPEG", params=params
     )
     writer.write(
         owner(5),
@@ -540,7 +516,6 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
         conflicting,
         kind=CONFLICTING_DUPLICATE,
         format="JPEG",
-        expected_error=EXPECTED_REASONS[CONFLICTING_DUPLICATE],
         duplicate_of=original.path,
         params=params,
     )
@@ -560,13 +535,8 @@ def split_for_content(sha256: str, fractions: tuple[float, float] = (0.8, 0.1)) 
 
 
 def _manifest_rows(info: CorpusInfo, with_split: bool) -> list[dict]:
-    rows = []
-    for f in info.files:
-        row = {"uri": info.uri(f), "label": f.class_name}
-        if with_split:
-            row["split"] = split_for_content(f.sha256)
-        rows.append(row)
-    return rows
+    split = (lambda f: {"split": split_for_content(f.sha256)}) if with_split else (lambda f: {})
+    return [{"uri": info.uri(f), "label": f.class_name, **split(f)} for f in info.files]
 
 
 def write_manifest_csv(info: CorpusInfo, path: str, with_split: bool = False) -> None:
@@ -626,13 +596,8 @@ def render_photo(rng: np.random.Generator, shape: str, megapixels: tuple[float, 
         kind = shape if i == 0 else str(rng.choice(SHAPES))
         radius = short * (rng.uniform(0.2, 0.35) if i == 0 else rng.uniform(0.04, 0.15))
         center = (float(rng.uniform(radius, width - radius)), float(rng.uniform(radius, height - radius)))
-        fill = _random_color(rng)
-        if kind == "circle":
-            draw.ellipse(
-                [center[0] - radius, center[1] - radius, center[0] + radius, center[1] + radius], fill=fill
-            )
-        else:
-            draw.polygon(shape_polygon(kind, center, radius, float(rng.uniform(0, 360))), fill=fill)
+        fill = _random_color(rng)  # drawn before the angle, which only a polygon draws from `rng`
+        _draw(draw, kind, center, radius, 0.0 if kind == "circle" else float(rng.uniform(0, 360)), fill)
     canvas = canvas.filter(ImageFilter.GaussianBlur(1.2))  # lens softness: no razor edges
 
     grain = rng.standard_normal((height, width, 3), dtype=np.float32) * float(rng.uniform(4.5, 6.5))
