@@ -88,11 +88,8 @@ def read_head(data_dir: str, files: Files) -> Published | None:
 
 
 def list_commits(data_dir: str, files: Files) -> list[tuple[int, str]]:
-    """Every commit of `manifests/` (one listing), oldest first: (sequence, path); [] when it holds none.
-
-    Garbage collection removes old commits, so the list can start anywhere
-    and a listed commit can be gone when read (`read_commit` is then None).
-    """
+    """Every commit of `manifests/` (one listing), oldest first: (sequence, path); [] when it holds none (a
+    listed one can be gone when read: `read_commit` is then None)."""
     directory = manifest_lib.join(data_dir, MANIFESTS_DIR)
     commits = [(commit_sequence(name), name) for name in files.list_names(directory)]
     return sorted(
@@ -109,12 +106,8 @@ def read_commit(path: str, sequence: int, files: Files) -> Published | None:
 
 
 def read_published(data_dir: str, files: Files) -> Published | None:
-    """The published manifest of `data_dir`, or None if there is none.
-
-    The head of `manifests/` if it holds a commit; else `dataset.json` (a
-    format 1 or 2 manifest). ManifestError if `dataset.json` is format 3's
-    pointer to a log that holds no commit.
-    """
+    """The published manifest of `data_dir` (the head of `manifests/`, else a format 1 or 2 `dataset.json`),
+    or None; ManifestError if `dataset.json` is format 3's pointer to a log that holds no commit."""
     head = read_head(data_dir, files)
     if head is not None:
         return head

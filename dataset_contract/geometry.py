@@ -34,11 +34,8 @@ def _scaled(length, target, reference):
 
 
 def resized_shape(height, width, size, method, minimum=min, maximum=max):
-    """The (height, width) an image is resized to before crop or pad.
-
-    `crop` scales the short side to `size`, `pad` scales the long side to
-    `size`; the other side keeps the aspect ratio and is at least 1 pixel.
-    """
+    """The (height, width) an image is resized to before crop (short side to `size`) or pad (long side); the
+    other side keeps the aspect ratio, at least 1 pixel."""
     if method == CROP:
         reference = minimum(height, width)
         return (
@@ -55,12 +52,8 @@ def resized_shape(height, width, size, method, minimum=min, maximum=max):
 
 
 def stored_size(crop_size: int, crop_margin: float) -> int:
-    """round(crop_size * (1 + crop_margin)), half up: the square stage 1 stores for a crop margin.
-
-    With a margin, stage 1 stores a larger center square and training cuts
-    random `crop_size` windows out of it ("resize to 256, crop 224", done
-    offline); evaluation and serving take the center window.
-    """
+    """round(crop_size * (1 + crop_margin)), half up: the square stage 1 stores for a crop margin (training
+    cuts random `crop_size` windows from it, evaluation and serving the center one)."""
     if crop_margin < 0:
         raise ValueError(f"crop margin must be >= 0, got {crop_margin}")
     return int(crop_size * (1.0 + crop_margin) + 0.5)

@@ -75,12 +75,8 @@ def filtered_native_stderr(enabled: bool = True):
 
 
 def import_tensorflow_quietly(verbose: bool = False) -> None:
-    """Import TensorFlow with its devices probed, the start-up noise filtered unless `verbose`.
-
-    For the commands and library entry points that import TensorFlow after their own start (inspect,
-    verify, `train.load_dataset`): TF_CPP_MIN_LOG_LEVEL 1 (a user's own setting wins) keeps the later INFO
-    lines off as well. A no-op once TensorFlow is imported.
-    """
+    """Import TensorFlow with its devices probed, the start-up noise filtered unless `verbose` (and
+    TF_CPP_MIN_LOG_LEVEL 1 unless the user set it). A no-op once TensorFlow is imported."""
     if "tensorflow" in sys.modules:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")

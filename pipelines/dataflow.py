@@ -377,11 +377,8 @@ def write_json(path: str, content: dict) -> None:
 
 
 def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
-    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
-
-    In the [tpu] venv the launcher makes (pipelines/tpu/interpreter.py), or on JAX the [tpu-jax] venv on a
-    uv-managed Python 3.11: this process has Beam and generic TensorFlow, which training on the TPU cannot use.
-    """
+    """Start training on this single-host TPU VM under the supervisor, detached, in the [tpu] (or JAX's
+    [tpu-jax]) venv the launcher makes (pipelines/tpu/interpreter.py)."""
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
     backend = spec.get("backend", TENSORFLOW)  # a spec an earlier version wrote trains on TensorFlow
     with tempfile.TemporaryDirectory() as build_dir:

@@ -302,11 +302,8 @@ def _png_chunk(chunk_type: bytes, data: bytes) -> bytes:
 
 
 def make_bomb_png(png: bytes, width: int = BOMB_SIDE, height: int = BOMB_SIDE) -> bytes:
-    """`png` with its IHDR rewritten to claim width x height, CRC still valid.
-
-    The image data stays that of the small original, so the file is tiny; only
-    a decoder that trusts the header before checking the pixel count is hurt.
-    """
+    """`png` with its IHDR rewritten to claim width x height, CRC still valid: a tiny file that hurts only a
+    decoder that trusts the header."""
     if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
         raise ValueError("not a PNG starting with IHDR")
     (length,) = struct.unpack(">I", png[8:12])
@@ -566,11 +563,7 @@ def _upsampled_noise(rng: np.random.Generator, grid: tuple[int, int], size: tupl
 
 
 def render_photo(rng: np.random.Generator, shape: str, megapixels: tuple[float, float]) -> Image.Image:
-    """A photo-like RGB image: gradient sky, multi-scale texture, a few soft shapes, sensor grain.
-
-    Its JPEG size is that of a real photo (about 2 bits per pixel at q90),
-    which is what the benchmarks of decoding and reading need.
-    """
+    """A photo-like RGB image (gradient sky, texture, soft shapes, grain) whose JPEG is a real photo's size."""
     pixels = rng.uniform(*megapixels) * 1e6
     aspect = float(rng.choice([4 / 3, 3 / 2, 16 / 9, 1.0]))
     if rng.random() < 0.3:
@@ -624,12 +617,8 @@ def write_photo_corpus(
     seed: int = 0,
     processes: int = 1,
 ) -> CorpusInfo:
-    """Write `num_images` photo-like JPEGs under `root/<class>/`, round-robin over classes.
-
-    Class i's photos feature shape i (class names are shape names while there
-    are enough of them). `processes` > 1 renders in parallel; the bytes do not
-    depend on it.
-    """
+    """Write `num_images` photo-like JPEGs under `root/<class>/`, round-robin over classes (class i's feature
+    shape i); `processes` > 1 renders in parallel, the same bytes."""
     if classes < 1:
         raise ValueError("classes must be at least 1")
     class_names = [SHAPES[i] if classes <= len(SHAPES) else f"class_{i:03d}" for i in range(classes)]

@@ -72,11 +72,8 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
 
 
 def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
-    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now.
-
-    Computed from the job config stage 1 itself builds from those flags (pipeline.job_config), so
-    that the workflow and the manifest hash the same settings (preprocess/publish/fingerprint.py).
-    """
+    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now, from
+    the job config stage 1 itself builds (pipeline.job_config)."""
     from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
     from preprocess.publish.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
 

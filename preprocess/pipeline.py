@@ -55,11 +55,8 @@ def output_dir_of(args) -> str:
 
 
 def job_config(args, build_id: str) -> dict:
-    """The settings that go into the manifest (plain data, picklable to workers).
-
-    `build_id` names this pipeline build's tf.Transform temporary directory
-    (runs.tft_temp_dir): the one path chosen when the graph is built.
-    """
+    """The settings that go into the manifest (plain data, picklable to workers); `build_id` names this
+    build's tf.Transform temporary directory (runs.tft_temp_dir)."""
     return {
         "build_id": build_id,
         "input": args.input,

@@ -106,11 +106,7 @@ def choose_lifecycle(
     single_client: bool | None = None,
 ) -> Lifecycle:
     """The creation choices for `tpu`; ValueError when Autocheckpoint is asked for where Cloud TPU has none.
-
-    `single_client`: one process, on worker 0, drives the slice (TensorFlow's TPUStrategy; the default for a
-    multi-host `tpu`). On JAX every worker's trainer holds its own chips, so Autocheckpoint's SIGTERM reaches
-    each of them, and they agree on the step to save at.
-    """
+    `single_client`: one process, on worker 0, drives the slice (TensorFlow's TPUStrategy)."""
     single_client = tpu.multi_host if single_client is None else single_client
     generation = tpu.generation.name
     supported = generation in AUTOCHECKPOINT_GENERATIONS

@@ -58,12 +58,8 @@ def sniff_format(data: bytes) -> str | None:
 def decode_image(
     data: bytes, *, target_size: int | None = None, method: str = geometry.CROP, max_pixels: int
 ) -> np.ndarray:
-    """Decode, orient and convert to RGB: a uint8 array of shape [height, width, 3].
-
-    With `target_size`, a JPEG may be decoded at 1/2, 1/4 or 1/8 scale (libjpeg
-    DCT scaling), never smaller than what resizing to `target_size` with
-    `method` needs. Raises `errors.ImageError` for unusable input.
-    """
+    """Decode, orient and convert to RGB: uint8 [height, width, 3]; with `target_size`, a JPEG may be decoded
+    at 1/2, 1/4 or 1/8 scale, never below what the resize needs. Raises `errors.ImageError`."""
     image, _ = _decode(data, target_size, method, max_pixels)
     return np.asarray(image)
 
@@ -85,11 +81,7 @@ def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.nd
 def load_image_and_source_size(
     data: bytes, *, size: int, method: str, max_pixels: int
 ) -> tuple[np.ndarray, tuple[int, int]]:
-    """As `load_image`, plus the upright source image's (width, height), from the same decode.
-
-    The source size feeds the manifest's `source_image_sizes` and, for
-    near-duplicates, which copy of a group `--near-duplicates drop` keeps.
-    """
+    """As `load_image`, plus the upright source image's (width, height), from the same decode."""
     image, (height, width) = _decode(data, size, method, max_pixels)
     # The geometry comes from the full-resolution size, not the DCT-scaled one
     # (whose sides are rounded up to whole pixels), so it is the same with or
@@ -109,11 +101,8 @@ def load_image_with_source(
 
 
 def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) of an opened image; 1 when absent or invalid.
-
-    Call it before `load()`: a PNG's eXIf chunk after the image data is then
-    not yet read, matching the serving parser, which stops at the image data.
-    """
+    """The EXIF orientation (1-8) of an opened image, read before `load()` as the serving parser reads it; 1
+    when absent or invalid."""
     raw = image.info.get("exif")
     if not raw:
         return 1

@@ -150,11 +150,8 @@ def _gcs_tree(root: str):
 
 
 def _tree_folders(root: str, gcs: bool):
-    """(folders, root files) of a tree, and {split: folder} for a pre-split tree (else {}).
-
-    A pre-split tree's class folders are those of its split folders, named `split/class` here; the
-    files directly in a split folder are counted with the root's.
-    """
+    """(folders, root files) of a tree, and {split: folder} for a pre-split tree (else {}); a pre-split tree's
+    class folders are named `split/class`, its split folders' own files counted with the root's."""
     folders, root_files = _gcs_tree(root) if gcs else _local_tree(root)
     try:
         splits = inputs.tree_splits(name for name, _ in folders)

@@ -127,11 +127,8 @@ class HashContentFn(beam.DoFn):
 
 
 def assign_split(key: str, fractions: dict[str, float]) -> str:
-    """The split of an image, from its content key alone (a hex sha256 digest).
-
-    The first 64 bits of the key are a uniform number in [0, 1); the split is
-    the bucket of the cumulative fractions it falls in, in SPLITS order.
-    """
+    """The split of an image from its content key alone: the first 64 bits as a uniform number in [0, 1),
+    bucketed by the cumulative fractions in SPLITS order."""
     point = int(key[:16], 16) / float(1 << 64)
     cumulative = 0.0
     last = None
@@ -288,11 +285,8 @@ def _with_decisions(keyed, decisions):
 
 
 class SeparateSharedKeysFn(beam.DoFn):
-    """(content key, [(tag, copy or count), ...]) -> a UniqueInput, or every copy on 'shared'.
-
-    A key seen once is an image with no copy. The copies under a shared key
-    are streamed past its count, never held, and hashed in full downstream.
-    """
+    """(content key, [(tag, copy or count), ...]) -> a UniqueInput for a key seen once, else every copy on
+    'shared' (streamed past the count, never held)."""
 
     def process(self, element):
         _, tagged = element

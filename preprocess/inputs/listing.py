@@ -108,11 +108,8 @@ class ClassFolder(NamedTuple):
 
 
 def list_class_folders(root: str):
-    """A ClassFolder for every class folder of the tree at `root`, in no particular order: the folders
-    directly below it, or below each of its split folders (a pre-split tree: one per split and class).
-
-    As many elements as classes (times splits): small next to the files, whatever the corpus.
-    """
+    """A ClassFolder for every class folder of the tree at `root` (below it, or below each split folder of a
+    pre-split tree), in no particular order."""
     for split, top in tree_roots(root):
         for name, folder in _top_folders(top):
             yield ClassFolder(name, folder, split)

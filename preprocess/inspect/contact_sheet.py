@@ -85,11 +85,8 @@ def sample_examples(
     labels: list[int] | None = None,
     max_bytes: int = 512 << 20,
 ) -> Sample:
-    """The first `per_class` examples of each of `labels` (default: all) in `split`'s shards.
-
-    Stops as soon as every class has what the split can give it (the
-    manifest's count, at most `per_class`) or after `max_bytes` of records.
-    """
+    """The first `per_class` examples of each of `labels` (default: all) in `split`'s shards, stopping once
+    every class has what the split can give it or after `max_bytes` of records."""
     import tensorflow as tf  # noqa: PLC0415 - after the flags (module docstring)
 
     from dataset_contract import verification  # noqa: PLC0415

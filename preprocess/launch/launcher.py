@@ -90,11 +90,8 @@ def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tup
 
 
 def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
-    """The run's failure as one of errors.INPUT_FAULTS, with a message for a person; None if it is none.
-
-    The runner wraps a step's exception in its own (with the step's
-    traceback in the text): the fault is recognized by its class name.
-    """
+    """The run's failure as one of errors.INPUT_FAULTS (recognized by class name in the runner's wrapping
+    error), with a message for a person; None if it is none."""
     text = f"{type(exc).__name__}: {exc}"
     if TooManyFailuresError.__name__ in text:
         return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))

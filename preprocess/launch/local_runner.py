@@ -27,11 +27,8 @@ def uses_direct_runner(options: PipelineOptions) -> bool:
 
 
 def worker_command() -> str:
-    """The command line of the local runner's worker processes (preprocess/launch/local_worker.py).
-
-    Beam runs it through a shell; `exec` makes the worker that shell's process, so that a Ctrl-C
-    reaches the worker (which ignores it), not a shell that would die of it and fail the run.
-    """
+    """The command line of the local runner's worker processes (local_worker.py), `exec`ed by Beam's shell so
+    that a Ctrl-C reaches the worker, not the shell."""
     return "exec " + shlex.join([sys.executable, "-m", "preprocess.launch.local_worker"])
 
 
@@ -72,11 +69,8 @@ def _manifest_lines(path: str):
 
 
 def count_inputs_up_to(spec: str, limit: int) -> int | None:
-    """How many inputs `spec` lists, counting no further than `limit`; None if it cannot be listed here.
-
-    Cheap whatever the corpus: the listing stops at `limit` names (a manifest
-    counts its non-blank lines, its header included).
-    """
+    """How many inputs `spec` lists, counting no further than `limit` (a manifest: its non-blank lines);
+    None if it cannot be listed here."""
     try:
         if inputs.input_kind(spec) == inputs.DIRECTORY:
             listing = inputs.list_directory_tree(spec)
@@ -88,11 +82,7 @@ def count_inputs_up_to(spec: str, limit: int) -> int | None:
 
 
 def run_small_jobs_in_process(options: PipelineOptions, spec: str, below: int) -> bool:
-    """Switches a local run over fewer than `below` inputs to this process; True if it did.
-
-    Leaves the options alone for other runners, for a run already in this
-    process, and when `below` is 0.
-    """
+    """Switches a local run over fewer than `below` inputs (not 0) to this process; True if it did."""
     direct = options.view_as(DirectOptions)
     if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode == IN_MEMORY:
         return False

@@ -100,11 +100,8 @@ def _tally() -> _ProcessTally | None:
 
 
 class ProgressCounter:
-    """Counts items through one stage of a local run; a no-op where no reporter is listening.
-
-    Create it in a DoFn's `__init__` (it pickles as its stage name) and call
-    `inc()` where the Beam metric of the same stage is incremented.
-    """
+    """Counts items through one stage of a local run (made in a DoFn's `__init__`, `inc()` beside the Beam
+    metric); a no-op where no reporter is listening."""
 
     def __init__(self, stage: str):
         self.stage = stage

@@ -187,11 +187,8 @@ def _fingerprint_or_none(config: dict) -> dict | None:
 
 
 def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):
-    """Raise TooManyFailuresError if the run's failed inputs exceed `max_failed_fraction` of those found.
-
-    `counts` as outcomes.tally gives them. The message is the same at every
-    retry of the step (the counts are the committed ones).
-    """
+    """Raise TooManyFailuresError if the run's failed inputs (`counts`, as outcomes.tally gives them) exceed
+    `max_failed_fraction` of those found; the same message at every retry."""
     found, failed = counts["num_found"], sum(counts["failures"].values())
     if not found or failed / found <= max_failed_fraction:
         return

@@ -20,11 +20,8 @@ _RUN_ID = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{8}")
 
 
 def new_run_id(now: datetime.datetime | None = None) -> str:
-    """`20260321T101502123456Z-1a2b3c4d`: the UTC start time to the microsecond, then 32 random bits.
-
-    Ids of runs started at different times sort by start time (as strings);
-    the random part keeps two runs started in the same microsecond apart.
-    """
+    """`20260321T101502123456Z-1a2b3c4d`: the UTC start time to the microsecond (ids sort by start), then 32
+    random bits."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return f"{now.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(4)}"
 
@@ -90,11 +87,8 @@ def tft_temp_dir(output_dir: str, build_id: str) -> str:
 
 
 def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> str:
-    """Write which tf.Transform directory run `run_id` uses (idempotent); returns the run id.
-
-    So that whoever removes the run's files later can remove that directory
-    too, unless other runs share it (`shared`: the runs of one template).
-    """
+    """Write which tf.Transform directory run `run_id` uses (idempotent), for whoever removes the run's files
+    later (`shared`: the runs of one template share it); returns the run id."""
     paths = RunPaths(output_dir, run_id)
     record = json.dumps({"build_id": build_id, "shared": shared}).encode("utf-8")
     filesystem.write_bytes(paths.build_file, record, tmp_dir=paths.tmp_dir)
