@@ -3,7 +3,7 @@
 
 import sys
 
-from dataset_contract import log_format
+from dataset_contract import log_format, native_logs
 from preprocess import options
 from preprocess.inputs import checks as input_checks
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
@@ -50,16 +50,6 @@ def main(argv=None) -> None:
         exit_without_teardown(130)
 
 
-def import_tensorflow_quietly(enabled: bool = True) -> None:
-    """Import TensorFlow, its devices probed, with its native start-up lines filtered (native_logs.py)."""
-    from dataset_contract import native_logs  # noqa: PLC0415
-
-    with native_logs.filtered_native_stderr(enabled=enabled):
-        import tensorflow as tf  # noqa: PLC0415 - only where the job runs here
-
-        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
-
-
 def _run_and_report(config, beam_args: list[str]) -> None:
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
@@ -73,7 +63,7 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         fault_logs.quiet_input_faults()
     if local:
         # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
-        import_tensorflow_quietly(enabled=not config.verbose)
+        native_logs.import_tensorflow_quietly(config.verbose)
     from preprocess.errors import INPUT_FAULTS  # noqa: PLC0415
     from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415
     from preprocess.launch import job_record, launcher  # noqa: PLC0415 - TensorFlow, Beam
