@@ -425,6 +425,53 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
     return None
 
 
+class _Refused(Exception):
+    """A mistake in the command, said as `error: ...` with exit 2."""
+
+
+def _refuse_if(problem: str | None) -> None:
+    if problem:
+        raise _Refused(problem)
+
+
+def checked_training_job_spec(args, argv: list[str], dataflow_args: list[str], paths: WorkflowPaths) -> dict:
+    """training_job_spec, once everything that can be known before stage 1 is checked (_Refused, SetupError,
+    LauncherPythonError or ValueError say what is wrong)."""
+    # The training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported.
+    args.backend = resolve_backend(args.backend)
+    _refuse_if(backend_problem(args))
+    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
+        raise _Refused(
+            f"{', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
+            f"reuses {paths.dataset_dir} as it is: they would change nothing. Drop them, or "
+            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
+            "stage 1 by itself when the dataset was built from them)."
+        )
+    if not args.skip_preprocess and args.input is None:
+        raise _Refused("--input is required (or --skip-preprocess to reuse WORKDIR/dataset)")
+    if args.sdk_container_image:
+        check_launcher_python(["--sdk_container_image", args.sdk_container_image])
+    if not args.workdir.startswith("gs://") or not (args.input or "gs://").startswith("gs://"):
+        raise _Refused("--input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS")
+    _refuse_if(precheck_problem(args, paths, dataflow_args))
+    spec = training_job_spec(args, paths)
+    if (
+        not args.dry_run
+        and args.tpu != "local"
+        and spec["lifecycle"]["autocheckpoint"]
+        and shutil.which("gcloud")
+    ):
+        # The printed create needs gcloud's alpha track, and tpu_restart runs it unattended: say so before stage 1.
+        _refuse_if(tpu_lifecycle.autocheckpoint_gcloud_problem())
+    if args.tpu == "local" and not args.dry_run and args.backend == TENSORFLOW:
+        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1
+        # (on JAX uv makes it, on its own Python).
+        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+        if not os.path.exists(tpu_interpreter.venv_python(run_dir)):
+            _refuse_if(tpu_interpreter.venv_problem())
+    return spec
+
+
 def main(argv=None) -> int:
     log_format.configure(logging.INFO)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -433,70 +480,12 @@ def main(argv=None) -> int:
     mixed_up = parser.mixed_up_flags_problem(dataflow_args)  # ours for certain: said before Beam is imported
     if mixed_up:
         parser.refuse(mixed_up)
-    try:  # the training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported
-        args.backend = resolve_backend(args.backend)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    problem = backend_problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
-        print(
-            f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
-            f"reuses {WorkflowPaths(args.workdir).dataset_dir} as it is: they would change nothing. Drop them, or "
-            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
-            "stage 1 by itself when the dataset was built from them).",
-            file=sys.stderr,
-        )
-        return 2
-    if not args.skip_preprocess and args.input is None:
-        print("error: --input is required (or --skip-preprocess to reuse WORKDIR/dataset)", file=sys.stderr)
-        return 2
-    if args.sdk_container_image:
-        try:
-            check_launcher_python(["--sdk_container_image", args.sdk_container_image])
-        except LauncherPythonError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if not args.workdir.startswith("gs://") or not (args.input or "gs://").startswith("gs://"):
-        print(
-            "error: --input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS",
-            file=sys.stderr,
-        )
-        return 2
     paths = WorkflowPaths(args.workdir)
-    problem = precheck_problem(args, paths, dataflow_args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     try:
-        spec = training_job_spec(args, paths)
-    except ValueError as exc:
+        spec = checked_training_job_spec(args, argv, dataflow_args, paths)
+    except (_Refused, SetupError, LauncherPythonError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if (
-        not args.dry_run
-        and args.tpu != "local"
-        and spec["lifecycle"]["autocheckpoint"]
-        and shutil.which("gcloud")
-    ):
-        # The printed create needs gcloud's alpha track, and tpu_restart runs it unattended: say so before stage 1.
-        problem = tpu_lifecycle.autocheckpoint_gcloud_problem()
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-    if args.tpu == "local" and not args.dry_run and args.backend == TENSORFLOW:
-        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1
-        # (on JAX uv makes it, on its own Python).
-        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
-        problem = (
-            None if os.path.exists(tpu_interpreter.venv_python(run_dir)) else tpu_interpreter.venv_problem()
-        )
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")
