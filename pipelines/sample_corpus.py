@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 
 from preprocess import errors
+from preprocess.decode.image import EXIF_ORIENTATION_TAG, TRANSPOSE_FOR_ORIENTATION
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 
@@ -58,24 +59,9 @@ EXPECTED_REASONS = {
 # sane --max-pixels and over PIL's own guard (2 x 89.5 MP raises on open).
 BOMB_SIDE = 50000
 
-# PIL's exif_transpose applies this transpose for each EXIF orientation; the
-# file stores the upright image transformed by the inverse, so that applying
-# the orientation gives the upright image back.
-ORIENTATION_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-INVERSE_TRANSPOSE = {
-    **ORIENTATION_TRANSPOSE,
-    6: Image.Transpose.ROTATE_90,
-    8: Image.Transpose.ROTATE_270,
-}
-EXIF_ORIENTATION_TAG = 0x0112
+# The file stores the upright image transformed by the inverse of its orientation's transpose (the one
+# PIL's exif_transpose and stage 1 apply), so that applying the orientation gives the upright image back.
+INVERSE_TRANSPOSE = {**TRANSPOSE_FOR_ORIENTATION, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
 
 _FORMAT_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif"}
 

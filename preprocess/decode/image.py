@@ -19,8 +19,8 @@ FORMATS = (JPEG, PNG, GIF, BMP, WEBP)
 # never parsed by a decoder it was not meant for.
 _PIL_FORMAT = {JPEG: "JPEG", PNG: "PNG", GIF: "GIF", BMP: "BMP", WEBP: "WEBP"}
 
-_EXIF_ORIENTATION_TAG = 0x0112
-_TRANSPOSE_FOR_ORIENTATION = {
+EXIF_ORIENTATION_TAG = 0x0112
+TRANSPOSE_FOR_ORIENTATION = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
     4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -109,7 +109,7 @@ def exif_orientation(image: Image.Image) -> int:
     exif = Image.Exif()
     try:
         exif.load(raw)
-        orientation = exif.get(_EXIF_ORIENTATION_TAG, 1)
+        orientation = exif.get(EXIF_ORIENTATION_TAG, 1)
     except Exception:  # noqa: BLE001 - broken metadata must not cost the image; treat as upright
         return 1
     return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
@@ -155,7 +155,7 @@ def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
     except Exception as error:  # noqa: BLE001 - decoders raise many types on bad data
         raise _decode_failure(error, image_format, data, header_hit_end=False) from None
 
-    transpose = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
+    transpose = TRANSPOSE_FOR_ORIENTATION.get(orientation)
     if transpose is not None:
         rgb = rgb.transpose(transpose)
     if orientation in _SWAPS_AXES:
