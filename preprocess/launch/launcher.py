@@ -100,7 +100,7 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     counts, examples = failures_by_reason(output_dir, run_id)
     lines = [
         f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
-        "published (dataset.json is unchanged)."
+        "published (the published dataset is unchanged)."
     ]
     if counts:
         lines.append(f"{sum(counts.values())} inputs failed, by reason:")

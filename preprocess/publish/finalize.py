@@ -196,7 +196,7 @@ def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPath
     raise TooManyFailuresError(
         f"run {run.run_id}: {failed} of the {found} inputs found failed ({failed / found:.1%}), more than "
         f"--max-failed-fraction {max_failed_fraction:g} allows: {reasons}. Nothing was published "
-        f"(dataset.json is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
+        f"(the published dataset is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
         "fix the inputs (read access, the manifest's URIs), or re-run with a higher --max-failed-fraction "
         "if that many failures are expected."
     )

@@ -25,7 +25,11 @@ def test_zero_usable_inputs_give_the_failures_by_reason_not_tf_transforms_crash(
     args = ["--input", root, "--output", tmp_path / "out", "--max-failed-fraction", "1"]
     result = run_command("preprocess", args, tmp_path)
     output = assert_refused(
-        result, "no image reached the train split", "not_an_image 6", "dataset.json is unchanged", max_lines=6
+        result,
+        "no image reached the train split",
+        "not_an_image 6",
+        "the published dataset is unchanged",
+        max_lines=6,
     )
     assert "OutOfRangeError" not in output
     assert not (tmp_path / "out" / "dataset.json").exists()
