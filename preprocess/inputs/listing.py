@@ -23,12 +23,15 @@ from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's
     ManifestLayout,
     MixedTreeError,
     SkippedFile,
+    _list_gcs_level,
+    _split_gcs,
     detect_manifest_layout,
     extension_of,
     filter_labels,
     input_kind,
     is_image_name,
     is_input_name,
+    list_level,
     parse_manifest_line,
     parse_manifest_rows,
     split_name,
@@ -46,47 +49,9 @@ def _gcs_client(uri: str):
     return filesystem.gcs_io(uri).client
 
 
-def _split_gcs(uri: str) -> tuple[str, str]:
-    bucket, _, name = uri[len(_GCS_PREFIX) :].partition("/")
-    return bucket, name
-
-
-_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
-
-
-def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
-    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/ (delimiter "/"),
-    bounded to [start, end) by GCS's startOffset/endOffset."""
-    bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
-    listing = _gcs_client(folder).list_blobs(
-        bucket,
-        prefix=prefix,
-        delimiter="/",
-        start_offset=prefix + start if start else None,
-        end_offset=prefix + end if end else None,
-        page_size=page_size,
-        fields=_LEVEL_FIELDS,
-    )
-    return listing, prefix, bucket
-
-
 def _top_folders(root: str):
     """(name, folder uri) for every folder directly below `root`, hidden ones left out."""
-    root = root.rstrip("/")
-    if root.startswith(_GCS_PREFIX):
-        listing, prefix, bucket = _list_gcs_level(root)
-        for _ in listing:  # files directly below the root: list_root_files's, but the listing must pass them
-            pass
-        for folder in sorted(listing.prefixes):
-            name = folder[len(prefix) :].rstrip("/")
-            if is_input_name(name):
-                yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
-        return
-    with os.scandir(root) as entries:
-        for entry in entries:
-            # Not through a symlink, as Beam's local match (os.walk) never followed one either.
-            if entry.is_dir(follow_symlinks=False) and is_input_name(entry.name):
-                yield entry.name, os.path.join(root, entry.name)
+    return list_level(root)[0]
 
 
 def tree_roots(root: str) -> list[tuple[str | None, str]]:
@@ -125,17 +90,12 @@ def list_root_files(root: str):
         roots = []  # said by list_class_folders
     tops += [folder for split, folder in roots if split is not None]
     for top in tops:
-        if top.startswith(_GCS_PREFIX):
-            listing, prefix, bucket = _list_gcs_level(top)
-            for blob in listing:
-                name = blob.name[len(prefix) :]
-                if is_input_name(name):
-                    yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
-            continue
-        with os.scandir(top) as entries:
-            for entry in entries:
-                if is_input_name(entry.name) and not entry.is_dir():
-                    yield SkippedFile(os.path.join(top, entry.name), extension_of(entry.name), at_root=True)
+        for name in list_level(top)[1]:
+            yield SkippedFile(
+                f"{top}/{name}" if top.startswith(_GCS_PREFIX) else os.path.join(top, name),
+                extension_of(name),
+                at_root=True,
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, without Beam."""
+"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, and the listing of
+one folder level (Beam imported only for gs://)."""
 
 import csv
 import dataclasses
@@ -294,3 +295,46 @@ def filter_labels(items, allowed_labels):
             )
         else:
             yield item
+
+
+def _split_gcs(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    return bucket, name
+
+
+_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
+
+
+def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
+    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/ (delimiter "/"),
+    bounded to [start, end) by GCS's startOffset/endOffset."""
+    bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
+    from preprocess import filesystem  # noqa: PLC0415 - Beam, only for gs://
+
+    listing = filesystem.gcs_io(folder).client.list_blobs(
+        bucket,
+        prefix=prefix,
+        delimiter="/",
+        start_offset=prefix + start if start else None,
+        end_offset=prefix + end if end else None,
+        page_size=page_size,
+        fields=_LEVEL_FIELDS,
+    )
+    return listing, prefix, bucket
+
+
+def list_level(folder: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(sorted (name, path) of the folders, sorted names of the files) directly below `folder`, hidden names
+    and OS debris left out; locally not through a symlink, as Beam's local match (os.walk) never was."""
+    if folder.startswith("gs://"):
+        folder = folder.rstrip("/")
+        listing, prefix, _ = _list_gcs_level(folder)
+        files = [blob.name[len(prefix) :] for blob in listing]  # consumed first: `prefixes` is then complete
+        folders = [(name[len(prefix) :].rstrip("/"), None) for name in listing.prefixes]
+        folders = [(name, f"{folder}/{name}") for name, _ in folders]
+    else:
+        with os.scandir(folder) as scanned:
+            entries = list(scanned)
+        folders = [(entry.name, entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+        files = [entry.name for entry in entries if not entry.is_dir()]
+    return sorted(item for item in folders if is_input_name(item[0])), sorted(filter(is_input_name, files))
