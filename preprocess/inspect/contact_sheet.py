@@ -425,14 +425,10 @@ def print_diff(args, data_dir: str):
 
     try:
         old, new = diff.choose_versions(data_dir, args.diff or None)
+        changes = diff.diff_versions(data_dir, old, new, args.limit)
     except diff.DiffRefused as exc:
         print(f"{build_parser().prog}: {exc}", file=sys.stderr)
         return 2, None
-    except diff.VersionUnreadable as exc:
-        print(f"cannot compare: {exc}", file=sys.stderr)
-        return 1, None
-    try:
-        changes = diff.diff_versions(data_dir, old, new, args.limit)
     except diff.VersionUnreadable as exc:
         print(f"cannot compare: {exc}", file=sys.stderr)
         return 1, None
