@@ -296,9 +296,8 @@ def _interrupted_message(output_dir: str) -> str:
         published = published_run_id(read_published_manifest(output_dir))
     except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
         published = None
-    where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
-    state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
-    message = f"preprocess: interrupted, nothing published: {where} {state}"
+    state = f"is still run {published}" if published else "does not exist yet"
+    message = f"preprocess: interrupted, nothing published: the published dataset of {output_dir} {state}"
     try:
         num_bytes, folders = _leftovers(output_dir, published)
         from preprocess.inspect.summary import format_bytes  # noqa: PLC0415 - TensorFlow, loaded by a run already

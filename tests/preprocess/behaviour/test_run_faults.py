@@ -109,7 +109,7 @@ def test_ctrl_c_during_a_run_with_worker_processes_says_what_it_left_and_leaves_
     after = said_lines("".join(lines[said_before:]))
     assert (
         after[0]
-        == f"preprocess: interrupted, nothing published: {output}/dataset.json still names run {run_id}"
+        == f"preprocess: interrupted, nothing published: the published dataset of {output} is still run {run_id}"
     )
     # What the run left behind, its size and what removes it (the run had started writing: staging/ at least).
     assert len(after) == 2, "".join(lines)[-3000:]
