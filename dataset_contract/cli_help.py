@@ -18,13 +18,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def group_flags(parser: argparse.ArgumentParser, groups: dict[str, tuple[str, ...]]) -> None:
-    """Show the named flags under argument groups in --help, in the given order: {title: (flag, ...)}.
-
-    For parsers whose flags are added one by one elsewhere (a module's own build_parser): the grouping is
-    stated in one place, and a flag not named stays under "options". Parsing is unchanged: argparse's
-    groups only shape the help. (argparse keeps a group's actions in `_group_actions`; there is no public
-    way to move one after it was added.)
-    """
+    """Show the named flags under argument groups in --help, in the given order: {title: (flag, ...)}; a flag
+    not named stays under "options". Parsing is unchanged."""
     by_flag = {flag: action for action in parser._actions for flag in action.option_strings}
     earlier_groups = [group for group in parser._action_groups[2:]]  # after positionals and "options"
     for title, flags in groups.items():
@@ -76,17 +71,8 @@ def unknown_words(words: list[str]) -> list[str]:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """The parser of every command: argparse, with mistakes said in a few lines and exit 2.
-
-    - An unknown flag names the nearest known one, dashes and underscores alike
-      (`unknown flag --image_size (did you mean --image-size?)`); a stray word is named as such.
-    - Any other mistake (a missing required flag, a bad value, a wrong choice) is argparse's own
-      sentence, without the usage block: `PROG: error: ...` then `(see PROG --help)`.
-    - `refuse(message)` is the same for the checks a command makes after parsing.
-    The --help format is DefaultsHelpFormatter unless another is given. For commands that pass what
-    they do not know to another parser (Beam's options), `parse_known_args` is argparse's, and
-    `unknown_flags_problem(words, more_flags)` says what is wrong with the words left over.
-    """
+    """The parser of every command: argparse, with mistakes said in a few lines and exit 2 (an unknown flag
+    names the nearest known one; `refuse(message)` for later checks; `unknown_flags_problem` for leftovers)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)

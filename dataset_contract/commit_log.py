@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import posixpath
 import re
 from typing import Protocol
@@ -15,6 +16,8 @@ _COMMIT = re.compile(r"(\d{20})\.json")
 _FORMAT3_COMMIT = re.compile(r"(\d{12})-[^/]+\.json")
 # A head listed and then gone when read (a garbage collection in between): list again this many times.
 _READ_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 
 class Files(Protocol):
@@ -85,11 +88,8 @@ def read_head(data_dir: str, files: Files) -> Published | None:
 
 
 def list_commits(data_dir: str, files: Files) -> list[tuple[int, str]]:
-    """Every commit of `manifests/` (one listing), oldest first: (sequence, path); [] when it holds none.
-
-    Garbage collection removes old commits, so the list can start anywhere
-    and a listed commit can be gone when read (`read_commit` is then None).
-    """
+    """Every commit of `manifests/` (one listing), oldest first: (sequence, path); [] when it holds none (a
+    listed one can be gone when read: `read_commit` is then None)."""
     directory = manifest_lib.join(data_dir, MANIFESTS_DIR)
     commits = [(commit_sequence(name), name) for name in files.list_names(directory)]
     return sorted(
@@ -106,12 +106,8 @@ def read_commit(path: str, sequence: int, files: Files) -> Published | None:
 
 
 def read_published(data_dir: str, files: Files) -> Published | None:
-    """The published manifest of `data_dir`, or None if there is none.
-
-    The head of `manifests/` if it holds a commit; else `dataset.json` (a
-    format 1 or 2 manifest). ManifestError if `dataset.json` is format 3's
-    pointer to a log that holds no commit.
-    """
+    """The published manifest of `data_dir` (the head of `manifests/`, else a format 1 or 2 `dataset.json`),
+    or None; ManifestError if `dataset.json` is format 3's pointer to a log that holds no commit."""
     head = read_head(data_dir, files)
     if head is not None:
         return head
@@ -126,6 +122,16 @@ def read_published(data_dir: str, files: Files) -> Published | None:
             "first publish into this directory has not finished"
         )
     return published
+
+
+def read_published_manifest(data_dir: str, files: Files) -> dict | None:
+    """The published manifest parsed, or None: there is none, or it is not readable as one (logged)."""
+    try:
+        published = read_published(data_dir, files)
+    except manifest_lib.ManifestError as exc:
+        log.warning("%s", exc)
+        return None
+    return published.manifest() if published is not None else None
 
 
 class TensorFlowFiles:

@@ -34,11 +34,8 @@ def _scaled(length, target, reference):
 
 
 def resized_shape(height, width, size, method, minimum=min, maximum=max):
-    """The (height, width) an image is resized to before crop or pad.
-
-    `crop` scales the short side to `size`, `pad` scales the long side to
-    `size`; the other side keeps the aspect ratio and is at least 1 pixel.
-    """
+    """The (height, width) an image is resized to before crop (short side to `size`) or pad (long side); the
+    other side keeps the aspect ratio, at least 1 pixel."""
     if method == CROP:
         reference = minimum(height, width)
         return (
@@ -55,12 +52,8 @@ def resized_shape(height, width, size, method, minimum=min, maximum=max):
 
 
 def stored_size(crop_size: int, crop_margin: float) -> int:
-    """round(crop_size * (1 + crop_margin)), half up: the square stage 1 stores for a crop margin.
-
-    With a margin, stage 1 stores a larger center square and training cuts
-    random `crop_size` windows out of it ("resize to 256, crop 224", done
-    offline); evaluation and serving take the center window.
-    """
+    """round(crop_size * (1 + crop_margin)), half up: the square stage 1 stores for a crop margin (training
+    cuts random `crop_size` windows from it, evaluation and serving the center one)."""
     if crop_margin < 0:
         raise ValueError(f"crop margin must be >= 0, got {crop_margin}")
     return int(crop_size * (1.0 + crop_margin) + 0.5)
@@ -72,14 +65,8 @@ def center_crop_offset(stored, crop_size):
 
 
 def center_crop_window(height, width, stored, crop_size, minimum=min, maximum=max):
-    """(resized height, resized width, top, left) of the evaluation/serving window of a height x width image.
-
-    The window is what stage 1 stores (resize the short side to `stored`,
-    center square) followed by the center `crop_size` crop: in the image
-    resized to (resized height, resized width), the `crop_size` square at
-    (top, left). Not the same as center-cropping `crop_size` straight out of
-    the resized image: each step rounds its offset down on its own.
-    """
+    """(resized height, resized width, top, left) of the evaluation/serving window of a height x width image:
+    what stage 1 stores (`stored`), then its center `crop_size` crop, each step rounding its offset down."""
     resized_height, resized_width = resized_shape(height, width, stored, CROP, minimum, maximum)
     top, left = crop_offsets(resized_height, resized_width, stored)
     inner = center_crop_offset(stored, crop_size)

@@ -1,10 +1,5 @@
-"""Why an input image is unusable: the reason codes both stages report, and the size limits.
-
-Stage 1 writes these codes to its error log (preprocess/errors.py imports
-them and adds the reasons that are not about an image's bytes); the serving signature returns them
-per image in its `error` output. Users and clients match on them, so they
-never change meaning.
-"""
+"""Why an input image is unusable: the reason codes both stages report (stage 1's error log, the serving
+signature's `error`), and the size limits. Users match on them: they never change meaning."""
 
 EMPTY_FILE = "empty_file"  # zero bytes
 NOT_AN_IMAGE = "not_an_image"  # content is not any supported image format

@@ -29,23 +29,26 @@ def lease_name(run_id: str, holder: str, expires_at: datetime.datetime) -> str:
     return posixpath.join(run_leases_dir(run_id), f"{holder}.{stamp}.json")
 
 
-def parse_lease(name: str) -> tuple[str, datetime.datetime] | None:
-    """(holder, expiry) of a lease object's base name, or None if it is not one."""
-    match = _LEASE.fullmatch(posixpath.basename(name))
+def _parse(pattern, group: str, name: str) -> tuple[str, datetime.datetime] | None:
+    match = pattern.fullmatch(posixpath.basename(name))
     if match is None:
         return None
     expiry = datetime.datetime.strptime(match.group("expiry"), _EXPIRY_FORMAT)
-    return match.group("holder"), expiry.replace(tzinfo=datetime.timezone.utc)
+    return match.group(group), expiry.replace(tzinfo=datetime.timezone.utc)
+
+
+def _live(parse, names, now: datetime.datetime) -> set[str]:
+    return {parsed[0] for parsed in map(parse, names) if parsed is not None and parsed[1] > now}
+
+
+def parse_lease(name: str) -> tuple[str, datetime.datetime] | None:
+    """(holder, expiry) of a lease object's base name, or None if it is not one."""
+    return _parse(_LEASE, "holder", name)
 
 
 def live_holders(names, now: datetime.datetime) -> set[str]:
     """The holders with a lease among `names` (listed in `leases/<run id>/`) that has not expired at `now`."""
-    holders = set()
-    for name in names:
-        parsed = parse_lease(name)
-        if parsed is not None and parsed[1] > now:
-            holders.add(parsed[0])
-    return holders
+    return _live(parse_lease, names, now)
 
 
 def removal_marker_name(run_id: str, attempt: str, expires_at: datetime.datetime) -> str:
@@ -56,18 +59,9 @@ def removal_marker_name(run_id: str, attempt: str, expires_at: datetime.datetime
 
 def parse_removal_marker(name: str) -> tuple[str, datetime.datetime] | None:
     """(attempt, expiry) of a removal marker's base name, or None if it is not one."""
-    match = _REMOVAL.fullmatch(posixpath.basename(name))
-    if match is None:
-        return None
-    expiry = datetime.datetime.strptime(match.group("expiry"), _EXPIRY_FORMAT)
-    return match.group("attempt"), expiry.replace(tzinfo=datetime.timezone.utc)
+    return _parse(_REMOVAL, "attempt", name)
 
 
 def live_removals(names, now: datetime.datetime) -> set[str]:
     """The attempts with a removal marker among `names` (listed in `leases/<run id>/`) live at `now`."""
-    attempts = set()
-    for name in names:
-        parsed = parse_removal_marker(name)
-        if parsed is not None and parsed[1] > now:
-            attempts.add(parsed[0])
-    return attempts
+    return _live(parse_removal_marker, names, now)

@@ -42,13 +42,8 @@ _FILTER_DRAIN_SECONDS = 10.0
 
 @contextlib.contextmanager
 def filtered_native_stderr(enabled: bool = True):
-    """Pass what native code writes to stderr (fd 2) meanwhile through a filter that drops the noise.
-
-    Each line goes on as soon as it is written, through a small filter
-    process: if the process dies meanwhile (SIGABRT from a fatal native
-    error), the lines it wrote, the fatal one included, still reach the log.
-    Python exceptions are not affected: only the file descriptor is redirected.
-    """
+    """Pass what native code writes to stderr (fd 2) meanwhile, line by line, through a filter process that
+    drops the noise (a fatal line still reaches the log)."""
     if not enabled:
         yield
         return
@@ -80,12 +75,8 @@ def filtered_native_stderr(enabled: bool = True):
 
 
 def import_tensorflow_quietly(verbose: bool = False) -> None:
-    """Import TensorFlow with its devices probed, the start-up noise filtered unless `verbose`.
-
-    For the commands and library entry points that import TensorFlow after their own start (inspect,
-    verify, `train.load_dataset`): TF_CPP_MIN_LOG_LEVEL 1 (a user's own setting wins) keeps the later INFO
-    lines off as well. A no-op once TensorFlow is imported.
-    """
+    """Import TensorFlow with its devices probed, the start-up noise filtered unless `verbose` (and
+    TF_CPP_MIN_LOG_LEVEL 1 unless the user set it). A no-op once TensorFlow is imported."""
     if "tensorflow" in sys.modules:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "1")

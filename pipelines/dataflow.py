@@ -1,14 +1,10 @@
 """The cloud workflow: stage 1 on Dataflow, then training on a Cloud TPU VM.
 
-On a single-host TPU VM itself it does everything (stage 1, the check, training detached under the
-supervisor):
-
     python -m pipelines.dataflow --input gs://BUCKET/raw --workdir gs://BUCKET/run \\
         --project PROJECT --region us-central1 --tpu local --accelerator-type v5litepod-8 \\
         --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
 
-Anywhere else, with the TPU's name, it runs stage 1 and prints the commands that create the TPU and
-train there. How it works: docs/internals.md; the user's guide: docs/cloud.md.
+How it works: docs/internals.md; the user's guide: docs/cloud.md.
 """
 
 import json
@@ -183,32 +179,28 @@ def build_parser() -> CommandParser:
     return parser
 
 
+def _argv(flags: dict) -> list[str]:
+    """{"--flag": value} -> ["--flag", "value", ...]."""
+    return [word for flag, value in flags.items() for word in (flag, str(value))]
+
+
 def preprocess_argv(args, paths: WorkflowPaths, dataflow_args: list[str]) -> list[str]:
     workdir = args.workdir.rstrip("/")
-    argv = [
-        "--input",
-        args.input,
-        "--output",
-        paths.dataset_dir,
-        "--image-size",
-        str(args.image_size),
-        "--crop-margin",
-        str(crop_margin(args)),
-        "--encoding",
-        args.encoding,
-        "--runner",
-        "DataflowRunner",
-        "--project",
-        args.project,
-        "--region",
-        args.region,
-        "--temp_location",
-        manifest_lib.join(workdir, "tmp"),
-        "--staging_location",
-        manifest_lib.join(workdir, "staging"),
-        *worker_setup_argv(args),
-        *dataflow_args,
-    ]
+    argv = _argv(
+        {
+            "--input": args.input,
+            "--output": paths.dataset_dir,
+            "--image-size": args.image_size,
+            "--crop-margin": crop_margin(args),
+            "--encoding": args.encoding,
+            "--runner": "DataflowRunner",
+            "--project": args.project,
+            "--region": args.region,
+            "--temp_location": manifest_lib.join(workdir, "tmp"),
+            "--staging_location": manifest_lib.join(workdir, "staging"),
+        }
+    )
+    argv += [*worker_setup_argv(args), *dataflow_args]
     if args.dry_run:
         argv += ["--template_location", os.path.abspath(os.path.join(args.dry_run_dir, TEMPLATE_FILE))]
     return argv
@@ -231,14 +223,9 @@ def worker_setup_argv(args) -> list[str]:
     requirements = os.path.join(tempfile.mkdtemp(prefix="stage1-workers-"), "requirements.txt")
     with open(requirements, "w") as out:
         out.write("".join(f"{requirement}\n" for requirement in install_lines.STAGE1_REQUIREMENTS))
-    return [
-        "--setup_file",
-        args.setup_file,
-        "--requirements_file",
-        requirements,
-        "--requirements_cache",
-        "skip",
-    ]
+    return _argv(
+        {"--setup_file": args.setup_file, "--requirements_file": requirements, "--requirements_cache": "skip"}
+    )
 
 
 def crop_margin(args) -> float:
@@ -259,25 +246,20 @@ def train_argv(
     args, paths: WorkflowPaths, choice: tpu_runtime.RuntimeChoice, tpu: str = "local"
 ) -> list[str]:
     """`python -m train`'s arguments: `tpu` is `local` on a single-host VM, the TPU's name for a slice."""
-    argv = [
-        "--data",
-        paths.dataset_dir,
-        "--model-dir",
-        paths.model_dir,
-        "--model",
-        args.model,
-        "--epochs",
-        str(args.epochs),
-        "--global-batch-size",
-        str(global_batch_size(args, choice)),
-        "--backend",
-        args.backend,
-        # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
-        # (every worker, keras.distribution.initialize() for a TPU's name).
-        *(["--strategy", "tpu"] if args.backend == TENSORFLOW else []),
-        "--tpu",
-        tpu,
-    ]
+    argv = _argv(
+        {
+            "--data": paths.dataset_dir,
+            "--model-dir": paths.model_dir,
+            "--model": args.model,
+            "--epochs": args.epochs,
+            "--global-batch-size": global_batch_size(args, choice),
+            "--backend": args.backend,
+            # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
+            # (every worker, keras.distribution.initialize() for a TPU's name).
+            **({"--strategy": "tpu"} if args.backend == TENSORFLOW else {}),
+            "--tpu": tpu,
+        }
+    )
     return argv + train_flags.train_argv(train_flags.config_fields(args, FORWARDED_FIELDS))
 
 
@@ -395,11 +377,8 @@ def write_json(path: str, content: dict) -> None:
 
 
 def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
-    """Start training on this single-host TPU VM under the supervisor, detached (tpu_launch.start_detached).
-
-    In the [tpu] venv the launcher makes (pipelines/tpu/interpreter.py), or on JAX the [tpu-jax] venv on a
-    uv-managed Python 3.11: this process has Beam and generic TensorFlow, which training on the TPU cannot use.
-    """
+    """Start training on this single-host TPU VM under the supervisor, detached, in the [tpu] (or JAX's
+    [tpu-jax]) venv the launcher makes (pipelines/tpu/interpreter.py)."""
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
     backend = spec.get("backend", TENSORFLOW)  # a spec an earlier version wrote trains on TensorFlow
     with tempfile.TemporaryDirectory() as build_dir:
@@ -446,6 +425,53 @@ def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> st
     return None
 
 
+class _Refused(Exception):
+    """A mistake in the command, said as `error: ...` with exit 2."""
+
+
+def _refuse_if(problem: str | None) -> None:
+    if problem:
+        raise _Refused(problem)
+
+
+def checked_training_job_spec(args, argv: list[str], dataflow_args: list[str], paths: WorkflowPaths) -> dict:
+    """training_job_spec, once everything that can be known before stage 1 is checked (_Refused, SetupError,
+    LauncherPythonError or ValueError say what is wrong)."""
+    # The training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported.
+    args.backend = resolve_backend(args.backend)
+    _refuse_if(backend_problem(args))
+    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
+        raise _Refused(
+            f"{', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
+            f"reuses {paths.dataset_dir} as it is: they would change nothing. Drop them, or "
+            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
+            "stage 1 by itself when the dataset was built from them)."
+        )
+    if not args.skip_preprocess and args.input is None:
+        raise _Refused("--input is required (or --skip-preprocess to reuse WORKDIR/dataset)")
+    if args.sdk_container_image:
+        check_launcher_python(["--sdk_container_image", args.sdk_container_image])
+    if not args.workdir.startswith("gs://") or not (args.input or "gs://").startswith("gs://"):
+        raise _Refused("--input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS")
+    _refuse_if(precheck_problem(args, paths, dataflow_args))
+    spec = training_job_spec(args, paths)
+    if (
+        not args.dry_run
+        and args.tpu != "local"
+        and spec["lifecycle"]["autocheckpoint"]
+        and shutil.which("gcloud")
+    ):
+        # The printed create needs gcloud's alpha track, and tpu_restart runs it unattended: say so before stage 1.
+        _refuse_if(tpu_lifecycle.autocheckpoint_gcloud_problem())
+    if args.tpu == "local" and not args.dry_run and args.backend == TENSORFLOW:
+        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1
+        # (on JAX uv makes it, on its own Python).
+        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
+        if not os.path.exists(tpu_interpreter.venv_python(run_dir)):
+            _refuse_if(tpu_interpreter.venv_problem())
+    return spec
+
+
 def main(argv=None) -> int:
     log_format.configure(logging.INFO)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -454,70 +480,12 @@ def main(argv=None) -> int:
     mixed_up = parser.mixed_up_flags_problem(dataflow_args)  # ours for certain: said before Beam is imported
     if mixed_up:
         parser.refuse(mixed_up)
-    try:  # the training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported
-        args.backend = resolve_backend(args.backend)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    problem = backend_problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
-        print(
-            f"error: {', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
-            f"reuses {WorkflowPaths(args.workdir).dataset_dir} as it is: they would change nothing. Drop them, or "
-            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
-            "stage 1 by itself when the dataset was built from them).",
-            file=sys.stderr,
-        )
-        return 2
-    if not args.skip_preprocess and args.input is None:
-        print("error: --input is required (or --skip-preprocess to reuse WORKDIR/dataset)", file=sys.stderr)
-        return 2
-    if args.sdk_container_image:
-        try:
-            check_launcher_python(["--sdk_container_image", args.sdk_container_image])
-        except LauncherPythonError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if not args.workdir.startswith("gs://") or not (args.input or "gs://").startswith("gs://"):
-        print(
-            "error: --input and --workdir must be gs:// URIs: Dataflow workers and TPU VMs read from GCS",
-            file=sys.stderr,
-        )
-        return 2
     paths = WorkflowPaths(args.workdir)
-    problem = precheck_problem(args, paths, dataflow_args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     try:
-        spec = training_job_spec(args, paths)
-    except ValueError as exc:
+        spec = checked_training_job_spec(args, argv, dataflow_args, paths)
+    except (_Refused, SetupError, LauncherPythonError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if (
-        not args.dry_run
-        and args.tpu != "local"
-        and spec["lifecycle"]["autocheckpoint"]
-        and shutil.which("gcloud")
-    ):
-        # The printed create needs gcloud's alpha track, and tpu_restart runs it unattended: say so before stage 1.
-        problem = tpu_lifecycle.autocheckpoint_gcloud_problem()
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
-    if args.tpu == "local" and not args.dry_run and args.backend == TENSORFLOW:
-        # Training gets a venv of its own (pipelines/tpu/interpreter.py): check it can be made before stage 1
-        # (on JAX uv makes it, on its own Python).
-        run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
-        problem = (
-            None if os.path.exists(tpu_interpreter.venv_python(run_dir)) else tpu_interpreter.venv_problem()
-        )
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
     print(f"TPU runtime: {spec['runtime']}")

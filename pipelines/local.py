@@ -232,11 +232,8 @@ def _train_and_evaluate(config: TrainConfig):
 
 
 def sample_corpus_input(args) -> str:
-    """The generated sample corpus's directory: made once per WORKDIR and size, then reused as it is.
-
-    Reused, not rewritten: stage 1's fingerprint (preprocess/publish/fingerprint.py) holds the files' times,
-    so rewriting the same bytes would make the same command build its dataset again.
-    """
+    """The generated sample corpus's directory: made once per WORKDIR and size, then reused as it is (the
+    build fingerprint holds the files' times)."""
     import json  # noqa: PLC0415
 
     input_spec = manifest_lib.join(args.workdir.rstrip("/"), SAMPLE_SUBDIR)

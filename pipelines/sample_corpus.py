@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 
 from preprocess import errors
+from preprocess.decode.image import EXIF_ORIENTATION_TAG, TRANSPOSE_FOR_ORIENTATION
 
 SHAPES = ("circle", "cross", "square", "star", "triangle")
 
@@ -58,24 +59,9 @@ EXPECTED_REASONS = {
 # sane --max-pixels and over PIL's own guard (2 x 89.5 MP raises on open).
 BOMB_SIDE = 50000
 
-# PIL's exif_transpose applies this transpose for each EXIF orientation; the
-# file stores the upright image transformed by the inverse, so that applying
-# the orientation gives the upright image back.
-ORIENTATION_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-INVERSE_TRANSPOSE = {
-    **ORIENTATION_TRANSPOSE,
-    6: Image.Transpose.ROTATE_90,
-    8: Image.Transpose.ROTATE_270,
-}
-EXIF_ORIENTATION_TAG = 0x0112
+# The file stores the upright image transformed by the inverse of its orientation's transpose (the one
+# PIL's exif_transpose and stage 1 apply), so that applying the orientation gives the upright image back.
+INVERSE_TRANSPOSE = {**TRANSPOSE_FOR_ORIENTATION, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
 
 _FORMAT_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif"}
 
@@ -171,14 +157,8 @@ def _random_color(rng: np.random.Generator) -> tuple[int, int, int]:
 
 
 def sample_shape_params(rng: np.random.Generator, shape: str) -> ShapeImageParams:
-    """Random size, placement, rotation and colours of one shape image.
-
-    The shape lies wholly inside the central square of the image, so the
-    default center crop of stage 1 never cuts it off; its luminance differs
-    from the background's, so it survives conversion to grayscale. It is
-    turned at most 20 degrees from upright: a triangle points up, so a file
-    whose EXIF orientation is ignored shows a shape the model has not seen.
-    """
+    """Random size, placement, rotation (at most 20 degrees from upright) and colours of one shape image, the
+    shape inside the central square and of a luminance unlike the background's."""
     short = int(rng.integers(80, 257))
     long = int(round(short * rng.uniform(1.0, 1.6)))
     width, height = (long, short) if rng.random() < 0.5 else (short, long)
@@ -238,15 +218,12 @@ def shape_polygon(shape: str, center: tuple[float, float], radius: float, angle_
     return [(cx + radius * (x * c - y * s), cy + radius * (x * s + y * c)) for x, y in unit]
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, params: ShapeImageParams, fill) -> None:
-    if params.shape == "circle":
-        cx, cy = params.center
-        r = params.radius
+def _draw(draw: ImageDraw.ImageDraw, shape: str, center, radius: float, angle_degrees: float, fill) -> None:
+    if shape == "circle":
+        (cx, cy), r = center, radius
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
     else:
-        draw.polygon(
-            shape_polygon(params.shape, params.center, params.radius, params.angle_degrees), fill=fill
-        )
+        draw.polygon(shape_polygon(shape, center, radius, angle_degrees), fill=fill)
 
 
 def render_shape_image(params: ShapeImageParams, *, transparent_background: bool = False) -> Image.Image:
@@ -261,7 +238,7 @@ def render_shape_image(params: ShapeImageParams, *, transparent_background: bool
     background = start + t * (end - start)
 
     mask_image = Image.new("L", (w, h), 0)
-    _draw_shape(ImageDraw.Draw(mask_image), params, 255)
+    _draw(ImageDraw.Draw(mask_image), params.shape, params.center, params.radius, params.angle_degrees, 255)
     mask = np.asarray(mask_image, np.float32)[..., None] / 255.0
     pixels = background * (1 - mask) + np.asarray(params.shape_color, np.float32) * mask
     noise = np.random.default_rng(params.noise_seed).standard_normal((h, w, 3), dtype=np.float32)
@@ -311,11 +288,8 @@ def _png_chunk(chunk_type: bytes, data: bytes) -> bytes:
 
 
 def make_bomb_png(png: bytes, width: int = BOMB_SIDE, height: int = BOMB_SIDE) -> bytes:
-    """`png` with its IHDR rewritten to claim width x height, CRC still valid.
-
-    The image data stays that of the small original, so the file is tiny; only
-    a decoder that trusts the header before checking the pixel count is hurt.
-    """
+    """`png` with its IHDR rewritten to claim width x height, CRC still valid: a tiny file that hurts only a
+    decoder that trusts the header."""
     if png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
         raise ValueError("not a PNG starting with IHDR")
     (length,) = struct.unpack(">I", png[8:12])
@@ -388,6 +362,7 @@ class _CorpusWriter:
         path = f"{class_name}/{class_name}_{index:04d}.{extension}"
         with open(os.path.join(self.root, class_name, path.split("/")[1]), "wb") as f:
             f.write(data)
+        record.setdefault("expected_error", EXPECTED_REASONS.get(record["kind"]))
         corpus_file = CorpusFile(path=path, class_name=class_name, sha256=_sha256(data), **record)
         self.files.append(corpus_file)
         return corpus_file
@@ -401,16 +376,8 @@ def write_sample_corpus(
     include_broken: bool = True,
     near_duplicates: bool = False,
 ) -> CorpusInfo:
-    """Write the shape corpus under `root/<class>/` and say what was written.
-
-    `images_per_class` distinct usable images per class; on top of those, 3
-    exact duplicates of good images (same class; fewer if there are fewer
-    good images) and, if `include_broken`, 6 broken files:
-    a truncated JPEG, an empty file, a text file named .png, a PNG whose
-    header claims 50000 x 50000 pixels, and one content stored under two
-    classes (both copies fail with CONFLICTING_LABELS). Same arguments, same
-    bytes.
-    """
+    """Write the shape corpus under `root/<class>/` and say what was written: `images_per_class` usable images
+    per class, 3 exact duplicates, and with `include_broken` 6 broken files (EXPECTED_REASONS). Deterministic."""
     if images_per_class < 1:
         raise ValueError("images_per_class must be at least 1")
     class_names = list(SHAPES)
@@ -515,38 +482,16 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
     # Cut in the middle of the entropy-coded data: the headers are intact, so
     # the file opens and fails only when decoded, as an interrupted upload does.
     jpeg = _encode(render_shape_image(sample_shape_params(rng, owner(0))), "JPEG", rng)
-    writer.write(
-        owner(0),
-        "jpg",
-        jpeg[: len(jpeg) // 2],
-        kind=TRUNCATED,
-        format="JPEG",
-        expected_error=EXPECTED_REASONS[TRUNCATED],
-    )
-    writer.write(owner(1), "jpg", b"", kind=EMPTY, format=None, expected_error=EXPECTED_REASONS[EMPTY])
+    writer.write(owner(0), "jpg", jpeg[: len(jpeg) // 2], kind=TRUNCATED, format="JPEG")
+    writer.write(owner(1), "jpg", b"", kind=EMPTY, format=None)
     text = b"This is a text file with an image's extension, not an image.\n"
-    writer.write(
-        owner(2), "png", text, kind=NOT_AN_IMAGE, format=None, expected_error=EXPECTED_REASONS[NOT_AN_IMAGE]
-    )
+    writer.write(owner(2), "png", text, kind=NOT_AN_IMAGE, format=None)
     small = _encode(render_shape_image(sample_shape_params(rng, owner(3))).resize((64, 64)), "PNG", rng)
-    writer.write(
-        owner(3),
-        "png",
-        make_bomb_png(small),
-        kind=TOO_MANY_PIXELS,
-        format="PNG",
-        expected_error=EXPECTED_REASONS[TOO_MANY_PIXELS],
-    )
+    writer.write(owner(3), "png", make_bomb_png(small), kind=TOO_MANY_PIXELS, format="PNG")
     params = sample_shape_params(rng, owner(4))
     conflicting = _encode(render_shape_image(params), "JPEG", rng)
     original = writer.write(
-        owner(4),
-        "jpg",
-        conflicting,
-        kind=CONFLICTING_ORIGINAL,
-        format="JPEG",
-        expected_error=EXPECTED_REASONS[CONFLICTING_ORIGINAL],
-        params=params,
+        owner(4), "jpg", conflicting, kind=CONFLICTING_ORIGINAL, format="JPEG", params=params
     )
     writer.write(
         owner(5),
@@ -554,7 +499,6 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
         conflicting,
         kind=CONFLICTING_DUPLICATE,
         format="JPEG",
-        expected_error=EXPECTED_REASONS[CONFLICTING_DUPLICATE],
         duplicate_of=original.path,
         params=params,
     )
@@ -574,13 +518,8 @@ def split_for_content(sha256: str, fractions: tuple[float, float] = (0.8, 0.1)) 
 
 
 def _manifest_rows(info: CorpusInfo, with_split: bool) -> list[dict]:
-    rows = []
-    for f in info.files:
-        row = {"uri": info.uri(f), "label": f.class_name}
-        if with_split:
-            row["split"] = split_for_content(f.sha256)
-        rows.append(row)
-    return rows
+    split = (lambda f: {"split": split_for_content(f.sha256)}) if with_split else (lambda f: {})
+    return [{"uri": info.uri(f), "label": f.class_name, **split(f)} for f in info.files]
 
 
 def write_manifest_csv(info: CorpusInfo, path: str, with_split: bool = False) -> None:
@@ -610,11 +549,7 @@ def _upsampled_noise(rng: np.random.Generator, grid: tuple[int, int], size: tupl
 
 
 def render_photo(rng: np.random.Generator, shape: str, megapixels: tuple[float, float]) -> Image.Image:
-    """A photo-like RGB image: gradient sky, multi-scale texture, a few soft shapes, sensor grain.
-
-    Its JPEG size is that of a real photo (about 2 bits per pixel at q90),
-    which is what the benchmarks of decoding and reading need.
-    """
+    """A photo-like RGB image (gradient sky, texture, soft shapes, grain) whose JPEG is a real photo's size."""
     pixels = rng.uniform(*megapixels) * 1e6
     aspect = float(rng.choice([4 / 3, 3 / 2, 16 / 9, 1.0]))
     if rng.random() < 0.3:
@@ -640,13 +575,8 @@ def render_photo(rng: np.random.Generator, shape: str, megapixels: tuple[float, 
         kind = shape if i == 0 else str(rng.choice(SHAPES))
         radius = short * (rng.uniform(0.2, 0.35) if i == 0 else rng.uniform(0.04, 0.15))
         center = (float(rng.uniform(radius, width - radius)), float(rng.uniform(radius, height - radius)))
-        fill = _random_color(rng)
-        if kind == "circle":
-            draw.ellipse(
-                [center[0] - radius, center[1] - radius, center[0] + radius, center[1] + radius], fill=fill
-            )
-        else:
-            draw.polygon(shape_polygon(kind, center, radius, float(rng.uniform(0, 360))), fill=fill)
+        fill = _random_color(rng)  # drawn before the angle, which only a polygon draws from `rng`
+        _draw(draw, kind, center, radius, 0.0 if kind == "circle" else float(rng.uniform(0, 360)), fill)
     canvas = canvas.filter(ImageFilter.GaussianBlur(1.2))  # lens softness: no razor edges
 
     grain = rng.standard_normal((height, width, 3), dtype=np.float32) * float(rng.uniform(4.5, 6.5))
@@ -673,12 +603,8 @@ def write_photo_corpus(
     seed: int = 0,
     processes: int = 1,
 ) -> CorpusInfo:
-    """Write `num_images` photo-like JPEGs under `root/<class>/`, round-robin over classes.
-
-    Class i's photos feature shape i (class names are shape names while there
-    are enough of them). `processes` > 1 renders in parallel; the bytes do not
-    depend on it.
-    """
+    """Write `num_images` photo-like JPEGs under `root/<class>/`, round-robin over classes (class i's feature
+    shape i); `processes` > 1 renders in parallel, the same bytes."""
     if classes < 1:
         raise ValueError("classes must be at least 1")
     class_names = [SHAPES[i] if classes <= len(SHAPES) else f"class_{i:03d}" for i in range(classes)]

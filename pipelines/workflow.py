@@ -72,11 +72,8 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
 
 
 def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
-    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now.
-
-    Computed from the job config stage 1 itself builds from those flags (pipeline.job_config), so
-    that the workflow and the manifest hash the same settings (preprocess/publish/fingerprint.py).
-    """
+    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now, from
+    the job config stage 1 itself builds (pipeline.job_config)."""
     from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
     from preprocess.publish.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
 
@@ -84,24 +81,12 @@ def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
     return compute_fingerprint(pipeline.job_config(config, build_id=""))
 
 
-def published_manifest_or_none(dataset_dir: str) -> dict | None:
-    """The published manifest of `dataset_dir` now (dataset_contract/commit_log.py, the one reader), or
-    None (no dataset, or not readable as one)."""
-    from dataset_contract import commit_log  # noqa: PLC0415
-    from preprocess import filesystem  # noqa: PLC0415 - see the imports
-
-    try:
-        published = commit_log.read_published(dataset_dir, filesystem.BeamFiles())
-    except (OSError, ValueError):
-        return None
-    return published.manifest() if published is not None else None
-
-
 def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
     """The published manifest when it was built from these stage 1 flags and these inputs, else None."""
+    from preprocess.publish.commit import read_published_manifest  # noqa: PLC0415 - see the imports
     from preprocess.publish.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
 
-    manifest = published_manifest_or_none(dataset_dir)
+    manifest = read_published_manifest(dataset_dir)
     recorded = published_fingerprint(manifest)
     if recorded is None:
         return None
@@ -109,14 +94,8 @@ def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
 
 
 def check_model_dir_is_new(model_dir: str, stage1_changes: list[str] | None = None) -> None:
-    """WorkflowError if `model_dir` already holds a model: its checkpoints or its dataset pin.
-
-    Training pins the dataset run a model dir started on (train/data/dataset_pin.py),
-    and every run of stage 1 publishes a new run: a model dir from an earlier
-    workflow would resume on that earlier run, never on the one this workflow
-    is about to write. Asked before stage 1, so that nothing is spent first. `stage1_changes`: what
-    differs from the published dataset's build, as the workflow's flags say it (named in the message).
-    """
+    """WorkflowError if `model_dir` already holds a model (its checkpoints or its dataset pin), asked before
+    stage 1; `stage1_changes`: what differs from the published dataset's build (named in the message)."""
     import tensorflow as tf  # noqa: PLC0415 - see the imports (a gs:// model dir needs its filesystem)
 
     from train.data import dataset_pin  # noqa: PLC0415 - see the imports
@@ -153,15 +132,8 @@ def run_workflow(
     say: Callable[[str], None] = print,
     describe_stage1_changes: Callable[[dict | None], list[str]] | None = None,
 ):
-    """Stage 1 (unless `preprocess_argv` is None: reuse the dataset), the check, stage 2.
-
-    With `skip_if_built`, stage 1 is skipped when the published dataset was built from the same
-    stage 1 flags and inputs (already_built): the same command run again resumes training instead
-    of building a dataset that its model dir would not train on. With stage 1 to run, `model_dir`
-    (where stage 2 will train) must not hold a model yet (check_model_dir_is_new). Returns
-    (manifest, whatever `launch_training(manifest)` returned). `describe_stage1_changes(published manifest or
-    None)`: what differs from the published dataset, for the refusal of a model dir that holds a model.
-    """
+    """Stage 1 (unless `preprocess_argv` is None, or `skip_if_built` and already_built), the check, stage 2;
+    returns (manifest, launch_training(manifest)). With stage 1 to run, `model_dir` must hold no model yet."""
     if preprocess_argv is not None and skip_if_built:
         built = already_built(dataset_dir, preprocess_argv)
         if built is not None:
@@ -173,7 +145,9 @@ def run_workflow(
     if preprocess_argv is not None and model_dir is not None:
         changes = None
         if describe_stage1_changes is not None:
-            changes = describe_stage1_changes(published_manifest_or_none(dataset_dir))
+            from preprocess.publish.commit import read_published_manifest  # noqa: PLC0415 - see the imports
+
+            changes = describe_stage1_changes(read_published_manifest(dataset_dir))
         check_model_dir_is_new(model_dir, changes)
     own = run_stage1(preprocess_argv) if preprocess_argv is not None else None
     manifest = check_stage1_output(dataset_dir)

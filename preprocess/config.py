@@ -1,8 +1,5 @@
-"""Stage 1's settings: one frozen Stage1Config, each setting with its default, its help and its check.
-
-`python -m preprocess`'s flags are made from it (preprocess/options.py); library code takes a
-Stage1Config, never the command line. Imports nothing heavy.
-"""
+"""Stage 1's settings: one frozen Stage1Config, each setting with its default, help and check; the flags
+are made from it (options.py) and library code takes it. Imports nothing heavy."""
 
 import argparse
 import dataclasses
@@ -49,21 +46,24 @@ def parse_split_fractions(text: str) -> dict[str, float]:
     return dict(zip(manifest_lib.SPLITS, values, strict=True))
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+def _number(text: str, convert, like: str, ok, expected: str):
+    """`text` as a number (`convert`) that `ok` accepts; argparse's error saying what was expected else."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {like}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _number(text, int, "a positive integer", lambda value: value > 0, "a positive integer")
 
 
 def image_size(text: str) -> int:
     """--image-size, of every command that runs stage 1: a whole number of pixels up to MAX_IMAGE_SIZE."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of pixels like 224, got {text!r}"
-        ) from None
+    value = _number(text, int, "a whole number of pixels like 224", lambda value: True, "")
     problem = geometry.image_size_problem(value)
     if problem:
         raise argparse.ArgumentTypeError(problem)
@@ -71,13 +71,7 @@ def image_size(text: str) -> int:
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
-    return value
+    return _number(text, int, "a whole number", lambda value: value >= 0, "a whole number >= 0")
 
 
 def _near_duplicate_distance(text: str) -> int:
@@ -98,33 +92,17 @@ def _group_size(text: str) -> int:
 
 
 def _positive_megabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MB like 256, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of MB, got {text}")
-    return value
+    return _number(text, float, "a number of MB like 256", lambda value: value > 0, "a positive number of MB")
 
 
 def _crop_margin(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number like 0.14, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
-    return value
+    return _number(
+        text, float, "a number like 0.14", lambda value: 0 <= value <= 1, "a fraction between 0 and 1"
+    )
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    return _number(text, float, "a number", lambda value: value >= 0, "a number >= 0")
 
 
 def _fraction(text: str) -> float:

@@ -84,14 +84,8 @@ class ErrorLogSample:
 def read_error_log(
     paths: list[str], per_reason: int = 3, wanted: dict | None = None, max_bytes: int | None = None
 ) -> ErrorLogSample:
-    """The one reader of the error log: its files (local or gs://) in order, the first `per_reason`
-    records of each reason.
-
-    With `wanted` ({reason: count}, the manifest's `failures_by_reason`) it stops once each of those
-    reasons has its examples, so a huge log costs a few lines; without, it reads every line (`counts`
-    is then the log's). It also stops after `max_bytes`. A missing file is noted; a line that is not a
-    JSON object is skipped.
-    """
+    """The one reader of the error log: its files in order, the first `per_reason` records of each reason,
+    stopping once each of the `wanted` reasons ({reason: count}) has its examples, or after `max_bytes`."""
     from preprocess import filesystem  # noqa: PLC0415 - Beam's filesystems; workers never read the log
 
     sample = ErrorLogSample()

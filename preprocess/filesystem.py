@@ -23,16 +23,8 @@ _per_thread = threading.local()
 
 
 def gcs_io(path: str):
-    """This thread's Beam GcsIO for gs:// `path`, built from the job's options once and reused.
-
-    Beam's GCS filesystem builds a new GcsIO, with a new storage client and
-    so a new TLS connection, for every file it opens: 20M handshakes for 10M
-    images read twice. The client holds a `requests` session, which is not
-    meant to be shared between threads, hence one per thread (a worker runs a
-    few threads). It is rebuilt if the options the filesystem is built from
-    change (a new pipeline in this process), or STORAGE_EMULATOR_HOST does
-    (the client reads its endpoint from it when it is made).
-    """
+    """This thread's Beam GcsIO for gs:// `path`, built from the job's options once and reused (rebuilt when
+    the options or STORAGE_EMULATOR_HOST change)."""
     filesystem = FileSystems.get_filesystem(path)
     options = filesystem._pipeline_options  # noqa: SLF001 - the options Beam builds its own GcsIO from
     key = (options, os.environ.get("STORAGE_EMULATOR_HOST"))
@@ -77,12 +69,8 @@ def _make_parent(path: str):
 
 @contextlib.contextmanager
 def write_atomically(path: str, tmp_dir: str | None = None):
-    """A binary handle whose bytes appear at `path` whole, on a clean exit only.
-
-    `tmp_dir` (local disk only; default: next to `path`) holds the file until
-    its rename; it must be on the same filesystem. An exception inside the
-    block leaves `path` as it was.
-    """
+    """A binary handle whose bytes appear at `path` whole, on a clean exit only (`tmp_dir`, local disk only,
+    holds the file until its rename; default: next to `path`)."""
     if not is_local(path):
         # A GCS upload that fails or is abandoned creates no object.
         with FileSystems.create(path) as handle:
@@ -103,17 +91,8 @@ def write_atomically(path: str, tmp_dir: str | None = None):
 
 
 class _AbortWhenDropped:
-    """Mixed into google-cloud-storage's BlobWriter (Beam's GCS writer): close() aborts, commit() finalizes.
-
-    io.IOBase's finalizer calls close() on a file that is garbage-collected
-    unclosed, and BlobWriter.close() uploads what is buffered and finalizes the
-    object. So a writer dropped with its bundle after an exception would
-    publish its partial bytes whenever the collector gets to it (reproduced on
-    the emulator: an abandoned writer committed its 1,000 bytes), possibly
-    after the run's cleanup. Here every close() that is not commit()'s
-    cancels the upload instead (BlobWriter.terminate: the resumable session,
-    if one was started, is deleted; nothing buffered is sent).
-    """
+    """Mixed into google-cloud-storage's BlobWriter (Beam's GCS writer): close() aborts, commit() finalizes,
+    so that a writer dropped unclosed never publishes its partial bytes."""
 
     _aborted = False
 
@@ -146,15 +125,8 @@ def _is_gcs_writer(handle) -> bool:
 
 
 class UncommittedFile:
-    """A binary file written at `path`, kept by `commit()`; `abort()` or dropping it uncommitted discards it.
-
-    On GCS the object appears at commit() only; an aborted or dropped one
-    never appears. On local disk the bytes are in place as they are written
-    (a reader of the run's directory must not rely on them before the
-    manifest names them); abort() deletes the file, and one dropped by a
-    crashed attempt is removed with the run's other unnamed files when it
-    publishes (preprocess/publish/commit.py).
-    """
+    """A binary file written at `path`, kept by `commit()`; `abort()` or dropping it uncommitted discards it
+    (on GCS the object appears at commit() only)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -221,12 +193,8 @@ def write_bytes(path: str, data: bytes, tmp_dir: str | None = None):
 def write_concatenation(
     sources: list[str], destination: str, tmp_dir: str | None = None, expected_bytes: int | None = None
 ) -> tuple[int, str]:
-    """Write the files `sources` one after the other into `destination`; returns (size, hex sha256).
-
-    Unless `destination` already holds an object of `expected_bytes` (their
-    total size: a retried write, on GCS): then the sources are read to compare
-    its md5 with theirs, and the object is kept if they match.
-    """
+    """Write the files `sources` one after the other into `destination`; returns (size, hex sha256). A
+    retried write on GCS keeps an object of `expected_bytes` whose md5 matches the sources'."""
     if (
         expected_bytes is not None
         and not is_local(destination)

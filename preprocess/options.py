@@ -90,12 +90,8 @@ def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
 
 
 def runner_problem(beam_args: list[str]) -> str | None:
-    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know: Beam would
-    stop with a traceback when the pipeline starts); None when it is fine or not given.
-
-    Resolved as Beam resolves it (runner.create_runner): any case, 'Direct' for 'DirectRunner', or the
-    full name of a PipelineRunner subclass (a name with a dot).
-    """
+    """What is wrong with the --runner value among `beam_args` (a runner Beam does not know, resolved as
+    Beam resolves it); None when it is fine or not given."""
     value = None
     for index, word in enumerate(beam_args):
         if word == "--runner" and index + 1 < len(beam_args):
@@ -142,11 +138,8 @@ def check_beam_args(beam_args: list[str], parser: CommandParser) -> None:
 
 
 def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[str]]:
-    """(the Stage1Config of the command line, the rest for Beam's PipelineOptions).
-
-    A mistake exits 2 with a line saying what is wrong. `check_beam_flags`: also refuse a flag Beam
-    does not know (check_beam_args; imports Beam's options).
-    """
+    """(the Stage1Config of the command line, the rest for Beam's PipelineOptions); a mistake exits 2.
+    `check_beam_flags`: also refuse a flag Beam does not know (imports Beam's options)."""
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     mixed_up = parser.mixed_up_flags_problem(beam_args)  # ours for certain: said before Beam is imported

@@ -1,21 +1,7 @@
-"""Stage 1: the Beam job that writes a dataset directory from a corpus of images.
-
-Locally (DirectRunner, one worker process per core):
-
-    python -m preprocess --input images/ --output /tmp/dataset \\
-        --direct_running_mode=multi_processing --direct_num_workers=2
-
-On Dataflow (same code; the workers run the image built from the repository's
-Dockerfile, or install the package from setup.py at boot with
-`--setup_file ./setup.py` instead of `--sdk_container_image`):
-
-    python -m preprocess --input gs://BUCKET/raw --output gs://BUCKET/dataset \\
-        --runner DataflowRunner --project PROJECT --region REGION \\
-        --temp_location gs://BUCKET/tmp \\
-        --sdk_container_image REGION-docker.pkg.dev/PROJECT/REPOSITORY/tf-image-pipeline:TAG
+"""Stage 1: the Beam job that writes a dataset directory from a corpus of images (`python -m preprocess`).
 
 `build_pipeline` is the graph, its steps taken from the folders of preprocess/ in the order
-docs/development.md lists; preprocess/launch/launcher.py runs it. How they fit: docs/internals.md.
+docs/development.md lists; launch/launcher.py runs it. Command lines and design: docs/internals.md.
 """
 
 import os
@@ -69,11 +55,8 @@ def output_dir_of(args) -> str:
 
 
 def job_config(args, build_id: str) -> dict:
-    """The settings that go into the manifest (plain data, picklable to workers).
-
-    `build_id` names this pipeline build's tf.Transform temporary directory
-    (runs.tft_temp_dir): the one path chosen when the graph is built.
-    """
+    """The settings that go into the manifest (plain data, picklable to workers); `build_id` names this
+    build's tf.Transform temporary directory (runs.tft_temp_dir)."""
     return {
         "build_id": build_id,
         "input": args.input,
@@ -98,13 +81,8 @@ def job_config(args, build_id: str) -> dict:
 
 
 class SummarizeUniqueInputsFn(beam.CombineFn):
-    """Unique inputs -> {"labels": the train split's sorted class names, "per_split": {split: inputs}}.
-
-    One combine gives both things known before decoding: the label vocabulary
-    (so that uint8 and jpeg records can be labelled as they are decoded) and
-    the split sizes (to size the shard files). Its accumulator grows with the
-    number of classes, not of images.
-    """
+    """Unique inputs -> {"labels": the train split's sorted class names, "per_split": {split: inputs}}, in one
+    combine whose accumulator grows with the classes, not the images."""
 
     def create_accumulator(self):
         return set(), {}
@@ -173,13 +151,8 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 
 
 def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
-    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups.
-
-    Returns (examples, summary, dropped, finalize's near-duplicate side inputs); see
-    preprocess/near_duplicates/stage.py. In an incremental run, `published` are the (sha256, split) of the
-    published images decoded again (from the ledger, instead of a read of the previous shards) and
-    `carried` the (sha256, CarriedImage) of the images carried over (carried_in_audit).
-    """
+    """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups:
+    (examples, summary, dropped, finalize's side inputs); `published`/`carried`: an incremental run's."""
     carried_inputs = carried_in_audit(carried) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,

@@ -75,11 +75,8 @@ def _binary_column(values: list[bytes]) -> pa.Array:
 
 
 def image_moments(pixels: bytes) -> bytes:
-    """The per-channel mean and mean square of an image's uint8 RGB pixels: 6 float64 as bytes.
-
-    Sums of integers are exact in uint64, so each value is the correctly rounded quotient: the
-    same bytes for the same pixels on every worker, whichever version decoded them.
-    """
+    """The per-channel mean and mean square of an image's uint8 RGB pixels: 6 float64 as bytes, the same on
+    every worker (exact integer sums, correctly rounded quotients)."""
     flat = np.frombuffer(pixels, dtype=np.uint8).reshape(-1, features.CHANNELS)
     count = flat.shape[0]
     sums = flat.sum(axis=0, dtype=np.uint64)
@@ -114,11 +111,7 @@ def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
 
 
 class ToRecordBatches(beam.PTransform):
-    """Raw example dicts -> Arrow record batches of at most `max_batch_size` rows.
-
-    The cap bounds memory: a batch holds max_batch_size images, once as bytes
-    and once as floats inside the transform.
-    """
+    """Raw example dicts -> Arrow record batches of at most `max_batch_size` rows (which bounds memory)."""
 
     def __init__(self, max_batch_size: int):
         super().__init__()

@@ -19,7 +19,7 @@ from dataset_contract.cli_help import CommandParser
 def build_parser() -> CommandParser:
     parser = CommandParser(
         prog="python -m preprocess.verify",
-        description="Check every shard of a dataset directory against its manifest (dataset.json) and "
+        description="Check every shard of a dataset directory against its published manifest and "
         "every record against the dataset's schema. Exit status 0: all good; 1: problems (listed); "
         "2: no usable manifest.",
     )

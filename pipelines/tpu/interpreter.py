@@ -57,21 +57,26 @@ def install_commands(run_dir: str, sdist: str, base_python: str = sys.executable
     ]  # fmt: skip
 
 
+def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run) -> str:
+    """The python of `venv_dir`, reused when its marker names this sdist; else `commands` run first."""
+    python, marker = venv_python(run_dir, venv_dir), os.path.join(run_dir, venv_dir, INSTALLED_MARKER)
+    wanted = _sha256(sdist)
+    if os.path.exists(python) and os.path.exists(marker):
+        with open(marker) as handle:
+            if handle.read().strip() == wanted:
+                return python
+    for command in commands:
+        run(command, check=True)
+    with open(marker, "w") as handle:
+        handle.write(wanted + "\n")
+    return python
+
+
 def ensure_tpu_interpreter(
     run_dir: str, sdist: str, base_python: str = sys.executable, run=subprocess.run
 ) -> str:
     """The venv's python with `sdist[tpu]` installed: reused when it holds this sdist, (re)installed otherwise."""
-    marker = os.path.join(run_dir, VENV_DIR, INSTALLED_MARKER)
-    wanted = _sha256(sdist)
-    if os.path.exists(venv_python(run_dir)) and os.path.exists(marker):
-        with open(marker) as handle:
-            if handle.read().strip() == wanted:
-                return venv_python(run_dir)
-    for command in install_commands(run_dir, sdist, base_python):
-        run(command, check=True)
-    with open(marker, "w") as handle:
-        handle.write(wanted + "\n")
-    return venv_python(run_dir)
+    return _ensure_venv(run_dir, VENV_DIR, sdist, install_commands(run_dir, sdist, base_python), run)
 
 
 def jax_install_commands(run_dir: str, sdist: str, base_python: str = sys.executable) -> list[list[str]]:
@@ -86,15 +91,4 @@ def ensure_interpreter(
     """The training interpreter for `backend`, with `sdist` installed: reused when it holds this sdist."""
     if backend != JAX:
         return ensure_tpu_interpreter(run_dir, sdist, base_python, run)
-    python = venv_python(run_dir, JAX_VENV_DIR)
-    marker = os.path.join(run_dir, JAX_VENV_DIR, INSTALLED_MARKER)
-    wanted = _sha256(sdist)
-    if os.path.exists(python) and os.path.exists(marker):
-        with open(marker) as handle:
-            if handle.read().strip() == wanted:
-                return python
-    for command in jax_install_commands(run_dir, sdist, base_python):
-        run(command, check=True)
-    with open(marker, "w") as handle:
-        handle.write(wanted + "\n")
-    return python
+    return _ensure_venv(run_dir, JAX_VENV_DIR, sdist, jax_install_commands(run_dir, sdist, base_python), run)

@@ -48,13 +48,8 @@ def tpu_replicas(tpu: tpu_runtime.TpuType) -> int:
 
 
 def default_global_batch_size(model: str, image_size: int, tpu: tpu_runtime.TpuType) -> int:
-    """The global batch `python -m train` picks on `tpu` without --global-batch-size (train/device/device_defaults.py).
-
-    128 per replica for the ResNet-50-class models at 224x224, less for larger
-    images: 1024 on a v5litepod-8, 2048 on a v4-32, 8192 on a v5litepod-64.
-    The launch passes it explicitly, so the printed commands show the batch
-    that will train.
-    """
+    """The global batch `python -m train` picks on `tpu` without --global-batch-size (device_defaults.py: 1024
+    on a v5litepod-8), passed explicitly so that the printed commands show it."""
     per_replica = device_defaults.default_per_replica_batch(
         device_defaults.TPU, model, image_size
     ).per_replica
@@ -70,11 +65,8 @@ def pip_install_command(sdist_path: str) -> str:
 
 
 def install_command(package_uri: str, backend: str = TENSORFLOW) -> str:
-    """Copy the staged sdist from GCS and install it: the [tpu] extra (TensorFlow), or [tpu-jax] in JAX_VENV.
-
-    On JAX the image's Python 3.10 is too old for jax 0.10 and Keras 3.15: uv (from the registry, into the
-    ssh user's site) brings a managed Python 3.11 and makes the venv on it.
-    """
+    """Copy the staged sdist from GCS and install it: the [tpu] extra (TensorFlow), or [tpu-jax] in JAX_VENV
+    on a uv-managed Python 3.11."""
     if backend == JAX:
         steps = install_lines.tpu_jax_venv_commands("python3", REMOTE_PACKAGE, JAX_VENV, pip_user=True)
         install = " && ".join(shlex.join(step) for step in steps)
@@ -181,12 +173,8 @@ WORKER_NUMBER_URL = "http://${GCE_METADATA_IP:-metadata.google.internal}/compute
 
 
 def worker_status_lines(status_uri: str) -> str:
-    """start.sh's lines that give each JAX worker's supervisor its own status object.
-
-    Every worker of a JAX slice runs a supervisor: worker 0's writes MODEL_DIR/supervisor.json (the one
-    pipelines.tpu.restart watches), worker N's supervisor-worker-N.json beside it. Without an answer from
-    the metadata server every worker writes supervisor.json, as a single host does.
-    """
+    """start.sh's lines that give each JAX worker's supervisor its own status object (worker 0's:
+    supervisor.json, the one pipelines.tpu.restart watches; worker N's: supervisor-worker-N.json)."""
     per_worker = status_uri[: -len(".json")] + "-worker-"
     return (
         f'worker="$(curl -sf --max-time 10 -H Metadata-Flavor:Google "{WORKER_NUMBER_URL}")" || worker=""\n'
@@ -202,12 +190,8 @@ def start_script(
     tpu_argv: list[str] | tuple = (),
     backend: str = TENSORFLOW,
 ) -> str:
-    """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from ssh.
-
-    The launch runs it, and the VM's boot script (tpu_lifecycle.BOOT_SCRIPT) runs it again at every boot,
-    so it starts nothing when training ended for good (the supervisor's stopped file) or still runs.
-    On JAX the interpreter is JAX_VENV's.
-    """
+    """~/tf-image-pipeline/start.sh: start `python3 -m train TRAIN_ARGV` under the supervisor, detached from
+    ssh; run by the launch and at every boot, it starts nothing when training ended for good or still runs."""
     exports = " ".join(f"{name}={value}" for name, value in training_environment(multi_host, backend))
     argv = supervisor_argv(training_python(backend), train_argv, tpu_argv=tpu_argv)
     wait = f"{shlex.join(wait_argv)} || exit $?\n" if wait_argv else ""

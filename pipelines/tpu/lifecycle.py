@@ -106,11 +106,7 @@ def choose_lifecycle(
     single_client: bool | None = None,
 ) -> Lifecycle:
     """The creation choices for `tpu`; ValueError when Autocheckpoint is asked for where Cloud TPU has none.
-
-    `single_client`: one process, on worker 0, drives the slice (TensorFlow's TPUStrategy; the default for a
-    multi-host `tpu`). On JAX every worker's trainer holds its own chips, so Autocheckpoint's SIGTERM reaches
-    each of them, and they agree on the step to save at.
-    """
+    `single_client`: one process, on worker 0, drives the slice (TensorFlow's TPUStrategy)."""
     single_client = tpu.multi_host if single_client is None else single_client
     generation = tpu.generation.name
     supported = generation in AUTOCHECKPOINT_GENERATIONS
@@ -146,13 +142,8 @@ GCLOUD_COMPONENTS_DOC = "https://cloud.google.com/sdk/docs/components"
 
 
 def autocheckpoint_gcloud_problem(run=subprocess.run) -> str | None:
-    """None when this machine's gcloud creates TPUs with --autocheckpoint-enabled; else what to do, in words.
-
-    Only `gcloud alpha compute tpus tpu-vm create` has the flag (gcloud 528: not the GA or beta command).
-    Run without a terminal, a gcloud without its alpha component fails ("This prompt could not be answered
-    because you are not in an interactive session"), which would block the unattended restart loop at its
-    first create: so the launch and the loop ask first, before creating anything.
-    """
+    """None when this machine's gcloud creates TPUs with --autocheckpoint-enabled (the alpha command); else
+    what to do, in words, asked before anything is created."""
     argv = ["gcloud", "alpha", "compute", "tpus", "tpu-vm", "create", "--help"]
     try:
         result = run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)

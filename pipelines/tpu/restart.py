@@ -92,13 +92,8 @@ def recreate(spec: dict, delete_first: bool) -> bool:
 
 
 def relaunch(spec: dict, setup: bool) -> bool:
-    """On a TPU that exists: the launch commands again (start.sh starts no second supervisor where one runs).
-
-    With `setup` all of them (a launch that did not complete: a fresh disk needs the install, a slice's
-    workers their TPU servers); without, only the last, the supervised launch (on a single host with its
-    install): it never restarts a slice's TPU servers under a training whose status object merely went
-    quiet. When that launch fails, the next poll runs them all.
-    """
+    """On a TPU that exists: the launch commands again, all of them with `setup`, else only the supervised
+    launch (never a slice's TPU servers under a training that merely went quiet)."""
     commands = launch_commands(spec)
     return run_commands([shlex.split(command) for command in (commands if setup else commands[-1:])])
 

@@ -192,11 +192,8 @@ def choose_runtime(
     override: str | None = None,
     backend: str = TENSORFLOW,
 ) -> RuntimeChoice:
-    """The runtime for `accelerator_type` and `tensorflow_version` from RUNTIMES (or `override`).
-
-    ValueError for an unknown accelerator type (listing the known ones) or a
-    TensorFlow version the table has no row for.
-    """
+    """The runtime for `accelerator_type` and `tensorflow_version` from RUNTIMES (or `override`); ValueError
+    for an accelerator type or TensorFlow version the table has no row for."""
     tpu = parse_accelerator_type(accelerator_type)
     if override:
         return RuntimeChoice(tpu, tensorflow_version, override, entry=None, backend=backend)

@@ -84,8 +84,8 @@ class FailureBudget:
             f"stopped early: at least {at_least} of the {found} inputs found fail ({how}), more than "
             f"--max-failed-fraction {self._max:g} allows ({self._max * found:.0f}). Failed before decoding: "
             f"{before}. This worker decoded {self._attempts} of the {known[UNIQUE]} unique inputs and "
-            f"{sum(self._failures.values())} failed: {own}. Nothing was published (dataset.json is "
-            "unchanged). Fix the inputs (read access, the manifest's URIs), or re-run with a higher "
+            f"{sum(self._failures.values())} failed: {own}. Nothing was published (the published "
+            "dataset is unchanged). Fix the inputs (read access, the manifest's URIs), or re-run with a higher "
             "--max-failed-fraction if that many failures are expected."
         )
 

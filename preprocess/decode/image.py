@@ -19,8 +19,8 @@ FORMATS = (JPEG, PNG, GIF, BMP, WEBP)
 # never parsed by a decoder it was not meant for.
 _PIL_FORMAT = {JPEG: "JPEG", PNG: "PNG", GIF: "GIF", BMP: "BMP", WEBP: "WEBP"}
 
-_EXIF_ORIENTATION_TAG = 0x0112
-_TRANSPOSE_FOR_ORIENTATION = {
+EXIF_ORIENTATION_TAG = 0x0112
+TRANSPOSE_FOR_ORIENTATION = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
     4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -58,12 +58,8 @@ def sniff_format(data: bytes) -> str | None:
 def decode_image(
     data: bytes, *, target_size: int | None = None, method: str = geometry.CROP, max_pixels: int
 ) -> np.ndarray:
-    """Decode, orient and convert to RGB: a uint8 array of shape [height, width, 3].
-
-    With `target_size`, a JPEG may be decoded at 1/2, 1/4 or 1/8 scale (libjpeg
-    DCT scaling), never smaller than what resizing to `target_size` with
-    `method` needs. Raises `errors.ImageError` for unusable input.
-    """
+    """Decode, orient and convert to RGB: uint8 [height, width, 3]; with `target_size`, a JPEG may be decoded
+    at 1/2, 1/4 or 1/8 scale, never below what the resize needs. Raises `errors.ImageError`."""
     image, _ = _decode(data, target_size, method, max_pixels)
     return np.asarray(image)
 
@@ -77,24 +73,15 @@ def resize_image(image: np.ndarray, size: int, method: str) -> np.ndarray:
 
 
 def load_image(data: bytes, *, size: int, method: str, max_pixels: int) -> np.ndarray:
-    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError`.
-
-    `max_pixels` (width * height) is checked from the header, before any
-    pixel is decoded. PIL's own decompression-bomb guard also refuses, at
-    open, anything over 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 megapixels by
-    default) as TOO_MANY_PIXELS; raise that attribute to allow larger images.
-    """
+    """Bytes of an image file -> uint8 [size, size, 3]; raises `errors.ImageError` (`max_pixels` is checked
+    from the header, before any pixel is decoded)."""
     return load_image_and_source_size(data, size=size, method=method, max_pixels=max_pixels)[0]
 
 
 def load_image_and_source_size(
     data: bytes, *, size: int, method: str, max_pixels: int
 ) -> tuple[np.ndarray, tuple[int, int]]:
-    """As `load_image`, plus the upright source image's (width, height), from the same decode.
-
-    The source size feeds the manifest's `source_image_sizes` and, for
-    near-duplicates, which copy of a group `--near-duplicates drop` keeps.
-    """
+    """As `load_image`, plus the upright source image's (width, height), from the same decode."""
     image, (height, width) = _decode(data, size, method, max_pixels)
     # The geometry comes from the full-resolution size, not the DCT-scaled one
     # (whose sides are rounded up to whole pixels), so it is the same with or
@@ -114,18 +101,15 @@ def load_image_with_source(
 
 
 def exif_orientation(image: Image.Image) -> int:
-    """The EXIF orientation (1-8) of an opened image; 1 when absent or invalid.
-
-    Call it before `load()`: a PNG's eXIf chunk after the image data is then
-    not yet read, matching the serving parser, which stops at the image data.
-    """
+    """The EXIF orientation (1-8) of an opened image, read before `load()` as the serving parser reads it; 1
+    when absent or invalid."""
     raw = image.info.get("exif")
     if not raw:
         return 1
     exif = Image.Exif()
     try:
         exif.load(raw)
-        orientation = exif.get(_EXIF_ORIENTATION_TAG, 1)
+        orientation = exif.get(EXIF_ORIENTATION_TAG, 1)
     except Exception:  # noqa: BLE001 - broken metadata must not cost the image; treat as upright
         return 1
     return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
@@ -171,7 +155,7 @@ def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
     except Exception as error:  # noqa: BLE001 - decoders raise many types on bad data
         raise _decode_failure(error, image_format, data, header_hit_end=False) from None
 
-    transpose = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
+    transpose = TRANSPOSE_FOR_ORIENTATION.get(orientation)
     if transpose is not None:
         rgb = rgb.transpose(transpose)
     if orientation in _SWAPS_AXES:
@@ -217,13 +201,8 @@ def _resize_to_target(image: Image.Image, target_shape, size: int, method: str) 
 
 
 def _resize_crop_window(image: Image.Image, target_shape, size: int) -> np.ndarray:
-    """The centered size x size window of `image` resized to `target_shape`, without resizing the rest.
-
-    PIL's `box` resamples only the source region under the window, at the
-    scale of the whole resize, and its filter still reads the pixels around
-    the region, so the window's pixels are those of the whole resize (up to
-    float rounding) at the cost of the window alone.
-    """
+    """The centered size x size window of `image` resized to `target_shape`, resampling only the source
+    region under it (PIL's `box`): the whole resize's pixels at the cost of the window alone."""
     target_height, target_width = target_shape
     top, left = geometry.crop_offsets(target_height, target_width, size)
     scale_x = image.width / target_width

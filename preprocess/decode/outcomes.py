@@ -27,12 +27,8 @@ def skipped(item) -> tuple:
 
 
 def tally(outcome_counts) -> dict:
-    """(outcome, count) pairs -> finalize.build_manifest's num_found, num_duplicates, num_near_duplicates,
-    num_decoded, num_reused, failures, class_counts,
-    skipped_by_extension (files in class folders that are not images) and skipped_at_root.
-
-    An outcome nothing had is absent from the counts, and counts 0.
-    """
+    """(outcome, count) pairs -> finalize.build_manifest's counts (num_found, num_duplicates, failures,
+    class_counts, skipped_by_extension, ...); an outcome nothing had counts 0."""
     num_found = num_duplicates = num_near_duplicates = skipped_at_root = num_decoded = num_reused = 0
     failures, class_counts, skipped_by_extension = {}, [], {}
     for outcome, count in outcome_counts:

@@ -84,13 +84,8 @@ def read_batch_part(path: str):
 
 
 class SpillAndReload(beam.PTransform):
-    """Record batches -> the same record batches, via part files on disk.
-
-    The output is produced from the complete list of parts, so everything
-    downstream starts only after the input is fully written, and reads it
-    back in parallel, one part per element. `run_id` is the singleton of
-    preprocess.publish.runs.MakeRunId.
-    """
+    """Record batches -> the same record batches, via part files on disk, read back in parallel once all are
+    written. `run_id` is the singleton of preprocess.publish.runs.MakeRunId."""
 
     def __init__(self, split: str, output_dir: str, run_id, part_bytes: int = DEFAULT_PART_BYTES):
         super().__init__()

@@ -1,18 +1,5 @@
-"""The per-image step of the job: read, decode, orient, to RGB, resize.
-
-Turns each UniqueInput into a raw example for tf.Transform (the resized
-pixels as bytes plus label, hash, uri, split, and the source image's width
-and height) or into an error record with a reason. With `signatures`, the
-example also carries the perceptual signature of the decoded source image
-(near_duplicates/signature.py: not of the resized pixels, so that it does not
-depend on --image-size), the file's size and whether its split was
-given: what near-duplicate grouping needs, from the one decode. The file is read whole once, here, into one buffer of its size
-(reading.read_file_bytes; the decoder reads it in place): its sha256 is
-computed from the bytes that are decoded (content.py found duplicates by
-their MD5, from the listing where GCS gave one).
-Nothing an image can contain stops the job; a read that fails for a reason
-that may pass (reading.py) does, so that the runner retries it.
-"""
+"""The per-image step of the job: read, decode, orient, to RGB, resize; an error record with a reason for
+an image that cannot be used. Design notes: docs/internals.md."""
 
 import hashlib
 

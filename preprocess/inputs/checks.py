@@ -110,52 +110,28 @@ def _gcs_folder_has_image(folder: str) -> bool | None:
     return False
 
 
-def _local_tree(root: str):
-    """(class folders as (name, path), files at the root) of a local tree; InputError if there is none."""
-    if not os.path.exists(root):
+def _tree(root: str, gcs: bool):
+    """(class folders as (name, path), files at the root) of a tree; InputError if there is none."""
+    if not gcs and not os.path.exists(root):
         raise InputError(
             f"--input {root}: no such folder. Give a folder of class folders (ROOT/<class>/<image>) or a "
             "CSV/JSONL manifest (.csv, .jsonl)."
         )
-    if not os.path.isdir(root):
+    if not gcs and not os.path.isdir(root):
         raise InputError(
             f"--input {root} is a file but not a manifest: a manifest's name ends in .csv, .jsonl or .json; "
             "otherwise give a folder of class folders."
         )
-    folders, root_files = [], []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            if not inputs.is_input_name(entry.name):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                folders.append((entry.name, entry.path))
-            elif not entry.is_dir():
-                root_files.append(entry.name)
-    return sorted(folders), sorted(root_files)
-
-
-def _gcs_tree(root: str):
-    from preprocess.inputs.listing import _list_gcs_level  # noqa: PLC0415 - Beam
-
-    listing, prefix, bucket = _list_gcs_level(root)  # the job's own listing
-    root_files = [blob.name[len(prefix) :] for blob in listing if blob.name[len(prefix) :]]
-    folders = [
-        (folder[len(prefix) :].rstrip("/"), f"gs://{bucket}/{folder.rstrip('/')}")
-        for folder in sorted(listing.prefixes)
-    ]
-    folders = [(name, path) for name, path in folders if inputs.is_input_name(name)]
-    if not folders and not root_files:
+    folders, root_files = inputs.list_level(root)
+    if gcs and not folders and not root_files:
         raise InputError(f"--input {root}: no such folder, or nothing is in it")
-    return folders, sorted(name for name in root_files if inputs.is_input_name(name))
+    return folders, root_files
 
 
 def _tree_folders(root: str, gcs: bool):
-    """(folders, root files) of a tree, and {split: folder} for a pre-split tree (else {}).
-
-    A pre-split tree's class folders are those of its split folders, named `split/class` here; the
-    files directly in a split folder are counted with the root's.
-    """
-    folders, root_files = _gcs_tree(root) if gcs else _local_tree(root)
+    """(folders, root files) of a tree, and {split: folder} for a pre-split tree (else {}); a pre-split tree's
+    class folders are named `split/class`, its split folders' own files counted with the root's."""
+    folders, root_files = _tree(root, gcs)
     try:
         splits = inputs.tree_splits(name for name, _ in folders)
     except inputs.MixedTreeError as exc:
@@ -164,7 +140,7 @@ def _tree_folders(root: str, gcs: bool):
         return folders, root_files, {}
     class_folders, split_folders = [], {}
     for name, path in folders:
-        inner, files = _gcs_tree(path) if gcs else _local_tree(path)
+        inner, files = _tree(path, gcs)
         class_folders += [(f"{name}/{inner_name}", inner_path) for inner_name, inner_path in inner]
         root_files += [f"{name}/{file}" for file in files]
         split_folders.setdefault(splits[name], []).append(name)
@@ -343,12 +319,8 @@ _CHECKED: dict = {}
 def check_inputs(
     input_spec: str, output: str, labels=None, template: bool = False, output_flag: str = "--output"
 ) -> InputSurvey | None:
-    """Checks --input and --output before a job starts (module docstring); InputError says what is wrong.
-
-    A Dataflow template (`template`) may be built before its input exists:
-    then only the output's place is checked (None is returned). Checked once
-    per process for the same arguments, so its warnings are said once.
-    """
+    """Checks --input and --output before a job starts (once per process for the same arguments); InputError
+    says what is wrong. A template's input may not exist yet: only the output's place is checked (None)."""
     if "://" not in output:
         output = os.path.abspath(output)
     key = (input_spec, output.rstrip("/"), tuple(labels or ()), template)

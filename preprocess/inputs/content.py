@@ -45,12 +45,8 @@ class UniqueInput:
 
 
 def _digest_or_error(read, record: InputRecord):
-    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for an
-    unreadable, too large or empty file.
-
-    Only a deterministic read failure (reading.py) becomes an ErrorRecord;
-    anything else is raised, so that the runner retries the bundle.
-    """
+    """((digest, size), None) from `read(record)` -> (digest, size); (None, ErrorRecord) for a deterministic
+    read failure (unreadable, too large, empty); anything else is raised, for the runner to retry."""
     try:
         digest, size = read(record)
     except errors.ImageError as exc:
@@ -61,14 +57,8 @@ def _digest_or_error(read, record: InputRecord):
 
 
 class KeyContentFn(beam.DoFn):
-    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or
-    too large files -> 'errors'.
-
-    The key is the file's MD5 (reading.content_key): from the listing where
-    it gave one, else from the object's metadata, else read and hashed. A
-    file over `max_file_bytes` is never read. A record whose split the
-    manifest does not name gets the split of its key.
-    """
+    """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or too large
+    files -> 'errors'. A record whose split the manifest does not name gets its key's."""
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
         self._fractions = fractions
@@ -107,13 +97,8 @@ class KeyContentFn(beam.DoFn):
 
 
 class HashContentFn(beam.DoFn):
-    """InputRecord -> (sha256, InputRecord) of the whole file; empty, unreadable or too large files -> 'errors'.
-
-    For the files whose content key is shared (a file can change or vanish
-    between the two reads, hence the same checks). Each bundle's count of
-    files hashed goes into the `hashed_in_full_per_bundle` distribution: how
-    evenly the copies of hot keys were spread.
-    """
+    """InputRecord -> (sha256, InputRecord) of the whole file, for the files whose content key is shared;
+    empty, unreadable or too large files -> 'errors'."""
 
     def __init__(self, max_file_bytes: int | None = None):
         self._max_file_bytes = max_file_bytes
@@ -142,11 +127,8 @@ class HashContentFn(beam.DoFn):
 
 
 def assign_split(key: str, fractions: dict[str, float]) -> str:
-    """The split of an image, from its content key alone (a hex sha256 digest).
-
-    The first 64 bits of the key are a uniform number in [0, 1); the split is
-    the bucket of the cumulative fractions it falls in, in SPLITS order.
-    """
+    """The split of an image from its content key alone: the first 64 bits as a uniform number in [0, 1),
+    bucketed by the cumulative fractions in SPLITS order."""
     point = int(key[:16], 16) / float(1 << 64)
     cumulative = 0.0
     last = None
@@ -169,12 +151,8 @@ NAMED_LABELS = 20
 
 @dataclasses.dataclass(frozen=True)
 class ContentCopies:
-    """What is known about all copies of one content hash, in space bounded whatever their number.
-
-    `first` holds the NAMED_COPIES + 1 copies with the smallest URIs (sorted),
-    so that any copy can name NAMED_COPIES others; `labels` the smallest
-    NAMED_LABELS distinct labels, `more_labels` whether there were others.
-    """
+    """What is known about all copies of one content hash, in bounded space: the NAMED_COPIES + 1 smallest
+    URIs (`first`), the NAMED_LABELS smallest labels, and whether there were more (`more_labels`)."""
 
     count: int
     first: tuple[InputRecord, ...]
@@ -205,12 +183,8 @@ def _copy_order(record: InputRecord) -> tuple[str, str, str]:
 
 
 class CountCopiesFn(beam.CombineFn):
-    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size.
-
-    A scraped corpus can hold a million copies of one placeholder image; the
-    combiner is lifted, so they are counted where they are hashed, and no
-    worker ever holds more than a few of them.
-    """
+    """InputRecords of one hash -> ContentCopies: O(1) per copy, an accumulator of bounded size (a lifted
+    combiner: copies are counted where they are hashed)."""
 
     def create_accumulator(self):
         return ContentCopies(0, (), ())
@@ -248,19 +222,8 @@ _DECISION = 1
 
 
 class ResolveDuplicatesFn(beam.DoFn):
-    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or errors.
-
-    The copies come with their splits (KeyContentFn); the kept copy's is the image's.
-
-    Copies under one label are one image: the copy with the smallest URI is
-    kept and the rest are counted as duplicates. Copies under different
-    labels are a labelling mistake that no rule can settle: every copy
-    becomes a CONFLICTING_LABELS error. Each copy's fate follows from the
-    per-hash decision (a ContentCopies) alone, so the group is read twice,
-    for the decision and then copy by copy, and never held: O(N) for N copies.
-    A group-by's values may be iterated again; on Dataflow they are read from
-    the shuffle as they are consumed.
-    """
+    """(sha256, [(tag, copy or decision), ...]) -> one UniqueInput, duplicates, or CONFLICTING_LABELS errors;
+    the group is read twice (decision, then copy by copy) and never held."""
 
     def __init__(self):
         self._duplicates = Metrics.counter("preprocess", "duplicates")
@@ -298,14 +261,8 @@ class ResolveDuplicatesFn(beam.DoFn):
 
 
 class ResolveDuplicates(beam.PTransform):
-    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs.
-
-    Two passes instead of one group of all copies: a lifted combine decides
-    per hash (which copy is kept, whether labels conflict), then the decision
-    and the copies are grouped under the hash and each copy goes past the
-    decision. (Not a CoGroupByKey: Beam's Python one copies each side of a
-    group into a list, which for a hot hash is every copy at once.)
-    """
+    """(sha256, InputRecord) pairs -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs: a lifted
+    combine decides per hash, then each copy goes past the decision."""
 
     def expand(self, hashed):
         copies = hashed | "CountCopies" >> beam.CombinePerKey(CountCopiesFn())
@@ -328,11 +285,8 @@ def _with_decisions(keyed, decisions):
 
 
 class SeparateSharedKeysFn(beam.DoFn):
-    """(content key, [(tag, copy or count), ...]) -> a UniqueInput, or every copy on 'shared'.
-
-    A key seen once is an image with no copy. The copies under a shared key
-    are streamed past its count, never held, and hashed in full downstream.
-    """
+    """(content key, [(tag, copy or count), ...]) -> a UniqueInput for a key seen once, else every copy on
+    'shared' (streamed past the count, never held)."""
 
     def process(self, element):
         _, tagged = element

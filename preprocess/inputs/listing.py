@@ -23,12 +23,15 @@ from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's
     ManifestLayout,
     MixedTreeError,
     SkippedFile,
+    _list_gcs_level,
+    _split_gcs,
     detect_manifest_layout,
     extension_of,
     filter_labels,
     input_kind,
     is_image_name,
     is_input_name,
+    list_level,
     parse_manifest_line,
     parse_manifest_rows,
     split_name,
@@ -46,54 +49,9 @@ def _gcs_client(uri: str):
     return filesystem.gcs_io(uri).client
 
 
-def _split_gcs(uri: str) -> tuple[str, str]:
-    bucket, _, name = uri[len(_GCS_PREFIX) :].partition("/")
-    return bucket, name
-
-
-_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
-
-
-def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
-    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/.
-
-    One listing with delimiter "/": objects directly below come as its items,
-    deeper ones only as the prefix of their subfolder (`.prefixes`, complete
-    once every item has been consumed). Pages of 1,000 are fetched as the
-    items are consumed, with the client's retries for each request. `start`
-    and `end` (names below the folder) bound it to [start, end): GCS's
-    `startOffset`/`endOffset`.
-    """
-    bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
-    listing = _gcs_client(folder).list_blobs(
-        bucket,
-        prefix=prefix,
-        delimiter="/",
-        start_offset=prefix + start if start else None,
-        end_offset=prefix + end if end else None,
-        page_size=page_size,
-        fields=_LEVEL_FIELDS,
-    )
-    return listing, prefix, bucket
-
-
 def _top_folders(root: str):
     """(name, folder uri) for every folder directly below `root`, hidden ones left out."""
-    root = root.rstrip("/")
-    if root.startswith(_GCS_PREFIX):
-        listing, prefix, bucket = _list_gcs_level(root)
-        for _ in listing:  # files directly below the root: list_root_files's, but the listing must pass them
-            pass
-        for folder in sorted(listing.prefixes):
-            name = folder[len(prefix) :].rstrip("/")
-            if is_input_name(name):
-                yield name, f"{_GCS_PREFIX}{bucket}/{folder.rstrip('/')}"
-        return
-    with os.scandir(root) as entries:
-        for entry in entries:
-            # Not through a symlink, as Beam's local match (os.walk) never followed one either.
-            if entry.is_dir(follow_symlinks=False) and is_input_name(entry.name):
-                yield entry.name, os.path.join(root, entry.name)
+    return list_level(root)[0]
 
 
 def tree_roots(root: str) -> list[tuple[str | None, str]]:
@@ -115,11 +73,8 @@ class ClassFolder(NamedTuple):
 
 
 def list_class_folders(root: str):
-    """A ClassFolder for every class folder of the tree at `root`, in no particular order: the folders
-    directly below it, or below each of its split folders (a pre-split tree: one per split and class).
-
-    As many elements as classes (times splits): small next to the files, whatever the corpus.
-    """
+    """A ClassFolder for every class folder of the tree at `root` (below it, or below each split folder of a
+    pre-split tree), in no particular order."""
     for split, top in tree_roots(root):
         for name, folder in _top_folders(top):
             yield ClassFolder(name, folder, split)
@@ -135,27 +90,18 @@ def list_root_files(root: str):
         roots = []  # said by list_class_folders
     tops += [folder for split, folder in roots if split is not None]
     for top in tops:
-        if top.startswith(_GCS_PREFIX):
-            listing, prefix, bucket = _list_gcs_level(top)
-            for blob in listing:
-                name = blob.name[len(prefix) :]
-                if is_input_name(name):
-                    yield SkippedFile(f"{_GCS_PREFIX}{bucket}/{blob.name}", extension_of(name), at_root=True)
-            continue
-        with os.scandir(top) as entries:
-            for entry in entries:
-                if is_input_name(entry.name) and not entry.is_dir():
-                    yield SkippedFile(os.path.join(top, entry.name), extension_of(entry.name), at_root=True)
+        for name in list_level(top)[1]:
+            yield SkippedFile(
+                f"{top}/{name}" if top.startswith(_GCS_PREFIX) else os.path.join(top, name),
+                extension_of(name),
+                at_root=True,
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class ListingRange:
     """The files of one class folder whose names (below the folder) sort in [start, end); None: unbounded.
-
-    A folder's ranges run from None to None, each starting where the one
-    before ends, so together they hold every file once, whatever the
-    boundaries are (plan_listing_ranges).
-    """
+    A folder's ranges, end to end, hold every file once, whatever the boundaries."""
 
     label: str
     folder: str
@@ -184,16 +130,8 @@ _LOCAL_SAMPLE_NAMES = 1024
 
 
 def plan_listing_ranges(class_folder: tuple[str, str], split_above: int = SPLIT_LISTING_ABOVE, ranges=None):
-    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several.
-
-    Ranges of similar numbers of names, whatever the names look like. On GCS
-    the boundaries come from counting pages of names by their prefixes,
-    without listing the folder (preprocess/inputs/listing_plan.py: a few hundred
-    requests for 5M names). Locally the directory is read once, names
-    sampled, and the boundaries placed at the sample's quantiles. Any
-    boundaries give the same files in all (ListingRange); these give ranges
-    of at most about twice the ideal (tests/preprocess/inputs/test_listing_plan.py).
-    """
+    """The ListingRanges of one class folder: one for a folder of up to `split_above` files, else several of
+    similar numbers of names (on GCS from counting pages by prefix: listing_plan.py)."""
     label, folder, split = ClassFolder(*class_folder)
     if folder.startswith(_GCS_PREFIX):
         listing, _, _ = _list_gcs_level(folder, page_size=min(split_above + 1, 1000))
@@ -283,13 +221,8 @@ def _list_local_subtree(folder: str, label: str, split: str | None = None):
 
 
 def list_range(listing_range: ListingRange):
-    """The files of a class folder within one name range: InputRecord (with its size) for each image,
-    SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class.
-
-    Streamed as it is listed: memory stays flat however many files the
-    range holds (one page of names on GCS, one directory-entry buffer
-    locally).
-    """
+    """The files of a class folder within one name range, streamed: InputRecord (with its size) for each
+    image, SkippedFile for any other file; a sub-folder in the range is listed whole, its images in the class."""
     label, folder, split = listing_range.label, listing_range.folder, listing_range.split
     _RANGES_LISTED.inc()
     if folder.startswith(_GCS_PREFIX):
@@ -386,18 +319,8 @@ def _in_mixed_order(group):
 
 
 class MixClasses(beam.PTransform):
-    """Records -> the same records, spread over the workers and with the classes mixed.
-
-    Listings come grouped by class (folders, or manifests written class by
-    class). On Dataflow the group-by below spreads them over the workers and
-    its output order is arbitrary anyway; but a local runner keeps the order
-    of its input all the way into the shards (its group-by emits keys in the
-    order they first arrive), and shards each holding one class would have to
-    be undone by a reader's shuffle buffer. So each record goes into one of
-    about N / MIX_GROUP_SIZE groups by a hash of its URI, and each group comes
-    out sorted by that hash: every group holds a pseudo-random handful of the
-    whole listing, whatever order it arrived in, and no group grows with N.
-    """
+    """Records -> the same records, spread over the workers and with the classes mixed (groups by a hash of
+    the URI, each sorted by it), so that a local run's shards do not each hold one class."""
 
     def expand(self, records):
         num_records = records | "CountRecords" >> beam.combiners.Count.Globally()
@@ -425,14 +348,8 @@ def _route(item):
 
 
 class ListInputs(beam.PTransform):
-    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord (tagged 'errors') and
-    SkippedFile (tagged 'skipped').
-
-    The listing runs inside the pipeline, so a Dataflow job lists the bucket on
-    its workers, not in the launcher, and a template stays valid as the bucket
-    changes. `layout`: a CSV manifest's columns (detect_manifest_layout), found
-    by the launcher; None: read from the manifest's first line now, if it is there.
-    """
+    """Input spec -> PCollection of InputRecord (mixed, spread), ErrorRecord ('errors') and SkippedFile
+    ('skipped'), listed on the workers. `layout`: a CSV manifest's columns (None: read from its first line)."""
 
     def __init__(
         self,

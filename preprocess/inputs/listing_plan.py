@@ -135,12 +135,8 @@ def _leaves(node: _Node):
 
 
 def plan_boundaries(page_of, target: int, page: int = 1000, max_requests: int = 2048) -> list[str]:
-    """Range starts that split a folder's names into ranges of about total/`target` names each.
-
-    `page_of(start, end, limit)`: (up to `limit` names in [start, end), sorted;
-    whether there are more), names relative to the folder; `end` None is
-    unbounded. At most `max_requests` calls of it.
-    """
+    """Range starts that split a folder's names into ranges of about total/`target` names each, with at most
+    `max_requests` calls of `page_of(start, end, limit)` -> (sorted names in [start, end), more?)."""
     counter = _Counter(page_of, page, max_requests)
     root = _Node("", 0, True)
     total = _measure(counter, root)

@@ -96,12 +96,8 @@ def md5_hex(md5_base64: str | None) -> str | None:
 
 
 def size_and_md5(uri: str) -> tuple[int, str | None]:
-    """(size in bytes, MD5 hex digest or None) of a file without reading it: on GCS one metadata
-    request (None: a composite object), locally a stat (None: not known without reading).
-
-    For inputs whose size the listing did not give (a manifest's rows).
-    Failures as for `read_file_bytes`.
-    """
+    """(size in bytes, MD5 hex digest or None) of a file without reading it: on GCS one metadata request,
+    locally a stat. Failures as for `read_file_bytes`."""
     with _unreadable_if_deterministic():
         if _is_gcs(uri):
             blob, retry = _gcs_blob(uri)
@@ -114,15 +110,8 @@ def size_and_md5(uri: str) -> tuple[int, str | None]:
 
 
 def read_file_bytes(uri: str, max_bytes: int | None = None, size: int | None = None) -> bytearray | bytes:
-    """The whole file; ImageError(TOO_LARGE) past `max_bytes` (read no further), ImageError(UNREADABLE)
-    for a deterministic failure, else the failure itself.
-
-    Its memory is its size, about once: a GCS object is streamed into one
-    bytearray, made at `size` (the size the listing gave) where known (a
-    `bytes` download would be joined from its parts, and requests joins the
-    response body once more: twice the size at the peak); a local file is
-    read by one read() of its size.
-    """
+    """The whole file, read into one buffer of its size; ImageError(TOO_LARGE) past `max_bytes` (read no
+    further), ImageError(UNREADABLE) for a deterministic failure, else the failure itself."""
     limit = None if max_bytes is None else max_bytes + 1
     with _unreadable_if_deterministic():
         if _is_gcs(uri):
@@ -228,16 +217,9 @@ def _local_chunks(uri: str, limit: int | None):
 def content_key(
     uri: str, size: int | None = None, md5: str | None = None, max_bytes: int | None = None
 ) -> tuple[str, int]:
-    """(content key, size in bytes) of a file: `key_of_md5` of the MD5 of all its bytes.
-
-    Two files with the same bytes have the same key, so a key seen once is
-    an image with no copy (content.py hashes the files that share a key in
-    full with SHA-256, which settles a crafted MD5 collision too). `size` and
-    `md5`: what the listing gave, if anything; with both, nothing is read.
-    Else, on GCS, the object's metadata is asked for, and a composite
-    object (no MD5) is downloaded and hashed; a local file is read and
-    hashed. Failures as for `read_file_bytes`.
-    """
+    """(content key, size in bytes) of a file: `key_of_md5` of the MD5 of all its bytes, from the listing's
+    `size` and `md5` when given (nothing read), else the object's metadata or the bytes. Failures as for
+    `read_file_bytes`."""
     if md5 is None or size is None:
         if _is_gcs(uri) and size is None:
             # A manifest's row: its metadata has the MD5 (unless composite). A listed object without
@@ -249,10 +231,6 @@ def content_key(
 
 
 def key_of_md5(md5: str) -> str:
-    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest.
-
-    The split is taken from the key's first 64 bits (content.assign_split);
-    hashing the MD5 once more keeps that a uniform number while the key
-    stays a function of the file's bytes alone, the same wherever they are.
-    """
+    """The content key of a file whose MD5 (hex) is `md5`: the SHA-256 (hex) of that hex digest (a uniform
+    number for the split, a function of the bytes alone)."""
     return hashlib.sha256(md5.encode("ascii")).hexdigest()

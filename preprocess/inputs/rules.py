@@ -1,4 +1,5 @@
-"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, without Beam."""
+"""Which files are inputs and how a manifest's rows read: the rules of stage 1's listing, and the listing of
+one folder level (Beam imported only for gs://)."""
 
 import csv
 import dataclasses
@@ -118,12 +119,8 @@ class MixedTreeError(ValueError):
 
 
 def tree_splits(folder_names) -> dict[str, str] | None:
-    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree.
-
-    A tree is pre-split when every top folder names a split (SPLIT_FOLDER_NAMES); MixedTreeError when
-    only some do, because either reading of it would be wrong: the split folders taken as classes (a
-    class `train` holding every class's images), or the class folders left out.
-    """
+    """{top folder name: split} for a pre-split tree, None for a class-per-folder tree; MixedTreeError when
+    only some top folders name a split."""
     names = sorted(folder_names)
     splits = {name: split_name(name) for name in names if name.lower() in SPLIT_FOLDER_NAMES}
     if not splits:
@@ -143,12 +140,8 @@ def tree_splits(folder_names) -> dict[str, str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class ManifestLayout:
-    """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one.
-
-    Found from the manifest's first row (`detect_manifest_layout`) when the
-    job is built, so that every worker, whichever part of the file it reads,
-    parses rows alike and passes over the header.
-    """
+    """Where a CSV manifest's uri, label and split are: column indexes, and its header row, if it has one
+    (found once, when the job is built, so that every worker parses rows alike)."""
 
     uri: int = 0
     label: int = 1
@@ -170,13 +163,8 @@ def _is_integer(text: str) -> bool:
 
 
 def detect_manifest_layout(first_line: str | None, kind: str) -> ManifestLayout:
-    """The layout of a manifest whose first line is `first_line` (None: unknown yet, e.g. a template's).
-
-    A header names the columns (URI_COLUMNS, LABEL_COLUMNS, SPLIT_COLUMNS, any
-    order, any case; other columns, such as pandas' unnamed index, ignored).
-    Without a header the columns are uri,label[,split], after an integer index
-    column if the first row starts with one and has a column to spare.
-    """
+    """The layout of a manifest whose first line is `first_line` (None: unknown yet): a header's named
+    columns (any order, any case), else uri,label[,split], after an integer index column if there is one."""
     if kind != CSV or not first_line:
         return ManifestLayout()
     cells = [cell.strip().lower() for cell in next(csv.reader([first_line.removeprefix("\ufeff")]), [])]
@@ -307,3 +295,46 @@ def filter_labels(items, allowed_labels):
             )
         else:
             yield item
+
+
+def _split_gcs(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    return bucket, name
+
+
+_LEVEL_FIELDS = "items(name,size,md5Hash),prefixes,nextPageToken"
+
+
+def _list_gcs_level(folder: str, start: str | None = None, end: str | None = None, page_size=None):
+    """(lazy listing, folder prefix, bucket) of the level directly below gs://bucket/folder/ (delimiter "/"),
+    bounded to [start, end) by GCS's startOffset/endOffset."""
+    bucket, prefix = _split_gcs(folder.rstrip("/") + "/")
+    from preprocess import filesystem  # noqa: PLC0415 - Beam, only for gs://
+
+    listing = filesystem.gcs_io(folder).client.list_blobs(
+        bucket,
+        prefix=prefix,
+        delimiter="/",
+        start_offset=prefix + start if start else None,
+        end_offset=prefix + end if end else None,
+        page_size=page_size,
+        fields=_LEVEL_FIELDS,
+    )
+    return listing, prefix, bucket
+
+
+def list_level(folder: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(sorted (name, path) of the folders, sorted names of the files) directly below `folder`, hidden names
+    and OS debris left out; locally not through a symlink, as Beam's local match (os.walk) never was."""
+    if folder.startswith("gs://"):
+        folder = folder.rstrip("/")
+        listing, prefix, _ = _list_gcs_level(folder)
+        files = [blob.name[len(prefix) :] for blob in listing]  # consumed first: `prefixes` is then complete
+        folders = [(name[len(prefix) :].rstrip("/"), None) for name in listing.prefixes]
+        folders = [(name, f"{folder}/{name}") for name, _ in folders]
+    else:
+        with os.scandir(folder) as scanned:
+            entries = list(scanned)
+        folders = [(entry.name, entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+        files = [entry.name for entry in entries if not entry.is_dir()]
+    return sorted(item for item in folders if is_input_name(item[0])), sorted(filter(is_input_name, files))

@@ -1,13 +1,8 @@
 """Look at a dataset directory: the manifest as a readable summary, and a contact sheet of its images.
 
-    python -m preprocess.inspect /tmp/run/dataset
-    python -m preprocess.inspect gs://BUCKET/run/dataset --split validation --per-class 12 \\
-        --out gs://BUCKET/run/contact_sheet_validation.png
-
-    python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
-
-    python -m preprocess.inspect /tmp/run/dataset --diff            # what changed since the version before
-    python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50
+python -m preprocess.inspect gs://BUCKET/run/dataset --split validation --per-class 12 --out sheet.png
+python -m preprocess.inspect /tmp/run/dataset --report /tmp/run/report.html --max-groups 50
+python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50
 """
 
 from __future__ import annotations
@@ -90,11 +85,8 @@ def sample_examples(
     labels: list[int] | None = None,
     max_bytes: int = 512 << 20,
 ) -> Sample:
-    """The first `per_class` examples of each of `labels` (default: all) in `split`'s shards.
-
-    Stops as soon as every class has what the split can give it (the
-    manifest's count, at most `per_class`) or after `max_bytes` of records.
-    """
+    """The first `per_class` examples of each of `labels` (default: all) in `split`'s shards, stopping once
+    every class has what the split can give it or after `max_bytes` of records."""
     import tensorflow as tf  # noqa: PLC0415 - after the flags (module docstring)
 
     from dataset_contract import verification  # noqa: PLC0415
@@ -433,14 +425,10 @@ def print_diff(args, data_dir: str):
 
     try:
         old, new = diff.choose_versions(data_dir, args.diff or None)
+        changes = diff.diff_versions(data_dir, old, new, args.limit)
     except diff.DiffRefused as exc:
         print(f"{build_parser().prog}: {exc}", file=sys.stderr)
         return 2, None
-    except diff.VersionUnreadable as exc:
-        print(f"cannot compare: {exc}", file=sys.stderr)
-        return 1, None
-    try:
-        changes = diff.diff_versions(data_dir, old, new, args.limit)
     except diff.VersionUnreadable as exc:
         print(f"cannot compare: {exc}", file=sys.stderr)
         return 1, None

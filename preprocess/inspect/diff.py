@@ -1,14 +1,5 @@
-"""What changed between two published versions of a dataset directory (`python -m preprocess.inspect DIR --diff`).
-
-    python -m preprocess.inspect /tmp/run/dataset --diff              # the newest against the version before it
-    python -m preprocess.inspect /tmp/run/dataset --diff RUN --limit 50   # the newest against run RUN's version
-
-An image is the same image in two versions when its `sha256` (of its source
-file's bytes) is; what a version says of it (uri, class name, split) is read
-from its ledger (preprocess/reuse/ledger.py, a JSON line per image), or from
-its shards' records for a version written before ledgers. Design notes:
-docs/internals.md.
-"""
+"""What changed between two published versions of a dataset directory (`python -m preprocess.inspect DIR
+--diff [RUN] [--limit N]`): images matched by sha256, as each version's ledger (or shards) says them."""
 
 import concurrent.futures
 import dataclasses

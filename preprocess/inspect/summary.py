@@ -50,31 +50,19 @@ def _class_table(manifest: dict) -> list[str]:
         shown = sorted(labels, key=lambda name: (counts[first].get(name, 0), name))[: _MAX_CLASS_ROWS // 2]
     name_width = max([len("class"), len("total"), *(len(name) for name in shown)])
     widths = [max(len(split), 7) for split in splits]
-    header = "class".ljust(name_width) + "".join(
-        f"  {split:>{width}}" for split, width in zip(splits, widths, strict=True)
-    )
-    rows = [header]
-    for name in shown:
-        rows.append(
-            name.ljust(name_width)
-            + "".join(
-                f"  {counts[split].get(name, 0):>{width}}"
-                for split, width in zip(splits, widths, strict=True)
-            )
-        )
+
+    def row(name, values) -> str:
+        return name.ljust(name_width) + "".join(f"  {v:>{w}}" for v, w in zip(values, widths, strict=True))
+
+    rows = [row("class", splits)]
+    rows += [row(name, [counts[split].get(name, 0) for split in splits]) for name in shown]
     if len(shown) < len(labels):
         per_class = [counts[first].get(name, 0) for name in labels]
         rows.append(
             f"... {len(labels) - len(shown)} more classes ({first} per class: min {min(per_class)}, "
             f"median {statistics.median(per_class):g}, max {max(per_class)})"
         )
-    rows.append(
-        "total".ljust(name_width)
-        + "".join(
-            f"  {manifest['splits'][split]['num_examples']:>{width}}"
-            for split, width in zip(splits, widths, strict=True)
-        )
-    )
+    rows.append(row("total", [manifest["splits"][split]["num_examples"] for split in splits]))
     return rows
 
 

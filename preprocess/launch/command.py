@@ -1,14 +1,9 @@
-"""`python -m preprocess`: parse the flags once, check the inputs once, run, and end with one exit code.
-
-Exit codes: 0 done (also: superseded by a newer run, before or after publishing: docs/cloud.md); 2 a
-user's mistake or the input's fault (said in a few lines, no traceback); 1 a launcher Python the worker
-image cannot load, or an error of the code (with its traceback); 130 Ctrl-C (a Dataflow job goes on,
-and the message says how to cancel it).
-"""
+"""`python -m preprocess`: parse the flags once, check the inputs once, run, and end with one exit code:
+0 done (or superseded), 2 a user's mistake or the input's fault, 1 an error of the code, 130 Ctrl-C."""
 
 import sys
 
-from dataset_contract import log_format
+from dataset_contract import log_format, native_logs
 from preprocess import options
 from preprocess.inputs import checks as input_checks
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
@@ -55,16 +50,6 @@ def main(argv=None) -> None:
         exit_without_teardown(130)
 
 
-def import_tensorflow_quietly(enabled: bool = True) -> None:
-    """Import TensorFlow, its devices probed, with its native start-up lines filtered (native_logs.py)."""
-    from dataset_contract import native_logs  # noqa: PLC0415
-
-    with native_logs.filtered_native_stderr(enabled=enabled):
-        import tensorflow as tf  # noqa: PLC0415 - only where the job runs here
-
-        tf.config.list_physical_devices()  # the CUDA probe ("failed call to cuInit") runs here
-
-
 def _run_and_report(config, beam_args: list[str]) -> None:
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
@@ -78,7 +63,7 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         fault_logs.quiet_input_faults()
     if local:
         # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
-        import_tensorflow_quietly(enabled=not config.verbose)
+        native_logs.import_tensorflow_quietly(config.verbose)
     from preprocess.errors import INPUT_FAULTS  # noqa: PLC0415
     from preprocess.inspect.summary import format_summary, read_error_examples  # noqa: PLC0415
     from preprocess.launch import job_record, launcher  # noqa: PLC0415 - TensorFlow, Beam

@@ -36,11 +36,8 @@ def is_remote_job(result) -> bool:
 
 
 def is_finished(result) -> bool:
-    """Whether the job of `result` has ended (DONE, FAILED, CANCELLED, UPDATED, DRAINED).
-
-    None (no job was started) counts as ended; so does a job this process
-    ran itself: it cannot outlive the launcher.
-    """
+    """Whether the job of `result` has ended (DONE, FAILED, CANCELLED, UPDATED, DRAINED); None (no job) and a
+    job this process ran itself count as ended."""
     if not is_remote_job(result):
         return True
     try:
@@ -64,11 +61,8 @@ def continues_message(result, options: PipelineOptions) -> str:
 
 
 def fingerprint(config: dict, beam_args: list[str]) -> str:
-    """A digest of what the job is asked to do: its settings and the flags it hands to Beam.
-
-    Two launches with the same fingerprint are one request made twice (a
-    retry); anything that changes the output changes the fingerprint.
-    """
+    """A digest of what the job is asked to do (its settings and Beam flags): two launches with the same one
+    are one request made twice."""
     request = {"config": config, "beam_args": sorted(beam_args)}
     return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
@@ -104,11 +98,8 @@ def _without_identity_args(beam_args: list[str]) -> list[str]:
 def set_job_identity(
     options: PipelineOptions, output_dir: str, config: dict, beam_args: list[str], ids: dict
 ):
-    """Gives a Dataflow job its stable name (unless --job_name was given) and its run's labels.
-
-    `config`: the job's settings without what changes at every launch (the
-    build id); `ids`: {label: value} (run id, build id). Returns the job name.
-    """
+    """Gives a Dataflow job its stable name (unless --job_name was given) from `config` (without the build
+    id) and its run's labels `ids`; returns the job name."""
     cloud = options.view_as(GoogleCloudOptions)
     if not cloud.job_name or cloud.job_name.startswith("beamapp-"):
         cloud.job_name = stable_job_name(output_dir, config, beam_args)
@@ -150,11 +141,8 @@ class _AttachedRunner:
 
 
 def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=None):
-    """(PipelineResult of the running job that holds this job's name, its labels).
-
-    `exc`: Dataflow's refusal, which names the job's id; `client`: a Dataflow
-    application client (made from the options when None).
-    """
+    """(PipelineResult of the running job that holds this job's name, its labels), from Dataflow's refusal
+    `exc`, which names the job's id; `client`: a Dataflow client (None: made from the options)."""
     client = client or _application_client(options)
     found = _ALREADY_EXISTS_ID.search(str(exc))
     job_id = found.group(1) if found else client.job_id_for_name(options.view_as(GoogleCloudOptions).job_name)

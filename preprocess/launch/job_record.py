@@ -10,10 +10,9 @@ import re
 import time
 from collections.abc import Callable
 
-from apache_beam.io.filesystems import FileSystems
-
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
+from preprocess.publish import store as dataset_store
 
 LAUNCHES_DIR = "launches"
 # How long a recorded launch may take to get its job id from Dataflow (staging the package and the
@@ -25,6 +24,8 @@ ATTACH = "attach"
 # Dataflow's job states after which a job does nothing more (JOB_STATE_*).
 _ENDED = {"DONE", "FAILED", "CANCELLED", "UPDATED", "DRAINED"}
 _RECORD = re.compile(r"(?P<request>[0-9a-f]+)\.(?P<attempt>\d{4,})(?P<job>\.job)?\.json")
+
+_FIELDS = ("job_name", "run_id", "build_id", "created_at")  # a record's content
 
 log = logging.getLogger(__name__)
 
@@ -58,37 +59,18 @@ class JobRecord:
         return (datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()
 
 
+def _record_name(request: str, attempt: int, job: bool = False) -> str:
+    return f"{LAUNCHES_DIR}/{request}.{attempt:04d}{'.job' if job else ''}.json"
+
+
 def record_path(output_dir: str, request: str, attempt: int, job: bool = False) -> str:
-    return manifest_lib.join(output_dir, LAUNCHES_DIR, f"{request}.{attempt:04d}{'.job' if job else ''}.json")
+    return manifest_lib.join(output_dir, _record_name(request, attempt, job))
 
 
-def create_if_absent(path: str, data: bytes) -> bool:
-    """Create `path` holding `data` only if no object or file has that name; True if this call made it."""
-    if filesystem.is_local(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return True
-    if FileSystems.get_scheme(path) != "gs":
-        raise ValueError(f"{path}: a job record needs local disk or gs://")
-    from apache_beam.io.gcp.gcsio import parse_gcs_path  # noqa: PLC0415 - GCS only
-    from google.api_core import exceptions  # noqa: PLC0415 - GCS only
-
-    bucket_name, name = parse_gcs_path(path)
-    client = filesystem.gcs_io(path).client
-    try:
-        client.bucket(bucket_name).blob(name).upload_from_string(
-            data, content_type="application/json", if_generation_match=0
-        )
-    except exceptions.PreconditionFailed:
-        return False
-    return True
+def _create_if_absent(output_dir: str, name: str, content: dict) -> bool:
+    """Create the record `name` only if no object or file has that name; True if this call made it."""
+    store = dataset_store.open_store(output_dir)
+    return store.create_if_absent(name, json.dumps(content, indent=2).encode("utf-8"))
 
 
 def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
@@ -111,7 +93,7 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
         if found.group("job"):
             job_ids[attempt] = content.get("job_id")
         else:
-            fields = {key: content.get(key) for key in ("job_name", "run_id", "build_id", "created_at")}
+            fields = {key: content.get(key) for key in _FIELDS}
             if fields["job_name"] and fields["created_at"]:
                 records[attempt] = JobRecord(
                     output_dir=output_dir, request=request, attempt=attempt, **fields
@@ -128,13 +110,8 @@ def _new_record(output_dir, request, attempt, job_name, run_id, build_id) -> Job
 
 
 def _create(record: JobRecord) -> bool:
-    content = {
-        "job_name": record.job_name,
-        "run_id": record.run_id,
-        "build_id": record.build_id,
-        "created_at": record.created_at,
-    }
-    return create_if_absent(record.path, json.dumps(content, indent=2).encode("utf-8"))
+    content = {key: getattr(record, key) for key in _FIELDS}
+    return _create_if_absent(record.output_dir, _record_name(record.request, record.attempt), content)
 
 
 def claim(
@@ -147,13 +124,8 @@ def claim(
     grace_seconds: float = SUBMIT_GRACE_SECONDS,
     poll_seconds: float = _POLL_SECONDS,
 ) -> tuple[str, JobRecord]:
-    """(SUBMIT, this launch's new record) or (ATTACH, the record of the running job to wait for, its
-    job id set). See the module docstring.
-
-    `job_state(record)`: (job id, state without its JOB_STATE_ prefix) of the record's job, or
-    (None, None) when Dataflow knows no running job of it; it raises when Dataflow cannot be asked,
-    which raises RelaunchRefused.
-    """
+    """(SUBMIT, this launch's new record) or (ATTACH, the running job's record, its job id set).
+    `job_state(record)`: (job id, state without JOB_STATE_) or (None, None); if it raises: RelaunchRefused."""
     while True:
         records = read_records(output_dir, request)
         newest = records[max(records)] if records else None
@@ -185,7 +157,9 @@ def record_job_id(record: JobRecord, job_id: str) -> None:
     record.job_id = job_id
     path = record_path(record.output_dir, record.request, record.attempt, job=True)
     try:
-        create_if_absent(path, json.dumps({"job_id": job_id}).encode("utf-8"))
+        _create_if_absent(
+            record.output_dir, _record_name(record.request, record.attempt, job=True), {"job_id": job_id}
+        )
     except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
         log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
 

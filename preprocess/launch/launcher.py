@@ -1,12 +1,5 @@
-"""The launcher's side of a run of stage 1: start the job, wait for it, and tell what became of it.
-
-`run(config, beam_args)` builds the graph (preprocess/pipeline.py), runs it on the runner Beam's flags
-name, and returns the run's manifest; it raises SupersededRunError when a newer run published, an input
-fault with a message for a person, or JobContinuesError when Ctrl-C leaves a Dataflow job running.
-On Dataflow a relaunch of the same request waits for its running job, whatever its --job_name
-(job_record.py). Into a gs:// output, the launch first states the bucket's cost rules and warns where
-one multiplies the cost (bucket_costs.py).
-"""
+"""The launcher's side of a run of stage 1: start the job, wait for it, and tell what became of it
+(`run(config, beam_args)`). Design notes: docs/internals.md."""
 
 import contextlib
 import logging
@@ -97,11 +90,8 @@ def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tup
 
 
 def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
-    """The run's failure as one of errors.INPUT_FAULTS, with a message for a person; None if it is none.
-
-    The runner wraps a step's exception in its own (with the step's
-    traceback in the text): the fault is recognized by its class name.
-    """
+    """The run's failure as one of errors.INPUT_FAULTS (recognized by class name in the runner's wrapping
+    error), with a message for a person; None if it is none."""
     text = f"{type(exc).__name__}: {exc}"
     if TooManyFailuresError.__name__ in text:
         return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
@@ -110,7 +100,7 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     counts, examples = failures_by_reason(output_dir, run_id)
     lines = [
         f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
-        "published (dataset.json is unchanged)."
+        "published (the published dataset is unchanged)."
     ]
     if counts:
         lines.append(f"{sum(counts.values())} inputs failed, by reason:")
@@ -129,19 +119,9 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
 
 
 def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
-    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it).
-
-    The caller checks the inputs first (preprocess.inputs.checks.check_inputs: `python -m preprocess`
-    and the workflows do), so that a wrong path is said before Beam starts.
-
-    Raises SupersededRunError, naming both runs, if a run that started later
-    has published: whether this run then failed (it publishes nothing) or
-    had published first. On Dataflow, a launch of a request whose job is
-    already running attaches to that job instead of starting a second one,
-    whatever its --job_name (preprocess/launch/job_record.py; RelaunchRefused
-    when Dataflow cannot be asked), and Ctrl-C raises JobContinuesError while
-    the job runs on (preprocess/launch/dataflow_job.py).
-    """
+    """Runs the job and waits for it; returns its run's manifest (None if the runner did not run it). The
+    caller checks the inputs first. SupersededRunError if a later run has published; on Dataflow a relaunch
+    attaches to its running job (RelaunchRefused if Dataflow cannot be asked); Ctrl-C: JobContinuesError."""
     worker_image.check_launcher_python(beam_args)
     output_dir = output_dir_of(args)
     build_id = uuid.uuid4().hex[:12]
@@ -275,17 +255,8 @@ class PublishedThenSuperseded(SupersededRunError):
 
 @contextlib.contextmanager
 def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
-    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line.
-
-    Not through KeyboardInterrupt: the runner would then close its worker
-    processes in the middle of their bundles, and its threads would log the
-    broken connections (a hundred lines and more), or wait for a worker that
-    is waiting for them. The workers get the same Ctrl-C and exit quietly
-    (preprocess/launch/local_worker.py). Nothing the run wrote is published: only its
-    last step commits, and its unpublished files are removed by
-    a later run's cleanup (publish.py). Only a local run: a Dataflow job keeps
-    running when its launcher stops.
-    """
+    """While a local run runs, a Ctrl-C (SIGINT) stops this process at once, saying so in one line (not
+    through KeyboardInterrupt); nothing it wrote is published."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -325,9 +296,8 @@ def _interrupted_message(output_dir: str) -> str:
         published = published_run_id(read_published_manifest(output_dir))
     except Exception:  # noqa: BLE001 - an unreadable manifest: say what is certain
         published = None
-    where = manifest_lib.join(output_dir, manifest_lib.MANIFEST_FILE)
-    state = f"still names run {published}" if published else "was not written (there is no dataset yet)"
-    message = f"preprocess: interrupted, nothing published: {where} {state}"
+    state = f"is still run {published}" if published else "does not exist yet"
+    message = f"preprocess: interrupted, nothing published: the published dataset of {output_dir} {state}"
     try:
         num_bytes, folders = _leftovers(output_dir, published)
         from preprocess.inspect.summary import format_bytes  # noqa: PLC0415 - TensorFlow, loaded by a run already

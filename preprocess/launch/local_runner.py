@@ -27,22 +27,14 @@ def uses_direct_runner(options: PipelineOptions) -> bool:
 
 
 def worker_command() -> str:
-    """The command line of the local runner's worker processes (preprocess/launch/local_worker.py).
-
-    Beam runs it through a shell; `exec` makes the worker that shell's process, so that a Ctrl-C
-    reaches the worker (which ignores it), not a shell that would die of it and fail the run.
-    """
+    """The command line of the local runner's worker processes (local_worker.py), `exec`ed by Beam's shell so
+    that a Ctrl-C reaches the worker, not the shell."""
     return "exec " + shlex.join([sys.executable, "-m", "preprocess.launch.local_worker"])
 
 
 def fn_api_runner(options: PipelineOptions, verbose: bool = False):
-    """An FnApiRunner set up as the DirectRunner sets it up: its workers receive the job's options.
-
-    Its worker processes (`--direct_running_mode=multi_processing`) run
-    preprocess/launch/local_worker.py: Beam's harness, which exits without the
-    interpreter's teardown. Unless `verbose`, they log at WARNING
-    (preprocess/launch/logs.py): their INFO lines would reach this terminal.
-    """
+    """An FnApiRunner set up as the DirectRunner sets it up: its workers (local_worker.py) receive the job's
+    options, and log at WARNING unless `verbose`."""
     from apache_beam.portability import python_urns
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
@@ -77,11 +69,8 @@ def _manifest_lines(path: str):
 
 
 def count_inputs_up_to(spec: str, limit: int) -> int | None:
-    """How many inputs `spec` lists, counting no further than `limit`; None if it cannot be listed here.
-
-    Cheap whatever the corpus: the listing stops at `limit` names (a manifest
-    counts its non-blank lines, its header included).
-    """
+    """How many inputs `spec` lists, counting no further than `limit` (a manifest: its non-blank lines);
+    None if it cannot be listed here."""
     try:
         if inputs.input_kind(spec) == inputs.DIRECTORY:
             listing = inputs.list_directory_tree(spec)
@@ -93,11 +82,7 @@ def count_inputs_up_to(spec: str, limit: int) -> int | None:
 
 
 def run_small_jobs_in_process(options: PipelineOptions, spec: str, below: int) -> bool:
-    """Switches a local run over fewer than `below` inputs to this process; True if it did.
-
-    Leaves the options alone for other runners, for a run already in this
-    process, and when `below` is 0.
-    """
+    """Switches a local run over fewer than `below` inputs (not 0) to this process; True if it did."""
     direct = options.view_as(DirectOptions)
     if below <= 0 or not uses_direct_runner(options) or direct.direct_running_mode == IN_MEMORY:
         return False

@@ -50,11 +50,8 @@ def worker_log_options(options: dict, verbose: bool) -> dict:
 
 
 def configure_worker(pipeline_options_json: str | None) -> None:
-    """In a local worker process, before Beam's harness starts: the libraries' loggers at the workers' level.
-
-    The harness sets the root logger to INFO until it has read the options,
-    then to their level; the libraries' own loggers keep what is set here.
-    """
+    """In a local worker process, before Beam's harness starts: the libraries' loggers at the workers' level
+    (the harness resets only the root logger)."""
     if not pipeline_options_json:
         return
     try:

@@ -100,11 +100,8 @@ def _tally() -> _ProcessTally | None:
 
 
 class ProgressCounter:
-    """Counts items through one stage of a local run; a no-op where no reporter is listening.
-
-    Create it in a DoFn's `__init__` (it pickles as its stage name) and call
-    `inc()` where the Beam metric of the same stage is incremented.
-    """
+    """Counts items through one stage of a local run (made in a DoFn's `__init__`, `inc()` beside the Beam
+    metric); a no-op where no reporter is listening."""
 
     def __init__(self, stage: str):
         self.stage = stage
@@ -164,14 +161,8 @@ def runs_locally(options) -> bool:
 
 
 class ProgressReporter:
-    """Prints the progress of the `ProgressCounter`s of a local run every `interval` seconds.
-
-        with ProgressReporter(enabled=runs_locally(options)):
-            result = pipeline.run()
-            result.wait_until_finish()
-
-    Disabled, it does nothing. `stream` defaults to stderr, where Beam logs too.
-    """
+    """Prints the progress of the `ProgressCounter`s of a local run every `interval` seconds to `stream`
+    (stderr by default), around `pipeline.run()`; disabled, it does nothing."""
 
     def __init__(self, interval: float = DEFAULT_INTERVAL_SECONDS, stream=None, enabled: bool = True):
         self._interval = interval

@@ -87,14 +87,8 @@ def retained_runs(
     retention_days: float,
     is_kept=lambda entry, within_retention: within_retention,
 ) -> list:
-    """The `retained_runs` of the manifest that replaces `current` at `now`, newest first.
-
-    The run `current` names (superseded now, kept `retention_days`), then
-    those `current` retains, each with its `retain_until` (never earlier than
-    it was). An entry is listed only while its retention lasts or
-    `is_kept(entry)` says a lease holds it, and only while `is_kept(entry)`
-    says its files exist.
-    """
+    """The `retained_runs` of the manifest that replaces `current` at `now`, newest first: the run `current`
+    names and those it retains, while their retention lasts or `is_kept(entry)` says a lease holds them."""
     entries = []
     if published_run_id(current):
         entries.append(
@@ -132,16 +126,8 @@ def publish_run(
     retention_days: float = DEFAULT_RETENTION_DAYS,
     gc_budget: int = PUBLISH_GC_BUDGET,
 ) -> dict:
-    """Commit `manifest` (run `run_id`, its files complete in runs/<run id>/): the published dataset.
-
-    Then, best effort: removes this attempt's marker, copies the commit to dataset.json, removes
-    this run's staging and unnamed files, and collects garbage up to
-    `gc_budget` objects (preprocess/publish/gc.py). Returns the committed manifest
-    (`manifest` with its `retained_runs`). Raises SupersededRunError if a run
-    that started later has published, or is removing this run's files. Safe
-    to call again after a crash at any point, and concurrently with itself or
-    with other runs.
-    """
+    """Commit `manifest` (run `run_id`, its files complete in runs/<run id>/), then clean up best effort;
+    returns the committed manifest. SupersededRunError if a later run has published. Safe to call again."""
     # Temporary files of this step in the run's own staging, which goes with it once the run is published.
     store = dataset_store.open_store(
         output_dir, tmp_dir=_relative(output_dir, RunPaths(output_dir, run_id).tmp_dir)
@@ -246,14 +232,8 @@ def _delete(store, names: list[str]):
 
 
 def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store=None) -> dict:
-    """Create the next commit with `manifest` unless a run that started later has published: the publish.
-
-    Reads the head (sequence N) and creates N + 1 only if absent. If another
-    publisher created it first, reads the winner and decides again (a later
-    run: SupersededRunError; an earlier one: N + 2 on top of it). Returns the
-    committed manifest (an attempt of this run that committed first: its
-    manifest).
-    """
+    """Create the next commit (head + 1, only if absent) with `manifest` unless a later run has published
+    (SupersededRunError); returns the committed manifest."""
     store = store or dataset_store.open_store(output_dir)
     head = read_published(output_dir, store)
     sequence = head.sequence if head is not None else 0

@@ -1,11 +1,5 @@
-"""The last step of the job: build the manifest and publish the run.
-
-Runs once, after every shard, the error log and the transform graph of the
-run are complete in `runs/<run id>/`. Nothing is moved or copied: the
-manifest names those files where they are, and `preprocess.publish.commit`
-commits it, the next object of the log manifests/, created only if absent
-(docs/dataset_format.md, "Publishing", gives the protocol and why it is crash-safe).
-"""
+"""The last step of the job: build the manifest naming the run's files where they are, and publish it
+(preprocess.publish.commit)."""
 
 import datetime
 import logging
@@ -51,16 +45,8 @@ def build_manifest(
     ledger_files=(),
     moved=(),
 ):
-    """The manifest dict, from the job's config and the facts the pipeline gathered.
-
-    `shards` are the entries shards.WriteShards yields, `error_files` the
-    list shards.WriteErrorLog yields: paths relative to the output directory,
-    inside the run's directory. `skipped_by_extension` and `skipped_at_root`
-    count a tree's files that are not inputs (outcomes.tally). `near_duplicates` is the
-    manifest's near-duplicate summary (near_duplicate_summary), `near_duplicate_files` the
-    list shards.WriteErrorLog yields for the groups, `source_image_sizes` the dict of
-    source_sizes.SourceImageSizesFn.
-    """
+    """The manifest dict, from the job's config and the facts the pipeline gathered (shards.WriteShards' and
+    WriteErrorLog's entries, outcomes.tally's skips, the near-duplicate summary, source_sizes')."""
     run = RunPaths(config["output"], run_id)
     splits = {}
     for split in manifest_lib.SPLITS:
@@ -201,11 +187,8 @@ def _fingerprint_or_none(config: dict) -> dict | None:
 
 
 def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):
-    """Raise TooManyFailuresError if the run's failed inputs exceed `max_failed_fraction` of those found.
-
-    `counts` as outcomes.tally gives them. The message is the same at every
-    retry of the step (the counts are the committed ones).
-    """
+    """Raise TooManyFailuresError if the run's failed inputs (`counts`, as outcomes.tally gives them) exceed
+    `max_failed_fraction` of those found; the same message at every retry."""
     found, failed = counts["num_found"], sum(counts["failures"].values())
     if not found or failed / found <= max_failed_fraction:
         return
@@ -213,7 +196,7 @@ def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPath
     raise TooManyFailuresError(
         f"run {run.run_id}: {failed} of the {found} inputs found failed ({failed / found:.1%}), more than "
         f"--max-failed-fraction {max_failed_fraction:g} allows: {reasons}. Nothing was published "
-        f"(dataset.json is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
+        f"(the published dataset is unchanged). See which files and why in the error log, {run.final('errors-*.jsonl')}; "
         "fix the inputs (read access, the manifest's URIs), or re-run with a higher --max-failed-fraction "
         "if that many failures are expected."
     )
@@ -235,17 +218,8 @@ def finalize_dataset(
     ledger_files=(),
     moved=(),
 ):
-    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest.
-
-    `labels` is the label vocabulary the records were written with, `stats`
-    the (mean, std) the transform graph holds (read back from the run's copy
-    of it, so the graph is written when this runs). `outcome_counts` are the
-    (outcome, count) pairs of outcomes.py. `errors_log` is the list of the
-    error log's files (shards.WriteErrorLog), already written: the manifest
-    names them, nothing is copied here. `near_duplicate_stats` are the grouping's counts (None when
-    --near-duplicates is off), `near_duplicate_files` the groups' files (written as the error log's),
-    `source_image_sizes` the decoded sources' sizes (source_sizes.py).
-    """
+    """Build the manifest of run `run_id` and publish it in `config['output']`; returns the manifest. The
+    arguments are the facts the pipeline gathered (build_manifest); `stats` is read back from the run's graph."""
     run = RunPaths(config["output"], run_id)
     counts = outcomes.tally(outcome_counts)
     check_failed_fraction(counts, config.get("max_failed_fraction", DEFAULT_MAX_FAILED_FRACTION), run)

@@ -1,23 +1,6 @@
-"""What a dataset was built from, as one hash: the stage 1 settings and the state of the inputs.
-
-Stored by the last step in the manifest (`build.fingerprint`, docs/dataset_format.md), so that a
-workflow run again with the same command can tell that the published dataset already is what
-stage 1 would build, and skip it (pipelines/local.py):
-
-    settings   every data-determining entry of the job's config (pipeline.job_config), i.e. the
-               stage 1 flags: --input, --image-size, --encoding, --crop-margin, --resize-method,
-               --split, --max-pixels, ... ; not where the output goes nor how failures are judged
-               (--output, --max-failed-fraction, --retention-days), which do not change a record
-    inputs     a directory tree: every file below it, by relative path, size and modification
-               time (one listing, as stage 1's own); a CSV/JSONL manifest: that file's bytes.
-               The files a manifest names are not looked at (on GCS that is a request per file):
-               a changed image under an unchanged manifest needs the manifest changed, or
-               `python -m preprocess` run by hand
-
-Same settings and same listing: same fingerprint. The hash says nothing about the images' content
-beyond their size and time: a file rewritten in place within the same second at the same size
-would go unnoticed.
-"""
+"""What a dataset was built from, as one hash: the data-determining stage 1 settings and the state of the
+inputs (a tree's listing, or a CSV/JSONL manifest's bytes). Stored as the manifest's `build.fingerprint`, so
+that a workflow run again can skip stage 1; what it covers and misses: docs/internals.md."""
 
 import hashlib
 import json

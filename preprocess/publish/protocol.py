@@ -3,16 +3,12 @@ it names, retention promises, marker liveness, and the pause points kill tests s
 (commit) and the garbage collector (gc) both follow it."""
 
 import datetime
-import logging
 import os
 import time
 
 from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
 from preprocess.publish import store as dataset_store
-
-log = logging.getLogger(__name__)
-
 
 # A publish step writes its marker and commits within a few minutes; a marker this old belongs to a
 # publisher that died.
@@ -77,14 +73,9 @@ def read_published(output_dir: str, store=None) -> commit_log.Published | None:
 
 
 def read_published_manifest(output_dir: str) -> dict | None:
-    """The published manifest now (the head of manifests/, or dataset.json in the older layouts), or None
-    if there is none (or it is not JSON)."""
-    try:
-        published = read_published(output_dir)
-    except manifest_lib.ManifestError as exc:
-        log.warning("%s", exc)
-        return None
-    return published.manifest() if published is not None else None
+    """commit_log.read_published_manifest through the store of `output_dir`."""
+    store = dataset_store.open_store(output_dir)
+    return commit_log.read_published_manifest(store.root, StoreFiles(store))
 
 
 def published_run_id(manifest: dict | None) -> str:

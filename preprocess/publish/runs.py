@@ -20,11 +20,8 @@ _RUN_ID = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{8}")
 
 
 def new_run_id(now: datetime.datetime | None = None) -> str:
-    """`20260321T101502123456Z-1a2b3c4d`: the UTC start time to the microsecond, then 32 random bits.
-
-    Ids of runs started at different times sort by start time (as strings);
-    the random part keeps two runs started in the same microsecond apart.
-    """
+    """`20260321T101502123456Z-1a2b3c4d`: the UTC start time to the microsecond (ids sort by start), then 32
+    random bits."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return f"{now.strftime('%Y%m%dT%H%M%S%f')}Z-{secrets.token_hex(4)}"
 
@@ -84,24 +81,14 @@ class RunPaths:
 
 
 def tft_temp_dir(output_dir: str, build_id: str) -> str:
-    """tf.Transform's temporary directory for one pipeline build.
-
-    The one path fixed when the graph is built: tf.Transform takes it as a
-    string, not as a value computed at run time. Every file tf.Transform
-    writes below it has a name of its own (a uuid made when it is written),
-    so runs of one template share the directory without sharing files. It
-    holds a few small SavedModels and the label vocabulary, read only until
-    the run has copied the transform graph into `runs/<run id>/`.
-    """
+    """tf.Transform's temporary directory for one pipeline build (fixed when the graph is built; runs of one
+    template share it, each file having a name of its own)."""
     return manifest_lib.join(output_dir, STAGING_DIR, f"{TFT_TEMP_PREFIX}{build_id}")
 
 
 def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> str:
-    """Write which tf.Transform directory run `run_id` uses (idempotent); returns the run id.
-
-    So that whoever removes the run's files later can remove that directory
-    too, unless other runs share it (`shared`: the runs of one template).
-    """
+    """Write which tf.Transform directory run `run_id` uses (idempotent), for whoever removes the run's files
+    later (`shared`: the runs of one template share it); returns the run id."""
     paths = RunPaths(output_dir, run_id)
     record = json.dumps({"build_id": build_id, "shared": shared}).encode("utf-8")
     filesystem.write_bytes(paths.build_file, record, tmp_dir=paths.tmp_dir)
@@ -109,15 +96,8 @@ def record_build(run_id: str, output_dir: str, build_id: str, shared: bool) -> s
 
 
 class MakeRunId(beam.PTransform):
-    """PBegin -> a PCollection of one element: this run's id, made at execution time.
-
-    Consumers take it as a singleton side input. The reshuffle after the id
-    is made commits the one value every consumer sees, even if the step that
-    made it is retried. `shared_build`: whether other runs execute this same
-    pipeline build (a template), and so share its tf.Transform directory.
-    `run_id`: the id the launcher made (a job that is not a template), used
-    as it is.
-    """
+    """PBegin -> a PCollection of one element: this run's id (`run_id` if the launcher made one), made at
+    execution time and committed by a reshuffle; consumers take it as a singleton side input."""
 
     def __init__(self, output_dir: str, build_id: str, shared_build: bool, run_id: str | None = None):
         super().__init__()

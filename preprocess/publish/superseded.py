@@ -96,13 +96,8 @@ def published_run(output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECON
 
 
 class StopIfSupersededFn(beam.DoFn):
-    """Passes elements through; raises SupersededRunError once a newer run has published.
-
-    Asks `published_run` at its elements: in all, one metadata read per worker
-    a minute (see the module docstring). Once superseded it raises on every
-    element with the same message, so the runner's retries of the bundle (4 on
-    Dataflow) fail at once, the same way, and the job stops.
-    """
+    """Passes elements through; raises SupersededRunError (on every element, the same way) once a newer run
+    has published, asking `published_run` about once a minute per worker."""
 
     def __init__(self, output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECONDS):
         self._output_dir = output_dir

@@ -1,7 +1,5 @@
-"""The report's figures as HTML: horizontal CSS bars, scaled to the largest value of their figure.
-
-Every text that comes from the dataset is escaped here; the callers pass plain strings.
-"""
+"""The report's figures as HTML: horizontal CSS bars, scaled to the largest value of their figure; every
+text from the dataset is escaped here."""
 
 import html
 

@@ -1,12 +1,5 @@
-"""The near-duplicate groups a report shows, read from the files the manifest's `near_duplicate_files` lists.
-
-One JSON object per line, one line per group (docs/dataset_format.md):
-`{"group", "split", "max_distance", "uris", "labels", "splits", "sha256", "kept"}`,
-the last five parallel lists in member order. A report shows at most
-`max_groups` of them, those with more than one label (likely label errors)
-first, then the largest and the borderline (largest distance) ones, and reads
-at most `max_bytes` of the files to find them.
-"""
+"""The near-duplicate groups a report shows (several-label ones first), read within a byte budget from the
+files the manifest's `near_duplicate_files` lists (docs/dataset_format.md)."""
 
 import dataclasses
 import json

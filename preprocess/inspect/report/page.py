@@ -1,9 +1,4 @@
-"""The report's HTML: one self-contained page (inline CSS, images as data: URIs, no script).
-
-Every string that comes from the dataset (paths, URIs, class names, error
-details) goes through `figures.escape`; nothing here builds markup from data
-otherwise.
-"""
+"""The report's HTML: one self-contained page; every string from the dataset goes through `figures.escape`."""
 
 import datetime
 import posixpath

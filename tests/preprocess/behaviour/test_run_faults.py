@@ -25,7 +25,11 @@ def test_zero_usable_inputs_give_the_failures_by_reason_not_tf_transforms_crash(
     args = ["--input", root, "--output", tmp_path / "out", "--max-failed-fraction", "1"]
     result = run_command("preprocess", args, tmp_path)
     output = assert_refused(
-        result, "no image reached the train split", "not_an_image 6", "dataset.json is unchanged", max_lines=6
+        result,
+        "no image reached the train split",
+        "not_an_image 6",
+        "the published dataset is unchanged",
+        max_lines=6,
     )
     assert "OutOfRangeError" not in output
     assert not (tmp_path / "out" / "dataset.json").exists()
@@ -105,7 +109,7 @@ def test_ctrl_c_during_a_run_with_worker_processes_says_what_it_left_and_leaves_
     after = said_lines("".join(lines[said_before:]))
     assert (
         after[0]
-        == f"preprocess: interrupted, nothing published: {output}/dataset.json still names run {run_id}"
+        == f"preprocess: interrupted, nothing published: the published dataset of {output} is still run {run_id}"
     )
     # What the run left behind, its size and what removes it (the run had started writing: staging/ at least).
     assert len(after) == 2, "".join(lines)[-3000:]
