@@ -10,12 +10,29 @@ import os
 import subprocess
 import sys
 
+from pipelines.workflow import WorkflowError
 from train import install_lines
 from train.config import JAX
 
 VENV_DIR = "tpu-venv"
 JAX_VENV_DIR = "jax-venv"  # pipelines/tpu/launch.py's JAX_VENV, on the remote launch's VMs
 INSTALLED_MARKER = ".tf-image-pipeline-sdist-sha256"
+
+
+class JaxInstallError(WorkflowError):
+    """A step of the [tpu-jax] install failed (uv, its Python 3.11, the registry): the workflow stops, exit 2."""
+
+
+def jax_install_failure(command: list[str], why: str) -> str:
+    """What to do when the JAX venv's install step `command` failed, in a few lines (the step's own are above)."""
+    return (
+        f"the JAX backend's training venv could not be made on this TPU VM: `{subprocess.list2cmdline(command)}` "
+        f"{why}.\n"
+        "  It needs the registry (pypi.org: uv and the [tpu-jax] packages) and GitHub (python-build-standalone: "
+        "uv's Python 3.11).\n"
+        "  With the network back, run the same command again: it reuses what was done. Or train with "
+        "--backend tensorflow (tensorflow-tpu on the image's Python, no uv)."
+    )
 
 
 def venv_python(run_dir: str, venv_dir: str = VENV_DIR) -> str:
@@ -94,7 +111,12 @@ def ensure_interpreter(
             if handle.read().strip() == wanted:
                 return python
     for command in jax_install_commands(run_dir, sdist, base_python):
-        run(command, check=True)
+        try:
+            run(command, check=True)
+        except subprocess.CalledProcessError as exc:
+            raise JaxInstallError(jax_install_failure(command, f"failed (exit {exc.returncode})")) from exc
+        except OSError as exc:
+            raise JaxInstallError(jax_install_failure(command, f"could not run ({exc})")) from exc
     with open(marker, "w") as handle:
         handle.write(wanted + "\n")
     return python
