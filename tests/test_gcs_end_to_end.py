@@ -73,7 +73,7 @@ RUN_ENTRIES = {
 # Files of a dataset or a model dir: none of them may appear on local disk when the paths are gs://.
 OUTPUT_FILE_PATTERN = re.compile(
     r"(\.tfrecord|\.part|\.arrow|dataset\.json|errors\.jsonl|errors-.*\.jsonl|saved_model\.pb|schema\.pbtxt|metrics\.json"
-    r"|^checkpoint$|^ckpt-.*|events\.out\.tfevents.*)$"
+    r"|^checkpoint(\.json)?$|^ckpt-.*|events\.out\.tfevents.*)$"
 )
 
 
@@ -346,15 +346,19 @@ def test_stage1_command_reads_a_csv_manifest_of_gcs_uris_from_gcs(
 
 
 def checkpoint_numbers(checkpoint_dir: str) -> list[int]:
-    state = tf.train.get_checkpoint_state(checkpoint_dir)
-    return sorted(int(path.rsplit("-", 1)[1]) for path in state.all_model_checkpoint_paths) if state else []
+    """The steps train's checkpoint index (checkpoint.json, train/loop/checkpoints.py) lists."""
+    index = f"{checkpoint_dir}/checkpoint.json"
+    if not tf.io.gfile.exists(index):
+        return []
+    with tf.io.gfile.GFile(index) as handle:
+        return sorted(json.load(handle)["steps"])
 
 
 def kill_after_the_first_checkpoint(gcs_emulator, command, cwd, env, checkpoint_index: str) -> None:
     """Start `command`; SIGKILL it as soon as the object `checkpoint_index` is in the bucket."""
     run = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        # TensorFlow writes the index last, once the checkpoint's files are all in the bucket.
+        # The index is written last, once the checkpoint's file is in the bucket (train/loop/checkpoints.py).
         deadline = time.monotonic() + 300
         while checkpoint_index not in gcs_emulator.list_objects(checkpoint_index):
             assert run.poll() is None, (
@@ -376,7 +380,7 @@ def test_training_reads_the_gcs_dataset_writes_to_gcs_and_resumes_from_its_gcs_c
 ):
     dataset_url, manifest, _, _ = tree_dataset
     model_dir = f"{gcs_root}/model"
-    checkpoint_index = object_name(gcs_emulator, f"{model_dir}/checkpoints/checkpoint")
+    checkpoint_index = object_name(gcs_emulator, f"{model_dir}/checkpoints/checkpoint.json")
     command = [
         sys.executable, "-m", "train",
         "--data", dataset_url,
@@ -423,7 +427,7 @@ def test_training_reads_the_gcs_dataset_writes_to_gcs_and_resumes_from_its_gcs_c
         metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
     )
     assert max(checkpoint_numbers(f"{model_dir}/checkpoints")) == TOTAL_STEPS
-    assert f"checkpoints/ckpt-{TOTAL_STEPS}.index" in objects
+    assert f"checkpoints/ckpt-{TOTAL_STEPS}.weights.h5" in objects
     for log_dir in ("logs/train", "logs/validation"):
         assert any(name.startswith(f"{log_dir}/events.out.tfevents.") for name in objects), log_dir
     assert "export/saved_model.pb" in objects
@@ -479,8 +483,8 @@ def test_local_workflow_runs_with_gcs_input_and_workdir(gcs_emulator, gcs_root, 
     metrics = json.loads(gcs_emulator.read_object(object_name(gcs_emulator, f"{model_dir}/metrics.json")))
     for name in (
         "metrics.json",
-        "checkpoints/checkpoint",
-        f"checkpoints/ckpt-{metrics['global_step']}.index",  # named by global step: one epoch's steps
+        "checkpoints/checkpoint.json",
+        f"checkpoints/ckpt-{metrics['global_step']}.weights.h5",  # named by global step: one epoch's steps
         "export/saved_model.pb",
     ):
         assert name in objects, f"{name} is not in {model_dir}: {sorted(objects)}"

@@ -36,7 +36,8 @@ repeated or lost.
 
 Model dir layout:
 
-    checkpoints/     step checkpoints (tf.train.CheckpointManager, ckpt-<global step>), the resume point
+    checkpoints/     step checkpoints (Keras weights files with the optimizer state, ckpt-<global step>.weights.h5,
+                     listed by checkpoint.json), the resume point
     logs/            TensorBoard: train and validation curves (epoch_* and step_*), profiles
     metrics.json     final evaluation metrics of the exported weights (with --ema the average; the
                      validation confusion matrix too), the plan, throughput, the dataset run trained on
@@ -439,7 +440,7 @@ class TrainingState:
     model: keras.Model
     evaluation_model: keras.Model
     recipe: recipe_lib.Recipe
-    checkpoints: object  # the devices' checkpoints: loop/checkpoints.py Checkpoints or KerasCheckpoints
+    checkpoints: object  # the devices' checkpoints: loop/checkpoints.py KerasCheckpoints
     resumed_from_step: int
     progress: TrainingProgress
 

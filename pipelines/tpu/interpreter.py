@@ -10,12 +10,29 @@ import os
 import subprocess
 import sys
 
+from pipelines.workflow import WorkflowError
 from train import install_lines
 from train.config import JAX
 
 VENV_DIR = "tpu-venv"
 JAX_VENV_DIR = "jax-venv"  # pipelines/tpu/launch.py's JAX_VENV, on the remote launch's VMs
 INSTALLED_MARKER = ".tf-image-pipeline-sdist-sha256"
+
+
+class JaxInstallError(WorkflowError):
+    """A step of the [tpu-jax] install failed (uv, its Python 3.11, the registry): the workflow stops, exit 2."""
+
+
+def jax_install_failure(command: list[str], why: str) -> str:
+    """What to do when the JAX venv's install step `command` failed, in a few lines (the step's own are above)."""
+    return (
+        f"the JAX backend's training venv could not be made on this TPU VM: `{subprocess.list2cmdline(command)}` "
+        f"{why}.\n"
+        "  It needs the registry (pypi.org: uv and the [tpu-jax] packages) and GitHub (python-build-standalone: "
+        "uv's Python 3.11).\n"
+        "  With the network back, run the same command again: it reuses what was done. Or train with "
+        "--backend tensorflow (tensorflow-tpu on the image's Python, no uv)."
+    )
 
 
 def venv_python(run_dir: str, venv_dir: str = VENV_DIR) -> str:
@@ -57,8 +74,10 @@ def install_commands(run_dir: str, sdist: str, base_python: str = sys.executable
     ]  # fmt: skip
 
 
-def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run) -> str:
-    """The python of `venv_dir`, reused when its marker names this sdist; else `commands` run first."""
+def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run, failed=None) -> str:
+    """The python of `venv_dir`, reused when its marker names this sdist; else `commands` run first.
+
+    `failed(command, reason)`, when given, makes the exception a failed command raises instead of its own."""
     python, marker = venv_python(run_dir, venv_dir), os.path.join(run_dir, venv_dir, INSTALLED_MARKER)
     wanted = _sha256(sdist)
     if os.path.exists(python) and os.path.exists(marker):
@@ -66,7 +85,16 @@ def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run) -> str:
             if handle.read().strip() == wanted:
                 return python
     for command in commands:
-        run(command, check=True)
+        try:
+            run(command, check=True)
+        except subprocess.CalledProcessError as exc:
+            if failed is None:
+                raise
+            raise failed(command, f"failed (exit {exc.returncode})") from exc
+        except OSError as exc:
+            if failed is None:
+                raise
+            raise failed(command, f"could not run ({exc})") from exc
     with open(marker, "w") as handle:
         handle.write(wanted + "\n")
     return python
@@ -91,4 +119,9 @@ def ensure_interpreter(
     """The training interpreter for `backend`, with `sdist` installed: reused when it holds this sdist."""
     if backend != JAX:
         return ensure_tpu_interpreter(run_dir, sdist, base_python, run)
-    return _ensure_venv(run_dir, JAX_VENV_DIR, sdist, jax_install_commands(run_dir, sdist, base_python), run)
+    commands = jax_install_commands(run_dir, sdist, base_python)
+    return _ensure_venv(run_dir, JAX_VENV_DIR, sdist, commands, run, failed=_jax_install_failed)
+
+
+def _jax_install_failed(command, reason: str) -> Exception:
+    return JaxInstallError(jax_install_failure(command, reason))

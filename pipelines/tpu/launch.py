@@ -64,12 +64,24 @@ def pip_install_command(sdist_path: str) -> str:
     return install_lines.tpu_install_command(sdist_path)
 
 
+# No quote characters: the lines travel inside gcloud's --command '...'.
+JAX_INSTALL_FAILED = (
+    "error: the JAX backend install on this TPU VM failed at the step whose output is above (uv, the Python 3.11",
+    "  it brings, or the [tpu-jax] packages). It needs the registry (pypi.org) and GitHub (python-build-standalone,",
+    "  where uv gets Python). With the network back, run the same command again: it reuses what was done.",
+    "  Or launch with --backend tensorflow (tensorflow-tpu on the image Python, no uv).",
+)
+
+
 def install_command(package_uri: str, backend: str = TENSORFLOW) -> str:
     """Copy the staged sdist from GCS and install it: the [tpu] extra (TensorFlow), or [tpu-jax] in JAX_VENV
-    on a uv-managed Python 3.11."""
+    on a uv-managed Python 3.11 (a failed step ends with JAX_INSTALL_FAILED's lines, exit 2)."""
     if backend == JAX:
         steps = install_lines.tpu_jax_venv_commands("python3", REMOTE_PACKAGE, JAX_VENV, pip_user=True)
-        install = " && ".join(shlex.join(step) for step in steps)
+        failed = "; ".join(shlex.join(["echo", line]) for line in JAX_INSTALL_FAILED)
+        install = (
+            f"{{ {' && '.join(shlex.join(step) for step in steps)} || {{ {{ {failed}; }} >&2; exit 2; }}; }}"
+        )
     else:
         install = pip_install_command(REMOTE_PACKAGE)
     return f"gcloud storage cp {shlex.quote(package_uri)} {REMOTE_PACKAGE} && {install}"

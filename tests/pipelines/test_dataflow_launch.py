@@ -278,12 +278,15 @@ def test_jax_on_a_slice_installs_a_uv_python_and_runs_the_trainer_on_every_worke
         "--worker=all" in setup and "--worker=all" in train and "--worker=0" not in " ".join(spec["commands"])
     )
     setup_command = flag(setup, "--command")
-    steps = setup_command.split(" && ")
+    copy, uv_steps = setup_command.split(" && { ", 1)
     assert (
-        steps[0]
-        == f"gcloud storage cp gs://b/run/packages/tf-image-pipeline.tar.gz {tpu_launch.REMOTE_PACKAGE}"
+        copy == f"gcloud storage cp gs://b/run/packages/tf-image-pipeline.tar.gz {tpu_launch.REMOTE_PACKAGE}"
     )
-    assert steps[1:] == [
+    steps, failed = uv_steps.split(" || ", 1)
+    assert failed.endswith(
+        "} >&2; exit 2; }; }"
+    )  # a failed step: what to do, exit 2 (tested in a shell below)
+    assert steps.split(" && ") == [
         f"python3 -m pip install --quiet --user uv=={install_lines.UV_VERSION}",
         "python3 -m uv python install 3.11",
         "python3 -m uv venv --allow-existing --managed-python --python 3.11 tf-image-pipeline/jax-venv",
@@ -329,7 +332,8 @@ def test_the_jax_arguments_parse_as_python_m_train_flags():
 
 def test_the_jax_install_runs_in_order_in_a_real_shell_and_stops_where_a_step_fails(tmp_path):
     # The ssh --command text in bash, with a `gcloud` that stages the package and a `python3` that records
-    # each call; uv's Python download fails (as it does off Google's network without GitHub): nothing trains.
+    # each call; uv's Python download fails (as it does off Google's network without GitHub): nothing trains,
+    # and the command ends with what to do, exit 2.
     spec = spec_for("v5litepod-8", "--backend", "jax")
     command = flag(shlex.split(spec["commands"][1]), "--command")
     bin_dir = tmp_path / "bin"
@@ -351,7 +355,8 @@ def test_the_jax_install_runs_in_order_in_a_real_shell_and_stops_where_a_step_fa
     result = subprocess.run(
         ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 1 and "download failed" in result.stderr
+    assert result.returncode == 2 and "download failed" in result.stderr
+    assert result.stderr.splitlines()[1:] == list(tpu_launch.JAX_INSTALL_FAILED)
     assert calls.read_text().splitlines() == [
         f"gcloud storage cp gs://b/run/packages/tf-image-pipeline.tar.gz {tpu_launch.REMOTE_PACKAGE}",
         f"python3 -m pip install --quiet --user uv=={install_lines.UV_VERSION}",

@@ -7,10 +7,10 @@ import shutil
 
 import keras
 import pytest
-import tensorflow as tf
 
 from pipelines import local, workflow
 from tests.stage1 import read_manifest, write_corpus
+from tests.train.checkpoint_files import rewind_checkpoints
 from train.model import pretrained
 
 
@@ -67,11 +67,7 @@ def test_the_same_command_again_skips_stage1_and_resumes_training(tmp_path, caps
     capsys.readouterr()
 
     # As an interruption after the first epoch leaves it: its checkpoint is the latest, no metrics.json.
-    checkpoints = str(workdir / "model" / "checkpoints")
-    first_epoch = os.path.join(checkpoints, "ckpt-2")
-    tf.compat.v1.train.update_checkpoint_state(
-        checkpoints, first_epoch, all_model_checkpoint_paths=[first_epoch]
-    )
+    rewind_checkpoints(workdir / "model", 2)
     os.remove(workdir / "model" / "metrics.json")
 
     assert local.main(argv) == 0

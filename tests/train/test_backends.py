@@ -103,20 +103,47 @@ def test_keras_checkpoints_hold_the_weights_and_the_optimizer_state_and_resume_e
         np.testing.assert_allclose(original, resumed, rtol=1e-6, atol=1e-7)
 
 
-def test_a_checkpoint_of_the_other_backend_is_refused_with_the_flag_that_resumes_it(tmp_path):
-    keras_format = tmp_path / "from_jax"
-    KerasCheckpoints(_compiled_model(seed=0), str(keras_format)).save(5)
-    step = tf.Variable(0, dtype=tf.int64)
-    tf_checkpoints = checkpoints.Checkpoints(tf.train.Checkpoint(step=step), step, str(keras_format), None)
-    with pytest.raises(ConfigError, match="checkpoints of the jax backend.*--backend jax"):
-        tf_checkpoints.restore_latest()
+def _earlier_version_checkpoints(directory, steps, **objects) -> None:
+    """Checkpoints as an earlier version of train wrote them: tf.train.Checkpoint through a CheckpointManager."""
+    global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    checkpoint = tf.train.Checkpoint(global_step=global_step, **objects)
+    manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
+    for step in steps:
+        global_step.assign(step)
+        manager.save(checkpoint_number=step)
 
-    tf_format = tmp_path / "from_tensorflow"
-    checkpoints.Checkpoints(tf.train.Checkpoint(step=step), step, str(tf_format), None).save(5)
-    with pytest.raises(ConfigError, match="checkpoints of the tensorflow backend.*--backend tensorflow"):
-        KerasCheckpoints(_compiled_model(seed=0), str(tf_format)).restore_latest()
-    assert checkpoints.latest_checkpoint_step(str(tf_format / "checkpoints")) == 5
-    assert checkpoints.latest_checkpoint_step(str(keras_format / "checkpoints")) == 5
+
+@pytest.mark.skipif(
+    keras.backend.backend() != TENSORFLOW, reason="tf.train.Checkpoint holds TensorFlow variables"
+)
+def test_an_earlier_versions_checkpoint_is_read_once_and_replaced_by_the_keras_format_at_the_next_save(
+    tmp_path,
+):
+    rng = np.random.default_rng(0)
+    features, targets = rng.normal(size=(8, 3)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    model = _compiled_model(seed=0)
+    with _final_weights_held_back(model):
+        model.fit(features, targets, batch_size=8, epochs=3, verbose=0, shuffle=False)
+    directory = tmp_path / checkpoints.CHECKPOINT_DIR
+    _earlier_version_checkpoints(directory, (2, 3), model=model, optimizer=model.optimizer)
+
+    restored = _compiled_model(seed=1)
+    saver = KerasCheckpoints(restored, str(tmp_path))
+    assert saver.restore_latest() == 3  # the global step, weights, moments, EMA and the optimizer's count
+    for saved, loaded in zip(_state(model), _state(restored), strict=True):
+        np.testing.assert_array_equal(saved, loaded)
+    assert saver.save(3) is None  # already saved at that step
+    saver.save(4)
+    assert sorted(os.listdir(directory)) == ["checkpoint.json", "ckpt-4.weights.h5"]  # the earlier files gone
+    assert KerasCheckpoints(_compiled_model(seed=2), str(tmp_path)).restore_latest() == 4
+
+
+@pytest.mark.jax
+@pytest.mark.skipif(keras.backend.backend() != JAX, reason="the TensorFlow backend reads them")
+def test_an_earlier_versions_checkpoint_is_refused_on_jax_with_the_flag_that_reads_it(tmp_path):
+    _earlier_version_checkpoints(tmp_path / checkpoints.CHECKPOINT_DIR, (5,))
+    with pytest.raises(ConfigError, match=r"earlier version of train.*ckpt-5.*--backend tensorflow"):
+        KerasCheckpoints(_compiled_model(seed=0), str(tmp_path)).restore_latest()
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ SCRIPT = textwrap.dedent(
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
+    from tests.train.checkpoint_files import rewind_checkpoints
     from train.data import checks, dataset
     from train.device import strategy
     from train.config import TrainConfig
@@ -46,12 +47,15 @@ SCRIPT = textwrap.dedent(
         images, _ = next(iterator)
         for replica, batch in enumerate(mirrored.experimental_local_results(images)):
             batches_per_replica[replica] += int(batch.shape[0] == 4)
-    metrics = train_and_evaluate(
-        TrainConfig(data_dir=data_dir, model_dir=model_dir, strategy="mirrored", global_batch_size=8,
-                    epochs=2, steps_per_epoch=3, steps_per_execution=3, augment=True)
-    )
+    config = TrainConfig(data_dir=data_dir, model_dir=model_dir, strategy="mirrored", global_batch_size=8,
+                         epochs=2, steps_per_epoch=3, steps_per_execution=3, augment=True)
+    metrics = train_and_evaluate(config)
+    # As an interruption after the first epoch leaves it; the same run resumes from its Keras checkpoint.
+    rewind_checkpoints(model_dir, 3)
+    resumed = train_and_evaluate(config)
     print("RESULT " + json.dumps({"replicas": mirrored.num_replicas_in_sync, "per_replica": per_replica,
-                                  "batches_per_replica": batches_per_replica, "metrics": metrics}))
+                                  "batches_per_replica": batches_per_replica, "metrics": metrics,
+                                  "resumed": resumed}))
     """
 )
 
@@ -90,3 +94,11 @@ def test_training_under_mirrored_strategy_on_two_logical_cpus(stage1_dataset, tm
         metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
     )
     assert os.path.isdir(os.path.join(metrics["export_dir"], "variables"))
+    # Resumed from the first epoch's checkpoint (Keras' weights file, written and read under the strategy).
+    resumed = report["resumed"]
+    assert (resumed["resumed_from_step"], resumed["steps_this_run"], resumed["global_step"]) == (3, 3, 6)
+    assert sorted(os.listdir(tmp_path / "model" / "checkpoints")) == [
+        "checkpoint.json",
+        "ckpt-3.weights.h5",
+        "ckpt-6.weights.h5",
+    ]

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
+from tests.train.checkpoint_files import latest_step
 from train.config import TrainConfig
 from train.data import checks
 from train.trainer import train_and_evaluate
@@ -44,9 +45,8 @@ def test_trains_from_a_gcs_dataset_into_a_gcs_model_dir(stage1_dataset, gcs_dir,
         metrics["validation"]["num_examples"] == manifest["splits"][manifest_lib.VALIDATION]["num_examples"]
     )
     assert tf.io.gfile.exists(f"{model_dir}/metrics.json")
-    assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints").endswith(
-        "ckpt-2"
-    )  # numbered by global step
+    assert latest_step(model_dir) == 2  # numbered by global step
+    assert tf.io.gfile.exists(f"{model_dir}/checkpoints/ckpt-2.weights.h5")
     assert tf.io.gfile.glob(f"{model_dir}/logs/train/events.out.tfevents.*")
     serve = tf.saved_model.load(f"{model_dir}/export").signatures["serving_default"]
     image = sample_corpus.uri(next(f for f in sample_corpus.files if f.kind == "good"))

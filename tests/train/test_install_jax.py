@@ -1,16 +1,27 @@
-"""The README's TPU VM line for the JAX backend, `pip install '.[tpu-jax]'`, run against the registry.
+"""The TPU VM install for the JAX backend, as the docs give it, run against the registry.
 
-A fresh virtual environment on this interpreter (3.11, the Python the extra names), the line exactly as
-written in a copy of the source tree, then: jax[tpu] with its libtpu and tensorflow-cpu, no generic
-`tensorflow` or `tensorflow-tpu`, and the installed `python -m train --backend jax` trains on the CPU to a
-finished export (JAX_PLATFORMS=cpu and TPU_LOAD_LIBRARY=0: libtpu is never loaded, nothing asks the
-metadata server). Not in the Python 3.10 leg: jax 0.10 needs 3.11 (the extra says so).
+The docs' commands (install_lines.tpu_jax_venv_commands: docs/training.md, the cloud launch, the on-VM mode),
+in a copy of the source tree: uv from the registry into a fresh venv (the launcher's venv, as the on-VM mode
+has it; a TPU VM's `python3 -m pip install --user` differs only by --user), `uv python install 3.11`, `uv venv
+--managed-python` on it, and `'.[tpu-jax]'` from the registry. Then: jax[tpu] with its libtpu and
+tensorflow-cpu, no generic `tensorflow` or `tensorflow-tpu`, and the installed `python -m train --backend jax`
+trains on the CPU to a finished export (JAX_PLATFORMS=cpu and TPU_LOAD_LIBRARY=0: libtpu is never loaded,
+nothing asks the metadata server). Not in the Python 3.10 leg: jax 0.10 needs 3.11 (the extra says so).
+
+`uv python install` downloads python-build-standalone from GitHub, not from the registry, and a test machine
+may not reach GitHub: uv is pointed (UV_PYTHON_DOWNLOADS_JSON_URL) at a stand-in download, this machine's own
+Python 3.11 packed as uv unpacks a managed one, so the command runs as written and every package still comes
+from the registry. uv's own cache is kept between sessions (the registry's files, not an environment).
 """
 
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import time
 
 import pytest
@@ -31,21 +42,75 @@ def test_the_tpu_jax_extra_pins_jax_and_tensorflow_cpu_and_the_readme_shows_its_
     assert f"jax=={install_lines.JAX_VERSION}\n" in constraints  # the suite's JAX leg runs the same jax
 
 
+def test_the_docs_give_the_jax_venv_commands_this_test_runs():
+    with open(os.path.join(REPO, "docs", "training.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    block = text[text.index("```bash\npython3 -m pip install --quiet --user uv==") :].split("```")[1]
+    documented = [shlex.split(line) for line in block.splitlines()[1:] if line.strip()]
+    venv = "~/tf-image-pipeline/jax-venv"  # the on-VM mode's and the launch's place (pipelines/tpu/)
+    assert documented == install_lines.tpu_jax_venv_commands("python3", ".", venv, pip_user=True)
+
+
+def stand_in_python_download(root) -> dict:
+    """uv's environment for `uv python install 3.11` off GitHub: this Python, packed as a managed download.
+
+    A tarball of this interpreter's base install (its `python/` prefix, as python-build-standalone's
+    install_only archives have it) and a downloads list naming it, which UV_PYTHON_DOWNLOADS_JSON_URL gives
+    uv in place of its own. Its executable finds its standard library from where it lies.
+    """
+    base = sys.base_prefix
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    archive = root / f"cpython-{platform.python_version()}-stand-in.tar"
+    skipped = ("site-packages", "dist-packages", "test", "__pycache__", "idlelib", "tkinter")
+    with tarfile.open(archive, "w") as packed:
+        packed.add(os.path.realpath(sys._base_executable), f"python/bin/python{version}")
+        packed.add(sysconfig.get_paths()["stdlib"], f"python/lib/python{version}", filter=_without(skipped))
+        for library in sysconfig.get_config_vars("INSTSONAME", "LDLIBRARY"):
+            if library and os.path.exists(os.path.join(base, "lib", library)):
+                packed.add(os.path.join(base, "lib", library), f"python/lib/{library}")
+    major, minor, patch = sys.version_info[:3]
+    key = f"cpython-{major}.{minor}.{patch}-linux-{platform.machine()}-gnu"
+    downloads = root / "python-downloads.json"
+    downloads.write_text(
+        json.dumps({
+            key: {"name": "cpython", "arch": {"family": platform.machine(), "variant": None}, "os": "linux",
+                  "libc": "gnu", "major": major, "minor": minor, "patch": patch, "prerelease": "",
+                  "url": archive.as_uri(), "sha256": None, "variant": None, "build": "0"},
+        })
+    )  # fmt: skip
+    return {
+        "UV_PYTHON_DOWNLOADS_JSON_URL": downloads.as_uri(),
+        "UV_PYTHON_INSTALL_DIR": str(root / "uv-python"),  # not the user's managed Pythons
+        "UV_PYTHON_BIN_DIR": str(root / "uv-bin"),  # nor ~/.local/bin
+    }
+
+
+def _without(names):
+    def keep(member):
+        return None if set(member.name.split("/")) & set(names) else member
+
+    return keep
+
+
 @pytest.fixture(scope="session")
 def tpu_jax_venv(tmp_path_factory):
-    """A fresh venv with the README's `[tpu-jax]` line run in it: its python."""
+    """A fresh venv made by the docs' uv commands, with '.[tpu-jax]' from the registry: its python."""
+    if sys.platform != "linux" or sys.version_info[:2] != (3, 11):
+        pytest.skip("the stand-in download is this Linux machine's Python 3.11")
     root = tmp_path_factory.mktemp("tpu-jax-install")
     source = source_tree(root / "src")
-    venv = root / "venv"
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    launcher = root / "launcher-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(launcher)], check=True)
+    venv = root / "jax-venv"
     env = {key: value for key, value in registry_env().items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    result = subprocess.run(
-        ["bash", "-c", TPU_JAX_LINE], cwd=source, env=env, capture_output=True, text=True, timeout=3600
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    print(f"\n{TPU_JAX_LINE}: installed in {time.monotonic() - started:.0f} s")
+    env = {key: value for key, value in env.items() if not key.startswith("UV_")}
+    env.update(stand_in_python_download(root))
+    commands = install_lines.tpu_jax_venv_commands(str(launcher / "bin" / "python"), ".", str(venv), False)
+    for command in commands:
+        result = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True, timeout=3600)
+        assert result.returncode == 0, (command, result.stderr[-5000:])
+    print(f"\n{len(commands)} uv install commands: {time.monotonic() - started:.0f} s")
     return str(venv / "bin" / "python")
 
 

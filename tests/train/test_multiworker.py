@@ -17,8 +17,8 @@ import threading
 import time
 
 import pytest
-import tensorflow as tf
 
+from tests.train.checkpoint_files import latest_step
 from tests.train.loop.test_preemption import RunningTraining
 from train.loop.checkpoints import PREEMPTED_EXIT_CODE
 
@@ -88,9 +88,11 @@ def test_two_worker_processes_train_one_model_into_one_model_dir(stage1_dataset,
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert (metrics["strategy"], metrics["num_replicas"], metrics["global_step"]) == ("multiworker", 2, total)
     assert metrics["per_replica_batch_size"] == 4
-    assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{total}")
-    # One model dir: the non-chief's checkpoint copies went to a scratch directory that is gone.
-    assert not [name for name in os.listdir(model_dir / "checkpoints") if name.startswith(".scratch")]
+    assert latest_step(model_dir) == total
+    # One model dir: the chief's files alone (the non-chief's copies went to a local scratch file that is gone).
+    names = os.listdir(model_dir / "checkpoints")
+    assert {"checkpoint.json", f"ckpt-{total}.weights.h5"} <= set(names), names
+    assert all(name == "checkpoint.json" or name.endswith(".weights.h5") for name in names), names
     assert os.path.isdir(model_dir / "export" / "variables")
     manifest = json.loads(open(os.path.join(data_dir, "dataset.json")).read())
     assert metrics["validation"]["num_examples"] == manifest["splits"]["validation"]["num_examples"]
@@ -172,8 +174,7 @@ def test_two_workers_agree_every_k_steps_stop_together_on_one_worker_s_sigterm_a
 
     assert other_code == PREEMPTED_EXIT_CODE, other_err[-3000:]
     assert chief_code == PREEMPTED_EXIT_CODE, chief_err[-3000:]
-    saved = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    stopped = int(saved.rsplit("-", 1)[1])
+    stopped = latest_step(model_dir)
     # Both stopped at the first agreement after the signal: a multiple of K, at the same step.
     assert stopped % every == 0 and signalled_at <= stopped < signalled_at + 2 * every
     assert chief.steps[-1] <= stopped and other.steps[-1] <= stopped

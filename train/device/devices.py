@@ -6,8 +6,8 @@ and the evaluation use `keras.*` only; what differs between the backends is here
     TensorFlowDevices   (tensorflow_devices.py) a tf.distribute strategy (train/device/strategy.py: TPUStrategy, Mirrored,
                         MultiWorkerMirrored, default), per-host input through
                         distribute_datasets_from_function, Keras' private hooks the strategies need
-                        (symbolic build, vector logs, the tf.range multi-step loop), tf.train.Checkpoint
-                        and the collective for the workers' agreement
+                        (symbolic build, vector logs, the tf.range multi-step loop), and the
+                        collective for the workers' agreement
     JaxDevices          (jax_devices.py) keras.distribution.DataParallel over the process's devices, the same tf.data
                         pipeline yielding this process's batches (train/device/jax_devices.py)
 
@@ -22,6 +22,7 @@ import keras
 
 from train.device import accelerator
 from train.errors import ConfigError
+from train.loop import checkpoints as checkpoints_lib
 
 
 class Devices:
@@ -67,7 +68,8 @@ class Devices:
         """After compile: whatever the backend needs before the first fit (placeholder batches of one replica)."""
 
     def checkpoints(self, model: keras.Model, model_dir: str, keep: int):
-        raise NotImplementedError
+        """The run's checkpoints: one Keras-native format on both backends (train/loop/checkpoints.py)."""
+        return checkpoints_lib.KerasCheckpoints(model, model_dir, worker=self.worker_name(), keep=keep)
 
     def worker_agreement(self, every, start_step: int):
         raise NotImplementedError

@@ -148,9 +148,6 @@ class JaxDevices(Devices):
         )
         return data, steps
 
-    def checkpoints(self, model: keras.Model, model_dir: str, keep: int):
-        return checkpoints_lib.KerasCheckpoints(model, model_dir, chief=self.is_chief(), keep=keep)
-
     def worker_agreement(self, every, start_step: int):
         if self.num_processes == 1:
             return checkpoints_lib.WorkerAgreement(None, every, start_step)

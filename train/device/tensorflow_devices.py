@@ -97,16 +97,6 @@ class TensorFlowDevices(Devices):
         reduce_logs_as_vectors(model, self.strategy)
         reduce_logs_as_vectors(evaluation_model, self.strategy)
 
-    def checkpoints(self, model: keras.Model, model_dir: str, keep: int):
-        with self.strategy.scope():
-            step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            checkpoint = tf.train.Checkpoint(
-                model=model, optimizer=model.optimizer, global_step=step_variable
-            )
-        return checkpoints_lib.Checkpoints(
-            checkpoint, step_variable, model_dir, self.worker_name(), keep=keep
-        )
-
     def worker_agreement(self, every, start_step: int):
         return checkpoints_lib.make_worker_agreement(self.strategy, every, start_step)
 

@@ -2,7 +2,7 @@
 
 plan.py            TrainingPlan: epochs, steps and batch sizes resolved from the config (the entry); no TensorFlow
 multi_step.py      several steps per execution on multi-replica GPUs: a tf.range loop around strategy.run
-checkpoints.py     step checkpoints (interval, epoch ends, SIGTERM), resuming from the latest
+checkpoints.py     step checkpoints, Keras-native on both backends (interval, epoch ends, SIGTERM), resuming from the latest
 resume_check.py    a resume keeps the checkpoint's batch, length and schedule, or says what differs
 evaluation.py      exact evaluation at epoch ends and every N steps
 metrics.py         weighted evaluation metrics (padding-proof) and the example counter

@@ -2,19 +2,16 @@
 
 How saving, stopping on a signal and resuming work, and why: docs/internals.md.
 
-Two formats, one per Keras backend (train/device/devices.py chooses): Checkpoints, a
-tf.train.CheckpointManager (`ckpt-<step>.index`/`.data-*`, the `checkpoint` index), on
-TensorFlow; KerasCheckpoints, Keras' own weights files with the optimizer's state
-(`ckpt-<step>.weights.h5`, the `checkpoint.json` index switched last), on JAX, where
-tf.train.Checkpoint cannot save the arrays. Every JAX process saves (Keras' saving runs a
-collective on several processes); only the chief publishes.
+One format on both Keras backends (KerasCheckpoints): Keras' own weights files with the
+optimizer's state (`ckpt-<step>.weights.h5`), listed by a `checkpoint.json` index switched
+last. Every process saves; only the chief publishes. A tf.train.Checkpoint directory that an
+earlier version wrote is read once, on the TensorFlow backend, and replaced at the next save.
 """
 
 import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import threading
@@ -33,7 +30,7 @@ from train.loop import progress_file
 from train.loop.plan import TrainingPlan
 
 CHECKPOINT_DIR = "checkpoints"
-# The JAX backend's checkpoints (KerasCheckpoints): the index and each step's Keras weights file.
+# The checkpoints (KerasCheckpoints): the index and each step's Keras weights file.
 KERAS_INDEX_FILE = "checkpoint.json"
 KERAS_CHECKPOINT_SUFFIX = ".weights.h5"
 # The exit status of a run stopped by SIGTERM (or SIGHUP) after saving its checkpoint (128 + SIGTERM,
@@ -48,23 +45,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 MAX_STEPS_BETWEEN_AGREEMENTS = 1000
 
 log = logging.getLogger(__name__)
-
-
-class _DropShardingCallbackLines(logging.Filter):
-    """TF's checkpoint writer logs "Sharding callback duration: N microseconds" at INFO on every save."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Sharding callback duration")
-
-
-_DROP_SHARDING_LINES = _DropShardingCallbackLines()
-
-
-def silence_checkpoint_chatter() -> None:
-    """Drop TF's per-save INFO line (tensorflow/python/checkpoint/functional_saver.py logs it through absl)."""
-    absl_logger = logging.getLogger("absl")
-    if _DROP_SHARDING_LINES not in absl_logger.filters:
-        absl_logger.addFilter(_DROP_SHARDING_LINES)
 
 
 class TrainingProgress:
@@ -102,60 +82,6 @@ class StepCounter(keras.callbacks.Callback):
             progress_file.record_first_step()
 
 
-class Checkpoints:
-    """The checkpoints of one run: restore the latest, save at a global step.
-
-    `worker` names a non-chief worker of a multi-worker cluster (None for the
-    chief and single-process runs): its saves go to a local scratch directory.
-    """
-
-    def __init__(self, checkpoint: tf.train.Checkpoint, step: tf.Variable, model_dir: str, worker, keep=3):
-        silence_checkpoint_chatter()
-        self._checkpoint = checkpoint
-        self._step = step
-        self.directory = manifest_lib.join(model_dir, CHECKPOINT_DIR)
-        # Local disk, not the model dir: a copy nobody keeps should not travel to GCS and back.
-        self._scratch = None if worker is None else tempfile.mkdtemp(prefix=f"checkpoint-scratch-{worker}-")
-        self._manager = tf.train.CheckpointManager(
-            checkpoint, self._scratch or self.directory, max_to_keep=keep
-        )
-        self.last_saved_step = None
-
-    def restore_latest(self) -> int:
-        """Restore the latest checkpoint, if any; return its global step (0 without one)."""
-        latest = tf.train.latest_checkpoint(self.directory)
-        if latest is None:
-            if read_keras_index(self.directory) is not None:
-                raise _other_backend_error(self.directory, "jax", "tensorflow")
-            return 0
-        try:
-            self._checkpoint.restore(latest).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as exc:
-            raise ConfigError(
-                f"{latest}: cannot restore this checkpoint into the model being trained ({exc}). Was the model "
-                "dir used for another --model or dataset, or by an older version of train? Use a fresh --model-dir"
-            ) from exc
-        self.last_saved_step = int(self._step.numpy())
-        return self.last_saved_step
-
-    def save(self, step: int) -> str | None:
-        """Save at global step `step` (once: a second save at the same step does nothing)."""
-        if step == self.last_saved_step:
-            return None
-        self._step.assign(step)
-        path = self._manager.save(checkpoint_number=step)
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)  # the next save makes it again
-        self.last_saved_step = step
-        progress_file.record_saved_step(step)  # for train.tools.supervisor's no-progress stop
-        return path
-
-    def close(self) -> None:
-        """Remove the scratch directory (non-chief workers)."""
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-
-
 def sync_model_variables(model: keras.Model) -> None:
     """Make the model's variables hold the values training reached, before a callback reads them mid-fit.
 
@@ -174,7 +100,7 @@ def keras_checkpoint_name(step: int) -> str:
 
 
 def read_keras_index(directory: str) -> dict | None:
-    """The JAX backend's checkpoint index ({"latest": step, "steps": [...]}), or None without one."""
+    """The checkpoint index ({"latest": step, "steps": [...]}), or None without one."""
     path = manifest_lib.join(directory, KERAS_INDEX_FILE)
     if not tf.io.gfile.exists(path):
         return None
@@ -183,7 +109,7 @@ def read_keras_index(directory: str) -> dict | None:
 
 
 def checkpoint_steps(directory: str) -> list[int]:
-    """The global steps of the checkpoints kept in `directory` (either backend's), oldest first."""
+    """The global steps of the checkpoints kept in `directory` (or an earlier version's), oldest first."""
     index = read_keras_index(directory)
     if index is not None:
         return sorted(index["steps"])
@@ -194,7 +120,7 @@ def checkpoint_steps(directory: str) -> list[int]:
 
 
 def latest_checkpoint_step(directory: str) -> int | None:
-    """The global step of the latest checkpoint in `directory` (either backend's), None without one."""
+    """The global step of the latest checkpoint in `directory` (or an earlier version's), None without one."""
     index = read_keras_index(directory)
     if index is not None:
         return int(index["latest"])
@@ -202,35 +128,36 @@ def latest_checkpoint_step(directory: str) -> int | None:
     return int(latest.rsplit("-", 1)[1]) if latest else None
 
 
-def _other_backend_error(directory: str, found: str, wanted: str) -> ConfigError:
-    return ConfigError(
-        f"{directory} holds checkpoints of the {found} backend; this run trains on {wanted}. Resume it with "
-        f"--backend {found}, or use a fresh --model-dir (with --weights MODEL_DIR to start from its backbone)"
-    )
-
-
 class KerasCheckpoints:
-    """Checkpoints as Keras weights files (weights plus optimizer state): the JAX backend's.
+    """The checkpoints of one run, on either backend: Keras weights files (weights plus optimizer state).
 
-    The same interface as Checkpoints. Every process saves, into a local
-    scratch file (Keras' saving runs a collective on several JAX processes);
-    only `chief` publishes it. Every process restores the same file.
+    Restore the latest, save at a global step. Every process saves, into a
+    local scratch file of its own, and only the chief publishes it to the model
+    dir: Keras' saving has no notion of workers (keras/src/saving/saving_lib.py
+    writes whatever file it is given), and on several JAX processes it runs a
+    collective, so every process must call it; under MultiWorkerMirroredStrategy
+    the non-chief workers' copies are the temporary files tf.distribute's
+    multi-worker guide asks for. Every process restores the same file.
+    `worker` names a process that is not the chief (Devices.worker_name: None
+    for the chief and single-process runs); it names its scratch directories.
     """
 
-    def __init__(self, model: keras.Model, model_dir: str, chief: bool = True, keep: int = 3):
+    def __init__(self, model: keras.Model, model_dir: str, worker: str | None = None, keep: int = 3):
         self._model = model
-        self._chief = chief
+        self._chief = worker is None
+        self._scratch_prefix = f"checkpoint-scratch-{worker or 'chief'}-"
         self._keep = keep
         self.directory = manifest_lib.join(model_dir, CHECKPOINT_DIR)
         self.last_saved_step = None
+        # An earlier version's tf.train.Checkpoint files this run restored from; removed after its first save.
+        self._earlier_format = False
 
     def restore_latest(self) -> int:
         """Restore the latest checkpoint, if any; return its global step (0 without one)."""
         index = read_keras_index(self.directory)
         if index is None:
-            if tf.train.latest_checkpoint(self.directory):
-                raise _other_backend_error(self.directory, "tensorflow", "jax")
-            return 0
+            latest = tf.train.latest_checkpoint(self.directory)
+            return self._restore_earlier_format(latest) if latest else 0
         step = int(index["latest"])
         path = manifest_lib.join(self.directory, keras_checkpoint_name(step))
         with tempfile.TemporaryDirectory() as scratch:
@@ -247,15 +174,50 @@ class KerasCheckpoints:
         self.last_saved_step = step
         return step
 
+    def _restore_earlier_format(self, latest: str) -> int:
+        """Read, once, the tf.train.Checkpoint an earlier version of train wrote on the TensorFlow backend.
+
+        The next save writes the Keras format and removes the earlier files
+        (docs/internals.md); the JAX backend cannot read them.
+        """
+        if keras.backend.backend() != "tensorflow":
+            raise ConfigError(
+                f"{self.directory} holds checkpoints of an earlier version of train (tf.train.Checkpoint, "
+                f"{os.path.basename(latest)}), which only the TensorFlow backend reads. Resume it once with "
+                "--backend tensorflow (its first checkpoint is in the format both backends read), or use a "
+                "fresh --model-dir"
+            )
+        step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        checkpoint = tf.train.Checkpoint(
+            model=self._model, optimizer=self._model.optimizer, global_step=step_variable
+        )
+        try:
+            checkpoint.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            raise ConfigError(
+                f"{latest}: cannot restore this checkpoint of an earlier version of train into the model being "
+                f"trained ({exc}). Was the model dir used for another --model or dataset? Use a fresh --model-dir"
+            ) from exc
+        step = int(step_variable.numpy())
+        log.warning(
+            "%s: read the checkpoint an earlier version of train wrote (tf.train.Checkpoint, step %d); the next "
+            "checkpoint is a Keras weights file and the earlier files are then removed",
+            self.directory,
+            step,
+        )
+        self._earlier_format = True
+        self.last_saved_step = step
+        return step
+
     def save(self, step: int) -> str | None:
         """Save at global step `step` (once: a second save at the same step does nothing)."""
         if step == self.last_saved_step:
             return None
         sync_model_variables(self._model)
         path = manifest_lib.join(self.directory, keras_checkpoint_name(step))
-        with tempfile.TemporaryDirectory() as scratch:
+        with tempfile.TemporaryDirectory(prefix=self._scratch_prefix) as scratch:  # local disk, gone after
             local = os.path.join(scratch, keras_checkpoint_name(step))
-            self._model.save_weights(local)  # every process: Keras' saving runs a collective on several
+            self._model.save_weights(local)  # every process: see the class docstring
             if self._chief:
                 tf.io.gfile.makedirs(self.directory)
                 _publish(local, path)
@@ -267,12 +229,26 @@ class KerasCheckpoints:
             for old in dropped:
                 with contextlib.suppress(tf.errors.NotFoundError):
                     tf.io.gfile.remove(manifest_lib.join(self.directory, keras_checkpoint_name(old)))
-            progress_file.record_saved_step(step)
+            if self._earlier_format:
+                _remove_earlier_format(self.directory)
+        self._earlier_format = False
+        # Every process: each supervisor (train.tools.supervisor) counts its own child's saves.
+        progress_file.record_saved_step(step)
         self.last_saved_step = step
         return path
 
     def close(self) -> None:
         pass
+
+
+def _remove_earlier_format(directory: str) -> None:
+    """Remove an earlier version's tf.train.Checkpoint files (`checkpoint`, `ckpt-N.index`, `ckpt-N.data-*`)."""
+    earlier = [manifest_lib.join(directory, "checkpoint")]
+    earlier += tf.io.gfile.glob(manifest_lib.join(directory, "ckpt-*.index"))
+    earlier += tf.io.gfile.glob(manifest_lib.join(directory, "ckpt-*.data-*"))
+    for path in earlier:
+        with contextlib.suppress(tf.errors.NotFoundError):
+            tf.io.gfile.remove(path)
 
 
 @contextlib.contextmanager
@@ -311,8 +287,7 @@ class PreemptionNotice:
     action, so that a second Ctrl-C ends the process at once, even while the
     main thread waits inside TensorFlow (a Python handler would only run once
     that call returned). Nothing is lost that the first one did not already
-    give up: the last checkpoint stays the latest (the manager switches its
-    index file last).
+    give up: the last checkpoint stays the latest (the index switches last).
     """
 
     def __init__(self, signals=STOP_SIGNALS):
@@ -449,7 +424,7 @@ class SaveCheckpoints(keras.callbacks.Callback):
 
     def __init__(
         self,
-        checkpoints: Checkpoints,
+        checkpoints: KerasCheckpoints,
         progress: TrainingProgress,
         plan: TrainingPlan,
         interval: CheckpointInterval,

@@ -132,6 +132,29 @@ def test_the_on_vm_mode_refuses_before_stage_1_when_the_training_venv_cannot_be_
     assert "-venv" in err and "scripts/tpu_vm_setup.sh" in err and "Traceback" not in err
 
 
+def test_a_failed_uv_step_of_the_on_vm_jax_install_says_what_to_do_and_exits_2(tmp_path, monkeypatch, capfd):
+    # The real uv, offline, with no managed Python yet (a TPU VM without network): `uv python install 3.11`
+    # fails. The workflow stops with what to do, exit 2, no traceback; nothing trains.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "managed-pythons"))
+    monkeypatch.setenv("UV_PYTHON_BIN_DIR", str(tmp_path / "bin"))
+    sdist = tmp_path / "tf-image-pipeline-0.1.0.tar.gz"
+    sdist.write_bytes(b"an sdist")
+    monkeypatch.setattr(dataflow, "build_sdist", lambda build_dir: str(sdist))
+    monkeypatch.setattr(dataflow, "run_workflow", lambda **kwargs: kwargs["launch_training"]({}))
+    monkeypatch.setattr(tpu_launch, "start_detached", lambda *args, **kwargs: pytest.fail("training started"))
+    code = dataflow.main(
+        ["--input", "gs://b/raw", "--workdir", "gs://b/run", "--project", "p", "--region", "us-central1",
+         "--tpu", "local", "--accelerator-type", "v5litepod-8", "--skip-preprocess", "--backend", "jax"]
+    )  # fmt: skip
+    err = capfd.readouterr().err
+    assert code == 2, err
+    ours = err[err.index("error: the JAX backend's training venv") :]
+    assert "uv python install 3.11` failed (exit" in ours and "--backend tensorflow" in ours
+    assert len(ours.splitlines()) <= 4 and "Traceback" not in err
+
+
 def tiny_wheel(directory, module, name, extra, version="0.1"):
     """A pure wheel of `name` with an empty `extra`: a stand-in for a package, installed offline."""
     dist = name.replace("-", "_")

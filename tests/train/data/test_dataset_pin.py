@@ -18,6 +18,7 @@ import pytest
 
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
+from tests.train.checkpoint_files import rewind_checkpoints
 from train.config import TrainConfig
 from train.errors import DatasetError
 from train.trainer import train_and_evaluate
@@ -118,12 +119,7 @@ def rewind_to_first_epoch(model_dir) -> None:
 
     (A resume must keep its run's plan, train/loop/resume_check.py: a finished run is not trained further.)
     """
-    import tensorflow as tf
-
-    first_epoch = str(model_dir / "checkpoints" / "ckpt-2")
-    tf.compat.v1.train.update_checkpoint_state(
-        str(model_dir / "checkpoints"), first_epoch, all_model_checkpoint_paths=[first_epoch]
-    )
+    rewind_checkpoints(model_dir, 2)
 
 
 def test_a_resume_after_another_run_is_published_keeps_training_on_the_pinned_run(two_runs, tmp_path, caplog):

@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
 
-import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
 
 from train.loop import checkpoints, progress_file  # noqa: E402
 
@@ -12,10 +12,8 @@ from train.loop import checkpoints, progress_file  # noqa: E402
 def test_each_checkpoint_save_records_its_step_in_the_file_the_supervisor_names(tmp_path, monkeypatch):
     path = tmp_path / "progress.json"
     monkeypatch.setenv(progress_file.PROGRESS_FILE_ENV, str(path))
-    step = tf.Variable(0, dtype=tf.int64)
-    manager = checkpoints.Checkpoints(
-        tf.train.Checkpoint(step=step), step, str(tmp_path / "model"), worker=None
-    )
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    manager = checkpoints.KerasCheckpoints(model, str(tmp_path / "model"))
     assert progress_file.read_saved_step(str(path)) is None
     manager.save(40)
     assert progress_file.read_saved_step(str(path)) == 40
@@ -23,13 +21,11 @@ def test_each_checkpoint_save_records_its_step_in_the_file_the_supervisor_names(
     assert progress_file.read_saved_step(str(path)) == 80
     # Restoring is not progress: a run that restores 80 and saves nothing leaves 80 there.
     path.unlink()
-    assert (
-        checkpoints.Checkpoints(
-            tf.train.Checkpoint(step=step), step, str(tmp_path / "model"), None
-        ).restore_latest()
-        == 80
-    )
+    assert checkpoints.KerasCheckpoints(model, str(tmp_path / "model")).restore_latest() == 80
     assert not path.exists()
+    # A non-chief process records its saves too: its own supervisor counts them.
+    checkpoints.KerasCheckpoints(model, str(tmp_path / "model"), worker="worker-1").save(120)
+    assert progress_file.read_saved_step(str(path)) == 120
 
 
 def test_without_a_supervisor_nothing_is_written(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ import os
 import shutil
 
 import pytest
-import tensorflow as tf
 
+from tests.train.checkpoint_files import latest_step, rewind_checkpoints
 from train.__main__ import main as train_main
 from train.config import TrainConfig
 from train.errors import ConfigError
@@ -33,7 +33,7 @@ def _config(data_dir, model_dir, **overrides) -> TrainConfig:
 
 
 def _latest_step(model_dir) -> int:
-    return int(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).rsplit("-", 1)[1])
+    return latest_step(model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +125,7 @@ def test_more_epochs_continue_a_finished_run_with_a_restarted_schedule_and_resum
         assert json.load(handle)["continued"] == [{"from_step": done, "more_epochs": 2, "total_steps": total}]
 
     # Interrupted inside the continuation (its checkpoint of one epoch in): the same command resumes it.
-    checkpoints = os.path.join(model_dir, "checkpoints")
-    inside = os.path.join(checkpoints, f"ckpt-{done + STEPS_PER_EPOCH}")
-    assert tf.io.gfile.glob(inside + ".*"), os.listdir(checkpoints)
-    tf.compat.v1.train.update_checkpoint_state(checkpoints, inside, all_model_checkpoint_paths=[inside])
+    rewind_checkpoints(model_dir, done + STEPS_PER_EPOCH)
     again = train_and_evaluate(_config(data_dir, model_dir, more_epochs=2))
     assert again["global_step"] == total and again["steps_this_run"] == STEPS_PER_EPOCH
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
+from tests.train.checkpoint_files import restore_last_checkpoint
 from train import trainer
 from train.config import TrainConfig
 from train.data import checks, dataset
@@ -107,9 +108,7 @@ def test_validation_loss_logged_and_plotted_is_exact_not_kerass_loss_over_padded
     steps = dataset.eval_steps(manifest, "validation", 8)
     image_format = dataset.ImageFormat.from_manifest(manifest)
     model = models.build_model_for_dataset("small_cnn", image_format, len(manifest["labels"]))
-    tf.train.Checkpoint(model=model).restore(
-        tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    ).expect_partial()
+    restore_last_checkpoint(model, model_dir)
     judged = evaluation.build_evaluation_model(model, jit_compile=False)
     results = judged.evaluate(eval_data, steps=steps, return_dict=True, verbose=0)
     real = manifest["splits"]["validation"]["num_examples"]

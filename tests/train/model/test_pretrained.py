@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tests.stage1 import run_stage1, write_corpus
+from tests.train.checkpoint_files import restore_last_checkpoint
 from tests.train.conftest import CROP_MARGIN, IMAGE_SIZE
 from train.config import TrainConfig
 from train.data import checks, dataset
@@ -166,8 +167,7 @@ def _restore(data_dir, model_dir, epoch) -> keras.Model:
     )
     with open(os.path.join(model_dir, "metrics.json")) as handle:
         steps_per_epoch = json.load(handle)["steps_per_epoch"]
-    path = os.path.join(model_dir, "checkpoints", f"ckpt-{epoch * steps_per_epoch}")
-    tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    restore_last_checkpoint(model, model_dir, step=epoch * steps_per_epoch)
     return model
 
 
