@@ -69,8 +69,8 @@ def tpu_jax_venv_commands(python: str, package: str, venv: str, pip_user: bool) 
         [python, "-m", "pip", "install", "--quiet", *(["--user"] if pip_user else []), f"uv=={UV_VERSION}"],
         [*uv, "python", "install", JAX_PYTHON],
         [*uv, "venv", "--allow-existing", "--managed-python", "--python", JAX_PYTHON, venv],
-        [*uv, "pip", "install", "--python", f"{venv}/bin/python", "--reinstall-package", PACKAGE_NAME,
-         f"{package}[{TPU_JAX}]"],
+        [*uv, "pip", "install", "--compile-bytecode", "--python", f"{venv}/bin/python", "--reinstall-package",
+         PACKAGE_NAME, f"{package}[{TPU_JAX}]"],
     ]  # fmt: skip
 
 

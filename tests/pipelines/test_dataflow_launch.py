@@ -290,7 +290,7 @@ def test_jax_on_a_slice_installs_a_uv_python_and_runs_the_trainer_on_every_worke
         f"python3 -m pip install --quiet --user uv=={install_lines.UV_VERSION}",
         "python3 -m uv python install 3.11",
         "python3 -m uv venv --allow-existing --managed-python --python 3.11 tf-image-pipeline/jax-venv",
-        "python3 -m uv pip install --python tf-image-pipeline/jax-venv/bin/python --reinstall-package "
+        "python3 -m uv pip install --compile-bytecode --python tf-image-pipeline/jax-venv/bin/python --reinstall-package "
         "tf-image-pipeline '/tmp/tf-image-pipeline.tar.gz[tpu-jax]'",
     ]
     assert "tpu-runtime" not in setup_command and "[tpu]" not in setup_command

@@ -272,7 +272,7 @@ def test_the_jax_venv_is_made_with_uv_on_its_own_python_3_11_once_per_package(tm
         [sys.executable, "-m", "pip", "install", "--quiet", f"uv=={install_lines.UV_VERSION}"],
         [*uv, "python", "install", "3.11"],
         [*uv, "venv", "--allow-existing", "--managed-python", "--python", "3.11", venv],
-        [*uv, "pip", "install", "--python", f"{venv}/bin/python", "--reinstall-package", "tf-image-pipeline",
+        [*uv, "pip", "install", "--compile-bytecode", "--python", f"{venv}/bin/python", "--reinstall-package", "tf-image-pipeline",
          f"{sdist}[tpu-jax]"],
     ]  # fmt: skip
     installer.commands.clear()
