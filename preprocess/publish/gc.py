@@ -196,6 +196,10 @@ class _Collector:
             if reason:
                 self.report.kept.append(reason)
                 self.remove_dead_markers(run_id, markers.get(run_id, []))
+                if run_id < head_run and run_id in with_staging:
+                    # Kept for its files (retained, leased, referenced), but it can never commit again: its
+                    # staging and tf.Transform directory are leftovers of a publish step that died.
+                    self.remove_staging(run_id)
                 continue
             if run_id in with_files or run_id in with_staging:
                 self.remove_run(run_id, sequence, markers.get(run_id, []), run_id > head_run)
@@ -302,6 +306,15 @@ class _Collector:
                 self.store.delete_folder(prefix)
             self.report.removed_runs.append(run_id)
             log.info("removed the files of run %s from %s", run_id, self.report.output_dir)
+
+    def remove_staging(self, run_id):
+        """The staging (and own tf.Transform directory) of a run kept for its files."""
+        tft = self.own_tft_temp(run_id)
+        staged = self.store.list(f"{STAGING_DIR}/{run_id}/", max_results=self.budget)
+        if self.delete(tft + staged.objects) and not staged.truncated and not self.dry_run:
+            prefixes = [f"{STAGING_DIR}/{tft[0].name.split('/')[1]}/"] if tft else []
+            for prefix in (f"{STAGING_DIR}/{run_id}/", *prefixes):
+                self.store.delete_folder(prefix)
 
     def own_tft_temp(self, run_id) -> list:
         """The objects of tf.Transform's temporary directory of a run that did not share it (runs.py's
