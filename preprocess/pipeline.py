@@ -26,7 +26,7 @@ from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse import stage as reuse
-from preprocess.reuse.ledger import LEDGER, entry_line
+from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of
 from preprocess.reuse.previous import ReusePlan, plan_reuse
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
@@ -206,7 +206,9 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
 
     - "decode": every input to read and decode (new, relabelled, and carried ones whose record is missing)
     - "decode_first": the same without the missing ones (they are counted among "carried")
-    - "carried": (sha256, CarriedImage) of the unchanged inputs; "found": (CarriedImage, record) of those
+    - "carried": (sha256, CarriedImage) of the unchanged inputs; of those, "found": (CarriedImage, record)
+      of the ones copied, "referenced": (sha256, CarriedImage) of the ones whose previous shard the new
+      version references as it is, "referenced_shards": a singleton set of those shards (relative paths)
     - "moved": {uri, from, to} of published images a named split moved
     - "published": (sha256, split) of the published images decoded again
 
@@ -216,17 +218,32 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     if not plan.incremental:
         empty = {
             name: pipeline | f"No{name.capitalize()}" >> beam.Create([])
-            for name in ("carried", "found", "moved", "published")
+            for name in ("carried", "found", "moved", "published", "referenced")
         }
-        return {"decode": unique, "decode_first": unique, **empty}
+        nothing = pipeline | "NoReferencedShards" >> beam.Create([frozenset()])
+        return {"decode": unique, "decode_first": unique, "referenced_shards": nothing, **empty}
     sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files)
-    found = sorted_[reuse.CARRY] | "FindCarried" >> reuse.FindCarriedRecords(plan.shards)
+    carried = sorted_[reuse.CARRY]
+    # The label vocabulary of the inputs, known before any decoding: a shard is referenced only if it is the
+    # previous one (a record's label index is its class's place in it).
+    labels_now = (
+        (sorted_[reuse.DECODE], carried | "CarriedImages" >> beam.MapTuple(lambda _, image: image.image))
+        | "InputsInSplits" >> beam.Flatten()
+        | "InputLabels" >> beam.CombineGlobally(SummarizeUniqueInputsFn())
+    )
+    intact = carried | "IntactShards" >> reuse.IntactShards(plan.shard_sizes(), labels_now, plan.labels)
+    by_reference = carried | "ByReference" >> beam.Partition(
+        lambda element, _, intact: int(element[1].shard not in intact), 2, beam.pvalue.AsSingleton(intact)
+    )
+    found = by_reference[1] | "FindCarried" >> reuse.FindCarriedRecords(plan.shard_paths(), intact)
     decode = (sorted_[reuse.DECODE], found["missing"]) | "ToDecode" >> beam.Flatten()
     return {
         "decode": decode,
         "decode_first": sorted_[reuse.DECODE],
-        "carried": sorted_[reuse.CARRY],
+        "carried": carried,
         "found": found["found"],
+        "referenced": by_reference[0],
+        "referenced_shards": intact,
         "moved": sorted_[reuse.MOVED],
         "published": sorted_[reuse.PUBLISHED],
     }
@@ -325,11 +342,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         reuse.RelabelRecordFn(), beam.pvalue.AsSingleton(vocabulary)
     ).with_outputs("examples", "errors", main="records")
     error_collections.append(carried.errors)
+    # The carried images whose previous shard is referenced as it is: no record read, none written; their
+    # example (moments, ledger fields, the shard) counts in the statistics and the ledger.
+    referenced_images = reused["referenced"] | "ReferencedImages" >> beam.MapTuple(lambda _, image: image)
+    referenced = referenced_images | "ReferencedExamples" >> beam.Map(lambda image: image.example())
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            (examples, carried.examples)
+            (examples, carried.examples, referenced)
             | "DecodedAndCarried" >> beam.Flatten()
             | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
@@ -351,11 +372,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         read_normalization, image_size=args.stored_size
     )
 
-    # Decoded and carried over: every record of the version, (split, record, class name) each, written
-    # by the shard writer as two inputs (never flattened: see WriteShards).
-    shards = (
-        encoded_examples | "Records" >> beam.MapTuple(lambda split, record, _: (split, record)),
-        carried.records | "CarriedSplitRecords" >> beam.MapTuple(lambda split, record, _: (split, record)),
+    # Decoded and carried over by copy: every record the version writes, (split, record, class name[, ledger
+    # entry]) each, written by the shard writer as two inputs (never flattened: see WriteShards).
+    written = (
+        encoded_examples | "Records" >> beam.Map(lambda element: (element[0], element[1], *element[3:])),
+        carried.records
+        | "CarriedSplitRecords" >> beam.Map(lambda element: (element[0], element[1], element[3])),
     ) | "WriteShards" >> WriteShards(
         output_dir,
         args.shard_size_mb * 1_000_000,
@@ -365,6 +387,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         >> beam.Map(estimated_split_bytes, estimated_record_bytes(args.encoding, args.stored_size)),
         run_id,
     )
+    # The previous version's shards that this one references as they are (preprocess/reuse/stage.py).
+    referenced_shards = reused["referenced_shards"] | "ReferencedShards" >> beam.FlatMap(
+        reuse.referenced_shard_entries,
+        shards=plan.shards,
+        labels=beam.pvalue.AsSingleton(labels),
+        labels_before=plan.labels,
+    )
+    shards = (written["shards"], referenced_shards) | "AllShards" >> beam.Flatten()
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
     errors_log = (
@@ -372,17 +402,32 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "ErrorsToJson" >> beam.Map(lambda error: errors.ErrorRecord.to_json(error).encode("utf-8"))
         | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
     )
-    # The version's ledger (preprocess/reuse/ledger.py): what the next version reuses without decoding.
-    ledger = (
-        (examples, carried.examples)
-        | "LedgerExamples" >> beam.Flatten()
-        # Not an example whose class has no train image: it fails to be labelled (label_not_in_train).
-        | "LedgerLabelled"
-        >> beam.Filter(
-            lambda example, labels: example["label"] in labels, beam.pvalue.AsSingleton(vocabulary)
+    # The version's ledger (preprocess/reuse/ledger.py): what the next version reuses without decoding. uint8
+    # and jpeg: each written record's entry says which shard holds it (the shard writer's), a referenced
+    # one's keeps its shard. bfloat16 and float32 versions are never carried over (previous.py): no shard.
+    if one_pass:
+        ledger_lines = (
+            (
+                written["ledger"],
+                referenced_images
+                | "ReferencedEntries"
+                >> beam.Map(lambda image: entry_of({**image.example(), "shard": image.shard})),
+            )
+            | "LedgerEntries" >> beam.Flatten()
+            | "LedgerLines" >> beam.Map(entry_bytes)
         )
-        | "LedgerLines" >> beam.Map(entry_line)
-        | "WriteLedger" >> WriteErrorLog(output_dir, run_id, prefix=LEDGER, count_key="num_images")
+    else:
+        ledger_lines = (
+            examples
+            # Not an example whose class has no train image: it fails to be labelled (label_not_in_train).
+            | "LedgerLabelled"
+            >> beam.Filter(
+                lambda example, labels: example["label"] in labels, beam.pvalue.AsSingleton(vocabulary)
+            )
+            | "LedgerLines" >> beam.Map(entry_line)
+        )
+    ledger = ledger_lines | "WriteLedger" >> WriteErrorLog(
+        output_dir, run_id, prefix=LEDGER, count_key="num_images"
     )
     # Every input's fate, counted in one combine (each global count would add its own stages).
     fates = [
@@ -391,12 +436,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
         deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
         all_errors | "Failed" >> beam.Map(outcomes.failed),
-        encoded_examples
-        | "Written" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        encoded_examples | "Written" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
         carried.records
-        | "WrittenCarried" >> beam.MapTuple(lambda split, _, class_name: outcomes.written(split, class_name)),
+        | "WrittenCarried" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
+        referenced
+        | "WrittenReferenced"
+        >> beam.Map(lambda example: outcomes.written(example["split"], example["label"])),
         reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
         carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
+        referenced | "ReusedByReference" >> beam.Map(lambda _: outcomes.REUSED),
     ]
     if dropped is not None:
         fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))

@@ -146,8 +146,16 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
             "then a named split's, then the largest)"
         )
         whole = near.get("groups_kept_whole", 0)
-        if whole:
+        published = near.get("groups_kept_whole_published", 0)
+        if whole and not published:
             lines.append(f"    kept whole: {_plural(whole, 'group')} whose labels have no majority")
+        elif whole:
+            # An incremental run's: a carried (published) image is never dropped, so its group stays whole.
+            lines.append(
+                f"    kept whole: {_plural(whole, 'group')}: {whole - published} whose labels have no majority, "
+                f"{published} because they hold an image carried over from the published version (never "
+                "dropped) whose label its new copies outvote"
+            )
     hot = near.get("hot_buckets", 0)
     if hot:
         lines.append(

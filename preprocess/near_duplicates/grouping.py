@@ -66,7 +66,8 @@ is written as published): every carried member is kept, the decoded ones
 are dropped. A group whose labels have no majority is kept whole
 (`groups_kept_whole`): a likely label error to look at, not a copy to
 delete; so is a group with a carried member none of whose carried members
-has the majority label. A group that crosses splits or is over the size limit
+has the majority label (flagged `published_outvoted` too, and counted apart,
+`groups_kept_whole_published`: the new copies outvote a published image). A group that crosses splits or is over the size limit
 drops no one either.
 """
 
@@ -106,6 +107,7 @@ STATS_KEYS = (
     "largest_group",
     "groups_with_several_labels",
     "groups_kept_whole",
+    "groups_kept_whole_published",
     "groups_across_splits",
     "oversized_groups",
     "images_in_oversized_groups",
@@ -171,7 +173,7 @@ class NearDuplicateGroup:
     members: tuple  # tuple[GroupMember, ...], sorted by key
     max_distance: int  # the largest distance of a member to the group's centre
     centre: str = ""  # the centre's key
-    flags: tuple = ()  # of "across_splits", "oversized", "kept_whole"
+    flags: tuple = ()  # of "across_splits", "oversized", "kept_whole", "published_outvoted"
 
     @property
     def split(self) -> str | None:
@@ -276,7 +278,7 @@ def decide_group(group: str, first_split: str, flood: Flood, max_group_size: int
             # A carried record is never dropped (it is written as published), and the majority label has
             # none: the published image and its new copies disagree on the label, a likely label error.
             keep = None
-            flags.append("kept_whole")
+            flags += ["kept_whole", "published_outvoted"]
     else:
         flags.append("kept_whole")
     if "oversized" in flags or "across_splits" in flags:
@@ -678,6 +680,7 @@ def _group_stats(decision: GroupDecision):
     yield "largest_group", decision.count
     yield "groups_with_several_labels", int(decision.several_labels)
     yield "groups_kept_whole", int("kept_whole" in decision.flags)
+    yield "groups_kept_whole_published", int("published_outvoted" in decision.flags)
     yield "groups_across_splits", int("across_splits" in decision.flags)
     oversized = "oversized" in decision.flags
     yield "oversized_groups", int(oversized)

@@ -23,6 +23,7 @@ from preprocess.publish.protocol import (
     published_run_id,
     read_published,
     read_published_manifest,  # noqa: F401 - callers and tests read it from here
+    referenced_runs,
     retain_until,
 )
 from preprocess.publish.runs import PUBLISHING_MARKER, RunPaths
@@ -62,12 +63,14 @@ def superseded_message(output_dir: str, run_id: str, newer_run_id: str) -> str:
 
 
 def missing_run_files(output_dir: str, run_id: str, manifest: dict) -> list[str]:
-    """What the manifest names in the run's directory that is absent or of the wrong size (one listing)."""
-    paths = RunPaths(output_dir, run_id)
-    present = {
-        _relative(output_dir, metadata.path): metadata.size_in_bytes
-        for metadata in filesystem.list_files(paths.run_dir)
-    }
+    """What the manifest names that is absent or of the wrong size: in the run's directory, and in the
+    earlier runs' whose shards it references (protocol.referenced_runs); one listing per run directory."""
+    present = {}
+    for run in [run_id, *referenced_runs(manifest)]:
+        present.update(
+            (_relative(output_dir, metadata.path), metadata.size_in_bytes)
+            for metadata in filesystem.list_files(RunPaths(output_dir, run).run_dir)
+        )
     problems = []
     for info in manifest["splits"].values():
         for shard in info["shards"]:
@@ -97,6 +100,8 @@ def retained_runs(
                 "dir": current["run"]["dir"],
                 "superseded_at": _timestamp(now),
                 "retain_until": _timestamp(now + datetime.timedelta(days=retention_days)),
+                # The earlier runs whose files it names: kept with it (preprocess/publish/gc.py).
+                "references": referenced_runs(current),
             }
         )
     for entry in (current or {}).get(RETAINED_RUNS, []):
@@ -160,6 +165,15 @@ def publish_run(
                 raise SupersededRunError(
                     f"run {run_id}: garbage collection is removing this run's files from {output_dir}; "
                     "nothing published"
+                )
+            # The earlier runs whose shards it references: a remover that announced itself first backs off
+            # from none of them (gc.py looks for publishers after its marker; one of the two sees the other).
+            removing = [run for run in referenced_runs(manifest) if live_removal(store, run)]
+            if removing:
+                raise SupersededRunError(
+                    f"run {run_id}: garbage collection is removing run {removing[0]}'s files from {output_dir}, "
+                    "whose shards this version references; nothing published (run again: it starts from the "
+                    "version published now)"
                 )
             if published_run_id(current) > run_id:
                 raise SupersededRunError(superseded_message(output_dir, run_id, published_run_id(current)))

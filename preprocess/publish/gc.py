@@ -1,5 +1,8 @@
 """Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs.
 
+A run's directory goes whole, and only once no version kept (the newest, a retained one, a leased one)
+names a file in it: an incremental version references earlier runs' shards (protocol.referenced_runs).
+
 The command is `python -m preprocess.gc` (preprocess/gc.py); publishing calls `collect_garbage` too.
 """
 
@@ -178,6 +181,7 @@ class _Collector:
         run_ids = sorted(
             run_id for run_id in with_files | with_staging | with_leases | set(markers) if is_run_id(run_id)
         )
+        self.references = self.kept_references(manifest, head_run, retained, with_leases)
         looked_at = 0
         for run_id in run_ids:
             if run_id == head_run:
@@ -192,6 +196,10 @@ class _Collector:
             if reason:
                 self.report.kept.append(reason)
                 self.remove_dead_markers(run_id, markers.get(run_id, []))
+                if run_id < head_run and run_id in with_staging:
+                    # Kept for its files (retained, leased, referenced), but it can never commit again: its
+                    # staging and tf.Transform directory are leftovers of a publish step that died.
+                    self.remove_staging(run_id)
                 continue
             if run_id in with_files or run_id in with_staging:
                 self.remove_run(run_id, sequence, markers.get(run_id, []), run_id > head_run)
@@ -211,7 +219,38 @@ class _Collector:
                     exc,
                 )
 
+    def kept_references(self, manifest, head_run, retained, with_leases) -> dict:
+        """{run id: why it stays} for the runs whose files a kept version names (its shards referenced by an
+        incremental version): the newest's, a retained one's (within its retention or leased), a leased one's.
+        A live lease on a run the log no longer describes (no retained entry) keeps every run before it: what
+        it references is not known."""
+        now = datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc)
+        kept = {
+            ref: f"run {ref}: the newest version (run {head_run}) references its files"
+            for ref in protocol.referenced_runs(manifest)
+        }
+        for run_id, entry in sorted(retained.items()):
+            references = entry.get("references") or []
+            if references and (protocol.retain_until(entry, 0) > now or self.live_lease(run_id)):
+                for ref in references:
+                    kept.setdefault(
+                        ref, f"run {ref}: run {run_id}, kept for its readers, references its files"
+                    )
+        self.unknown_references = ""
+        for run_id in sorted(with_leases - set(retained) - {head_run}, reverse=True):
+            if is_run_id(run_id) and run_id < head_run and self.live_lease(run_id):
+                self.unknown_references = run_id
+                break
+        return kept
+
     def keep_reason(self, run_id, head_run, retained, markers) -> str | None:
+        if run_id in self.references:
+            return self.references[run_id]
+        if run_id < self.unknown_references:
+            return (
+                f"run {run_id}: a training job holds a lease on run {self.unknown_references}, which may "
+                "reference its files (that run is no longer in the log)"
+            )
         entry = retained.get(run_id)
         if entry is not None:
             until = protocol.retain_until(entry, 0)
@@ -268,6 +307,15 @@ class _Collector:
             self.report.removed_runs.append(run_id)
             log.info("removed the files of run %s from %s", run_id, self.report.output_dir)
 
+    def remove_staging(self, run_id):
+        """The staging (and own tf.Transform directory) of a run kept for its files."""
+        tft = self.own_tft_temp(run_id)
+        staged = self.store.list(f"{STAGING_DIR}/{run_id}/", max_results=self.budget)
+        if self.delete(tft + staged.objects) and not staged.truncated and not self.dry_run:
+            prefixes = [f"{STAGING_DIR}/{tft[0].name.split('/')[1]}/"] if tft else []
+            for prefix in (f"{STAGING_DIR}/{run_id}/", *prefixes):
+                self.store.delete_folder(prefix)
+
     def own_tft_temp(self, run_id) -> list:
         """The objects of tf.Transform's temporary directory of a run that did not share it (runs.py's
         build.json), first: the record goes with the run's staging after them."""
@@ -307,6 +355,20 @@ class _Collector:
                 return False
         if self.head()[0] != sequence:
             self.report.kept.append(f"run {run_id}: a commit was made meanwhile (a later call decides)")
+            return False
+        # Looked at after the marker too: a run publishing now may reference this run's shards (its publish
+        # step looks for this marker after writing its own: one of the two sees the other). Only a run that
+        # started after the head can still commit (commit.py).
+        head_run = protocol.published_run_id(self.head()[1])
+        publishing = [
+            stored
+            for stored in self.store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True).objects
+            if stored.name.split("/")[-1].partition(".")[0] > max(run_id, head_run)
+            and stored.name.split("/")[-1].split(".")[1:2] == [PUBLISHING_MARKER]
+            and protocol.marker_is_live(stored, self.now)
+        ]
+        if publishing:
+            self.report.kept.append(f"run {run_id}: a later run is publishing and may reference its files")
             return False
         return True
 
@@ -396,7 +458,7 @@ def remove_run(output_dir: str, run_id: str) -> bool:
     )
     sequence, manifest, _ = collector.head()
     head_run = protocol.published_run_id(manifest)
-    if run_id == head_run or collector.live_lease(run_id):
+    if run_id == head_run or collector.live_lease(run_id) or run_id in protocol.referenced_runs(manifest):
         return False
     markers = [
         (stored.name.split("/")[-1].split(".")[1], stored)

@@ -95,6 +95,21 @@ def named_files(manifest: dict) -> set[str]:
     return names
 
 
+def referenced_runs(manifest: dict | None) -> list[str]:
+    """The runs, other than its own, whose directories hold files a manifest names: the earlier runs whose
+    shards an incremental version references as they are (preprocess/reuse/). Garbage collection keeps
+    them while the version is kept."""
+    if not manifest:
+        return []
+    prefix = manifest_lib.RUNS_DIR + "/"
+    runs = {
+        name.split("/")[1]
+        for name in named_files(manifest)
+        if name.startswith(prefix) and name.count("/") >= 2
+    }
+    return sorted(runs - {published_run_id(manifest)})
+
+
 def is_named(relative: str, names: set[str]) -> bool:
     """Whether `relative` is one of `names` or inside one of them (a directory)."""
     return relative in names or any(relative.startswith(name + "/") for name in names)

@@ -1,13 +1,16 @@
 """A version's ledger: one JSON line per image it wrote, what the next version reuses without decoding.
 
     {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
-     "signature": the perceptual signature (absent when the audit was off)}
+     "signature": the perceptual signature (absent when the audit was off),
+     "shard": the shard that holds its record, relative to the dataset directory (absent in ledgers
+              written before records were carried by reference, and for bfloat16/float32 versions)}
 
 `key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
 its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
 shards; `split` is the split the image was published in, which it keeps (splits never move);
 `moments` are its share of the statistics (transform.image_moments), exact, so that carried images
-count without their pixels. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
+count without their pixels; `shard` lets the next version reference a shard whose every record is
+unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
 the manifest lists the files in `ledger_files`.
 """
 
@@ -32,11 +35,18 @@ def entry_of(example: dict) -> dict:
     }
     if example.get("signature") not in (None, ""):
         entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
+    if example.get("shard"):
+        entry["shard"] = example["shard"]
     return entry
 
 
+def entry_bytes(entry: dict) -> bytes:
+    """An entry as its ledger line."""
+    return json.dumps(entry, sort_keys=True).encode("utf-8")
+
+
 def entry_line(example: dict) -> bytes:
-    return json.dumps(entry_of(example), sort_keys=True).encode("utf-8")
+    return entry_bytes(entry_of(example))
 
 
 def moments_bytes(entry: dict) -> bytes:

@@ -32,14 +32,27 @@ class ReusePlan:
 
     `built_from`: the run id of the version published when this run's graph was built (None: the
     first version). `full_rebuild`: why nothing is carried over (None: records of unchanged inputs are).
-    `ledger_files` and `shards` are absolute paths; `labels` the previous version's label vocabulary.
+    `ledger_files` are absolute paths; `shards` the previous manifest's shard entries, (split, {path
+    relative to `output_dir`, num_examples, num_bytes, sha256}); `labels` the previous version's label
+    vocabulary.
     """
 
     built_from: str | None = None
     full_rebuild: str | None = "the first version"
     ledger_files: tuple[str, ...] = ()
-    shards: tuple[tuple[str, str], ...] = ()
+    shards: tuple[tuple[str, dict], ...] = ()
     labels: tuple[str, ...] = ()
+    output_dir: str = ""
+
+    def shard_paths(self) -> list[tuple[str, str]]:
+        """(relative path, full path) of every previous shard."""
+        return [
+            (entry["path"], manifest_lib.join(self.output_dir, entry["path"])) for _, entry in self.shards
+        ]
+
+    def shard_sizes(self) -> list[tuple[str, int]]:
+        """(relative path, number of records) of every previous shard."""
+        return [(entry["path"], entry["num_examples"]) for _, entry in self.shards]
 
     @property
     def incremental(self) -> bool:
@@ -127,9 +140,10 @@ def plan_reuse(output_dir: str, config: dict, rebuild: bool, template: bool = Fa
             manifest_lib.join(output_dir, path) for path in manifest_lib.ledger_file_paths(manifest)
         ),
         shards=tuple(
-            (split, manifest_lib.join(output_dir, shard["path"]))
+            (split, {key: shard[key] for key in ("path", "num_examples", "num_bytes", "sha256")})
             for split, info in sorted(manifest["splits"].items())
             for shard in info["shards"]
         ),
         labels=tuple(manifest["labels"]),
+        output_dir=output_dir,
     )

@@ -1,15 +1,18 @@
 """The reuse steps of an incremental run: match the inputs to the previous version's ledger, then carry over
-the records of the unchanged ones, copied from the previous version's shards.
+the records of the unchanged ones, by reference to the previous version's shards where a whole shard is
+unchanged, else copied from them.
 
     unique inputs (content key) + ledger (content key) -> SortByPublishedFn:
         unchanged (same content, same label) -> carry   (never read nor decoded)
         new, relabelled                      -> decode  (a published one keeps its split)
         a published image a named split moves -> moved  (counted and named by the summary)
-    carry (sha256) + the previous shards' records (sha256) -> CarryRecordFn:
+    carry, counted per previous shard (the ledger's `shard`) -> IntactShards: the shards whose every record
+        is carried as it was (same split, URI, label index): referenced by the new manifest, never opened
+    the other carried (sha256) + the records of the other previous shards (sha256) -> FindRecordFn:
         the record as it was (its label index and URI rewritten where they changed), or, if the previous
         version's shards lack it, the input back to decoding
 
-Why by copy and not by reference to the previous run's shards: docs/preprocessing.md, "Re-runs".
+Why by reference: docs/preprocessing.md, "Re-runs".
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dataset_contract import features
-from preprocess.reuse.ledger import ReadLedger, moments_bytes
+from preprocess.reuse.ledger import ReadLedger, entry_of, moments_bytes
 from preprocess.write.encode import label_not_in_train
 
 DECODE, CARRY, MOVED, PUBLISHED = "decode", "carry", "moved", "published"
@@ -30,6 +33,15 @@ class CarriedImage:
 
     image: object
     entry: dict
+
+    @property
+    def shard(self) -> str | None:
+        """The previous shard (relative path) that holds its record as this version writes it, or None: the
+        ledger says where (a ledger before shard references does not), and the record's split and URI are
+        those it has now (its label index is checked per shard, IntactShards)."""
+        if self.image.uri != self.entry["uri"] or self.image.split != self.entry["split"]:
+            return None
+        return self.entry.get("shard")
 
     def example(self) -> dict:
         """What the rest of the job needs of it: the statistics' moments, the ledger's fields; no pixels."""
@@ -161,8 +173,8 @@ class FindRecordFn(beam.DoFn):
 
 
 class RelabelRecordFn(beam.DoFn):
-    """(CarriedImage, record) -> (split, record, class name) (main), its example dict on "examples"; "errors":
-    a carried validation/test image whose class has no train image any more."""
+    """(CarriedImage, record) -> (split, record, class name, ledger entry) (main), its example dict on
+    "examples"; "errors": a carried validation/test image whose class has no train image any more."""
 
     def __init__(self):
         self._indices = None
@@ -179,25 +191,35 @@ class RelabelRecordFn(beam.DoFn):
         if label is None:
             yield beam.pvalue.TaggedOutput("errors", label_not_in_train(image.uri, image.label, image.split))
             return
-        yield beam.pvalue.TaggedOutput("examples", carried.example())
-        yield image.split, rewritten(record, label, image.uri), image.label
+        example = carried.example()
+        yield beam.pvalue.TaggedOutput("examples", example)
+        yield image.split, rewritten(record, label, image.uri), image.label, entry_of(example)
 
 
 class FindCarriedRecords(beam.PTransform):
     """(sha256, CarriedImage) -> {"found": (CarriedImage, record), "missing": UniqueInputs}: the previous
-    version's records of the carried images, read from its shards (`shards`: (split, path)).
+    version's records of the carried images, read from its shards (`shards`: (relative path, full path)),
+    but for those in `referenced` (a singleton set of relative paths; IntactShards).
 
     Needs no label vocabulary (RelabelRecordFn does), so the images it finds missing can still be decoded
     before the vocabulary is known."""
 
-    def __init__(self, shards):
+    def __init__(self, shards, referenced=None):
         super().__init__()
         self._shards = list(shards)
+        self._referenced = referenced
 
     def expand(self, carried):
+        shards = carried.pipeline | "Shards" >> beam.Create(self._shards)
+        if self._referenced is not None:
+            # A shard the new version references is never opened: this is where a re-run's time went.
+            shards = shards | "NotReferenced" >> beam.Filter(
+                lambda shard, referenced: shard[0] not in referenced,
+                beam.pvalue.AsSingleton(self._referenced),
+            )
         records = (
-            carried.pipeline
-            | "Shards" >> beam.Create([path for _, path in self._shards])
+            shards
+            | "Paths" >> beam.MapTuple(lambda _, path: path)
             | "SpreadShards" >> beam.Reshuffle()
             | "Records" >> beam.FlatMap(shard_records)
         )
@@ -207,3 +229,58 @@ class FindCarriedRecords(beam.PTransform):
             | "Find" >> beam.ParDo(FindRecordFn()).with_outputs("missing", main="found")
         )
         return {"found": out.found, "missing": out.missing}
+
+
+def intact_shards(counts, shard_sizes: dict, labels_now: dict, labels_before) -> frozenset:
+    """The previous shards (relative paths) the new version references: every record of each carried as it
+    was. `counts`: (shard, carried images whose record it holds as it is); `shard_sizes`: {shard: records};
+    `labels_now`: the summary of the unique inputs (SummarizeUniqueInputsFn), whose label vocabulary must be
+    the previous one, else every index may have moved and every record is copied."""
+    if list(labels_now["labels"]) != list(labels_before):
+        return frozenset()
+    return frozenset(shard for shard, count in counts if shard_sizes.get(shard) == count)
+
+
+class IntactShards(beam.PTransform):
+    """(sha256, CarriedImage) -> a singleton frozenset of the previous shards the new version references.
+
+    `shards`: (relative path, number of records) of every previous shard; `labels_now`: a singleton of the
+    unique inputs' summary; `labels_before`: the previous version's label vocabulary. Needs no decoded
+    image, so the records of the other shards are still found before anything is decoded."""
+
+    def __init__(self, shards, labels_now, labels_before):
+        super().__init__()
+        self._sizes = dict(shards)
+        self._labels_now = labels_now
+        self._labels_before = list(labels_before)
+
+    def expand(self, carried):
+        return (
+            carried
+            | "ShardAsItWas" >> beam.FlatMap(lambda element: [element[1].shard] if element[1].shard else [])
+            | "PerShard" >> beam.combiners.Count.PerElement()
+            | "AllShards" >> beam.combiners.ToList()
+            | "Intact"
+            >> beam.Map(
+                intact_shards,
+                shard_sizes=self._sizes,
+                labels_now=beam.pvalue.AsSingleton(self._labels_now),
+                labels_before=self._labels_before,
+            )
+        )
+
+
+def referenced_shard_entries(referenced, shards, labels, labels_before):
+    """The manifest's entries of the previous shards the new version references (as the previous manifest
+    lists them, path into the earlier run's directory), each with its `split`.
+
+    `labels`: the label vocabulary the version is written with. Shards are picked before it is known (near-
+    duplicate grouping may still take every train image of a class away): if it is not the previous one,
+    the referenced records' label indexes would be wrong, and the run stops rather than publish them."""
+    if referenced and list(labels) != list(labels_before):
+        raise ValueError(
+            f"the label vocabulary changed after {len(referenced)} shards of the previous version were "
+            f"referenced as they are (now {list(labels)}, before {list(labels_before)}); nothing was published. "
+            "Run again with --rebuild"
+        )
+    return [{"split": split, **entry} for split, entry in shards if entry["path"] in referenced]

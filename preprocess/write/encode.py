@@ -11,6 +11,7 @@ from PIL import Image
 from dataset_contract import features
 from preprocess import errors
 from preprocess.launch.progress import ProgressCounter
+from preprocess.reuse.ledger import entry_of
 
 # Little-endian on every host: the reader's decode_raw assumes it.
 _STORAGE_DTYPES = {
@@ -116,7 +117,9 @@ class EncodeExamplesFn(beam.DoFn):
 
 
 class EncodeDecodedFn(beam.DoFn):
-    """Raw example dict (DecodeImagesFn) -> (split, serialized example, class name), for uint8 and jpeg.
+    """Raw example dict (DecodeImagesFn) -> (split, serialized example, class name, ledger entry), for uint8
+    and jpeg: the entry (preprocess/reuse/ledger.py) goes with the record to the shard writer, which says
+    which shard holds it.
 
     `vocabulary` (a side input) is the sorted class names of the train
     split's inputs, known once duplicates are resolved, before any image is
@@ -160,4 +163,4 @@ class EncodeDecodedFn(beam.DoFn):
         serialized = serialize_example(
             payload, label, class_name.encode(), example["sha256"].encode(), example["uri"].encode()
         )
-        yield split, serialized, class_name
+        yield split, serialized, class_name, entry_of(example)

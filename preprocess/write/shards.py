@@ -108,8 +108,13 @@ class _HashingFile:
         self._handle.abort()
 
 
+# WriteShardFilesFn's output of (file path, ledger entry): where each record that came with an entry went.
+PLACED = "placed"
+
+
 class WriteShardFilesFn(beam.DoFn):
-    """(split, record bytes) -> WrittenFile entries of files holding them, one open file per split.
+    """(split, record bytes[, ledger entry]) -> WrittenFile entries of files holding them, one open file per
+    split; with an entry, (the file's path, the entry) on PLACED, so the ledger can say which shard holds it.
 
     The files go into the run's directory (TFRecord shards, or with framing
     LINES the error log's JSON lines).
@@ -155,7 +160,7 @@ class WriteShardFilesFn(beam.DoFn):
             raise
 
     def _process(self, element, target_bytes: dict, run_id: str):
-        split, record = element
+        split, record = element[0], element[1]
         if split not in target_bytes:
             raise ValueError(
                 f"no target file size for split {split!r} (sizes given for {sorted(target_bytes)})"
@@ -177,6 +182,8 @@ class WriteShardFilesFn(beam.DoFn):
         else:
             handle.write(record + b"\n")
         handle.num_examples += 1
+        if len(element) > 2:
+            yield beam.pvalue.TaggedOutput(PLACED, (handle.path, element[2]))
 
     def finish_bundle(self):
         for split in sorted(self._open):
@@ -322,9 +329,22 @@ class WriteShardFn(beam.DoFn):
         )
 
 
+def shards_of_files(plan: ShardPlan, output_dir: str, run_id: str) -> list[tuple[str, str]]:
+    """(a written file's path, the shard that holds its records, relative to the output) of one plan."""
+    shard = RunPaths(output_dir, run_id).relative(plan.name)
+    return [(source.path, shard) for source in plan.sources]
+
+
+def with_shard(placed: tuple, shards: dict) -> dict:
+    """(file path, ledger entry) -> the entry with the `shard` that holds its record."""
+    path, entry = placed
+    return {**entry, "shard": shards[path]}
+
+
 class WriteShards(beam.PTransform):
-    """(split, serialized example) pairs of every split -> shard manifest entries (dicts); several
-    PCollections of them (a tuple) are written as one.
+    """(split, serialized example[, ledger entry]) of every split -> {"shards": shard manifest entries
+    (dicts), "ledger": the ledger entries given, each with its `shard` (preprocess/reuse/ledger.py)};
+    several PCollections of them (a tuple) are written as one.
 
     `estimated_bytes` is a singleton PCollection of {split: estimated bytes of
     its records} (record count times the bytes a record takes, or an estimate
@@ -352,20 +372,30 @@ class WriteShards(beam.PTransform):
         # writer of its own and meet as file entries: a Flatten of the records would end the stage that
         # decodes them, and every decoded record would cross a stage boundary.
         inputs = records if isinstance(records, (tuple, list)) else (records,)
-        files = [
+        written = [
             collection
             | ("WriteFiles" if index == 0 else f"WriteFiles[{index}]")
-            >> beam.ParDo(WriteShardFilesFn(self._output_dir), targets, run_id)
+            >> beam.ParDo(WriteShardFilesFn(self._output_dir), targets, run_id).with_outputs(
+                PLACED, main="files"
+            )
             for index, collection in enumerate(inputs)
         ]
-        files = files[0] if len(files) == 1 else files | "FilesOfAllInputs" >> beam.Flatten()
-        return (
+        files = [out.files for out in written] | "FilesOfAllInputs" >> beam.Flatten()
+        placed = [out[PLACED] for out in written] | "PlacedOfAllInputs" >> beam.Flatten()
+        plans = (
             files
             | "AllFiles" >> beam.combiners.ToList()
             | "Plan" >> beam.FlatMap(plan_shards, targets, min_shards=self._min_shards)
-            | "Spread" >> beam.Reshuffle()
-            | "WriteShard" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
         )
+        shard_of_file = plans | "ShardOfFile" >> beam.FlatMap(
+            shards_of_files, output_dir=self._output_dir, run_id=run_id
+        )
+        return {
+            "shards": plans
+            | "Spread" >> beam.Reshuffle()
+            | "WriteShard" >> beam.ParDo(WriteShardFn(self._output_dir), run_id),
+            "ledger": placed | "LedgerShard" >> beam.Map(with_shard, beam.pvalue.AsDict(shard_of_file)),
+        }
 
 
 class WriteErrorLog(beam.PTransform):

@@ -341,13 +341,14 @@ def _step_names(encoding: str, tmp_path, *flags) -> set[str]:
 DECODE = "Decode/ParDo(DecodeImagesFn)"
 NEAR_DUPLICATE_SPILL = "NearDuplicates/Spill/ParDo(SpillDecodedFn)"
 NEAR_DUPLICATE_ROUTE = "NearDuplicates/Route"
+WRITE_SHARD_FILES = "WriteShards/WriteFiles/ParDo(WriteShardFilesFn)"
 
 
 @pytest.mark.parametrize(
     "encoding,mode,stages_together",
     [
-        ("uint8", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}]),
-        ("jpeg", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"}]),
+        ("uint8", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", WRITE_SHARD_FILES}]),
+        ("jpeg", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", WRITE_SHARD_FILES}]),
         ("bfloat16", "off", [{DECODE, "Spill[train]/WriteParts", "Spill[test]/WriteParts"}]),
         # With the near-duplicate audit: decoded pixels go to the audit's spill where they are decoded, and
         # from there, where each part is read back, to the shards (or the second pass's spill).
@@ -356,7 +357,7 @@ NEAR_DUPLICATE_ROUTE = "NearDuplicates/Route"
             "keep",
             [
                 {DECODE, NEAR_DUPLICATE_SPILL},
-                {NEAR_DUPLICATE_ROUTE, "Encode/ParDo(EncodeDecodedFn)", "WriteShards/WriteFiles"},
+                {NEAR_DUPLICATE_ROUTE, "Encode/ParDo(EncodeDecodedFn)", WRITE_SHARD_FILES},
             ],
         ),
         (

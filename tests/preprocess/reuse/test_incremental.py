@@ -449,5 +449,20 @@ def test_drop_mode_never_drops_a_carried_member_and_keeps_whole_a_group_that_out
     _, members = decide([image("a", "cat", True), image("b", "cat", True), image("c", "cat")])
     assert members == {"a": (True, "train"), "b": (True, "train"), "c": (False, "train")}
     decision, members = decide([image("a", "cat", True), image("b", "dog"), image("c", "dog")])
-    assert decision.flags == ("kept_whole",)
+    assert decision.flags == ("kept_whole", "published_outvoted")
     assert members == {"a": (True, "train"), "b": (True, "train"), "c": (True, "train")}
+
+
+def test_the_summary_says_how_many_groups_drop_mode_kept_whole_for_a_published_image():
+    from preprocess.inspect.summary import format_near_duplicates  # noqa: PLC0415
+
+    near = {"mode": "drop", "max_distance": 10, "groups": 3, "images_in_groups": 7, "dropped": 2}
+    lines = format_near_duplicates(
+        {"near_duplicates": {**near, "groups_kept_whole": 2, "groups_kept_whole_published": 1}}
+    )
+    assert (
+        "    kept whole: 2 groups: 1 whose labels have no majority, 1 because they hold an image carried over from "
+        "the published version (never dropped) whose label its new copies outvote"
+    ) in lines
+    lines = format_near_duplicates({"near_duplicates": {**near, "groups_kept_whole": 1}})
+    assert "    kept whole: 1 group whose labels have no majority" in lines
