@@ -31,6 +31,7 @@ _STATE = 0  # (label, neighbours' keys): the image's own state
 _LABEL = 1  # a label proposed to the image
 _CHILD = 2  # the key of an image whose label is this image's key
 _ENTRY = 3  # the representative's entry (last step only)
+_ALONG = 4  # a value that needs the image's entry (last step only)
 
 
 def _messages(node, label, old_label, neighbours, send_to_neighbours):
@@ -78,7 +79,8 @@ def _label_round(element):
 def _labelled_entry(element):
     """(key, messages and the representative's entry) -> (label, entry): the entry under its component's
     label, or under its own key when it has no verified pair (only if it has flood followers: otherwise it
-    is in no group); ("images_not_converged", 1) on 'stats' for an image that would still change label."""
+    is in no group); ("images_not_converged", 1) on 'stats' for an image that would still change label;
+    (value, entry) on 'along' for each value sent along to the key."""
     node, messages = element
     state, smallest = _state_and_smallest(messages)
     entry = next((value for kind, value in messages if kind == _ENTRY), None)
@@ -88,18 +90,26 @@ def _labelled_entry(element):
             yield beam.pvalue.TaggedOutput("stats", ("images_not_converged", 1))
     else:
         label = node if entry is not None and entry[1].count > 1 else None
-    if entry is not None and label is not None:
+    if entry is None:
+        return
+    if label is not None:
         yield label, entry
+    for kind, value in messages:
+        if kind == _ALONG:
+            yield beam.pvalue.TaggedOutput("along", (value, entry))
 
 
 class LabelComponents(beam.PTransform):
     """Edges (key, key) and entries (key, (representative, Flood)) -> {"entries": (component label, entry),
-    "stats": ("verified_pairs" | "images_not_converged", n)}, after `rounds` rounds (module docstring)."""
+    "stats": ("verified_pairs" | "images_not_converged", n), "along": (value, entry)}, after `rounds` rounds
+    (module docstring). `along`: (key, value) pairs that need their key's entry (the near misses' members:
+    the last step joins them to it, no shuffle of their own)."""
 
-    def __init__(self, entries, rounds: int):
+    def __init__(self, entries, rounds: int, along=None):
         super().__init__()
         self._entries = entries
         self._rounds = rounds
+        self._along = along
 
     def expand(self, edges):
         first = (
@@ -118,15 +128,20 @@ class LabelComponents(beam.PTransform):
                 | f"Round{round_number}" >> beam.GroupByKey()
                 | f"Labels{round_number}" >> beam.FlatMap(_label_round)
             )
-        entries = self._entries | "TagEntries" >> beam.MapTuple(lambda key, entry: (key, (_ENTRY, entry)))
+        last = [
+            messages,
+            self._entries | "TagEntries" >> beam.MapTuple(lambda key, entry: (key, (_ENTRY, entry))),
+        ]
+        if self._along is not None:
+            last.append(self._along | "TagAlong" >> beam.MapTuple(lambda key, value: (key, (_ALONG, value))))
         labelled = (
-            (messages, entries)
+            last
             | "MessagesAndEntries" >> beam.Flatten()
             | "LastRound" >> beam.GroupByKey()
             | "LabelledEntries"
             >> beam.FlatMap(_labelled_entry)
             .with_output_types(tuple[str, typing.Any])
-            .with_outputs("stats", main="entries")
+            .with_outputs("stats", "along", main="entries")
         )
         stats = (first.stats, labelled.stats) | "ComponentStats" >> beam.Flatten()
-        return {"entries": labelled.entries, "stats": stats}
+        return {"entries": labelled.entries, "stats": stats, "along": labelled.along}

@@ -128,6 +128,9 @@ STATS_KEYS = (
 # list, index = grey distance), "near_misses" (a list of pairs), "low_information_by_split" ({split: n}).
 # Stats combined by max, not by sum.
 _MAX_STATS = ("largest_group",)
+# The near misses' halves ({(distance, key_a, key_b): {key: (uri, label, split)}}), kept for the NEAR_MISSES
+# closest only, made into "near_misses" when the stats are finished.
+_NEAR_MISS_HALVES = "near_miss_halves"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -628,7 +631,9 @@ class SumStatsFn(beam.CombineFn):
     def add_input(self, accumulator, pair):
         name, value = pair
         old = accumulator.get(name, 0)
-        if name in _MAX_STATS:
+        if name == _NEAR_MISS_HALVES:
+            accumulator[name] = _closest_halves(old or {}, value)
+        elif name in _MAX_STATS:
             accumulator[name] = max(old, value)
         elif isinstance(value, tuple):
             old = old or (0,) * len(value)
@@ -658,45 +663,19 @@ class SumStatsFn(beam.CombineFn):
         return output
 
 
-class ClosestNearMissesFn(beam.CombineFn):
-    """(distance, key_a, key_b) near misses -> the NEAR_MISSES smallest distinct ones, sorted (a pair sharing
-    several buckets is sent once per bucket). The accumulator holds at most NEAR_MISSES of them."""
-
-    def create_accumulator(self):
-        return set()
-
-    def add_input(self, accumulator, pair):
-        accumulator.add(tuple(pair))
-        if len(accumulator) > NEAR_MISSES:
-            accumulator.remove(max(accumulator))
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        merged = set().union(*accumulators)
-        return set(sorted(merged)[:NEAR_MISSES])
-
-    def extract_output(self, accumulator):
-        return sorted(accumulator)
+def _near_miss_half(pair, entry) -> tuple:
+    """A near miss (distance, key_a, key_b) and one member's entry -> its stat: the pair with that member's
+    uri, label and split (the pair's other member sends the other half)."""
+    image = entry[0]
+    return _NEAR_MISS_HALVES, {tuple(pair): {image.key: (image.uri, image.label, image.split)}}
 
 
-def _near_miss_member(image: SignedImage, closest) -> list:
-    """[("near_miss_members", [(key, uri, label, split)])] for an image of a listed near miss, else []."""
-    if not any(image.key in pair[1:] for pair in closest):
-        return []
-    return [("near_miss_members", [(image.key, image.uri, image.label, image.split)])]
-
-
-def _near_miss_pairs(closest, members_by_key: dict) -> list:
-    """The closest near misses (distance, key_a, key_b), with their members' uris, labels and splits."""
-    listed = []
-    for distance, key_a, key_b in closest:
-        a, b = members_by_key.get(key_a), members_by_key.get(key_b)
-        if a is None or b is None:
-            continue
-        listed.append(
-            {"distance": distance, "uris": [a[0], b[0]], "labels": [a[1], b[1]], "splits": [a[2], b[2]]}
-        )
-    return listed
+def _closest_halves(old: dict, new: dict) -> dict:
+    """{near miss: {key: member}} of both -> of the NEAR_MISSES smallest near misses (bounded)."""
+    merged = {pair: dict(halves) for pair, halves in old.items()}
+    for pair, halves in new.items():
+        merged.setdefault(pair, {}).update(halves)
+    return {pair: merged[pair] for pair in sorted(merged)[:NEAR_MISSES]}
 
 
 def _finish_stats(stats: dict, max_moved_share: float) -> dict:
@@ -706,11 +685,19 @@ def _finish_stats(stats: dict, max_moved_share: float) -> dict:
     stats["changes_withheld"] = int(stats["would_move"] > max_moved_share * stats["images"])
     if stats["changes_withheld"]:
         stats["split_changes"] = stats["dropped"] = 0
-    closest = [tuple(pair) for pair in stats.pop("near_miss_closest", None) or []]
-    members = {
-        key: (uri, label, split) for key, uri, label, split in stats.pop("near_miss_members", None) or []
-    }
-    listed = _near_miss_pairs(sorted(closest), members)
+    halves = stats.pop(_NEAR_MISS_HALVES, None) or {}
+    listed = []
+    for (distance, key_a, key_b), members in sorted(halves.items()):
+        if key_a in members and key_b in members:
+            (uri_a, label_a, split_a), (uri_b, label_b, split_b) = members[key_a], members[key_b]
+            listed.append(
+                {
+                    "distance": distance,
+                    "uris": [uri_a, uri_b],
+                    "labels": [label_a, label_b],
+                    "splits": [split_a, split_b],
+                }
+            )
     if listed:
         stats["near_misses"] = listed
     return stats
@@ -796,7 +783,12 @@ class FindNearDuplicateGroups(beam.PTransform):
             )
         )
         keyed = representatives | "ByKey" >> beam.Map(lambda entry: (entry[0].key, entry))
-        components = verified.edges | "Components" >> LabelComponents(keyed, self._rounds)
+        # The near misses the report lists, sent to both members' keys: the components' last step, which
+        # joins each key to its representative, gives their uris, labels and splits.
+        near_miss_members = verified.near_misses | "NearMissMembers" >> beam.FlatMap(
+            lambda pair: ((pair[1], pair), (pair[2], pair))
+        )
+        components = verified.edges | "Components" >> LabelComponents(keyed, self._rounds, near_miss_members)
         grouped = (
             components["entries"]
             | "ComponentGroup" >> beam.GroupByKey()
@@ -813,11 +805,6 @@ class FindNearDuplicateGroups(beam.PTransform):
         )
         decided = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
 
-        # The near misses listed in the report, with their members' uris, labels and splits.
-        closest = verified.near_misses | "ClosestNearMisses" >> beam.CombineGlobally(ClosestNearMissesFn())
-        near_miss_members = images | "NearMissMembers" >> beam.FlatMap(
-            _near_miss_member, beam.pvalue.AsSingleton(closest)
-        )
         low_information = images | "LowInformation" >> beam.FlatMap(
             lambda image: (
                 [("low_information_by_split", {image.split: 1})]
@@ -833,8 +820,7 @@ class FindNearDuplicateGroups(beam.PTransform):
             components["stats"],
             grouped.stats,
             low_information,
-            near_miss_members,
-            closest | "ClosestStat" >> beam.Map(lambda pairs: ("near_miss_closest", list(pairs))),
+            components["along"] | "NearMissHalves" >> beam.MapTuple(_near_miss_half),
             images | "CountImages" >> beam.Map(lambda _: ("images", 1)),
             decided | "MemberStats" >> beam.FlatMap(_member_stats),
         ) | "AllCounts" >> beam.Flatten()
