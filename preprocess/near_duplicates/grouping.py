@@ -82,6 +82,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from preprocess.near_duplicates import signature as signature_lib
+from preprocess.near_duplicates import split_counts
 from preprocess.near_duplicates.components import LabelComponents
 from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
 from preprocess.near_duplicates.signature import CANDIDATE_BITS
@@ -131,6 +132,10 @@ _MAX_STATS = ("largest_group",)
 # The near misses' halves ({(distance, key_a, key_b): {key: (uri, label, split)}}), kept for the NEAR_MISSES
 # closest only, made into "near_misses" when the stats are finished.
 _NEAR_MISS_HALVES = "near_miss_halves"
+# The images per (split, label) before grouping, and the members' changes to them (split_counts.py): summed
+# with the stats, the changes counted only when the guard lets them be; the "split_counts" output.
+_SPLIT_COUNTS = "split_label_counts"
+_SPLIT_MOVES = "split_label_moves"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -633,6 +638,10 @@ class SumStatsFn(beam.CombineFn):
         old = accumulator.get(name, 0)
         if name == _NEAR_MISS_HALVES:
             accumulator[name] = _closest_halves(old or {}, value)
+        elif name in (_SPLIT_COUNTS, _SPLIT_MOVES):
+            counts = split_counts.SplitLabelCountsFn()
+            more = value if isinstance(value, dict) else counts.add_input({}, value)
+            accumulator[name] = counts.merge_accumulators([old or {}, more])
         elif name in _MAX_STATS:
             accumulator[name] = max(old, value)
         elif isinstance(value, tuple):
@@ -685,6 +694,10 @@ def _finish_stats(stats: dict, max_moved_share: float) -> dict:
     stats["changes_withheld"] = int(stats["would_move"] > max_moved_share * stats["images"])
     if stats["changes_withheld"]:
         stats["split_changes"] = stats["dropped"] = 0
+    counts = split_counts.SplitLabelCountsFn()
+    moves = [] if stats["changes_withheld"] else [stats.pop(_SPLIT_MOVES, None) or {}]
+    stats.pop(_SPLIT_MOVES, None)
+    stats[_SPLIT_COUNTS] = counts.merge_accumulators([stats.pop(_SPLIT_COUNTS, None) or {}, *moves])
     halves = stats.pop(_NEAR_MISS_HALVES, None) or {}
     listed = []
     for (distance, key_a, key_b), members in sorted(halves.items()):
@@ -711,6 +724,8 @@ def _member_stats(member: GroupMember):
     yield "would_move", int(moves)
     yield "split_changes", int(moves and member.kept)
     yield "dropped", int(not member.kept)
+    for delta in split_counts.member_deltas(member):
+        yield _SPLIT_MOVES, delta
 
 
 def _guarded(member: GroupMember, stats: dict) -> GroupMember:
@@ -721,7 +736,8 @@ def _guarded(member: GroupMember, stats: dict) -> GroupMember:
 
 
 class FindNearDuplicateGroups(beam.PTransform):
-    """PCollection[SignedImage] -> {"members": GroupMember, "groups": NearDuplicateGroup, "stats": one dict}.
+    """PCollection[SignedImage] -> {"members": GroupMember, "groups": NearDuplicateGroup, "stats": one dict,
+    "split_counts": one {(split, label): images} after grouping (split_counts.py)}.
 
     `max_distance`: the largest grey distance of a pair of near-duplicates (signature.near).
     `drop`: keep one member per group (kept=False for the others).
@@ -730,6 +746,8 @@ class FindNearDuplicateGroups(beam.PTransform):
     `rounds`: rounds of label propagation (unconverged images are counted).
     `max_group_size`: a larger group moves no one. `max_component_size`: a larger component is left alone.
     `max_moved_share`: when more of the images would move, none moves and none is dropped.
+    `more_split_counts`: ((split, label), n) of images not grouped, added to "split_counts" (the same
+    combine as the stats: one shuffle).
     See the module docstring.
     """
 
@@ -745,6 +763,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         max_component_size: int = DEFAULT_MAX_COMPONENT_SIZE,
         max_moved_share: float = DEFAULT_MAX_MOVED_SHARE,
         signature_bits: int = CANDIDATE_BITS,
+        more_split_counts=None,
     ):
         super().__init__()
         if max_distance < 0:
@@ -763,6 +782,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         self._max_group_size = max_group_size
         self._max_component_size = max_component_size
         self._max_moved_share = max_moved_share
+        self._more_split_counts = more_split_counts
 
     def expand(self, images):
         collapsed = (
@@ -821,15 +841,26 @@ class FindNearDuplicateGroups(beam.PTransform):
             grouped.stats,
             low_information,
             components["along"] | "NearMissHalves" >> beam.MapTuple(_near_miss_half),
-            images | "CountImages" >> beam.Map(lambda _: ("images", 1)),
+            images
+            | "CountImages"
+            >> beam.FlatMap(lambda image: (("images", 1), (_SPLIT_COUNTS, split_counts.image_count(image)))),
             decided | "MemberStats" >> beam.FlatMap(_member_stats),
-        ) | "AllCounts" >> beam.Flatten()
-        stats = (
+        )
+        if self._more_split_counts is not None:
+            counts += (
+                self._more_split_counts | "MoreSplitCounts" >> beam.Map(lambda pair: (_SPLIT_COUNTS, pair)),
+            )
+        counts = counts | "AllCounts" >> beam.Flatten()
+        finished = (
             counts
             | "Stats" >> beam.CombineGlobally(SumStatsFn())
             | "FinishStats" >> beam.Map(_finish_stats, self._max_moved_share)
         )
-        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(stats))
+        stats = finished | "WithoutSplitCounts" >> beam.Map(
+            lambda stats: {name: value for name, value in stats.items() if name != _SPLIT_COUNTS}
+        )
+        after_grouping = finished | "SplitCounts" >> beam.Map(lambda stats: stats[_SPLIT_COUNTS])
+        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(finished))
 
         listed = (
             members | "MemberByGroup" >> beam.Map(lambda member: (member.group, ("member", member))),
@@ -838,4 +869,4 @@ class FindNearDuplicateGroups(beam.PTransform):
         groups = (
             listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
-        return {"members": members, "groups": groups, "stats": stats}
+        return {"members": members, "groups": groups, "stats": stats, "split_counts": after_grouping}
