@@ -627,8 +627,9 @@ def _to_group(group, listed):
 
 class SumStatsFn(beam.CombineFn):
     """(name, value) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted). Ints
-    add up, tuples (histograms) add up element by element, dicts add up per key, lists (near misses) are
-    joined; the names of _MAX_STATS take the largest value instead."""
+    add up, tuples (histograms) add up element by element, dicts add up per key, lists are joined; the names
+    of _MAX_STATS take the largest value instead; the near misses' halves keep the NEAR_MISSES closest, and
+    the split counts add up per (split, label) (split_counts.SplitLabelCountsFn). `_finish_stats` follows."""
 
     def create_accumulator(self):
         return dict.fromkeys(STATS_KEYS, 0)
