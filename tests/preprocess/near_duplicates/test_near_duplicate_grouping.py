@@ -471,6 +471,11 @@ def test_past_the_share_of_moves_allowed_no_member_moves_and_none_is_dropped():
             equal_to([(32, 6, 1, 0, 0)]),
             label="withheld stats",
         )
+        # The split sizes and vocabulary stage 1 writes with: unchanged when withheld, less the dropped ones.
+        before = collections.Counter((image.split, image.label) for image in images)
+        dropped = collections.Counter((max(p, key=lambda i: i.key).split, "cat") for p in pairs)
+        assert_that(withheld["split_counts"], equal_to([dict(before)]), label="withheld counts")
+        assert_that(allowed["split_counts"], equal_to([dict(before - dropped)]), label="allowed counts")
         assert_that(
             allowed["stats"]
             | beam.Map(lambda s: (s["would_move"], s["changes_withheld"], s["split_changes"], s["dropped"])),
