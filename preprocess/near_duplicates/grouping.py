@@ -27,12 +27,12 @@ gives the same groups, splits and kept members.
    is checked with `signature.near`, and the verified pairs are reduced to a
    spanning forest (union-find in the bucket: at most n - 1 edges per bucket,
    never n**2 / 2 for a bucket of near-identical images).
-4. Components of those edges, in `rounds` (6) of min-label propagation with
-   hooking and pointer jumping (Shiloach-Vishkin style); images whose label
-   would still change after them are counted (`images_not_converged`). A
-   part of an unconverged component is cut into groups alone, so its groups
-   still hold (every member near its centre), but a copy may then be in
-   another split than its group.
+4. Components of those edges (components.py): `rounds` (8) of min-label
+   propagation with hooking and pointer jumping, one shuffle of keys each;
+   images whose label would still change after them are counted
+   (`images_not_converged`). A part of an unconverged component is cut into
+   groups alone, so its groups still hold (every member near its centre),
+   but a copy may then be in another split than its group.
 5. Groups are not components: a component (held whole, up to
    `max_component_size` representatives; a larger one is counted in
    `components_too_large` and left alone) is cut into groups around centres:
@@ -83,6 +83,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from preprocess.near_duplicates import signature as signature_lib
+from preprocess.near_duplicates import split_counts
+from preprocess.near_duplicates.components import LabelComponents
 from preprocess.near_duplicates.limits import DEFAULT_MAX_GROUP_SIZE, DEFAULT_MAX_MOVED_SHARE
 from preprocess.near_duplicates.signature import CANDIDATE_BITS
 
@@ -95,9 +97,9 @@ DEFAULT_MAX_BUCKET_SIZE = 2000
 HISTOGRAM_BITS = 16
 NEAR_MISS_BITS = 3
 NEAR_MISSES = 24
-# Rounds of label propagation, 3 shuffles each: a chain of 1,000 copies in the worst key order (sorted along
-# the chain) converges in 6, the buckets' union-find and the hooking doing most of the work (measured).
-DEFAULT_ROUNDS = 6
+# Rounds of label propagation, one shuffle each (components.py): a chain of 1,000 copies 2 bits apart in the
+# worst key order (sorted along the chain) converges in 7, one of 40 at 3 bits in 7 (measured); one to spare.
+DEFAULT_ROUNDS = 8
 # A component is held whole to be cut into groups; a larger one is left alone (counted).
 DEFAULT_MAX_COMPONENT_SIZE = 5000
 
@@ -129,6 +131,13 @@ STATS_KEYS = (
 # list, index = grey distance), "near_misses" (a list of pairs), "low_information_by_split" ({split: n}).
 # Stats combined by max, not by sum.
 _MAX_STATS = ("largest_group",)
+# The near misses' halves ({(distance, key_a, key_b): {key: (uri, label, split)}}), kept for the NEAR_MISSES
+# closest only, made into "near_misses" when the stats are finished.
+_NEAR_MISS_HALVES = "near_miss_halves"
+# The images per (split, label) before grouping, and the members' changes to them (split_counts.py): summed
+# with the stats, the changes counted only when the guard lets them be; the "split_counts" output.
+_SPLIT_COUNTS = "split_label_counts"
+_SPLIT_MOVES = "split_label_moves"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,32 +447,9 @@ class _FoldPerKey(beam.PTransform):
         return pairs | "Group" >> beam.GroupByKey() | "Fold" >> beam.CombineValues(self._combine_fn)
 
 
-class _SmallestPerKey(beam.PTransform):
-    """(key, value) -> (key, the smallest value), without a pre-combining table (see _FoldPerKey)."""
-
-    def expand(self, pairs):
-        return (
-            pairs
-            | "Group" >> beam.GroupByKey()
-            | "Smallest" >> beam.MapTuple(lambda key, values: (key, min(values)))
-        )
-
-
-class _Distinct(beam.PTransform):
-    """Elements -> each distinct one once, without a pre-combining table (see _FoldPerKey)."""
-
-    def expand(self, elements):
-        return (
-            elements
-            | "AsKeys" >> beam.Map(lambda element: (element, None))
-            | "Group" >> beam.GroupByKey()
-            | "Keys" >> beam.MapTuple(lambda element, _: element)
-        )
-
-
-# Tags of what is grouped under one key in the joins below.
-_OWN = 0  # the key's own label (or image, or decision)
-_OTHER = 1  # a neighbour, a proposed label, a child, a member
+# Tags of what is grouped under one key in the followers' join below.
+_OWN = 0  # the representative's decision
+_OTHER = 1  # a follower
 
 
 def _tagged(pcollection, tag, label):
@@ -486,95 +472,6 @@ def _own(tagged):
 
 def _others(tagged):
     return (value for tag, value in tagged if tag == _OTHER)
-
-
-def _send_label_to_neighbours(element):
-    """(node, [own label, neighbours (key, distance)...]) -> (neighbour, the node's label) for each neighbour."""
-    _, tagged = element
-    label = _own(tagged)
-    for neighbour, _ in _others(tagged):
-        yield neighbour, label
-
-
-def _propose_and_hook(element):
-    """(node, [own label, neighbours' labels...]) -> (node, smallest) and, if smaller, (own label, smallest).
-
-    The second one hooks the node's old root under the smaller label, so that
-    whole stars merge in one round instead of one hop at a time.
-    """
-    node, tagged = element
-    label = _own(tagged)
-    smallest = min(_others(tagged), default=label)
-    yield node, min(label, smallest)
-    if smallest < label:
-        yield label, smallest
-
-
-def _jump(element):
-    """(node, [own label, children...]) -> (child, the node's label) for each child: pointer jumping."""
-    _, tagged = element
-    label = _own(tagged)
-    for child in _others(tagged):
-        yield child, label
-
-
-class _LabelRound(beam.PTransform):
-    """(node, label) -> (node, label): one round of propagation, hooking and pointer jumping."""
-
-    def __init__(self, adjacency):
-        super().__init__()
-        self._adjacency = adjacency
-
-    def expand(self, labels):
-        received = _join("Neighbours", labels, self._adjacency) | "SendLabels" >> beam.FlatMap(
-            _send_label_to_neighbours
-        )
-        proposed = (
-            _join("Proposals", labels, received)
-            | "ProposeAndHook" >> beam.FlatMap(_propose_and_hook)
-            | "Smallest" >> _SmallestPerKey()
-        )
-        children = proposed | "ToParent" >> beam.MapTuple(lambda node, label: (label, node))
-        return _join("Jump", proposed, children) | "JumpToRoot" >> beam.FlatMap(_jump)
-
-
-def _check_node(element):
-    """(node, [own label, ("label", a neighbour's label)..., ("child", an image labelled node)...])
-    -> the keys of images whose label would still change.
-
-    Converged: no neighbour has a smaller label than the node's, and every
-    image's label is a root (labelled by itself), so a node that is not a
-    root has no child.
-    """
-    node, tagged = element
-    label = _own(tagged)
-    is_root = label == node
-    smallest_neighbour_label = None
-    for kind, value in _others(tagged):
-        if kind == "label":
-            if smallest_neighbour_label is None or value < smallest_neighbour_label:
-                smallest_neighbour_label = value
-        elif not is_root:
-            yield value  # a child pointing at a node that is not a root
-    if smallest_neighbour_label is not None and smallest_neighbour_label < label:
-        yield node
-
-
-class _CheckConvergence(beam.PTransform):
-    """(node, label) -> one element per image whose label would still change."""
-
-    def __init__(self, adjacency):
-        super().__init__()
-        self._adjacency = adjacency
-
-    def expand(self, labels):
-        sent = _join("Neighbours", labels, self._adjacency) | "SendLabels" >> beam.FlatMap(
-            _send_label_to_neighbours
-        )
-        neighbour_labels = sent | "AsLabels" >> beam.MapTuple(lambda node, label: (node, ("label", label)))
-        children = labels | "ToParent" >> beam.MapTuple(lambda node, label: (label, ("child", node)))
-        others = (neighbour_labels, children) | "Others" >> beam.Flatten()
-        return _join("Check", labels, others) | "CheckNodes" >> beam.FlatMap(_check_node)
 
 
 def _near_matrix(signatures, max_distance: int) -> np.ndarray:
@@ -733,8 +630,9 @@ def _to_group(group, listed):
 
 class SumStatsFn(beam.CombineFn):
     """(name, value) pairs -> {name: total} with every STATS_KEYS name (0 when nothing was counted). Ints
-    add up, tuples (histograms) add up element by element, dicts add up per key, lists (near misses) are
-    joined; the names of _MAX_STATS take the largest value instead."""
+    add up, tuples (histograms) add up element by element, dicts add up per key, lists are joined; the names
+    of _MAX_STATS take the largest value instead; the near misses' halves keep the NEAR_MISSES closest, and
+    the split counts add up per (split, label) (split_counts.SplitLabelCountsFn). `_finish_stats` follows."""
 
     def create_accumulator(self):
         return dict.fromkeys(STATS_KEYS, 0)
@@ -742,7 +640,13 @@ class SumStatsFn(beam.CombineFn):
     def add_input(self, accumulator, pair):
         name, value = pair
         old = accumulator.get(name, 0)
-        if name in _MAX_STATS:
+        if name == _NEAR_MISS_HALVES:
+            accumulator[name] = _closest_halves(old or {}, value)
+        elif name in (_SPLIT_COUNTS, _SPLIT_MOVES):
+            counts = split_counts.SplitLabelCountsFn()
+            more = value if isinstance(value, dict) else counts.add_input({}, value)
+            accumulator[name] = counts.merge_accumulators([old or {}, more])
+        elif name in _MAX_STATS:
             accumulator[name] = max(old, value)
         elif isinstance(value, tuple):
             old = old or (0,) * len(value)
@@ -772,65 +676,72 @@ class SumStatsFn(beam.CombineFn):
         return output
 
 
-def _near_miss_stats(members_by_key: dict, closest):
-    """[("near_misses", the listed pairs)], or nothing when there is none."""
-    listed = _near_miss_pairs(closest, members_by_key)
-    return [("near_misses", listed)] if listed else []
+def _near_miss_half(pair, entry) -> tuple:
+    """A near miss (distance, key_a, key_b) and one member's entry -> its stat: the pair with that member's
+    uri, label and split (the pair's other member sends the other half)."""
+    image = entry[0]
+    return _NEAR_MISS_HALVES, {tuple(pair): {image.key: (image.uri, image.label, image.split)}}
 
 
-def _near_miss_pairs(closest, members_by_key: dict) -> list:
-    """The closest near misses (distance, key_a, key_b), with their members' uris, labels and splits."""
+def _closest_halves(old: dict, new: dict) -> dict:
+    """{near miss: {key: member}} of both -> of the NEAR_MISSES smallest near misses (bounded)."""
+    merged = {pair: dict(halves) for pair, halves in old.items()}
+    for pair, halves in new.items():
+        merged.setdefault(pair, {}).update(halves)
+    return {pair: merged[pair] for pair in sorted(merged)[:NEAR_MISSES]}
+
+
+def _finish_stats(stats: dict, max_moved_share: float) -> dict:
+    """The summed stats -> the grouping's stats: the guard's decision (`changes_withheld`, and then no
+    split change and no drop: `_guarded`), and the near misses with their members."""
+    stats = dict(stats)
+    stats["changes_withheld"] = int(stats["would_move"] > max_moved_share * stats["images"])
+    if stats["changes_withheld"]:
+        stats["split_changes"] = stats["dropped"] = 0
+    counts = split_counts.SplitLabelCountsFn()
+    moves = [] if stats["changes_withheld"] else [stats.pop(_SPLIT_MOVES, None) or {}]
+    stats.pop(_SPLIT_MOVES, None)
+    stats[_SPLIT_COUNTS] = counts.merge_accumulators([stats.pop(_SPLIT_COUNTS, None) or {}, *moves])
+    halves = stats.pop(_NEAR_MISS_HALVES, None) or {}
     listed = []
-    for distance, key_a, key_b in closest:
-        a, b = members_by_key.get(key_a), members_by_key.get(key_b)
-        if a is None or b is None:
-            continue
-        listed.append(
-            {"distance": distance, "uris": [a[0], b[0]], "labels": [a[1], b[1]], "splits": [a[2], b[2]]}
-        )
-    return listed
+    for (distance, key_a, key_b), members in sorted(halves.items()):
+        if key_a in members and key_b in members:
+            (uri_a, label_a, split_a), (uri_b, label_b, split_b) = members[key_a], members[key_b]
+            listed.append(
+                {
+                    "distance": distance,
+                    "uris": [uri_a, uri_b],
+                    "labels": [label_a, label_b],
+                    "splits": [split_a, split_b],
+                }
+            )
+    if listed:
+        stats["near_misses"] = listed
+    return stats
 
 
-def _representatives_by_label(element):
-    """(key, [(representative, flood)..., label]) -> (label, (representative, flood)): representatives with an
-    edge under their component's label, and those without one but with flood followers under their own key."""
-    key, tagged = element
-    entries, label = [], None
-    for tag, value in tagged:
-        if tag == _OWN:
-            entries.append(value)
-        else:
-            label = value
-    for entry in entries:
-        if label is not None:
-            yield label, entry
-        elif entry[1].count > 1:
-            yield key, entry
+def _member_stats(member: GroupMember):
+    """A member before the guard -> its counts: would it move (kept or not: the guard trips alike in keep
+    and drop mode), does it move (kept, to another split), is it dropped. `_finish_stats` zeroes the last two
+    when the guard withholds the changes."""
+    moves = member.split != member.image.split
+    yield "would_move", int(moves)
+    yield "split_changes", int(moves and member.kept)
+    yield "dropped", int(not member.kept)
+    for delta in split_counts.member_deltas(member):
+        yield _SPLIT_MOVES, delta
 
 
-def _withhold_changes(counts: dict, max_moved_share: float) -> dict:
-    """{"images", "would_move", "changes_withheld"}: whether the moves exceed the share the guard allows."""
-    images, would_move = counts["images"], counts["would_move"]
-    return {
-        "images": images,
-        "would_move": would_move,
-        "changes_withheld": int(would_move > max_moved_share * images),
-    }
-
-
-def _guarded(member: GroupMember, guard: dict) -> GroupMember:
+def _guarded(member: GroupMember, stats: dict) -> GroupMember:
     """The member as the guard leaves it: in its own split, and kept, when changes are withheld."""
-    if not guard["changes_withheld"]:
+    if not stats["changes_withheld"]:
         return member
     return dataclasses.replace(member, split=member.image.split, kept=True)
 
 
-def _count_distinct(keys, name: str, label: str):
-    return keys | f"{label}Distinct" >> _Distinct() | f"{label}Count" >> beam.Map(lambda _: (name, 1))
-
-
 class FindNearDuplicateGroups(beam.PTransform):
-    """PCollection[SignedImage] -> {"members": GroupMember, "groups": NearDuplicateGroup, "stats": one dict}.
+    """PCollection[SignedImage] -> {"members": GroupMember, "groups": NearDuplicateGroup, "stats": one dict,
+    "split_counts": one {(split, label): images} after grouping (split_counts.py)}.
 
     `max_distance`: the largest grey distance of a pair of near-duplicates (signature.near).
     `drop`: keep one member per group (kept=False for the others).
@@ -839,6 +750,8 @@ class FindNearDuplicateGroups(beam.PTransform):
     `rounds`: rounds of label propagation (unconverged images are counted).
     `max_group_size`: a larger group moves no one. `max_component_size`: a larger component is left alone.
     `max_moved_share`: when more of the images would move, none moves and none is dropped.
+    `more_split_counts`: ((split, label), n) of images not grouped, added to "split_counts" (the same
+    combine as the stats: one shuffle).
     See the module docstring.
     """
 
@@ -854,6 +767,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         max_component_size: int = DEFAULT_MAX_COMPONENT_SIZE,
         max_moved_share: float = DEFAULT_MAX_MOVED_SHARE,
         signature_bits: int = CANDIDATE_BITS,
+        more_split_counts=None,
     ):
         super().__init__()
         if max_distance < 0:
@@ -872,6 +786,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         self._max_group_size = max_group_size
         self._max_component_size = max_component_size
         self._max_moved_share = max_moved_share
+        self._more_split_counts = more_split_counts
 
     def expand(self, images):
         collapsed = (
@@ -891,23 +806,15 @@ class FindNearDuplicateGroups(beam.PTransform):
                 "stats", "near_misses", main="edges"
             )
         )
-        edges = verified.edges | "OncePerPair" >> _Distinct()
-        adjacency = edges | "BothWays" >> beam.FlatMapTuple(lambda a, b: ((a, (b, 0)), (b, (a, 0))))
-        labels = (
-            edges
-            | "OwnAndSmaller" >> beam.FlatMapTuple(lambda a, b: ((a, min(a, b)), (b, min(a, b))))
-            | "FirstLabels" >> _SmallestPerKey()
-        )
-        for round_number in range(1, self._rounds + 1):
-            labels = labels | f"Round{round_number}" >> _LabelRound(adjacency)
-        not_converged = labels | "CheckConvergence" >> _CheckConvergence(adjacency)
-
         keyed = representatives | "ByKey" >> beam.Map(lambda entry: (entry[0].key, entry))
-        components = _join("Components", keyed, labels) | "ByComponent" >> beam.FlatMap(
-            _representatives_by_label
+        # The near misses the report lists, sent to both members' keys: the components' last step, which
+        # joins each key to its representative, gives their uris, labels and splits.
+        near_miss_members = verified.near_misses | "NearMissMembers" >> beam.FlatMap(
+            lambda pair: ((pair[1], pair), (pair[2], pair))
         )
+        components = verified.edges | "Components" >> LabelComponents(keyed, self._rounds, near_miss_members)
         grouped = (
-            components
+            components["entries"]
             | "ComponentGroup" >> beam.GroupByKey()
             | "CutIntoGroups"
             >> beam.ParDo(
@@ -921,19 +828,43 @@ class FindNearDuplicateGroups(beam.PTransform):
             _follow, drop
         )
         decided = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
-        guard = (
-            (
-                images | "CountImages" >> beam.Map(lambda _: ("images", 1)),
-                # Dropped or not: the guard trips alike in keep and drop mode.
-                decided
-                | "CountMoves"
-                >> beam.Map(lambda member: ("would_move", int(member.split != member.image.split))),
+
+        low_information = images | "LowInformation" >> beam.FlatMap(
+            lambda image: (
+                [("low_information_by_split", {image.split: 1})]
+                if signature_lib.is_low_information(image.signature)
+                else []
             )
-            | "GuardCounts" >> beam.Flatten()
-            | "Guard" >> beam.CombineGlobally(SumStatsFn())
-            | "Withhold" >> beam.Map(_withhold_changes, self._max_moved_share)
         )
-        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(guard))
+        # Every count in one combine, the guard's among them: the members are counted before it, and
+        # `_finish_stats` decides it (one shuffle, where a guard of its own and the stats were two).
+        counts = (
+            collapsed.stats,
+            verified.stats,
+            components["stats"],
+            grouped.stats,
+            low_information,
+            components["along"] | "NearMissHalves" >> beam.MapTuple(_near_miss_half),
+            images
+            | "CountImages"
+            >> beam.FlatMap(lambda image: (("images", 1), (_SPLIT_COUNTS, split_counts.image_count(image)))),
+            decided | "MemberStats" >> beam.FlatMap(_member_stats),
+        )
+        if self._more_split_counts is not None:
+            counts += (
+                self._more_split_counts | "MoreSplitCounts" >> beam.Map(lambda pair: (_SPLIT_COUNTS, pair)),
+            )
+        counts = counts | "AllCounts" >> beam.Flatten()
+        finished = (
+            counts
+            | "Stats" >> beam.CombineGlobally(SumStatsFn())
+            | "FinishStats" >> beam.Map(_finish_stats, self._max_moved_share)
+        )
+        stats = finished | "WithoutSplitCounts" >> beam.Map(
+            lambda stats: {name: value for name, value in stats.items() if name != _SPLIT_COUNTS}
+        )
+        after_grouping = finished | "SplitCounts" >> beam.Map(lambda stats: stats[_SPLIT_COUNTS])
+        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(finished))
 
         listed = (
             members | "MemberByGroup" >> beam.Map(lambda member: (member.group, ("member", member))),
@@ -942,44 +873,4 @@ class FindNearDuplicateGroups(beam.PTransform):
         groups = (
             listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
-
-        closest = (
-            verified.near_misses
-            | "DistinctNearMisses" >> _Distinct()
-            | "ClosestNearMisses" >> beam.combiners.Top.Smallest(NEAR_MISSES)
-        )
-        near_misses = (
-            images
-            | "NearMissMembers"
-            >> beam.FlatMap(
-                lambda image, closest: (
-                    [(image.key, (image.uri, image.label, image.split))]
-                    if any(image.key in pair[1:] for pair in closest)
-                    else []
-                ),
-                beam.pvalue.AsSingleton(closest),
-            )
-            | "NearMissLookup" >> beam.combiners.ToDict()
-            | "NearMissPairs" >> beam.FlatMap(_near_miss_stats, beam.pvalue.AsSingleton(closest))
-        )
-        low_information = images | "LowInformation" >> beam.FlatMap(
-            lambda image: (
-                [("low_information_by_split", {image.split: 1})]
-                if signature_lib.is_low_information(image.signature)
-                else []
-            )
-        )
-        counts = (
-            collapsed.stats,
-            near_misses,
-            low_information,
-            verified.stats,
-            grouped.stats,
-            members | "SplitChanges" >> beam.Map(lambda member: ("split_changes", int(member.moved))),
-            members | "Drops" >> beam.Map(lambda member: ("dropped", int(not member.kept))),
-            edges | "VerifiedPairs" >> beam.Map(lambda _: ("verified_pairs", 1)),
-            _count_distinct(not_converged, "images_not_converged", "NotConverged"),
-            guard | "GuardStats" >> beam.FlatMap(lambda counts: counts.items()),
-        ) | "AllCounts" >> beam.Flatten()
-        stats = counts | "Stats" >> beam.CombineGlobally(SumStatsFn())
-        return {"members": members, "groups": groups, "stats": stats}
+        return {"members": members, "groups": groups, "stats": stats, "split_counts": after_grouping}

@@ -6,8 +6,9 @@
       -> CoGroupByKey(part paths, overrides) -> each part read back once, rows routed (routing.py)
 
 The label vocabulary and the split sizes the encoder and the shard writer need
-come from small counts over the SignedImages plus the overrides' deltas
-(split_counts.py). Each image is decoded once, before; nothing here decodes.
+come from small counts over the SignedImages plus the members' deltas
+(split_counts.py), summed by the grouping with its stats. Each image is decoded
+once, before; nothing here decodes.
 """
 
 import apache_beam as beam
@@ -66,11 +67,13 @@ class NearDuplicateAudit(beam.PTransform):
         signed = spilled.signed | "Published" >> WithPublishedSplits(self._published_shards)
         if self._carried_images is not None:
             signed = (signed, self._carried_images) | "WithCarried" >> beam.Flatten()
+        # The split sizes and the vocabulary come from the grouping's counts (the same combine as its stats).
         found = signed | "Group" >> FindNearDuplicateGroups(
             self._max_distance,
             drop=self._drop,
             max_group_size=self._max_group_size,
             max_moved_share=self._max_moved_share,
+            more_split_counts=self._carried_counts,
         )
         members = found["members"]
         overrides = members | "Overrides" >> beam.FlatMap(routing.override_of)
@@ -80,16 +83,8 @@ class NearDuplicateAudit(beam.PTransform):
             | "OverridesPerPart" >> beam.CoGroupByKey()
             | "Route" >> beam.ParDo(routing.RoutePartFn())
         )
-        counts = [
-            signed | "CountImages" >> beam.Map(split_counts.image_count),
-            members | "CountMoves" >> beam.FlatMap(split_counts.member_deltas),
-        ]
-        if self._carried_counts is not None:
-            counts.append(self._carried_counts)
-        summary = (
-            counts
-            | "Counts" >> beam.Flatten()
-            | "SplitLabelCounts" >> beam.CombineGlobally(split_counts.SplitLabelCountsFn())
+        summary = found["split_counts"] | "Summary" >> beam.Map(
+            split_counts.SplitLabelCountsFn().extract_output
         )
         dropped = members | "Dropped" >> beam.Filter(lambda member: not member.kept)
         return {

@@ -19,6 +19,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from preprocess.near_duplicates.grouping import (
+    NEAR_MISSES,
     STATS_KEYS,
     FindNearDuplicateGroups,
     SignedImage,
@@ -148,7 +149,8 @@ def test_a_chain_is_cut_into_groups_around_centres_and_cliques_stay_whole():
     chain = _chain(rng, [f"chain{i}" for i in range(40)], step_bits=3)
     clique = _clique(rng, [f"clique{i}" for i in range(4)])
     far_base = rng.getrandbits(BITS)
-    over = [_image("over0", far_base), _image("over1", _flip(far_base, range(4)))]  # 4 bits
+    # 4 bits, all in band 0: a candidate, a near miss.
+    over = [_image("over0", far_base), _image("over1", _flip(far_base, [0, 4, 8, 12]))]
     at_base = rng.getrandbits(BITS)
     at = [
         _image("at0", at_base, label="dog", split="test", pixels=10),
@@ -183,8 +185,24 @@ def test_a_chain_is_cut_into_groups_around_centres_and_cliques_stay_whole():
         assert {m.image.key for g in groups for m in g.members} >= {image.key for image in clique + at}
         assert not {m.image.key for g in groups for m in g.members} & {image.key for image in over + lone}
 
+    over_a, over_b = sorted(over, key=lambda image: image.key)
+    over_miss = {
+        "distance": 4,
+        "uris": [over_a.uri, over_b.uri],
+        "labels": ["cat"] * 2,
+        "splits": ["train"] * 2,
+    }
+
+    def near_misses_listed(elements):
+        # The report's near misses: the closest pairs just over the distance, with their members.
+        (stats,) = elements
+        listed = stats["near_misses"]
+        assert over_miss in listed and len(listed) <= NEAR_MISSES, listed
+        assert [pair["distance"] for pair in listed] == sorted(pair["distance"] for pair in listed)
+
     with TestPipeline() as pipeline:
         result = pipeline | beam.Create(images) | FindNearDuplicateGroups(3)
+        assert_that(result["stats"], near_misses_listed, label="near misses")
         assert_that(_member_rows(result), equal_to(_rows(images, model)), label="members")
         assert_that(result["groups"], groups_hold, label="groups")
         assert_that(
@@ -453,6 +471,11 @@ def test_past_the_share_of_moves_allowed_no_member_moves_and_none_is_dropped():
             equal_to([(32, 6, 1, 0, 0)]),
             label="withheld stats",
         )
+        # The split sizes and vocabulary stage 1 writes with: unchanged when withheld, less the dropped ones.
+        before = collections.Counter((image.split, image.label) for image in images)
+        dropped = collections.Counter((max(p, key=lambda i: i.key).split, "cat") for p in pairs)
+        assert_that(withheld["split_counts"], equal_to([dict(before)]), label="withheld counts")
+        assert_that(allowed["split_counts"], equal_to([dict(before - dropped)]), label="allowed counts")
         assert_that(
             allowed["stats"]
             | beam.Map(lambda s: (s["would_move"], s["changes_withheld"], s["split_changes"], s["dropped"])),

@@ -1,0 +1,147 @@
+"""Connected components of the verified pairs, one shuffle per round of label propagation.
+
+The buckets' union-find (grouping.py) leaves a spanning forest of each bucket: edges (key, root). An
+image is in at most 2 x bands buckets, so components span buckets and need propagating. Every round is
+one GroupByKey by image key, of keys only: the image's state (its label, its neighbours' keys) and the
+labels sent to it. In one round an image takes the smallest label it received from
+- its neighbours (propagation),
+- an image whose label was this image (hooking: when an image's label falls, its old label's image
+  is told, so a whole star follows in one round rather than one hop at a time),
+- its label's image (pointer jumping: an image tells its label's image it is a child, and is answered
+  with that image's label a round later).
+Labels only fall and are always keys of the component, so a component is converged when every image
+has one label: then it is the component's smallest key. The last step (`LabelledEntries`) is one more
+GroupByKey that brings each representative's entry to its image's state: an image that would still
+receive a smaller label is counted (`images_not_converged`: 0 exactly when every component
+converged), and each entry leaves under its label.
+
+Measured (FindNearDuplicateGroups on chains of images, each 2 or 3 bits from the next, keys ascending
+along the chain: the slowest order): a chain of 40 and one of 1,000 converge in 7 rounds; a bare path of
+1,000 images with no bucket's union-find to shorten it (a plain Python model of these messages) in 15.
+"""
+
+import typing
+
+import apache_beam as beam
+
+# The steps with a 'stats' output declare their main output: Beam would infer a union with TaggedOutput.
+
+# What is sent to an image's key in a round.
+_STATE = 0  # (label, neighbours' keys): the image's own state
+_LABEL = 1  # a label proposed to the image
+_CHILD = 2  # the key of an image whose label is this image's key
+_ENTRY = 3  # the representative's entry (last step only)
+_ALONG = 4  # a value that needs the image's entry (last step only)
+
+
+def _messages(node, label, old_label, neighbours, send_to_neighbours):
+    """The messages an image sends after a round, except its answers to its children."""
+    yield node, (_STATE, (label, neighbours))
+    if send_to_neighbours:  # labels only fall: a neighbour already holds one at most as small as before
+        for neighbour in neighbours:
+            yield neighbour, (_LABEL, label)
+    if old_label is not None and label < old_label and old_label != node:
+        yield old_label, (_LABEL, label)  # hooking
+    if label != node:
+        yield label, (_CHILD, node)  # pointer jumping: answered next round
+
+
+def _first_state(element):
+    """(key, its neighbours' keys) -> the image's first messages; ("verified_pairs", n) on 'stats'."""
+    node, neighbours = element
+    neighbours = tuple(sorted(set(neighbours)))
+    # Each distinct pair counted once, at its smaller key.
+    yield beam.pvalue.TaggedOutput("stats", ("verified_pairs", sum(1 for key in neighbours if key > node)))
+    yield from _messages(node, min(node, neighbours[0]), None, neighbours, True)
+
+
+def _state_and_smallest(messages):
+    state, smallest = None, None
+    for kind, value in messages:
+        if kind == _STATE:
+            state = value
+        elif kind == _LABEL and (smallest is None or value < smallest):
+            smallest = value
+    return state, smallest
+
+
+def _label_round(element):
+    """(key, messages) -> the messages of the next round. The messages are read twice, never held."""
+    node, messages = element
+    (old_label, neighbours), smallest = _state_and_smallest(messages)
+    label = old_label if smallest is None else min(old_label, smallest)
+    yield from _messages(node, label, old_label, neighbours, label < old_label)
+    for kind, value in messages:
+        if kind == _CHILD:
+            yield value, (_LABEL, label)
+
+
+def _labelled_entry(element):
+    """(key, messages and the representative's entry) -> (label, entry): the entry under its component's
+    label, or under its own key when it has no verified pair (only if it has flood followers: otherwise it
+    is in no group); ("images_not_converged", 1) on 'stats' for an image that would still change label;
+    (value, entry) on 'along' for each value sent along to the key."""
+    node, messages = element
+    state, smallest = _state_and_smallest(messages)
+    entry = next((value for kind, value in messages if kind == _ENTRY), None)
+    if state is not None:
+        label = state[0]
+        if smallest is not None and smallest < label:
+            yield beam.pvalue.TaggedOutput("stats", ("images_not_converged", 1))
+    else:
+        label = node if entry is not None and entry[1].count > 1 else None
+    if entry is None:
+        return
+    if label is not None:
+        yield label, entry
+    for kind, value in messages:
+        if kind == _ALONG:
+            yield beam.pvalue.TaggedOutput("along", (value, entry))
+
+
+class LabelComponents(beam.PTransform):
+    """Edges (key, key) and entries (key, (representative, Flood)) -> {"entries": (component label, entry),
+    "stats": ("verified_pairs" | "images_not_converged", n), "along": (value, entry)}, after `rounds` rounds
+    (module docstring). `along`: (key, value) pairs that need their key's entry (the near misses' members:
+    the last step joins them to it, no shuffle of their own)."""
+
+    def __init__(self, entries, rounds: int, along=None):
+        super().__init__()
+        self._entries = entries
+        self._rounds = rounds
+        self._along = along
+
+    def expand(self, edges):
+        first = (
+            edges
+            | "BothWays" >> beam.FlatMapTuple(lambda a, b: ((a, b), (b, a)))
+            | "Neighbours" >> beam.GroupByKey()
+            | "FirstLabels"
+            >> beam.FlatMap(_first_state)
+            .with_output_types(tuple[str, typing.Any])
+            .with_outputs("stats", main="messages")
+        )
+        messages = first.messages
+        for round_number in range(1, self._rounds + 1):
+            messages = (
+                messages
+                | f"Round{round_number}" >> beam.GroupByKey()
+                | f"Labels{round_number}" >> beam.FlatMap(_label_round)
+            )
+        last = [
+            messages,
+            self._entries | "TagEntries" >> beam.MapTuple(lambda key, entry: (key, (_ENTRY, entry))),
+        ]
+        if self._along is not None:
+            last.append(self._along | "TagAlong" >> beam.MapTuple(lambda key, value: (key, (_ALONG, value))))
+        labelled = (
+            last
+            | "MessagesAndEntries" >> beam.Flatten()
+            | "LastRound" >> beam.GroupByKey()
+            | "LabelledEntries"
+            >> beam.FlatMap(_labelled_entry)
+            .with_output_types(tuple[str, typing.Any])
+            .with_outputs("stats", "along", main="entries")
+        )
+        stats = (first.stats, labelled.stats) | "ComponentStats" >> beam.Flatten()
+        return {"entries": labelled.entries, "stats": stats, "along": labelled.along}
