@@ -60,6 +60,10 @@ rounding. PIL's box resizes are fixed-point (two: the base square, then a
 `_rounded` refuses an entry at a rounding boundary).
 """
 
+import functools
+import operator
+from typing import NamedTuple
+
 import numpy as np
 from PIL import Image
 
@@ -359,68 +363,126 @@ def is_flat_object(value: int) -> bool:
     return bool(value >> _FLAT_OBJECT_BIT & 1)
 
 
-def _frame(value: int, mirrored: bool = False) -> tuple[int, int, int, int]:
-    """The content box in the base square (the mirrored image's when `mirrored`)."""
-    left, top, right, bottom = ((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")
-    return (BASE_SIZE - right, top, BASE_SIZE - left, bottom) if mirrored else (left, top, right, bottom)
-
-
 def _is_object(frame) -> bool:
     """Whether a content box is an object on a background: trimmed on all four sides (a letterbox is
-    trimmed on two, a photo on none)."""
+    trimmed on two, a photo on none). The same for the mirrored box."""
     left, top, right, bottom = frame
     return left > 0 and top > 0 and right < BASE_SIZE and bottom < BASE_SIZE
 
 
+class _Fields(NamedTuple):
+    """What the pair check reads of one signature, unpacked once (`_fields`). Byte fields stay bytes: a
+    bytes object is compact and iterates as small ints, which `map` compares at C speed."""
+
+    is_object: bool
+    aspect: int
+    colours: bytes  # the colour layout, each value + _CHROMA_OFFSET
+    mirrored_colours: bytes
+    grey_layout: bool  # every colour value within GREY_CHROMA of neutral
+    thumbnail: bytes  # the 8x8 check thumbnail, row by row
+    mirrored_thumbnail: bytes
+    inner: bytes  # its inner 6x6 cells
+    mirrored_inner: bytes
+    inner_sum: int  # the same for the mirrored inner cells
+    inner_variance: int  # count * sum of squares - sum^2
+    low_information: bool
+    flat_object: bool
+
+
+def _field_bytes(value: int, shift: int, count: int) -> bytes:
+    return ((value >> shift) & ((1 << (8 * count)) - 1)).to_bytes(count, "little")
+
+
+def _mirrored_rows(values: bytes, width: int) -> bytes:
+    return b"".join(values[row : row + width][::-1] for row in range(0, len(values), width))
+
+
+_MIRRORED_CELLS = tuple(
+    row * _COLOUR_GRID + column for row in range(_COLOUR_GRID) for column in reversed(range(_COLOUR_GRID))
+)
+_MIRRORED_COLOURS = _MIRRORED_CELLS + tuple(cell + _COLOUR_CELLS for cell in _MIRRORED_CELLS)
+# The pair check meets each signature in many pairs (every pair of its buckets): it unpacks each once. Above
+# the grouping's bucket cap (grouping.DEFAULT_MAX_BUCKET_SIZE, 2,000), so that a bucket's pairs, taken in
+# order, find every signature of it still held; a few KiB each.
+_FIELDS_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=_FIELDS_CACHE_SIZE)
+def _fields(value: int) -> _Fields:
+    colours = _field_bytes(value, _COLOUR_SHIFT, _COLOUR_VALUES)
+    thumbnail = _field_bytes(value, _CHECK_SHIFT, _CHECK_VALUES)
+    mirrored_thumbnail = _mirrored_rows(thumbnail, _CHECK_GRID)
+    inner_width = _CHECK_GRID - 2
+
+    def inner_cells(cells: bytes) -> bytes:
+        rows = range(_CHECK_GRID, _CHECK_VALUES - _CHECK_GRID, _CHECK_GRID)
+        return b"".join(cells[row + 1 : row + 1 + inner_width] for row in rows)
+
+    inner = inner_cells(thumbnail)
+    inner_sum = sum(inner)
+    return _Fields(
+        is_object=_is_object(((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")),
+        aspect=value >> _ASPECT_SHIFT & 0xFFFF,
+        colours=colours,
+        mirrored_colours=bytes(colours[index] for index in _MIRRORED_COLOURS),
+        grey_layout=max(abs(byte - _CHROMA_OFFSET) for byte in colours) <= GREY_CHROMA,
+        thumbnail=thumbnail,
+        mirrored_thumbnail=mirrored_thumbnail,
+        inner=inner,
+        mirrored_inner=inner_cells(mirrored_thumbnail),
+        inner_sum=inner_sum,
+        inner_variance=len(inner) * sum(map(operator.mul, inner, inner)) - inner_sum * inner_sum,
+        low_information=bool(value >> _LOW_INFORMATION_BIT & 1),
+        flat_object=bool(value >> _FLAT_OBJECT_BIT & 1),
+    )
+
+
+def _largest_difference(first: bytes, second: bytes) -> int:
+    return max(map(abs, map(operator.sub, first, second)))
+
+
+def _total_difference(first, second) -> int:
+    return sum(map(abs, map(operator.sub, first, second)))
+
+
 def objects_agree(a: int, b: int, mirrored: bool = False) -> bool:
     """Whether two objects on a background (both framed: their borders trimmed) have the same proportions,
-    within ASPECT_TOLERANCE_PER_MILLE; true when either is not such an object."""
-    frame_a, frame_b = _frame(a), _frame(b, mirrored)
-    if _is_object(frame_a) and _is_object(frame_b):
-        aspect_a, aspect_b = (value >> _ASPECT_SHIFT & 0xFFFF for value in (a, b))
+    within ASPECT_TOLERANCE_PER_MILLE; true when either is not such an object. (Mirroring a content box
+    keeps its proportions and whether it is an object: `mirrored` changes nothing here.)"""
+    fields_a, fields_b = _fields(a), _fields(b)
+    if fields_a.is_object and fields_b.is_object:
+        aspect_a, aspect_b = fields_a.aspect, fields_b.aspect
         if 1000 * abs(aspect_a - aspect_b) > ASPECT_TOLERANCE_PER_MILLE * min(aspect_a, aspect_b):
             return False
     return True
 
 
-def _colours(value: int) -> np.ndarray:
-    raw = ((value >> _COLOUR_SHIFT) & ((1 << (8 * _COLOUR_VALUES)) - 1)).to_bytes(_COLOUR_VALUES, "little")
-    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64) - _CHROMA_OFFSET
-
-
-def _check_thumbnail(value: int) -> np.ndarray:
-    raw = ((value >> _CHECK_SHIFT) & ((1 << (8 * _CHECK_VALUES)) - 1)).to_bytes(_CHECK_VALUES, "little")
-    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64).reshape(_CHECK_GRID, _CHECK_GRID)
-
-
-_MIRRORED_CELLS = np.arange(_COLOUR_CELLS).reshape(_COLOUR_GRID, _COLOUR_GRID)[:, ::-1].reshape(-1)
-_MIRRORED_COLOURS = np.concatenate([_MIRRORED_CELLS, _MIRRORED_CELLS + _COLOUR_CELLS])
-
-
 def colour_difference(a: int, b: int, mirrored: bool = False) -> int:
     """The sum of the absolute differences of two colour layouts (b's mirrored when `mirrored`)."""
-    colours_b = _colours(b)
-    if mirrored:
-        colours_b = colours_b[_MIRRORED_COLOURS]
-    return int(np.abs(_colours(a) - colours_b).sum())
+    fields_b = _fields(b)
+    return _total_difference(_fields(a).colours, fields_b.mirrored_colours if mirrored else fields_b.colours)
+
+
+def _deviations(colours: bytes) -> list[int]:
+    """Each value's deviation from its chromaticity's mean, scaled by the cell count to stay an integer (the
+    byte offset cancels out)."""
+    deviations = []
+    for start in (0, _COLOUR_CELLS):
+        channel = colours[start : start + _COLOUR_CELLS]
+        total = sum(channel)
+        deviations.extend(value * _COLOUR_CELLS - total for value in channel)
+    return deviations
 
 
 def cast_difference(a: int, b: int, mirrored: bool = False) -> int:
     """How far two colour layouts are apart once a colour cast is taken out: the sum over both
     chromaticities of the absolute differences of the cells' deviations from their mean; 0 when either
     layout is grey (every value within GREY_CHROMA of neutral: a grayscale copy has no colour to compare)."""
-    colours_a, colours_b = _colours(a), _colours(b)
-    if mirrored:
-        colours_b = colours_b[_MIRRORED_COLOURS]
-    if np.abs(colours_a).max() <= GREY_CHROMA or np.abs(colours_b).max() <= GREY_CHROMA:
+    fields_a, fields_b = _fields(a), _fields(b)
+    if fields_a.grey_layout or fields_b.grey_layout:
         return 0
-    total = 0
-    for channel in (slice(0, _COLOUR_CELLS), slice(_COLOUR_CELLS, _COLOUR_VALUES)):
-        # The deviations, scaled by the cell count to stay integers.
-        deviation_a = colours_a[channel] * _COLOUR_CELLS - colours_a[channel].sum()
-        deviation_b = colours_b[channel] * _COLOUR_CELLS - colours_b[channel].sum()
-        total += int(np.abs(deviation_a - deviation_b).sum())
-    return total // _COLOUR_CELLS
+    colours_b = fields_b.mirrored_colours if mirrored else fields_b.colours
+    return _total_difference(_deviations(fields_a.colours), _deviations(colours_b)) // _COLOUR_CELLS
 
 
 def thumbnails_agree(
@@ -429,28 +491,24 @@ def thumbnails_agree(
     """The strict check: the 8x8 thumbnails' inner 6x6 cells correlate (at least `min_per_mille` / 1000; the outer
     ring, which captions and crops change most, is left out), or, when either image has low information,
     all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE."""
-    first, second = _check_thumbnail(a), _check_thumbnail(b)
-    if mirrored:
-        second = second[:, ::-1]
-    if is_low_information(a) or is_low_information(b):
-        return int(np.abs(first - second).max()) <= LOW_INFORMATION_TOLERANCE
-    if is_flat_object(a) or is_flat_object(b):
+    fields_a, fields_b = _fields(a), _fields(b)
+    first = fields_a.thumbnail
+    second = fields_b.mirrored_thumbnail if mirrored else fields_b.thumbnail
+    if fields_a.low_information or fields_b.low_information:
+        return _largest_difference(first, second) <= LOW_INFORMATION_TOLERANCE
+    if fields_a.flat_object or fields_b.flat_object:
         # Its outline, colour and place are all a flat object shows: every cell of the whole image is
         # compared, with room for its edge to move by a pixel or so (a resize, a JPEG's ringing).
-        difference = np.abs(first - second)
         return (
-            int(difference.sum()) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
-            and int(difference.max()) <= FLAT_OBJECT_MAX_DIFFERENCE
+            _total_difference(first, second) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
+            and _largest_difference(first, second) <= FLAT_OBJECT_MAX_DIFFERENCE
         )
-    first, second = first[1:-1, 1:-1], second[1:-1, 1:-1]
-    count = first.size
-    # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
-    sum_a, sum_b = int(first.sum()), int(second.sum())
-    covariance = count * int((first * second).sum()) - sum_a * sum_b
-    variance_a = count * int((first * first).sum()) - sum_a * sum_a
-    variance_b = count * int((second * second).sum()) - sum_b * sum_b
+    first, second = fields_a.inner, fields_b.mirrored_inner if mirrored else fields_b.inner
+    variance_a, variance_b = fields_a.inner_variance, fields_b.inner_variance
     if variance_a == 0 or variance_b == 0:
-        return int(np.abs(first - second).max()) <= LOW_INFORMATION_TOLERANCE
+        return _largest_difference(first, second) <= LOW_INFORMATION_TOLERANCE
+    # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
+    covariance = len(first) * sum(map(operator.mul, first, second)) - fields_a.inner_sum * fields_b.inner_sum
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
 
 
