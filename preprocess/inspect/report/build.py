@@ -1,14 +1,12 @@
-"""Gather what the report shows and write the page (local path or gs://)."""
+"""Gather what the report shows (`page.render` makes the page of it)."""
 
 import dataclasses
-import posixpath
-
-import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inspect import diff
-from preprocess.inspect.report import near_duplicate_groups, page, thumbnails
+from preprocess.inspect.contact_sheet import Sample
+from preprocess.inspect.report import near_duplicate_groups, thumbnails
 from preprocess.inspect.summary import format_bytes
 
 
@@ -34,9 +32,7 @@ class ReportData:
     manifest: dict
     split: str
     sheet_rows: list[SheetRow]
-    sheet_notes: list[str]
-    records_read: int
-    record_bytes_read: int
+    sample: Sample  # what the sheet's records cost, and its notes
     failures: errors.ErrorLogSample
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
@@ -93,8 +89,9 @@ def gather(
     changes: diff.VersionDiff | None = None,
     diff_limit: int = diff.DEFAULT_LIMIT,
 ) -> ReportData:
-    """Read what the page needs (see the module docstring for the bounds). `changes`: the diff `--diff`
-    computed, else the newest version against the one before, within the read budget."""
+    """Read what the page needs, each part within its bound. `changes`: the diff `--diff` computed, else the
+    newest version against the one before, within the read budget."""
+    sample = sample or Sample(examples={})
     groups = near_duplicate_groups.select_groups(data_dir, manifest, max_groups)
     budget = thumbnails.ReadBudget(remaining=max_read_bytes)
     group_thumbnails = [
@@ -112,10 +109,8 @@ def gather(
         data_dir=data_dir,
         manifest=manifest,
         split=split,
-        sheet_rows=sheet_rows(manifest, split, sample) if sample is not None else [],
-        sheet_notes=list(sample.warnings) if sample is not None else [],
-        records_read=sample.num_records if sample is not None else 0,
-        record_bytes_read=sample.num_bytes if sample is not None else 0,
+        sheet_rows=sheet_rows(manifest, split, sample),
+        sample=sample,
         failures=errors.read_error_log(
             [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)],
             per_reason=5,
@@ -129,29 +124,3 @@ def gather(
         changes=changes,
         changes_note=changes_note,
     )
-
-
-def write_text(path: str, text: str):
-    """Write a UTF-8 file to a local path or gs://, making its directory."""
-    parent = posixpath.dirname(path)
-    if parent and not tf.io.gfile.exists(parent):
-        tf.io.gfile.makedirs(parent)
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        handle.write(text.encode("utf-8"))
-
-
-def write_report(
-    data_dir: str,
-    manifest: dict,
-    out: str,
-    split: str,
-    sample,
-    max_groups: int,
-    max_read_bytes: int,
-    changes: diff.VersionDiff | None = None,
-    diff_limit: int = diff.DEFAULT_LIMIT,
-) -> ReportData:
-    """Gather, render and write the page to `out`; returns what it shows."""
-    data = gather(data_dir, manifest, split, sample, max_groups, max_read_bytes, changes, diff_limit)
-    write_text(out, page.render(data))
-    return data
