@@ -247,10 +247,9 @@ def _delete(store, names: list[str]):
         raise OSError("; ".join(f"{name}: {reason}" for name, reason in refused.items()))
 
 
-def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store=None) -> dict:
-    """Create the next commit (head + 1, only if absent) with `manifest` unless a later run has published
-    (SupersededRunError); returns the committed manifest."""
-    store = store or dataset_store.open_store(output_dir)
+def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store) -> dict:
+    """Create the next commit (head + 1, only if absent) with `manifest` in `store` unless a later run has
+    published (SupersededRunError); returns the committed manifest."""
     head = read_published(output_dir, store)
     sequence = head.sequence if head is not None else 0
     current = head.manifest() if head is not None else None

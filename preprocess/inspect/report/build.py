@@ -61,20 +61,17 @@ def gather_changes(data_dir: str, max_read_bytes: int, limit: int) -> tuple[diff
     one version). Both versions' ledgers (shards, before ledgers) are read only within `max_read_bytes`."""
     try:
         old, new = diff.choose_versions(data_dir)
+        cost = diff.read_bytes(data_dir, (old, new))
+        if cost > max_read_bytes:
+            files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
+            return (
+                None,
+                f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
+                f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
+            )
+        return diff.diff_versions(data_dir, old, new, limit), ""
     except diff.DiffRefused:
         return None, ""
-    except diff.VersionUnreadable as exc:
-        return None, f"Not compared: {exc}"
-    cost = diff.read_bytes(data_dir, (old, new))
-    if cost > max_read_bytes:
-        files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
-        return (
-            None,
-            f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
-            f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
-        )
-    try:
-        return diff.diff_versions(data_dir, old, new, limit), ""
     except diff.VersionUnreadable as exc:
         return None, f"Not compared: {exc}"
 

@@ -240,7 +240,7 @@ def _groups(data) -> str:
             "groups",
             "Not recorded by this dataset's stage 1 run (written before the near-duplicate audit existed).",
         )
-    if selection.mode == "off":
+    if selection.summary.get("mode") == "off":
         return _missing("groups", "The audit was off for this run (--near-duplicates off).")
     summary = selection.summary
     facts = [
