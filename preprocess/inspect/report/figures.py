@@ -39,9 +39,8 @@ def bar_table(
 
 def split_names(names) -> list[str]:
     """Split names, the standard ones in their usual order first."""
-    return sorted(
-        names, key=lambda split: manifest_lib.SPLITS.index(split) if split in manifest_lib.SPLITS else 3
-    )
+    order = {split: index for index, split in enumerate(manifest_lib.SPLITS)}
+    return sorted(names, key=lambda split: order.get(split, len(order)))
 
 
 def split_bars(counts: dict, head: tuple[str, str]) -> str:
