@@ -443,7 +443,7 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
     from preprocess.inspect.report import build as report_build  # noqa: PLC0415 - TensorFlow, after the flags
     from preprocess.inspect.report import page  # noqa: PLC0415
 
-    sample = None
+    sample = Sample(examples={})  # a split without shards: no sheet
     if args.split in manifest["splits"] and manifest["splits"][args.split]["shards"]:
         try:
             sample = sample_classes(

@@ -141,7 +141,7 @@ def warnings(settings: BucketSettings, gigabytes: float | None) -> list[str]:
     run_month = size * at_rest  # one superseded run kept a month
 
     def monthly(seconds: float) -> str:  # every run kept `seconds` longer, at a publish a week
-        return _money(run_month * seconds / 86400 / _DAYS_PER_MONTH * PUBLISHES_PER_MONTH)
+        return _money(run_month * (seconds / 86400) / _DAYS_PER_MONTH * PUBLISHES_PER_MONTH)
 
     lines = []
     if settings.soft_delete_seconds:

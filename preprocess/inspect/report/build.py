@@ -5,7 +5,6 @@ import dataclasses
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inspect import diff
-from preprocess.inspect.contact_sheet import Sample
 from preprocess.inspect.report import near_duplicate_groups, thumbnails
 from preprocess.inspect.summary import format_bytes
 
@@ -32,7 +31,7 @@ class ReportData:
     manifest: dict
     split: str
     sheet_rows: list[SheetRow]
-    sample: Sample  # what the sheet's records cost, and its notes
+    sample: object  # contact_sheet.Sample: what the sheet's records cost, and its notes
     failures: errors.ErrorLogSample
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
@@ -88,7 +87,6 @@ def gather(
 ) -> ReportData:
     """Read what the page needs, each part within its bound. `changes`: the diff `--diff` computed, else the
     newest version against the one before, within the read budget."""
-    sample = sample or Sample(examples={})
     groups = near_duplicate_groups.select_groups(data_dir, manifest, max_groups)
     budget = thumbnails.ReadBudget(remaining=max_read_bytes)
     group_thumbnails = [
