@@ -185,11 +185,7 @@ class SheetLayout:
 
     @property
     def size(self) -> tuple[int, int]:
-        step = self.cell_size + self.border
-        return (
-            self.label_width + self.border + self.columns * step,
-            self.title_height + self.border + self.rows * step,
-        )
+        return self.cell_origin(self.rows, self.columns)  # the origin of the cell past the last
 
 
 def default_cell_size(image_height: int) -> int:
@@ -252,17 +248,22 @@ def render_contact_sheet(
     return sheet, layout
 
 
-def write_png(image: Image.Image, path: str):
-    """Save as PNG to a local path or gs://."""
+def write_file(path: str, data: bytes):
+    """Write `data` to a local path or gs://, making its directory."""
     import tensorflow as tf  # noqa: PLC0415 - after the flags (module docstring)
 
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
     parent = posixpath.dirname(path)
     if parent and not tf.io.gfile.exists(parent):
         tf.io.gfile.makedirs(parent)
     with tf.io.gfile.GFile(path, "wb") as handle:
-        handle.write(buffer.getvalue())
+        handle.write(data)
+
+
+def write_png(image: Image.Image, path: str):
+    """Save as PNG to a local path or gs://."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    write_file(path, buffer.getvalue())
 
 
 def contact_sheet(
@@ -440,8 +441,9 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
     """--report: sample the split's classes and write the HTML page; the exit status. `changes`: the
     --diff already computed, for the page's section (else the section compares the default pair)."""
     from preprocess.inspect.report import build as report_build  # noqa: PLC0415 - TensorFlow, after the flags
+    from preprocess.inspect.report import page  # noqa: PLC0415
 
-    sample = None
+    sample = Sample(examples={})  # a split without shards: no sheet
     if args.split in manifest["splits"] and manifest["splits"][args.split]["shards"]:
         try:
             sample = sample_classes(
@@ -450,17 +452,10 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
         except ValueError as exc:
             print(str(exc), file=sys.stderr)
             return 2
-    data = report_build.write_report(
-        data_dir,
-        manifest,
-        args.report,
-        args.split,
-        sample,
-        args.max_groups,
-        args.max_read_mb << 20,
-        changes=changes,
-        diff_limit=args.limit,
+    data = report_build.gather(
+        data_dir, manifest, args.split, sample, args.max_groups, args.max_read_mb << 20, changes, args.limit
     )
+    write_file(args.report, page.render(data).encode("utf-8"))
     groups = data.groups
     print(
         f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "

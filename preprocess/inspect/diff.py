@@ -169,15 +169,6 @@ def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Ver
     )
 
 
-def _shards(data_dir: str, manifest: dict) -> list[tuple[str, str, int]]:
-    """(split, path, bytes) of every shard the manifest lists."""
-    return [
-        (split, manifest_lib.join(data_dir, shard["path"]), int(shard.get("num_bytes", 0)))
-        for split, info in sorted(manifest["splits"].items())
-        for shard in info["shards"]
-    ]
-
-
 class Source(NamedTuple):
     """One file a version's images are read from: a file of its ledger, or one of its shards."""
 
@@ -192,7 +183,11 @@ def sources(data_dir: str, manifest: dict) -> list[Source]:
     ledger = manifest.get("ledger_files") or []
     if ledger:
         return [Source(manifest_lib.join(data_dir, e["path"]), int(e["num_bytes"]), None) for e in ledger]
-    return [Source(path, size, split) for split, path, size in _shards(data_dir, manifest)]
+    return [
+        Source(manifest_lib.join(data_dir, shard["path"]), int(shard.get("num_bytes", 0)), split)
+        for split, info in sorted(manifest["splits"].items())
+        for shard in info["shards"]
+    ]
 
 
 def read_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
@@ -202,9 +197,8 @@ def read_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
 
 def source_counts(data_dir: str, versions: tuple[Version, Version]) -> tuple[int, int]:
     """(ledger files, shards) that comparing the two versions reads."""
-    read = [source for version in versions for source in sources(data_dir, version.manifest)]
-    ledger_files = sum(source.split is None for source in read)
-    return ledger_files, len(read) - ledger_files
+    read = [source.split for version in versions for source in sources(data_dir, version.manifest)]
+    return read.count(None), len(read) - read.count(None)
 
 
 def _rows(source: Source):
@@ -260,16 +254,9 @@ def diff_images(old: dict[str, Image], new: dict[str, Image], limit: int):
     return (
         _category((Change(image.uri, None, image) for key, image in new.items() if key not in old), limit),
         _category((Change(image.uri, image, None) for key, image in old.items() if key not in new), limit),
-        _category(
-            (
-                Change(after.uri, before, after)
-                for before, after in both
-                if before.class_name != after.class_name
-            ),
-            limit,
-        ),
-        _category(
-            (Change(after.uri, before, after) for before, after in both if before.split != after.split), limit
+        *(
+            _category((Change(a.uri, b, a) for b, a in both if getattr(b, field) != getattr(a, field)), limit)
+            for field in ("class_name", "split")
         ),
     )
 
@@ -277,20 +264,14 @@ def diff_images(old: dict[str, Image], new: dict[str, Image], limit: int):
 def diff_versions(data_dir: str, old: Version, new: Version, limit: int = DEFAULT_LIMIT) -> VersionDiff:
     """Read both versions' ledgers (or shards, for a version without one) and say what changed."""
     old_images, new_images = read_images(data_dir, old), read_images(data_dir, new)
-    ledger_files, shards = source_counts(data_dir, (old, new))
-    added, removed, relabelled, moved = diff_images(old_images, new_images, limit)
     return VersionDiff(
-        old=old,
-        new=new,
-        old_images=len(old_images),
-        new_images=len(new_images),
-        added=added,
-        removed=removed,
-        relabelled=relabelled,
-        moved=moved,
-        ledger_files_read=ledger_files,
-        shards_read=shards,
-        bytes_read=read_bytes(data_dir, (old, new)),
+        old,
+        new,
+        len(old_images),
+        len(new_images),
+        *diff_images(old_images, new_images, limit),
+        *source_counts(data_dir, (old, new)),
+        read_bytes(data_dir, (old, new)),
     )
 
 
@@ -301,18 +282,10 @@ def _was(change: Change) -> str:
 
 # (title, attribute, what a line says after the URI)
 CATEGORIES = (
-    ("added", "added", lambda change: f"{change.after.class_name}, {change.after.split}"),
-    ("removed", "removed", lambda change: f"{change.before.class_name}, {change.before.split}"),
-    (
-        "relabelled",
-        "relabelled",
-        lambda change: f"{change.before.class_name} -> {change.after.class_name}{_was(change)}",
-    ),
-    (
-        "moved to another split",
-        "moved",
-        lambda change: f"{change.before.split} -> {change.after.split}{_was(change)}",
-    ),
+    ("added", "added", lambda c: f"{c.after.class_name}, {c.after.split}"),
+    ("removed", "removed", lambda c: f"{c.before.class_name}, {c.before.split}"),
+    ("relabelled", "relabelled", lambda c: f"{c.before.class_name} -> {c.after.class_name}{_was(c)}"),
+    ("moved to another split", "moved", lambda c: f"{c.before.split} -> {c.after.split}{_was(c)}"),
 )
 
 

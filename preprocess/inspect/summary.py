@@ -99,11 +99,13 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     head = f"  near-duplicates ({mode}, distance <= {near.get('max_distance')}): "
     if not groups:
         return [head + "none found"]
+    head += (
+        f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
+        f"{near.get('largest_group', 0)}"
+    )
     if near.get("changes_withheld"):
         return [
-            head
-            + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
-            f"{near.get('largest_group', 0)}",
+            head,
             f"    NOT APPLIED: the audit would have moved {near.get('would_move', 0)} of "
             f"{near.get('images', 0)} images to another split, over --near-duplicate-max-moved "
             f"{near.get('max_moved', 0):g}: so many are more likely similar images than copies. No image was "
@@ -119,10 +121,7 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
         if not across and not oversized
         else f"{_plural(across + oversized, 'group')} across splits"
     )
-    lines = [
-        head + f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
-        f"{near.get('largest_group', 0)}; {near.get('split_changes', 0)} moved between splits; {where}"
-    ]
+    lines = [f"{head}; {near.get('split_changes', 0)} moved between splits; {where}"]
     several = near.get("groups_with_several_labels", 0)
     if several:
         lines.append(
@@ -171,18 +170,20 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     return lines + _split_fraction_lines(manifest, near) + _group_file_lines(manifest, output_dir)
 
 
-def _split_fraction_lines(manifest: dict, near: dict) -> list[str]:
-    """The realised split fractions beside the requested ones (none for a manifest without them)."""
-    realised = near.get("realised_split_fractions")
+def split_fractions(manifest: dict, near: dict) -> str:
+    """'train 80.1% (asked 80%), ...': the realised split fractions beside the requested ones ('' for a
+    manifest without them); the summary's and the report's."""
     requested = manifest.get("split_fractions") or {}
-    if not realised:
-        return []
-    cells = [
+    return ", ".join(
         f"{split} {100 * share:.1f}%"
         + (f" (asked {100 * requested[split]:g}%)" if split in requested else "")
-        for split, share in realised.items()
-    ]
-    return [f"    splits written: {', '.join(cells)}"]
+        for split, share in (near.get("realised_split_fractions") or {}).items()
+    )
+
+
+def _split_fraction_lines(manifest: dict, near: dict) -> list[str]:
+    fractions = split_fractions(manifest, near)
+    return [f"    splits written: {fractions}"] if fractions else []
 
 
 def _group_file_lines(manifest: dict, output_dir: str) -> list[str]:
@@ -218,17 +219,10 @@ def format_reuse(manifest: dict) -> list[str]:
     else:
         how = f"carried over from run {built_from}, neither read nor decoded"
     lines = [f"  {inputs['num_decoded']} decoded + {inputs.get('num_reused', 0)} reused ({how})"]
-    moved = inputs.get("num_moved_by_named_split", 0)
+    moved, named_moves = inputs.get("num_moved_by_named_split", 0), inputs.get("moved_by_named_split", [])
     if moved:
-        named = ", ".join(
-            f"{move['uri']} ({move['from']} -> {move['to']})"
-            for move in inputs.get("moved_by_named_split", [])
-        )
-        more = (
-            f" and {moved - len(inputs['moved_by_named_split'])} more"
-            if moved > len(inputs["moved_by_named_split"])
-            else ""
-        )
+        named = ", ".join(f"{move['uri']} ({move['from']} -> {move['to']})" for move in named_moves)
+        more = f" and {moved - len(named_moves)} more" if moved > len(named_moves) else ""
         lines.append(f"  {moved} published images moved to the split their input names: {named}{more}")
     return lines
 

@@ -139,12 +139,14 @@ def warnings(settings: BucketSettings, gigabytes: float | None) -> list[str]:
     storage_class = "STANDARD" if settings.autoclass else settings.storage_class
     at_rest, retrieval = PRICES.get(storage_class, PRICES["STANDARD"])
     run_month = size * at_rest  # one superseded run kept a month
+
+    def monthly(seconds: float) -> str:  # every run kept `seconds` longer, at a publish a week
+        return _money(run_month * (seconds / 86400) / _DAYS_PER_MONTH * PUBLISHES_PER_MONTH)
+
     lines = []
     if settings.soft_delete_seconds:
-        days = settings.soft_delete_seconds / 86400
-        monthly = run_month * days / _DAYS_PER_MONTH * PUBLISHES_PER_MONTH
         lines.append(
-            f"soft delete keeps every removed run billed {_days(settings.soft_delete_seconds)} more: ~{_money(monthly)} "
+            f"soft delete keeps every removed run billed {_days(settings.soft_delete_seconds)} more: ~{monthly(settings.soft_delete_seconds)} "
             f"a month for {of} at a publish a week (turn it off for this bucket: gcloud storage buckets update "
             f"gs://{settings.name} --clear-soft-delete)"
         )
@@ -162,11 +164,9 @@ def warnings(settings: BucketSettings, gigabytes: float | None) -> list[str]:
             "STANDARD bucket, or Autoclass, for datasets that are trained on)"
         )
     if settings.retention_seconds:
-        days = settings.retention_seconds / 86400
-        monthly = run_month * days / _DAYS_PER_MONTH * PUBLISHES_PER_MONTH
         lines.append(
             f"the retention policy keeps every superseded run {_days(settings.retention_seconds)} before garbage "
-            f"collection may remove it: ~{_money(monthly)} a month for {of} at a publish a week"
+            f"collection may remove it: ~{monthly(settings.retention_seconds)} a month for {of} at a publish a week"
         )
     if settings.default_event_based_hold:
         lines.append(

@@ -74,11 +74,6 @@ def request_digest(output_dir: str, config: dict, beam_args: list[str]) -> str:
     return hashlib.sha256(f"{output_dir}\n{request}".encode()).hexdigest()[:_NAME_FINGERPRINT_CHARS]
 
 
-def stable_job_name(output_dir: str, config: dict, beam_args: list[str]) -> str:
-    """`preprocess-<digest>`: the same for every launch of the same request into the same output directory."""
-    return _JOB_NAME_PREFIX + request_digest(output_dir, config, beam_args)
-
-
 def _without_identity_args(beam_args: list[str]) -> list[str]:
     # Flags that differ between two launches of one request without changing what it does.
     dropped = ("--job_name", "--labels")
@@ -98,12 +93,13 @@ def _without_identity_args(beam_args: list[str]) -> list[str]:
 def set_job_identity(
     options: PipelineOptions, output_dir: str, config: dict, beam_args: list[str], ids: dict
 ):
-    """Gives a Dataflow job its stable name (unless --job_name was given) from `config` (without the build
-    id) and its run's labels `ids`; returns the job name."""
+    """Gives a Dataflow job its stable name, `preprocess-<request digest>` (unless --job_name was given), from
+    `config` (without the build id), and its run's labels `ids`; returns the job name."""
     cloud = options.view_as(GoogleCloudOptions)
+    digest = request_digest(output_dir, config, beam_args)
     if not cloud.job_name or cloud.job_name.startswith("beamapp-"):
-        cloud.job_name = stable_job_name(output_dir, config, beam_args)
-    ids = {REQUEST_LABEL: request_digest(output_dir, config, beam_args), **ids}
+        cloud.job_name = _JOB_NAME_PREFIX + digest
+    ids = {REQUEST_LABEL: digest, **ids}
     labels = [label for label in (cloud.labels or []) if label.split("=", 1)[0] not in ids]
     cloud.labels = labels + [f"{key}={_label_value(value)}" for key, value in ids.items()]
     return cloud.job_name

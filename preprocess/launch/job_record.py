@@ -67,9 +67,10 @@ def record_path(output_dir: str, request: str, attempt: int, job: bool = False) 
     return manifest_lib.join(output_dir, _record_name(request, attempt, job))
 
 
-def _create_if_absent(output_dir: str, name: str, content: dict) -> bool:
-    """Create the record `name` only if no object or file has that name; True if this call made it."""
-    store = dataset_store.open_store(output_dir)
+def _create(record: JobRecord, content: dict, job: bool = False) -> bool:
+    """Create the record (or its `job` id's) only if no object or file has its name; True if this call made it."""
+    store = dataset_store.open_store(record.output_dir)
+    name = _record_name(record.request, record.attempt, job)
     return store.create_if_absent(name, json.dumps(content, indent=2).encode("utf-8"))
 
 
@@ -104,16 +105,6 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
     return records
 
 
-def _new_record(output_dir, request, attempt, job_name, run_id, build_id) -> JobRecord:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return JobRecord(output_dir, request, attempt, job_name, run_id, build_id, now)
-
-
-def _create(record: JobRecord) -> bool:
-    content = {key: getattr(record, key) for key in _FIELDS}
-    return _create_if_absent(record.output_dir, _record_name(record.request, record.attempt), content)
-
-
 def claim(
     output_dir: str,
     request: str,
@@ -146,8 +137,9 @@ def claim(
                 time.sleep(poll_seconds)
                 continue
         attempt = newest.attempt + 1 if newest is not None else 1
-        record = _new_record(output_dir, request, attempt, job_name, run_id, build_id)
-        if _create(record):
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        record = JobRecord(output_dir, request, attempt, job_name, run_id, build_id, now)
+        if _create(record, {key: getattr(record, key) for key in _FIELDS}):
             return SUBMIT, record
         # Another launch created this attempt first: read it and decide again.
 
@@ -155,12 +147,10 @@ def claim(
 def record_job_id(record: JobRecord, job_id: str) -> None:
     """Record the id Dataflow gave the attempt's job (so a relaunch asks for it by id)."""
     record.job_id = job_id
-    path = record_path(record.output_dir, record.request, record.attempt, job=True)
     try:
-        _create_if_absent(
-            record.output_dir, _record_name(record.request, record.attempt, job=True), {"job_id": job_id}
-        )
+        _create(record, {"job_id": job_id}, job=True)
     except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
+        path = record_path(record.output_dir, record.request, record.attempt, job=True)
         log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
 
 

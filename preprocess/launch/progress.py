@@ -36,7 +36,7 @@ class _ProcessTally:
     """This process's counts for one progress directory, kept in a file of its own."""
 
     def __init__(self, directory: str):
-        self._directory = directory
+        self.directory = directory
         self._path = os.path.join(directory, f"{os.getpid()}-{uuid.uuid4().hex[:8]}{_FILE_SUFFIX}")
         self._counts = collections.Counter()
         self._changed = False
@@ -55,7 +55,7 @@ class _ProcessTally:
         with self._write_lock:
             with self._lock:
                 if not self._changed:
-                    return os.path.isdir(self._directory)
+                    return os.path.isdir(self.directory)
                 payload = json.dumps(dict(self._counts))
                 self._changed = False
             temporary = self._path + ".tmp"
@@ -72,8 +72,8 @@ class _ProcessTally:
             time.sleep(FLUSH_INTERVAL_SECONDS)
             if not self.flush():
                 with _registry_lock:
-                    if _registry.get(self._directory) is self:
-                        del _registry[self._directory]
+                    if _registry.get(self.directory) is self:
+                        del _registry[self.directory]
                 return
 
 
@@ -168,21 +168,17 @@ class ProgressReporter:
         self._interval = interval
         self._stream = stream
         self._enabled = enabled
-        self._directory = None
+        self.directory = None  # the counters' files while it runs
         self._thread = None
         self._stop = threading.Event()
         self.lines: list[str] = []  # everything printed, for whoever wants it afterwards
 
-    @property
-    def directory(self) -> str | None:
-        return self._directory
-
     def __enter__(self):
         if not self._enabled:
             return self
-        self._directory = tempfile.mkdtemp(prefix="preprocess-progress-")
+        self.directory = tempfile.mkdtemp(prefix="preprocess-progress-")
         self._previous_env = os.environ.get(ENV_VAR)
-        os.environ[ENV_VAR] = self._directory
+        os.environ[ENV_VAR] = self.directory
         self._start = self._last_poll = time.monotonic()
         self._totals, self._started, self._moved = {}, {}, {}
         self._thread = threading.Thread(target=self._report_periodically, name="progress-report", daemon=True)
@@ -194,7 +190,7 @@ class ProgressReporter:
             return False
         self._stop.set()
         self._thread.join()
-        tally = _registry.get(self._directory)
+        tally = _registry.get(self.directory)
         if tally is not None:
             tally.flush()  # this process's own counts (in-process runners) are exact
         # A Ctrl-C: the launcher says so in one line, and nothing is "done".
@@ -205,16 +201,16 @@ class ProgressReporter:
             os.environ.pop(ENV_VAR, None)
         else:
             os.environ[ENV_VAR] = self._previous_env
-        shutil.rmtree(self._directory, ignore_errors=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
         return False
 
     def _settle(self):
         """Give worker processes their last flush: wait until the totals hold still (a second or two)."""
         deadline = time.monotonic() + SETTLE_LIMIT_SECONDS
-        totals = read_totals(self._directory)
+        totals = read_totals(self.directory)
         while time.monotonic() < deadline:
             time.sleep(FLUSH_INTERVAL_SECONDS + 0.1)
-            latest = read_totals(self._directory)
+            latest = read_totals(self.directory)
             if latest == totals:
                 return
             totals = latest
@@ -225,7 +221,7 @@ class ProgressReporter:
 
     def _observe(self, now: float) -> dict[str, int]:
         """Read the totals; note when each stage started (was last seen at 0) and last moved."""
-        totals = read_totals(self._directory)
+        totals = read_totals(self.directory)
         for stage, count in totals.items():
             if count != self._totals.get(stage, 0):
                 self._started.setdefault(stage, self._last_poll)

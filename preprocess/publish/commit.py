@@ -117,10 +117,14 @@ def _relative(output_dir: str, path: str) -> str:
     return path[len(prefix) :]
 
 
+def _lease_names(store, run_id: str) -> list[str]:
+    """The names in run `run_id`'s leases folder: training leases and removal markers (one listing)."""
+    return [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
+
+
 def live_removal(store, run_id: str) -> bool:
-    """Whether a remover has announced itself on run `run_id` (a live removal marker; one listing)."""
-    names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
-    return bool(leases.live_removals(names, protocol._utc_now()))
+    """Whether a remover has announced itself on run `run_id` (a live removal marker)."""
+    return bool(leases.live_removals(_lease_names(store, run_id), protocol._utc_now()))
 
 
 def publish_run(
@@ -192,9 +196,7 @@ def publish_run(
         # The failure is what the caller must see: a marker that cannot go (a retention policy's 403)
         # is logged, and expires (PUBLISH_MARKER_TTL_SECONDS).
         try:
-            refused = store.delete([marker])
-            if refused:
-                raise OSError(refused[marker])
+            _delete(store, [marker])
         except Exception as cleanup:  # noqa: BLE001 - never hide the publish step's own failure
             log.warning(
                 "run %s: could not remove the publishing marker %s after the publish failed (%s: %s); it "
@@ -245,10 +247,9 @@ def _delete(store, names: list[str]):
         raise OSError("; ".join(f"{name}: {reason}" for name, reason in refused.items()))
 
 
-def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store=None) -> dict:
-    """Create the next commit (head + 1, only if absent) with `manifest` unless a later run has published
-    (SupersededRunError); returns the committed manifest."""
-    store = store or dataset_store.open_store(output_dir)
+def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days: float, store) -> dict:
+    """Create the next commit (head + 1, only if absent) with `manifest` in `store` unless a later run has
+    published (SupersededRunError); returns the committed manifest."""
     head = read_published(output_dir, store)
     sequence = head.sequence if head is not None else 0
     current = head.manifest() if head is not None else None
@@ -290,12 +291,8 @@ def commit_manifest(output_dir: str, run_id: str, manifest: dict, retention_days
 
 
 def has_live_lease(store, run_id: str, now: datetime.datetime) -> bool:
-    """Whether a training job holds a lease on run `run_id` that has not expired (one listing). `store`: a
-    dataset store, or the dataset directory."""
-    if isinstance(store, str):
-        store = dataset_store.open_store(store)
-    names = [item.name for item in store.list(leases.run_leases_dir(run_id) + "/").objects]
-    return bool(leases.live_holders(names, now))
+    """Whether a training job holds a lease on run `run_id` that has not expired (one listing)."""
+    return bool(leases.live_holders(_lease_names(store, run_id), now))
 
 
 def run_files_exist(store, run_id: str) -> bool:

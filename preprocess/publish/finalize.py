@@ -66,6 +66,7 @@ def build_manifest(
     num_written = sum(info["num_examples"] for info in splits.values())
     num_failed = sum(failures.values())
     mean, std = stats
+    # What each field means: docs/dataset_format.md.
     return {
         "format_version": manifest_lib.FORMAT_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -73,8 +74,6 @@ def build_manifest(
             "id": run_id,
             "started_at": run_started_at(run_id),
             "dir": run.relative_dir,
-            # Lineage: the version published when this run started (None for the first), and why this
-            # one decoded every input instead of carrying records over from it (None: it carried them).
             "built_from": config.get("built_from"),
             "full_rebuild": config.get("full_rebuild", "the first version"),
         },
@@ -85,12 +84,8 @@ def build_manifest(
             "channels": CHANNELS,
             "encoding": config["encoding"],
             "resize_method": config["resize_method"],
-            # The decompression-bomb limit images were held to; serving refuses above it too.
             "max_pixels": config["max_pixels"],
-            # The file size limit inputs were held to (too_large above it); serving refuses above it too.
             "max_file_bytes": config.get("max_file_bytes", image_errors.DEFAULT_MAX_FILE_BYTES),
-            # The model's square: random crops of it in training, the center one in evaluation and
-            # serving. Equal to height/width without a margin.
             "crop_size": config.get("crop_size", config["image_size"]),
             "crop_margin": config.get("crop_margin", 0.0),
             "jpeg_quality": config["jpeg_quality"] if config["encoding"] == "jpeg" else None,
@@ -108,29 +103,20 @@ def build_manifest(
             "num_written": num_written,
             "num_failed": num_failed,
             "num_duplicates": num_duplicates,
-            # Dropped by --near-duplicates drop: every member of a group but the one kept.
             "num_near_duplicates": num_near_duplicates,
-            # Of the unique inputs: read and decoded by this run, or carried over from `run.built_from`
-            # without either (preprocess/reuse/).
             "num_decoded": num_decoded,
             "num_reused": num_reused,
-            # Published images that a split the input names moved to another split: counted, and named.
             "num_moved_by_named_split": len(moved),
             "moved_by_named_split": sorted(moved, key=lambda move: move["uri"])[:MOVES_NAMED],
             "failures_by_reason": dict(sorted(failures.items())),
-            # Not inputs, so not in num_found: a tree's files without an image extension, by extension
-            # ("" for none), and the files directly in its root (no class folder).
             "skipped_by_extension": dict(sorted((skipped_by_extension or {}).items())),
             "skipped_at_root": skipped_at_root,
         },
         "split_fractions": config["split_fractions"],
         "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
-        # Every input that failed, one JSON line each, in these files (none when nothing failed).
         "error_files": sorted(error_files, key=lambda entry: entry["path"]),
-        # Altered copies of one image (preprocess/near_duplicates/): the counts, and one JSON line per group.
         "near_duplicates": _with_realised_fractions(near_duplicates or {"mode": "off"}, splits),
         "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
-        # One JSON line per image written: what the next version reuses (preprocess/reuse/ledger.py).
         "ledger_files": sorted(ledger_files, key=lambda entry: entry["path"]),
         "source_image_sizes": source_image_sizes or empty_source_sizes(),
     }
@@ -157,15 +143,12 @@ def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
     mode = config.get("near_duplicates", NEAR_DUPLICATES_OFF)
     if mode == NEAR_DUPLICATES_OFF:
         return {"mode": NEAR_DUPLICATES_OFF}
-    guards = {
-        "max_group": config.get("near_duplicate_max_group", DEFAULT_MAX_GROUP_SIZE),
-        "max_moved": config.get("near_duplicate_max_moved", DEFAULT_MAX_MOVED_SHARE),
-    }
     return {
         "mode": mode,
         "signature_version": SIGNATURE_VERSION,
         "max_distance": config["near_duplicate_distance"],
-        **guards,
+        "max_group": config.get("near_duplicate_max_group", DEFAULT_MAX_GROUP_SIZE),
+        "max_moved": config.get("near_duplicate_max_moved", DEFAULT_MAX_MOVED_SHARE),
         **dict(sorted((stats or {}).items())),
     }
 

@@ -6,7 +6,6 @@ import hashlib
 import json
 
 FINGERPRINT_VERSION = 1
-# job_config entries that do not change what the records hold.
 # Not what a record holds: where it goes, how failures are judged, and which version a re-run started
 # from (an incremental run and a full rebuild of the same inputs write the same records).
 _NOT_DATA = ("build_id", "output", "max_failed_fraction", "retention_days", "built_from", "full_rebuild")

@@ -100,14 +100,12 @@ class LocalStore:
         """Replace `name` with `data` atomically (the copy in dataset.json; the log never needs it)."""
         self.requests += 1
         for _ in range(_FOLDER_RACE_ATTEMPTS):
-            try:
+            # FileExistsError: makedirs lost its folder at once.
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
                 filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
-                break
-            except (FileNotFoundError, FileExistsError):  # FileExistsError: makedirs lost its folder at once
-                continue
-        else:
-            raise OSError(f"{self._path(name)}: its folders kept disappearing while it was written")
-        self._remove_empty_parents(f"{self.tmp_dir}/-")
+                self._remove_empty_parents(f"{self.tmp_dir}/-")
+                return
+        raise OSError(f"{self._path(name)}: its folders kept disappearing while it was written")
 
     def read(self, name: str) -> bytes | None:
         self.requests += 1
@@ -165,10 +163,8 @@ class LocalStore:
         return refused
 
     def _delete_one(self, name: str):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self._path(name))
-        except FileNotFoundError:
-            pass
         self._remove_empty_parents(name)
 
     def _remove_empty_parents(self, name: str):

@@ -74,11 +74,9 @@ def _advance(store, output_dir: str, state: dict | None) -> dict:
     return {"sequence": sequence, "run_id": run_id}
 
 
-def published_run(output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECONDS, store=None) -> str:
-    """The id of the published run ('' for none), at most about `check_seconds` old.
-
-    One metadata read per worker per `check_seconds` (see the module docstring).
-    """
+def published_run(output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECONDS) -> str:
+    """The id of the published run ('' for none), at most about `check_seconds` old: one metadata read per
+    worker per `check_seconds`."""
     cache = _WorkerCache(output_dir)
     state = cache.read()
     if state is not None and time.time() - state["checked_at"] < check_seconds:
@@ -89,8 +87,7 @@ def published_run(output_dir: str, check_seconds: float = SUPERSEDED_CHECK_SECON
         state = cache.read()  # another process may have asked while this one waited for the lock
         if state is not None and time.time() - state["checked_at"] < check_seconds:
             return state["run_id"]
-        store = store or dataset_store.open_store(output_dir)
-        answer = _advance(store, output_dir, state)
+        answer = _advance(dataset_store.open_store(output_dir), output_dir, state)
         cache.write({**answer, "checked_at": time.time()})
         return answer["run_id"]
 

@@ -1,14 +1,11 @@
-"""Gather what the report shows and write the page (local path or gs://)."""
+"""Gather what the report shows (`page.render` makes the page of it)."""
 
 import dataclasses
-import posixpath
-
-import tensorflow as tf
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import errors
 from preprocess.inspect import diff
-from preprocess.inspect.report import near_duplicate_groups, page, thumbnails
+from preprocess.inspect.report import near_duplicate_groups, thumbnails
 from preprocess.inspect.summary import format_bytes
 
 
@@ -34,9 +31,7 @@ class ReportData:
     manifest: dict
     split: str
     sheet_rows: list[SheetRow]
-    sheet_notes: list[str]
-    records_read: int
-    record_bytes_read: int
+    sample: object  # contact_sheet.Sample: what the sheet's records cost, and its notes
     failures: errors.ErrorLogSample
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
@@ -65,20 +60,17 @@ def gather_changes(data_dir: str, max_read_bytes: int, limit: int) -> tuple[diff
     one version). Both versions' ledgers (shards, before ledgers) are read only within `max_read_bytes`."""
     try:
         old, new = diff.choose_versions(data_dir)
+        cost = diff.read_bytes(data_dir, (old, new))
+        if cost > max_read_bytes:
+            files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
+            return (
+                None,
+                f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
+                f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
+            )
+        return diff.diff_versions(data_dir, old, new, limit), ""
     except diff.DiffRefused:
         return None, ""
-    except diff.VersionUnreadable as exc:
-        return None, f"Not compared: {exc}"
-    cost = diff.read_bytes(data_dir, (old, new))
-    if cost > max_read_bytes:
-        files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
-        return (
-            None,
-            f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
-            f"`python -m preprocess.inspect {data_dir} --diff` reads them all.",
-        )
-    try:
-        return diff.diff_versions(data_dir, old, new, limit), ""
     except diff.VersionUnreadable as exc:
         return None, f"Not compared: {exc}"
 
@@ -93,8 +85,8 @@ def gather(
     changes: diff.VersionDiff | None = None,
     diff_limit: int = diff.DEFAULT_LIMIT,
 ) -> ReportData:
-    """Read what the page needs (see the module docstring for the bounds). `changes`: the diff `--diff`
-    computed, else the newest version against the one before, within the read budget."""
+    """Read what the page needs, each part within its bound. `changes`: the diff `--diff` computed, else the
+    newest version against the one before, within the read budget."""
     groups = near_duplicate_groups.select_groups(data_dir, manifest, max_groups)
     budget = thumbnails.ReadBudget(remaining=max_read_bytes)
     group_thumbnails = [
@@ -112,10 +104,8 @@ def gather(
         data_dir=data_dir,
         manifest=manifest,
         split=split,
-        sheet_rows=sheet_rows(manifest, split, sample) if sample is not None else [],
-        sheet_notes=list(sample.warnings) if sample is not None else [],
-        records_read=sample.num_records if sample is not None else 0,
-        record_bytes_read=sample.num_bytes if sample is not None else 0,
+        sheet_rows=sheet_rows(manifest, split, sample),
+        sample=sample,
         failures=errors.read_error_log(
             [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)],
             per_reason=5,
@@ -129,29 +119,3 @@ def gather(
         changes=changes,
         changes_note=changes_note,
     )
-
-
-def write_text(path: str, text: str):
-    """Write a UTF-8 file to a local path or gs://, making its directory."""
-    parent = posixpath.dirname(path)
-    if parent and not tf.io.gfile.exists(parent):
-        tf.io.gfile.makedirs(parent)
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        handle.write(text.encode("utf-8"))
-
-
-def write_report(
-    data_dir: str,
-    manifest: dict,
-    out: str,
-    split: str,
-    sample,
-    max_groups: int,
-    max_read_bytes: int,
-    changes: diff.VersionDiff | None = None,
-    diff_limit: int = diff.DEFAULT_LIMIT,
-) -> ReportData:
-    """Gather, render and write the page to `out`; returns what it shows."""
-    data = gather(data_dir, manifest, split, sample, max_groups, max_read_bytes, changes, diff_limit)
-    write_text(out, page.render(data))
-    return data

@@ -37,17 +37,22 @@ def bar_table(
     )
 
 
-def split_names(manifest: dict) -> list[str]:
-    """The manifest's splits, the standard ones in their usual order first."""
-    names = list(manifest["splits"])
-    return [split for split in manifest_lib.SPLITS if split in names] + [
-        split for split in names if split not in manifest_lib.SPLITS
-    ]
+def split_names(names) -> list[str]:
+    """Split names, the standard ones in their usual order first."""
+    order = {split: index for index, split in enumerate(manifest_lib.SPLITS)}
+    return sorted(names, key=lambda split: order.get(split, len(order)))
+
+
+def split_bars(counts: dict, head: tuple[str, str]) -> str:
+    """A bar per split of {split: count}, in split_names' order, each in its split's colour."""
+    rows = [(split, int(counts[split])) for split in split_names(counts)]
+    return bar_table(rows, head=head, kind_of=lambda split: "split-" + split)
 
 
 def examples_per_split(manifest: dict) -> str:
-    rows = [(split, int(manifest["splits"][split]["num_examples"])) for split in split_names(manifest)]
-    return bar_table(rows, head=("split", "examples"), kind_of=lambda split: "split-" + split)
+    return split_bars(
+        {split: info["num_examples"] for split, info in manifest["splits"].items()}, ("split", "examples")
+    )
 
 
 def shown_classes(manifest: dict) -> tuple[list[str], str | None]:
@@ -55,8 +60,8 @@ def shown_classes(manifest: dict) -> tuple[list[str], str | None]:
     labels = list(manifest["labels"])
     if len(labels) <= MAX_CLASS_ROWS:
         return labels, None
-    totals = {name: _class_total(manifest, name) for name in labels}
-    by_size = sorted(labels, key=lambda name: (totals[name], name))
+    per_class = [info["num_examples_per_class"] for info in manifest["splits"].values()]
+    by_size = sorted(labels, key=lambda name: (sum(int(counts.get(name, 0)) for counts in per_class), name))
     half = MAX_CLASS_ROWS // 2
     shown = set(by_size[:half] + by_size[-half:])
     return (
@@ -65,13 +70,9 @@ def shown_classes(manifest: dict) -> tuple[list[str], str | None]:
     )
 
 
-def _class_total(manifest: dict, name: str) -> int:
-    return sum(int(info["num_examples_per_class"].get(name, 0)) for info in manifest["splits"].values())
-
-
 def examples_per_class(manifest: dict) -> str:
     """One row per class, one bar per split (each split's bars scaled to its largest class)."""
-    splits = split_names(manifest)
+    splits = split_names(manifest["splits"])
     names, note = shown_classes(manifest)
     maxima = {
         split: max([int(v) for v in manifest["splits"][split]["num_examples_per_class"].values()] or [0])
@@ -79,7 +80,7 @@ def examples_per_class(manifest: dict) -> str:
     }
     head = "".join(f'<th class="num">{escape(split)}</th><th></th>' for split in splits)
     rows = []
-    for index, name in enumerate(names):
+    for name in names:
         cells = ""
         for split in splits:
             value = int(manifest["splits"][split]["num_examples_per_class"].get(name, 0))
@@ -87,9 +88,9 @@ def examples_per_class(manifest: dict) -> str:
                 f'<td class="num">{value:,}</td><td class="barcell">'
                 f"{bar(value, maxima[split], 'split-' + split)}</td>"
             )
-        label = manifest["labels"].index(name) if name in manifest["labels"] else index
         rows.append(
-            f'<tr><th scope="row"><span class="label-id">{label}</span> {escape(name)}</th>{cells}</tr>'
+            f'<tr><th scope="row"><span class="label-id">{manifest["labels"].index(name)}</span> '
+            f"{escape(name)}</th>{cells}</tr>"
         )
     table = (
         f'<table class="bars per-class"><thead><tr><th>class</th>{head}</tr></thead>'
@@ -114,8 +115,8 @@ def source_size_histogram(sizes: dict) -> str:
         rows.append((_bucket_label(previous, upto), int(bucket.get("count", 0))))
         previous = upto
     facts = [f"{int(sizes.get('count', 0)):,} source images"]
-    for key, word in (("smallest", "smallest"), ("largest", "largest")):
-        value = sizes.get(key)
+    for word in ("smallest", "largest"):
+        value = sizes.get(word)
         if isinstance(value, list) and len(value) == 2:
             facts.append(f"{word} {escape(value[0])}×{escape(value[1])} (width×height)")
     return f"<p>{', '.join(facts)}</p>" + bar_table(rows, "sizes", ("longest side", "images"))

@@ -49,10 +49,6 @@ class GroupSelection:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def mode(self) -> str | None:
-        return self.summary.get("mode")
-
-    @property
     def left_out(self) -> int:
         return max(0, self.total_groups - len(self.groups))
 

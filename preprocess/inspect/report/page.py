@@ -6,7 +6,7 @@ import posixpath
 from preprocess.inspect import diff
 from preprocess.inspect.report import figures, near_duplicate_groups
 from preprocess.inspect.report.figures import escape
-from preprocess.inspect.summary import format_bytes
+from preprocess.inspect.summary import format_bytes, split_fractions
 
 SECTION_TITLES = {
     "splits": "Examples per split",
@@ -94,6 +94,15 @@ def _section(key: str, body: str) -> str:
     return f'<section id="{key}"><h2>{escape(SECTION_TITLES[key])}</h2>{body}</section>'
 
 
+def _missing(key: str, text: str) -> str:
+    """A section that has nothing to show, saying why (`text` is HTML)."""
+    return _section(key, f'<p class="missing">{text}</p>')
+
+
+def _img(data_uri: str, uri: str) -> str:
+    return f'<img src="{data_uri}" alt="{escape(uri)}" title="{escape(uri)}">'
+
+
 def _header(data) -> str:
     manifest = data.manifest
     image = manifest["image"]
@@ -131,7 +140,7 @@ def _overview(data) -> str:
 def _failures(data) -> str:
     counts = data.manifest["inputs"].get("failures_by_reason") or {}
     if not counts:
-        return _section("failures", '<p class="missing">No input failed.</p>')
+        return _missing("failures", "No input failed.")
     rows = sorted(counts.items(), key=lambda item: (-int(item[1]), item[0]))
     parts = [
         figures.bar_table([(reason, int(count)) for reason, count in rows], "failures", ("reason", "inputs"))
@@ -155,21 +164,16 @@ def _failures(data) -> str:
 def _sizes(data) -> str:
     sizes = data.manifest.get("source_image_sizes")
     if not isinstance(sizes, dict):
-        return _section("sizes", '<p class="missing">Not recorded by this dataset\'s stage 1 run.</p>')
+        return _missing("sizes", "Not recorded by this dataset's stage 1 run.")
     return _section("sizes", figures.source_size_histogram(sizes))
 
 
 def _sheet(data) -> str:
     if not data.sheet_rows:
-        return _section(
-            "sheet", f'<p class="missing">Split {escape(data.split)} has no examples to show.</p>'
-        )
+        return _missing("sheet", f"Split {escape(data.split)} has no examples to show.")
     rows = []
     for row in data.sheet_rows:
-        images = "".join(
-            f'<img src="{cell.thumbnail.data_uri}" alt="{escape(cell.uri)}" title="{escape(cell.uri)}">'
-            for cell in row.cells
-        )
+        images = "".join(_img(cell.thumbnail.data_uri, cell.uri) for cell in row.cells)
         if not row.cells:
             images = '<span class="missing">none in this split</span>'
         rows.append(
@@ -179,16 +183,16 @@ def _sheet(data) -> str:
         )
     intro = (
         f'<p class="note">Split {escape(data.split)}, as training sees it (decoded from the shards, '
-        f"de-normalized). Read {data.records_read:,} records ({escape(format_bytes(data.record_bytes_read))})."
+        f"de-normalized). Read {data.sample.num_records:,} records ({escape(format_bytes(data.sample.num_bytes))})."
         "</p>"
     )
-    notes = "".join(f'<p class="note">{escape(note)}</p>' for note in data.sheet_notes)
+    notes = "".join(f'<p class="note">{escape(note)}</p>' for note in data.sample.warnings)
     return _section("sheet", intro + "".join(rows) + notes)
 
 
 def _member(member, thumbnail) -> str:
     if thumbnail.data_uri:
-        picture = f'<img src="{thumbnail.data_uri}" alt="{escape(member.uri)}" title="{escape(member.uri)}">'
+        picture = _img(thumbnail.data_uri, member.uri)
     else:
         picture = (
             f'<div class="placeholder" title="{escape(thumbnail.problem)}">{escape(thumbnail.problem)}</div>'
@@ -232,15 +236,12 @@ def _group(group, group_thumbnails) -> str:
 def _groups(data) -> str:
     selection = data.groups
     if not selection.recorded:
-        return _section(
+        return _missing(
             "groups",
-            '<p class="missing">Not recorded by this dataset\'s stage 1 run (written before the '
-            "near-duplicate audit existed).</p>",
+            "Not recorded by this dataset's stage 1 run (written before the near-duplicate audit existed).",
         )
-    if selection.mode == "off":
-        return _section(
-            "groups", '<p class="missing">The audit was off for this run (--near-duplicates off).</p>'
-        )
+    if selection.summary.get("mode") == "off":
+        return _missing("groups", "The audit was off for this run (--near-duplicates off).")
     summary = selection.summary
     facts = [
         f"mode {summary.get('mode', '?')}",
@@ -271,21 +272,9 @@ def _groups(data) -> str:
             )
             + "</p>"
         )
-    realised = summary.get("realised_split_fractions")
-    if realised:
-        requested = data.manifest.get("split_fractions") or {}
-        parts.append(
-            "<p>"
-            + escape(
-                "Splits written: "
-                + ", ".join(
-                    f"{split} {100 * share:.1f}%"
-                    + (f" (asked {100 * requested[split]:g}%)" if split in requested else "")
-                    for split, share in realised.items()
-                )
-            )
-            + ".</p>"
-        )
+    fractions = split_fractions(data.manifest, summary)
+    if fractions:
+        parts.append(f"<p>{escape('Splits written: ' + fractions)}.</p>")
     if not selection.groups:
         parts.append('<p class="missing">No near-duplicate group.</p>')
     else:
@@ -367,17 +356,10 @@ def _low_information(summary: dict) -> str:
     counts = summary.get("low_information_by_split")
     if not counts:
         return ""
-    rows = [
-        (split, int(counts.get(split, 0))) for split in ("train", "validation", "test") if split in counts
-    ]
-    rows += [
-        (split, int(count)) for split, count in counts.items() if split not in ("train", "validation", "test")
-    ]
     return (
         "<h3>Near-blank and tiny images</h3>"
         '<p class="note">Images with little to compare (near-uniform, or a side under 24 px): grouped only '
-        "when their pixels are near-equal, by split.</p>"
-        + figures.bar_table(rows, head=("split", "images"), kind_of=lambda split: "split-" + split)
+        "when their pixels are near-equal, by split.</p>" + figures.split_bars(counts, ("split", "images"))
     )
 
 
@@ -385,11 +367,7 @@ def _changes(data) -> str:
     """What changed between two versions (`inspect --diff`'s counts and files); "" for a directory with one."""
     changes = data.changes
     if changes is None:
-        return (
-            _section("changes", f'<p class="missing">{escape(data.changes_note)}</p>')
-            if data.changes_note
-            else ""
-        )
+        return _missing("changes", escape(data.changes_note)) if data.changes_note else ""
     intro = (
         f'<p class="note">From {escape(changes.old.describe())} to {escape(changes.new.describe())}: '
         f"{changes.old_images:,} → {changes.new_images:,} images, {changes.in_both:,} in both. An image is the "

@@ -95,7 +95,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
         )
     except errors.ImageError as exc:
         return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {_first_line(exc.detail)}")
-    return Thumbnail(data_uri=data_uri(shrink(Image.fromarray(pixels, "RGB"))))
+    return pixels_thumbnail(pixels)
 
 
 def _why_unreadable(error: errors.ImageError) -> str:
