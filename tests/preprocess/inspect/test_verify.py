@@ -238,7 +238,10 @@ def test_a_missing_error_log_or_transform_graph_is_named(dataset, capsys):
     status, out = run_cli(dataset, capsys)
     assert status == 1
     assert f"{dataset / error_file}: named in the published dataset but absent" in out
-    assert f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in the published dataset" in out
+    assert (
+        f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in the published dataset"
+        in out
+    )
 
 
 def test_a_format_1_dataset_with_every_file_at_the_top_still_verifies(dataset, capsys):

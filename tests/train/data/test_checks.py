@@ -55,7 +55,9 @@ def test_missing_manifest(dataset_copy, tmp_path):
 def test_listed_shard_that_is_absent(dataset_copy, tmp_path):
     shard = first_shard(dataset_copy)
     shard.unlink()
-    assert_stops_before_training(dataset_copy, tmp_path, rf"{shard.name}: listed in the published dataset but absent")
+    assert_stops_before_training(
+        dataset_copy, tmp_path, rf"{shard.name}: listed in the published dataset but absent"
+    )
 
 
 def test_shard_whose_size_differs_from_the_manifest(dataset_copy, tmp_path):
