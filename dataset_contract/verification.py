@@ -65,12 +65,7 @@ class ShardProblem:
 
 
 class RecordError(Exception):
-    """The TFRecord framing is broken at record `index`, `offset` bytes into the file."""
-
-    def __init__(self, index: int, offset: int, message: str):
-        super().__init__(f"record {index} (byte {offset}): {message}")
-        self.index = index
-        self.offset = offset
+    """The TFRecord framing is broken: "record INDEX (byte OFFSET): what"."""
 
 
 def read_published_bytes(data_dir: str) -> tuple[bytes, str]:
@@ -193,26 +188,26 @@ class _ChunkedReader:
 
 def _records(reader: _ChunkedReader) -> Iterator[bytes]:
     index = offset = 0
+
+    def broken(what: str) -> RecordError:
+        return RecordError(f"record {index} (byte {offset}): {what}")
+
     while True:
         header = reader.read(_HEADER.size)
         if not header:
             return
         if len(header) < _HEADER.size:
-            raise RecordError(index, offset, "the file ends inside a record header (truncated)")
+            raise broken("the file ends inside a record header (truncated)")
         length, length_crc = _HEADER.unpack(header)
         if _masked_crc(header[:8]) != length_crc:
-            raise RecordError(index, offset, "the record length fails its checksum (corrupted)")
+            raise broken("the record length fails its checksum (corrupted)")
         body = reader.read(length + _FOOTER.size)
         if len(body) < length + _FOOTER.size:
-            raise RecordError(
-                index,
-                offset,
-                f"the file ends inside the record: {length + _FOOTER.size - len(body)} of its bytes are missing "
-                "(truncated)",
-            )
+            missing = length + _FOOTER.size - len(body)
+            raise broken(f"the file ends inside the record: {missing} of its bytes are missing (truncated)")
         data = body[:length]
         if _masked_crc(data) != _FOOTER.unpack(body[length:])[0]:
-            raise RecordError(index, offset, "the record data fails its checksum (corrupted)")
+            raise broken("the record data fails its checksum (corrupted)")
         yield data
         index += 1
         offset += _HEADER.size + length + _FOOTER.size
