@@ -13,7 +13,7 @@ import shlex
 import sys
 import tempfile
 
-from dataset_contract import features, geometry, log_format
+from dataset_contract import geometry, log_format
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
@@ -165,24 +165,17 @@ def predict_one(export_dir: str, dataset_dir: str, manifest: dict):
     """(source file, true class, predicted class, probability) for one validation image, via the export."""
     import tensorflow as tf  # noqa: PLC0415 - see the imports
 
+    from dataset_contract import verification  # noqa: PLC0415 - TensorFlow
+
     shard = manifest_lib.join(dataset_dir, manifest["splits"][manifest_lib.VALIDATION]["shards"][0]["path"])
-    record = next(iter(tf.data.TFRecordDataset(shard).take(1)))
-    example = tf.io.parse_single_example(
-        record,
-        {
-            features.URI: tf.io.FixedLenFeature([], tf.string),
-            features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
-        },
-    )
-    uri = example[features.URI].numpy().decode()
+    _, uri, class_name = next(verification.read_identities(shard))
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     outputs = serve(tf.constant([tf.io.gfile.GFile(uri, "rb").read()]))
-    probability = float(tf.reduce_max(outputs["probabilities"][0]))
     return (
         uri,
-        example[features.CLASS_NAME].numpy().decode(),
+        class_name,
         outputs["label"][0].numpy().decode(),
-        probability,
+        float(tf.reduce_max(outputs["probabilities"][0])),
     )
 
 
