@@ -414,16 +414,18 @@ def write_sample_corpus(
     return CorpusInfo(root=root, class_names=class_names, files=writer.files)
 
 
-# How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options, change).
+# How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options,
+# change, class shift: 1 files it under the next class, a likely label error).
 _ALTERATIONS = (
     (
         "jpg",
         "JPEG",
         {"quality": 75},
         lambda image: image.resize((image.width * 3 // 4, image.height * 3 // 4)),
+        0,
     ),
-    ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1)),
-    ("jpg", "JPEG", {"quality": 85}, lambda image: image),
+    ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1), 0),
+    ("jpg", "JPEG", {"quality": 85}, lambda image: image, 1),
 )
 
 
@@ -434,16 +436,15 @@ def _write_altered_copies(writer, class_names, originals, data_of, rng) -> None:
     if len(originals) < len(_ALTERATIONS):
         return
     chosen = sorted(rng.choice(len(originals), size=len(_ALTERATIONS), replace=False))
-    for number, (source_index, (extension, image_format, options, change)) in enumerate(
-        zip(chosen, _ALTERATIONS, strict=True)
+    for source_index, (extension, image_format, options, change, class_shift) in zip(
+        chosen, _ALTERATIONS, strict=True
     ):
         source = originals[source_index]
         with Image.open(io.BytesIO(data_of[source.path])) as opened:
             altered = change(opened.convert("RGB"))
         out = io.BytesIO()
         altered.save(out, format=image_format, **options)
-        last = number == len(_ALTERATIONS) - 1
-        class_name = class_names[(class_names.index(source.class_name) + last) % len(class_names)]
+        class_name = class_names[(class_names.index(source.class_name) + class_shift) % len(class_names)]
         writer.write(
             class_name,
             extension,
