@@ -36,9 +36,8 @@ class Lifecycle:
     spot: bool
     autocheckpoint: bool
     autocheckpoint_why: str
-    single_client: bool = (
-        False  # TensorFlow on a slice: only worker 0's process saves; Autocheckpoint's SIGTERM misses it
-    )
+    # TensorFlow on a slice: only worker 0's process saves; Autocheckpoint's SIGTERM misses it.
+    single_client: bool = False
 
     def describe(self, restart_command: str) -> dict:
         return {
