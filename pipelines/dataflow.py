@@ -464,9 +464,7 @@ def main(argv=None) -> int:
         return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
-    print(f"TPU runtime: {spec['runtime']}")
-    for line in tpu_lifecycle.summary_lines(spec["lifecycle"]):
-        print(line)
+    print(f"TPU runtime: {spec['runtime']}", *tpu_lifecycle.summary_lines(spec["lifecycle"]), sep="\n")
     if args.dry_run:
         os.makedirs(args.dry_run_dir, exist_ok=True)
         if stage1_argv is not None:
