@@ -85,8 +85,6 @@ class CommandParser(argparse.ArgumentParser):
     def unknown_flags_problem(self, words: list[str], more_flags=()) -> str | None:
         """What is wrong with the words no flag took: each unknown flag with the nearest of this parser's
         flags and `more_flags`, each stray word; or None when `words` is empty."""
-        if not words:
-            return None
         known = self.flags() + list(more_flags)
         problems = [
             f"unknown flag {word}{did_you_mean(word, known)}"
@@ -94,7 +92,7 @@ class CommandParser(argparse.ArgumentParser):
             else f"unexpected argument {word!r}"
             for word in unknown_words(words)
         ]
-        return "; ".join(problems)
+        return "; ".join(problems) or None
 
     def mixed_up_flags_problem(self, words: list[str]) -> str | None:
         """The unknown flags among `words` that are this parser's own with dashes and underscores (or

@@ -49,9 +49,8 @@ def head_of(names) -> tuple[int, str] | None:
     return max(commits) if commits else None
 
 
-def is_hint(document) -> bool:
-    """Whether a parsed `dataset.json` is format 3's pointer to the log rather than a manifest."""
-    return manifest_lib.is_pointer(document)
+# Whether a parsed `dataset.json` is format 3's pointer to the log rather than a manifest.
+is_hint = manifest_lib.is_pointer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +72,14 @@ class Published:
 
 def read_head(data_dir: str, files: Files) -> Published | None:
     """The head of the log (one listing, one read), or None if `manifests/` holds no commit."""
-    directory = manifest_lib.join(data_dir, MANIFESTS_DIR)
     for _ in range(_READ_ATTEMPTS):
-        head = head_of(files.list_names(directory))
-        if head is None:
+        commits = list_commits(data_dir, files)
+        if not commits:
             return None
-        path = manifest_lib.join(directory, posixpath.basename(head[1]))
-        data = files.read(path)
-        if data is not None:
-            return Published(data, path, head[0])
+        head = read_commit(commits[-1][1], commits[-1][0], files)
+        if head is not None:
+            return head
+    directory = manifest_lib.join(data_dir, MANIFESTS_DIR)
     raise manifest_lib.ManifestError(
         f"{directory}/: its newest commit vanished while it was read, three times"
     )

@@ -1,24 +1,5 @@
-"""The manifest `dataset.json`: names, layout and a structural check.
-
-Stage 1 writes the manifest last, after every file it names is final; stage 2
-reads exactly the shards it lists. This module holds only what both need to
-agree on; each stage does its own I/O (Beam `FileSystems` in stage 1,
-`tf.io.gfile` in stage 2), so nothing here imports either.
-
-Layout (format_version 2): every run of stage 1 writes its files once, under
-`runs/<run id>/` of the dataset directory, and the manifest's relative paths
-name them; a commit of the log publishes a run (docs/dataset_format.md).
-Format version 1 had the same files at the top level of the directory; its
-manifests name them the same way (relative paths), so readers take both.
-
-Publishing is a commit log (dataset_contract/commit_log.py, the one reader
-of the published manifest): each publish creates `manifests/<sequence>.json`,
-a manifest of this format, and `dataset.json` is a copy of the newest.
-Format version 3 was the log of buckets that refuse overwrites,
-`manifests/<12-digit sequence>-<run id>.json` with `dataset.json` a pointer
-(`{"format_version": 3, "layout": "manifests", ...}`); the commit log reads
-it, and continues its sequence.
-"""
+"""The manifest `dataset.json`: names, layout and a structural check, without Beam or TensorFlow (the
+formats and the commit log: docs/internals.md, docs/dataset_format.md)."""
 
 import hashlib
 import posixpath
@@ -48,20 +29,12 @@ SHARD_SUFFIX = ".tfrecord"
 
 
 def shard_file_name(split: str, index: int, num_shards: int) -> str:
-    """`train-00003-of-00016.tfrecord`: how format 1 named the shards of a split.
-
-    Stage 1 now names a shard after the bundle attempt that wrote it
-    (preprocess/write/shards.py); readers never parse shard names, they read the
-    manifest's list.
-    """
+    """`train-00003-of-00016.tfrecord`: how format 1 named the shards of a split (readers never parse names)."""
     return f"{split}-{index:05d}-of-{num_shards:05d}{SHARD_SUFFIX}"
 
 
 def shard_glob(split: str) -> str:
-    """Pattern matching every shard name of a split, whatever its count.
-
-    Only for removing the top-level shards of a format 1 dataset; readers use the manifest.
-    """
+    """Every format 1 shard name of a split: only for removing a format 1 dataset's top-level shards."""
     return f"{split}-?????-of-?????{SHARD_SUFFIX}"
 
 
@@ -81,11 +54,7 @@ def is_pointer(manifest: dict | None) -> bool:
 
 
 def manifest_sha256(data: bytes) -> str:
-    """The hex sha256 of a manifest's exact bytes: what identifies one published manifest.
-
-    Taken over the bytes as read, never over a re-serialization: a reader that
-    recorded it can tell the very file it trained on from any other.
-    """
+    """The hex sha256 of a manifest's exact bytes as read (never re-serialized): what identifies it."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -102,22 +71,12 @@ def shard_paths(manifest: dict, splits=SPLITS) -> list[str]:
 
 
 def crop_size(image: dict) -> int:
-    """The side of the square the model sees: `image.crop_size`, or the stored height without a crop margin.
-
-    Stage 1's --crop-margin stores `height` x `width` = round(crop_size * (1 + margin)) squares; training
-    takes random crop_size windows of them, evaluation and serving the center one. Manifests written
-    before the margin existed have no `crop_size`: the model sees the stored image.
-    """
+    """The side of the square the model sees: `image.crop_size`, or the stored height (no crop margin)."""
     return int(image.get("crop_size") or image["height"])
 
 
 def max_file_bytes(image: dict) -> int:
-    """The file size limit (bytes) stage 1 held the inputs to: `image.max_file_bytes`.
-
-    Over it an input is `too_large` (never read), and the exported model
-    refuses a request's image the same way. Manifests written before the
-    limit existed have none: the default limit.
-    """
+    """The file size limit (bytes) stage 1 held the inputs to (`image.max_file_bytes`, else the default)."""
     return int(image.get("max_file_bytes") or image_errors.DEFAULT_MAX_FILE_BYTES)
 
 
@@ -126,11 +85,8 @@ class ManifestError(ValueError):
 
 
 def relative_path_problem(path) -> str | None:
-    """Why `path` is not a relative path inside the dataset directory, or None if it is.
-
-    Relative, '/'-separated, no empty, '.' or '..' part: so that joining it to
-    the directory (local or gs://) can only name a file below it.
-    """
+    """Why `path` is not relative, '/'-separated, without '', '.' or '..' parts (so that it can only name a
+    file below the dataset directory); None if it is."""
     if not isinstance(path, str) or not path:
         return "must be a non-empty string"
     if "://" in path or path.startswith("/") or "\\" in path:
@@ -147,37 +103,36 @@ def _check_path(path, what: str, where: str) -> None:
 
 
 def transform_output_dir(manifest: dict) -> str:
-    """The directory, relative to the dataset directory, to hand to `tft.TFTransformOutput`.
-
-    `transform_fn/` and `transformed_metadata/` are siblings in it: `runs/<run id>`
-    (format 2), or '' (the dataset directory itself, format 1).
-    """
+    """The directory, relative to the dataset's, for `tft.TFTransformOutput`: `runs/<run id>` or '' (format 1)."""
     transform = manifest.get("transform") or {}
     return posixpath.dirname(transform.get(TRANSFORM_FN_DIR, TRANSFORM_FN_DIR))
 
 
 def error_file_paths(manifest: dict) -> list[str]:
-    """The error log's files, relative to the dataset directory: every line of all of them is one failed input.
-
-    `error_files` (a list of {path, num_errors, num_bytes, sha256}; empty when
-    nothing failed) since stage 1 writes the log as several files; before that,
-    one file, `errors` (format 2) or `errors.jsonl` at the top (format 1).
-    """
+    """The error log's files (relative paths): `error_files`, else format 2's `errors` or format 1's file."""
     if "error_files" in manifest:
         return [entry["path"] for entry in manifest["error_files"]]
     return [manifest.get("errors", ERRORS_FILE)]
 
 
+# The lists of files a manifest names besides the shards, each entry {path, COUNT, num_bytes, sha256}:
+# {key: (COUNT, what a path is called)}. The error log (empty when nothing failed); the near-duplicate groups,
+# one JSON line per group (absent or empty when the audit found none); the ledger, one JSON line per image
+# written, what a re-run reuses (absent before issue 32).
+_FILE_LISTS = {
+    "error_files": ("num_errors", "error file path"),
+    "near_duplicate_files": ("num_groups", "near-duplicate file path"),
+    "ledger_files": ("num_images", "ledger_files"),
+}
+
+
 def near_duplicate_file_paths(manifest: dict) -> list[str]:
-    """The near-duplicate groups' files, relative to the dataset directory: one JSON line per group
-    (`near_duplicate_files`, a list of {path, num_groups, num_bytes, sha256}; absent or empty when the
-    audit was off or found no group)."""
+    """The near-duplicate groups' files, relative paths."""
     return [entry["path"] for entry in manifest.get("near_duplicate_files") or []]
 
 
 def ledger_file_paths(manifest: dict) -> list[str]:
-    """The files of the version's ledger, relative paths (`ledger_files`, a list of {path, num_images,
-    num_bytes, sha256}: one JSON line per image written, what a re-run reuses; absent before issue 32)."""
+    """The files of the version's ledger, relative paths."""
     return [entry["path"] for entry in manifest.get("ledger_files") or []]
 
 
@@ -194,14 +149,10 @@ def describe_error_files(manifest: dict, data_dir: str = "") -> str:
 
 
 def other_required_files(manifest: dict) -> list[str]:
-    """Besides the shards: the files (relative paths) a complete dataset has where its manifest says.
-
-    The error log, the near-duplicate groups' files, and the files `tft.TFTransformOutput` cannot load
-    without.
-    """
+    """Besides the shards, the files (relative paths) its manifest names: the error log, the near-duplicate
+    groups, the ledger, and those `tft.TFTransformOutput` cannot load without."""
     required = error_file_paths(manifest) if "error_files" in manifest or "errors" in manifest else []
-    required += near_duplicate_file_paths(manifest)
-    required += ledger_file_paths(manifest)
+    required += near_duplicate_file_paths(manifest) + ledger_file_paths(manifest)
     transform = manifest.get("transform") or {}
     if TRANSFORM_FN_DIR in transform:
         required.append(join(transform[TRANSFORM_FN_DIR], "saved_model.pb"))
@@ -251,21 +202,12 @@ def check_manifest(manifest: dict, where: str = MANIFEST_FILE) -> None:
             _check_path(shard["path"], "shard path", where)
     if "errors" in manifest:
         _check_path(manifest["errors"], "errors", where)
-    for entry in manifest.get("error_files", []):
-        for key in ("path", "num_errors", "num_bytes", "sha256"):
-            if key not in entry:
-                raise ManifestError(f"{where}: an entry of error_files has no {key!r}")
-        _check_path(entry["path"], "error file path", where)
-    for entry in manifest.get("ledger_files") or []:
-        for key in ("path", "num_images", "num_bytes", "sha256"):
-            if key not in entry:
-                raise ManifestError(f"{where}: an entry of ledger_files has no {key!r}")
-        _check_path(entry["path"], "ledger_files", where)
-    for entry in manifest.get("near_duplicate_files") or []:
-        for key in ("path", "num_groups", "num_bytes", "sha256"):
-            if key not in entry:
-                raise ManifestError(f"{where}: an entry of near_duplicate_files has no {key!r}")
-        _check_path(entry["path"], "near-duplicate file path", where)
+    for list_key, (count, what) in _FILE_LISTS.items():
+        for entry in manifest.get(list_key) or []:
+            for key in ("path", count, "num_bytes", "sha256"):
+                if key not in entry:
+                    raise ManifestError(f"{where}: an entry of {list_key} has no {key!r}")
+            _check_path(entry["path"], what, where)
     near_duplicates = manifest.get("near_duplicates")
     if near_duplicates is not None and not (isinstance(near_duplicates, dict) and "mode" in near_duplicates):
         raise ManifestError(

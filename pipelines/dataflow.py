@@ -22,7 +22,7 @@ from pipelines.tpu import interpreter as tpu_interpreter
 from pipelines.tpu import launch as tpu_launch
 from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
-from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow
+from pipelines.workflow import WorkflowError, WorkflowPaths, run_stage1, run_workflow, skip_preprocess_problem
 from preprocess import options
 from preprocess.launch.worker_image import LauncherPythonError, check_launcher_python
 from train import flags as train_flags
@@ -235,13 +235,6 @@ def crop_margin(args) -> float:
     return 0.0 if args.model == SMALL_CNN else IMAGENET_CROP_MARGIN
 
 
-def global_batch_size(args, choice: tpu_runtime.RuntimeChoice) -> int:
-    """--global-batch-size, or python -m train's default for the TPU (tpu_launch.default_global_batch_size)."""
-    return args.global_batch_size or tpu_launch.default_global_batch_size(
-        args.model, args.image_size, choice.tpu
-    )
-
-
 def train_argv(
     args, paths: WorkflowPaths, choice: tpu_runtime.RuntimeChoice, tpu: str = "local"
 ) -> list[str]:
@@ -252,7 +245,9 @@ def train_argv(
             "--model-dir": paths.model_dir,
             "--model": args.model,
             "--epochs": args.epochs,
-            "--global-batch-size": global_batch_size(args, choice),
+            # Without --global-batch-size, python -m train's default for the TPU, shown in the commands.
+            "--global-batch-size": args.global_batch_size
+            or tpu_launch.default_global_batch_size(args.model, args.image_size, choice.tpu),
             "--backend": args.backend,
             # TensorFlow: TPUStrategy (over the slice, from worker 0, for a TPU's name); JAX: the host's chips
             # (every worker, keras.distribution.initialize() for a TPU's name).
@@ -322,8 +317,7 @@ def training_job_spec(args, paths: WorkflowPaths) -> dict:
             "command": f"{tpu_launch.training_python(args.backend)} -m train.tools.supervisor",
             "log": f"~/{tpu_launch.LOG_FILE}",
             "pid_file": f"~/{tpu_launch.PID_FILE}",
-            # TensorFlow drives a slice from worker 0; JAX trains on every worker.
-            "worker": "0" if multi_host and args.backend == TENSORFLOW else "all",
+            "worker": "0" if single_client else "all",
         },
         "package": package_uri(args),
         "data_dir": paths.dataset_dir,
@@ -359,21 +353,15 @@ def build_sdist(dist_dir: str) -> str:
 
 def build_package(destination_uri: str) -> None:
     """Build this project's sdist from setup.py and copy it to `destination_uri`."""
-    with tempfile.TemporaryDirectory() as build_dir:
-        with open(build_sdist(build_dir), "rb") as source, _filesystems().create(destination_uri) as target:
-            target.write(source.read())
+    with tempfile.TemporaryDirectory() as build_dir, open(build_sdist(build_dir), "rb") as source:
+        _write(destination_uri, source.read())
 
 
-def _filesystems():
-    """Beam's FileSystems, imported when a file is written: --help answers without importing Beam."""
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+def _write(uri: str, data: bytes) -> None:
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - --help answers without Beam
 
-    return FileSystems
-
-
-def write_json(path: str, content: dict) -> None:
-    with _filesystems().create(path) as handle:
-        handle.write(json.dumps(content, indent=2).encode("utf-8"))
+    with FileSystems.create(uri) as handle:
+        handle.write(data)
 
 
 def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
@@ -396,14 +384,6 @@ def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.
 # --image-size (it also sizes training's default batch), nor --input (required until --skip-preprocess
 # could do without it: commands that give both keep working).
 STAGE1_FLAGS = ("--crop-margin", "--encoding", "--sdk_container_image", "--setup-file")
-
-
-def stage1_flags_given(argv: list[str], dataflow_args: list[str]) -> list[str]:
-    """The STAGE1_FLAGS among `argv` (as --flag VALUE or --flag=VALUE), then the flags left for Dataflow."""
-    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
-    return [flag for flag in STAGE1_FLAGS if flag in given] + [
-        token.split("=", 1)[0] for token in dataflow_args if token.startswith("--")
-    ]
 
 
 def precheck_problem(args, paths: WorkflowPaths, dataflow_args: list[str]) -> str | None:
@@ -440,13 +420,9 @@ def checked_training_job_spec(args, argv: list[str], dataflow_args: list[str], p
     # The training's backend (--backend, else $KERAS_BACKEND); start.sh sets it before Keras is imported.
     args.backend = resolve_backend(args.backend)
     _refuse_if(backend_problem(args))
-    if args.skip_preprocess and stage1_flags_given(argv, dataflow_args):
-        raise _Refused(
-            f"{', '.join(stage1_flags_given(argv, dataflow_args))} given with --skip-preprocess, which "
-            f"reuses {paths.dataset_dir} as it is: they would change nothing. Drop them, or "
-            "drop --skip-preprocess to build the dataset with them (the same command with the same flags skips "
-            "stage 1 by itself when the dataset was built from them)."
-        )
+    if args.skip_preprocess:
+        dataflow_flags = [token.split("=", 1)[0] for token in dataflow_args if token.startswith("--")]
+        _refuse_if(skip_preprocess_problem(argv, STAGE1_FLAGS, paths.dataset_dir, more=dataflow_flags))
     if not args.skip_preprocess and args.input is None:
         raise _Refused("--input is required (or --skip-preprocess to reuse WORKDIR/dataset)")
     if args.sdk_container_image:
@@ -488,9 +464,7 @@ def main(argv=None) -> int:
         return 2
     stage1_argv = None if args.skip_preprocess else preprocess_argv(args, paths, dataflow_args)
 
-    print(f"TPU runtime: {spec['runtime']}")
-    for line in tpu_lifecycle.summary_lines(spec["lifecycle"]):
-        print(line)
+    print(f"TPU runtime: {spec['runtime']}", *tpu_lifecycle.summary_lines(spec["lifecycle"]), sep="\n")
     if args.dry_run:
         os.makedirs(args.dry_run_dir, exist_ok=True)
         if stage1_argv is not None:
@@ -508,7 +482,7 @@ def main(argv=None) -> int:
             return train_on_this_tpu_vm(args, paths, spec)
         build_package(package_uri(args))
         spec_uri = spec_location(args)
-        write_json(spec_uri, spec)
+        _write(spec_uri, json.dumps(spec, indent=2).encode("utf-8"))
         where = (
             "the TPU slice (software on every worker, training from worker 0)"
             if spec["tpu"]["multi_host"]

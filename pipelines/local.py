@@ -13,11 +13,11 @@ import shlex
 import sys
 import tempfile
 
-from dataset_contract import features, geometry, log_format
+from dataset_contract import geometry, log_format
 from dataset_contract import manifest as manifest_lib
 from dataset_contract.cli_help import CommandParser
 from pipelines import sample_corpus
-from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow
+from pipelines.workflow import WorkflowError, WorkflowPaths, run_workflow, skip_preprocess_problem
 from preprocess import options
 from preprocess.launch import logs
 from train import flags
@@ -144,12 +144,6 @@ def build_parser() -> CommandParser:
     return parser
 
 
-def stage1_flags_given(argv: list[str]) -> list[str]:
-    """The STAGE1_FLAGS among `argv` (as --flag VALUE or --flag=VALUE)."""
-    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
-    return [flag for flag in STAGE1_FLAGS if flag in given]
-
-
 def preprocess_argv(args, input_spec: str, dataset_dir: str) -> list[str]:
     argv = [
         "--input",
@@ -171,24 +165,17 @@ def predict_one(export_dir: str, dataset_dir: str, manifest: dict):
     """(source file, true class, predicted class, probability) for one validation image, via the export."""
     import tensorflow as tf  # noqa: PLC0415 - see the imports
 
+    from dataset_contract import verification  # noqa: PLC0415 - TensorFlow
+
     shard = manifest_lib.join(dataset_dir, manifest["splits"][manifest_lib.VALIDATION]["shards"][0]["path"])
-    record = next(iter(tf.data.TFRecordDataset(shard).take(1)))
-    example = tf.io.parse_single_example(
-        record,
-        {
-            features.URI: tf.io.FixedLenFeature([], tf.string),
-            features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
-        },
-    )
-    uri = example[features.URI].numpy().decode()
+    _, uri, class_name = next(verification.read_identities(shard))
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     outputs = serve(tf.constant([tf.io.gfile.GFile(uri, "rb").read()]))
-    probability = float(tf.reduce_max(outputs["probabilities"][0]))
     return (
         uri,
-        example[features.CLASS_NAME].numpy().decode(),
+        class_name,
         outputs["label"][0].numpy().decode(),
-        probability,
+        float(tf.reduce_max(outputs["probabilities"][0])),
     )
 
 
@@ -313,30 +300,16 @@ def stage1_changes(args, input_spec: str, manifest: dict | None) -> list[str]:
     if manifest is None:
         return ["there is no published dataset"]
     image = manifest.get("image", {})
-    published = {
-        "--input": (manifest.get("source") or {}).get("input"),
-        "--image-size": manifest_lib.crop_size(image) if image else None,
-        "--encoding": image.get("encoding"),
-        "--crop-margin": image.get("crop_margin", 0.0),
-    }
-    asked = {
-        "--input": input_spec,
-        "--image-size": args.image_size,
-        "--encoding": args.encoding,
-        "--crop-margin": args.crop_margin,
-    }
-
-    def same(flag) -> bool:
-        if flag == "--crop-margin":
-            return float(published[flag]) == float(asked[flag])
-        if flag == "--input":
-            return _as_path(published[flag]) == _as_path(asked[flag])
-        return str(published[flag]) == str(asked[flag])
-
+    compared = (  # (flag, the dataset's, this command's, the form both are compared in)
+        ("--input", (manifest.get("source") or {}).get("input"), input_spec, _as_path),
+        ("--image-size", manifest_lib.crop_size(image) if image else None, args.image_size, str),
+        ("--encoding", image.get("encoding"), args.encoding, str),
+        ("--crop-margin", image.get("crop_margin", 0.0), args.crop_margin, float),
+    )
     changes = [
-        f"{flag} {asked[flag]} (the dataset's: {published[flag]})"
-        for flag in asked
-        if published[flag] is not None and not same(flag)
+        f"{flag} {asked} (the dataset's: {published})"
+        for flag, published, asked, form in compared
+        if published is not None and form(published) != form(asked)
     ]
     return changes or [
         f"the files of {input_spec} changed since the dataset was built: added, removed or modified"
@@ -356,17 +329,9 @@ def main(argv=None) -> int:
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.skip_preprocess and stage1_flags_given(argv):
-        print(
-            f"error: {', '.join(stage1_flags_given(argv))} given with --skip-preprocess, which reuses "
-            f"{WorkflowPaths(args.workdir).dataset_dir} as it is: they would change nothing. Drop them, or drop "
-            "--skip-preprocess to build the dataset with them (the same command with the same flags skips stage 1 "
-            "by itself when the dataset was built from them).",
-            file=sys.stderr,
-        )
-        return 2
     paths = WorkflowPaths(args.workdir)
-    problem = precheck_problem(args, paths)  # cheap: before TensorFlow is imported
+    problem = args.skip_preprocess and skip_preprocess_problem(argv, STAGE1_FLAGS, paths.dataset_dir)
+    problem = problem or precheck_problem(args, paths)  # cheap: before TensorFlow is imported
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -64,6 +64,14 @@ BOMB_SIDE = 50000
 INVERSE_TRANSPOSE = {**TRANSPOSE_FOR_ORIENTATION, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
 
 _FORMAT_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "GIF": "gif"}
+# The encoders' settings, fixed (a JPEG's quality is drawn from the image's random stream).
+_SAVE_OPTIONS = {
+    "JPEG": {"optimize": False, "progressive": False},
+    "PNG": {"optimize": False, "compress_level": 6},
+    "WEBP": {"quality": 85, "method": 4, "lossless": False},
+    "BMP": {},
+    "GIF": {"optimize": False},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,32 +263,16 @@ def render_shape_image(params: ShapeImageParams, *, transparent_background: bool
 def _encode(
     image: Image.Image, image_format: str, rng: np.random.Generator, exif: bytes | None = None
 ) -> bytes:
-    """Bytes of `image` in `image_format`, with every encoder setting fixed."""
-    out = io.BytesIO()
+    """Bytes of `image` in `image_format` (one of _SAVE_OPTIONS), with every encoder setting fixed."""
+    options = dict(_SAVE_OPTIONS[image_format])
     if image_format == "JPEG":
-        options = {"quality": int(rng.integers(75, 96)), "optimize": False, "progressive": False}
-        if exif is not None:
-            options["exif"] = exif
-        image.save(out, "JPEG", **options)
-    elif image_format == "PNG":
-        image.save(out, "PNG", optimize=False, compress_level=6)
-    elif image_format == "WEBP":
-        image.save(out, "WEBP", quality=85, method=4, lossless=False)
-    elif image_format == "BMP":
-        image.save(out, "BMP")
+        options.update(quality=int(rng.integers(75, 96)), **({"exif": exif} if exif is not None else {}))
     elif image_format == "GIF":
         # Fast octree quantization: the adaptive one costs ten times the rest of the file.
-        paletted = image.quantize(colors=128, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
-        paletted.save(out, "GIF", optimize=False)
-    else:
-        raise ValueError(f"unsupported format {image_format!r}")
+        image = image.quantize(colors=128, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    image.save(out, image_format, **options)
     return out.getvalue()
-
-
-def _exif_with_orientation(orientation: int) -> bytes:
-    exif = Image.Exif()
-    exif[EXIF_ORIENTATION_TAG] = orientation
-    return exif.tobytes()
 
 
 def _png_chunk(chunk_type: bytes, data: bytes) -> bytes:
@@ -295,10 +287,6 @@ def make_bomb_png(png: bytes, width: int = BOMB_SIDE, height: int = BOMB_SIDE) -
     (length,) = struct.unpack(">I", png[8:12])
     ihdr = struct.pack(">II", width, height) + png[24 : 16 + length]
     return png[:8] + _png_chunk(b"IHDR", ihdr) + png[16 + length + 4 :]
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------- sample corpus
@@ -321,29 +309,25 @@ def _special_kinds(images_per_class: int) -> list[str]:
 
 def _render_file(kind: str, params: ShapeImageParams, rng: np.random.Generator):
     """(bytes, content format, extension, exif orientation) of one usable file."""
+    if kind not in USABLE_KINDS:
+        raise ValueError(f"not a usable kind: {kind!r}")
+    image = render_shape_image(params, transparent_background=kind == RGBA)  # draws nothing from `rng`
+    image_format, orientation, exif = "PNG", None, None  # RGBA, PNG_NAMED_JPG
     if kind == GOOD:
         image_format = str(rng.choice(["JPEG"] * 12 + ["PNG"] * 5 + ["WEBP", "BMP", "GIF"]))
-        data = _encode(render_shape_image(params), image_format, rng)
-        return data, image_format, _FORMAT_EXTENSIONS[image_format], None
-    if kind == GRAYSCALE:
-        image_format = "JPEG" if rng.random() < 0.5 else "PNG"
-        data = _encode(render_shape_image(params).convert("L"), image_format, rng)
-        return data, image_format, _FORMAT_EXTENSIONS[image_format], None
-    if kind == CMYK:
-        return _encode(render_shape_image(params).convert("CMYK"), "JPEG", rng), "JPEG", "jpg", None
-    if kind == RGBA:
-        image = render_shape_image(params, transparent_background=True)
-        return _encode(image, "PNG", rng), "PNG", "png", None
-    if kind == EXIF_ROTATED:
+    elif kind == GRAYSCALE:
+        image, image_format = image.convert("L"), ("JPEG" if rng.random() < 0.5 else "PNG")
+    elif kind == CMYK:
+        image, image_format = image.convert("CMYK"), "JPEG"
+    elif kind == EXIF_ROTATED:
         orientation = int(
             rng.choice([3, 6, 8, 2, 5, 7, 4], p=[0.25, 0.25, 0.25, 0.0625, 0.0625, 0.0625, 0.0625])
         )
-        stored = render_shape_image(params).transpose(INVERSE_TRANSPOSE[orientation])
-        data = _encode(stored, "JPEG", rng, exif=_exif_with_orientation(orientation))
-        return data, "JPEG", "jpg", orientation
-    if kind == PNG_NAMED_JPG:
-        return _encode(render_shape_image(params), "PNG", rng), "PNG", "jpg", None
-    raise ValueError(f"not a usable kind: {kind!r}")
+        image, image_format, exif = image.transpose(INVERSE_TRANSPOSE[orientation]), "JPEG", Image.Exif()
+        exif[EXIF_ORIENTATION_TAG] = orientation
+        exif = exif.tobytes()
+    extension = "jpg" if kind == PNG_NAMED_JPG else _FORMAT_EXTENSIONS[image_format]
+    return _encode(image, image_format, rng, exif), image_format, extension, orientation
 
 
 class _CorpusWriter:
@@ -363,7 +347,9 @@ class _CorpusWriter:
         with open(os.path.join(self.root, class_name, path.split("/")[1]), "wb") as f:
             f.write(data)
         record.setdefault("expected_error", EXPECTED_REASONS.get(record["kind"]))
-        corpus_file = CorpusFile(path=path, class_name=class_name, sha256=_sha256(data), **record)
+        corpus_file = CorpusFile(
+            path=path, class_name=class_name, sha256=hashlib.sha256(data).hexdigest(), **record
+        )
         self.files.append(corpus_file)
         return corpus_file
 
@@ -428,16 +414,18 @@ def write_sample_corpus(
     return CorpusInfo(root=root, class_names=class_names, files=writer.files)
 
 
-# How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options, change).
+# How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options,
+# change, class shift: 1 files it under the next class, a likely label error).
 _ALTERATIONS = (
     (
         "jpg",
         "JPEG",
         {"quality": 75},
         lambda image: image.resize((image.width * 3 // 4, image.height * 3 // 4)),
+        0,
     ),
-    ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1)),
-    ("jpg", "JPEG", {"quality": 85}, lambda image: image),
+    ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1), 0),
+    ("jpg", "JPEG", {"quality": 85}, lambda image: image, 1),
 )
 
 
@@ -448,20 +436,15 @@ def _write_altered_copies(writer, class_names, originals, data_of, rng) -> None:
     if len(originals) < len(_ALTERATIONS):
         return
     chosen = sorted(rng.choice(len(originals), size=len(_ALTERATIONS), replace=False))
-    for number, (source_index, (extension, image_format, options, change)) in enumerate(
-        zip(chosen, _ALTERATIONS, strict=True)
+    for source_index, (extension, image_format, options, change, class_shift) in zip(
+        chosen, _ALTERATIONS, strict=True
     ):
         source = originals[source_index]
         with Image.open(io.BytesIO(data_of[source.path])) as opened:
             altered = change(opened.convert("RGB"))
         out = io.BytesIO()
         altered.save(out, format=image_format, **options)
-        last = number == len(_ALTERATIONS) - 1
-        class_name = (
-            class_names[(class_names.index(source.class_name) + 1) % len(class_names)]
-            if last
-            else (source.class_name)
-        )
+        class_name = class_names[(class_names.index(source.class_name) + class_shift) % len(class_names)]
         writer.write(
             class_name,
             extension,

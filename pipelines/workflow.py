@@ -71,26 +71,37 @@ def run_stage1(preprocess_argv: list[str]) -> dict | None:
         raise WorkflowError(f"stage 1 (preprocess) failed, so training will not start: {exc}") from exc
 
 
-def stage1_fingerprint(preprocess_argv: list[str]) -> dict:
-    """The build fingerprint stage 1 would record for `preprocess_argv` on the inputs as they are now, from
-    the job config stage 1 itself builds (pipeline.job_config)."""
-    from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
-    from preprocess.publish.fingerprint import compute_fingerprint  # noqa: PLC0415 - see the imports
-
-    config, _ = options.parse_args(preprocess_argv)
-    return compute_fingerprint(pipeline.job_config(config, build_id=""))
-
-
 def already_built(dataset_dir: str, preprocess_argv: list[str]) -> dict | None:
-    """The published manifest when it was built from these stage 1 flags and these inputs, else None."""
+    """The published manifest when it was built from these stage 1 flags and these inputs (the fingerprint
+    stage 1 would record now, from its own pipeline.job_config), else None."""
+    from preprocess import options, pipeline  # noqa: PLC0415 - see the imports
     from preprocess.publish.commit import read_published_manifest  # noqa: PLC0415 - see the imports
-    from preprocess.publish.fingerprint import published_fingerprint  # noqa: PLC0415 - see the imports
+    from preprocess.publish.fingerprint import compute_fingerprint, published_fingerprint  # noqa: PLC0415
 
     manifest = read_published_manifest(dataset_dir)
     recorded = published_fingerprint(manifest)
     if recorded is None:
         return None
-    return manifest if recorded == stage1_fingerprint(preprocess_argv)["sha256"] else None
+    config, _ = options.parse_args(preprocess_argv)
+    return (
+        manifest
+        if recorded == compute_fingerprint(pipeline.job_config(config, build_id=""))["sha256"]
+        else None
+    )
+
+
+def skip_preprocess_problem(argv: list[str], stage1_flags, dataset_dir: str, more=()) -> str | None:
+    """The `stage1_flags` given in `argv` (as --flag VALUE or --flag=VALUE) with --skip-preprocess, then `more`,
+    said as a mistake; None when there is none."""
+    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    flags = [flag for flag in stage1_flags if flag in given] + list(more)
+    if not flags:
+        return None
+    return (
+        f"{', '.join(flags)} given with --skip-preprocess, which reuses {dataset_dir} as it is: they would change "
+        "nothing. Drop them, or drop --skip-preprocess to build the dataset with them (the same command with the "
+        "same flags skips stage 1 by itself when the dataset was built from them)."
+    )
 
 
 def check_model_dir_is_new(model_dir: str, stage1_changes: list[str] | None = None) -> None:

@@ -39,6 +39,10 @@ def is_local(path: str) -> bool:
     return isinstance(FileSystems.get_filesystem(path), LocalFileSystem)
 
 
+def _is_gcs(path: str) -> bool:
+    return FileSystems.get_scheme(path) == "gs"
+
+
 def list_files(directory: str) -> list[FileMetadata]:
     """Every file below `directory`, recursively ([] if there is none); GCS directory placeholders left out."""
     pattern = manifest_lib.join(directory.rstrip("/"), "**")
@@ -173,10 +177,7 @@ def _md5_base64(digest) -> str:
 def already_written(path: str, size: int, md5_base64: str) -> bool:
     """Whether GCS already holds these exact bytes (size and md5) at `path`; always False on local disk,
     where replacing a file is allowed."""
-    if is_local(path) or FileSystems.get_scheme(path) != "gs":
-        return False
-    found = _gcs_object_checksum(path)
-    if found != (size, md5_base64):
+    if not _is_gcs(path) or _gcs_object_checksum(path) != (size, md5_base64):
         return False
     logging.info("%s already holds these %d bytes (a retried write): not written again", path, size)
     return True
@@ -195,11 +196,7 @@ def write_concatenation(
 ) -> tuple[int, str]:
     """Write the files `sources` one after the other into `destination`; returns (size, hex sha256). A
     retried write on GCS keeps an object of `expected_bytes` whose md5 matches the sources'."""
-    if (
-        expected_bytes is not None
-        and not is_local(destination)
-        and FileSystems.get_scheme(destination) == "gs"
-    ):
+    if expected_bytes is not None and _is_gcs(destination):
         found = _gcs_object_checksum(destination)
         if found is not None and found[0] == expected_bytes:
             sha256, md5, num_bytes = hashlib.sha256(), hashlib.md5(), 0  # noqa: S324 - GCS's checksum
@@ -234,7 +231,7 @@ def read_bytes(path: str) -> bytes:
 def copy_file(source: str, destination: str, tmp_dir: str | None = None):
     """Copy one file; the destination appears whole or not at all."""
     if not is_local(destination):
-        if FileSystems.get_scheme(source) == "gs" == FileSystems.get_scheme(destination):
+        if _is_gcs(source) and _is_gcs(destination):
             size, md5 = _gcs_object_checksum(source) or (None, None)
             if md5 is not None and already_written(destination, size, md5):
                 return
@@ -256,13 +253,10 @@ def _gcs_delete_batch(paths: list[str]):
 
 def delete_files(paths: list[str]):
     """Delete files; those already gone are fine. Raises BeamIOError if one could not be deleted."""
-    local = [path for path in paths if is_local(path)]
-    remote = [path for path in paths if not is_local(path)]
-    gcs = [path for path in remote if FileSystems.get_scheme(path) == "gs"]
-    other = [path for path in remote if FileSystems.get_scheme(path) != "gs"]
+    gcs = [path for path in paths if _is_gcs(path)]
     if gcs:
         _gcs_delete_batch(gcs)
-    for path in local + other:
+    for path in (path for path in paths if not _is_gcs(path)):
         try:
             FileSystems.delete([path])
         except BeamIOError:
@@ -286,21 +280,3 @@ def delete_tree(directory: str):
         delete_files(files)
     if is_local(directory) and FileSystems.exists(directory):
         delete_files([directory])
-
-
-class BeamFiles:
-    """dataset_contract.commit_log's `Files` through Beam's FileSystems (stage 1, the workflows)."""
-
-    def list_names(self, directory: str) -> list[str]:
-        if not FileSystems.exists(directory) and is_local(directory):
-            return []
-        return [posixpath.basename(metadata.path) for metadata in match(manifest_lib.join(directory, "*"))]
-
-    def read(self, path: str) -> bytes | None:
-        try:
-            return read_bytes(path)
-        except Exception:
-            # Each filesystem says "absent" its own way (FileNotFoundError, BeamIOError, GCS's NotFound).
-            if FileSystems.exists(path):
-                raise
-            return None

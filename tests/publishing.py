@@ -29,9 +29,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.gcp import gcsio
 from google.cloud import storage
 
-from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
-from preprocess import filesystem
+from dataset_contract import verification
 from preprocess.publish import commit as publish
 from preprocess.publish import protocol
 from preprocess.publish import store as dataset_store
@@ -186,12 +185,12 @@ def assert_complete_dataset(data_dir: str) -> dict:
     """What `python -m preprocess.verify` checks, through its library functions; returns the manifest.
 
     The published manifest is found by the one reader (dataset_contract/commit_log.py); on gs:// through
-    Beam (a directory in an older layout may hold a dataset.json that was replaced within seconds, and
-    TensorFlow's GCS filesystem caches a file's size for a few seconds). Every other file is written once
+    the publish store, as stage 1 reads it (a directory in an older layout may hold a dataset.json that was
+    replaced within seconds, and TensorFlow's GCS filesystem caches a file's size for a few seconds). Every other file is written once
     and never changes, so its checks go through TensorFlow as in production.
     """
     if data_dir.startswith("gs://"):
-        published = commit_log.read_published(data_dir, filesystem.BeamFiles())
+        published = protocol.read_published(data_dir)
         manifest = json.loads(published.data)
         manifest_lib.check_manifest(manifest)
     else:

@@ -22,17 +22,16 @@ INSTALLED_MARKER = ".tf-image-pipeline-sdist-sha256"
 class JaxInstallError(WorkflowError):
     """A step of the [tpu-jax] install failed (uv, its Python 3.11, the registry): the workflow stops, exit 2."""
 
-
-def jax_install_failure(command: list[str], why: str) -> str:
-    """What to do when the JAX venv's install step `command` failed, in a few lines (the step's own are above)."""
-    return (
-        f"the JAX backend's training venv could not be made on this TPU VM: `{subprocess.list2cmdline(command)}` "
-        f"{why}.\n"
-        "  It needs the registry (pypi.org: uv and the [tpu-jax] packages) and GitHub (python-build-standalone: "
-        "uv's Python 3.11).\n"
-        "  With the network back, run the same command again: it reuses what was done. Or train with "
-        "--backend tensorflow (tensorflow-tpu on the image's Python, no uv)."
-    )
+    def __init__(self, command: list[str], why: str):
+        # What to do, in a few lines (the step's own are above).
+        super().__init__(
+            f"the JAX backend's training venv could not be made on this TPU VM: `{subprocess.list2cmdline(command)}` "
+            f"{why}.\n"
+            "  It needs the registry (pypi.org: uv and the [tpu-jax] packages) and GitHub (python-build-standalone: "
+            "uv's Python 3.11).\n"
+            "  With the network back, run the same command again: it reuses what was done. Or train with "
+            "--backend tensorflow (tensorflow-tpu on the image's Python, no uv)."
+        )
 
 
 def venv_python(run_dir: str, venv_dir: str = VENV_DIR) -> str:
@@ -64,16 +63,6 @@ def venv_problem(base_python: str | None = None) -> str | None:
     )
 
 
-def install_commands(run_dir: str, sdist: str, base_python: str = sys.executable) -> list[list[str]]:
-    """Make the venv (unless it exists), then install `sdist` with its [tpu] extra into it."""
-    venv = os.path.join(run_dir, VENV_DIR)
-    commands = [] if os.path.exists(venv_python(run_dir)) else [[base_python, "-m", "venv", venv]]
-    return commands + [
-        [venv_python(run_dir), "-m", "pip", "install", *install_lines.TPU_PIP_OPTIONS,
-         f"{sdist}[{install_lines.TPU}]"]
-    ]  # fmt: skip
-
-
 def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run, failed=None) -> str:
     """The python of `venv_dir`, reused when its marker names this sdist; else `commands` run first.
 
@@ -87,14 +76,13 @@ def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run, failed=
     for command in commands:
         try:
             run(command, check=True)
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, OSError) as exc:
             if failed is None:
                 raise
-            raise failed(command, f"failed (exit {exc.returncode})") from exc
-        except OSError as exc:
-            if failed is None:
-                raise
-            raise failed(command, f"could not run ({exc})") from exc
+            ran = isinstance(exc, subprocess.CalledProcessError)
+            raise failed(
+                command, f"failed (exit {exc.returncode})" if ran else f"could not run ({exc})"
+            ) from exc
     with open(marker, "w") as handle:
         handle.write(wanted + "\n")
     return python
@@ -103,8 +91,19 @@ def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run, failed=
 def ensure_tpu_interpreter(
     run_dir: str, sdist: str, base_python: str = sys.executable, run=subprocess.run
 ) -> str:
-    """The venv's python with `sdist[tpu]` installed: reused when it holds this sdist, (re)installed otherwise."""
-    return _ensure_venv(run_dir, VENV_DIR, sdist, install_commands(run_dir, sdist, base_python), run)
+    """The venv's python with `sdist[tpu]` installed: reused when it holds this sdist, (re)installed otherwise
+    (the venv made first unless it exists)."""
+    python = venv_python(run_dir)
+    make = [] if os.path.exists(python) else [[base_python, "-m", "venv", os.path.join(run_dir, VENV_DIR)]]
+    install = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        *install_lines.TPU_PIP_OPTIONS,
+        f"{sdist}[{install_lines.TPU}]",
+    ]
+    return _ensure_venv(run_dir, VENV_DIR, sdist, [*make, install], run)
 
 
 def jax_install_commands(run_dir: str, sdist: str, base_python: str = sys.executable) -> list[list[str]]:
@@ -120,8 +119,4 @@ def ensure_interpreter(
     if backend != JAX:
         return ensure_tpu_interpreter(run_dir, sdist, base_python, run)
     commands = jax_install_commands(run_dir, sdist, base_python)
-    return _ensure_venv(run_dir, JAX_VENV_DIR, sdist, commands, run, failed=_jax_install_failed)
-
-
-def _jax_install_failed(command, reason: str) -> Exception:
-    return JaxInstallError(jax_install_failure(command, reason))
+    return _ensure_venv(run_dir, JAX_VENV_DIR, sdist, commands, run, failed=JaxInstallError)

@@ -92,13 +92,9 @@ def training_python(backend: str = TENSORFLOW) -> str:
     return f"{JAX_VENV}/bin/python" if backend == JAX else "python3"
 
 
-def tpu_server_image(tensorflow_version: str) -> str:
-    return f"{TPU_SERVER_IMAGE}:tf-{tensorflow_version}-pjrt"
-
-
 def tpu_server_setup_command(tensorflow_version: str) -> str:
     """Point this worker's TPU server (the tpu-runtime service) at `tensorflow_version` and restart it."""
-    image = tpu_server_image(tensorflow_version)
+    image = f"{TPU_SERVER_IMAGE}:tf-{tensorflow_version}-pjrt"
     missing = (
         f"echo 'no {TPU_RUNTIME_SERVICE} on this worker: the runtime image runs no TensorFlow TPU server, so "
         "TensorFlow cannot drive this slice from worker 0; create the slice with the runtime "
@@ -155,23 +151,14 @@ def supervisor_argv(
     """`python -m train.tools.supervisor ... -- python -m train TRAIN_ARGV`, its status object in the model dir."""
     model_dir = flag_value(train_argv, "--model-dir")
     return [
-        python,
-        "-m",
-        "train.tools.supervisor",
-        "--pid-file",
-        pid_file,
-        "--stopped-file",
-        os.path.join(run_dir, os.path.basename(STOPPED_FILE)),
-        "--progress-file",
-        os.path.join(run_dir, os.path.basename(PROGRESS_FILE)),
+        python, "-m", "train.tools.supervisor",
+        "--pid-file", pid_file,
+        "--stopped-file", os.path.join(run_dir, os.path.basename(STOPPED_FILE)),
+        "--progress-file", os.path.join(run_dir, os.path.basename(PROGRESS_FILE)),
         *(["--status-uri", run_status.status_uri(model_dir)] if model_dir else []),
         *tpu_argv,
-        "--",
-        python,
-        "-m",
-        "train",
-        *train_argv,
-    ]
+        "--", python, "-m", "train", *train_argv,
+    ]  # fmt: skip
 
 
 def tpu_servers_wait_argv(name: str, location: list[str]) -> list[str]:
@@ -230,15 +217,10 @@ def start_script(
     )
 
 
-def supervised_launch_command(
-    train_argv: list[str],
-    multi_host: bool,
-    wait_argv: list[str] | None = None,
-    tpu_argv: list[str] | tuple = (),
-    backend: str = TENSORFLOW,
-) -> str:
-    """The ssh command: write start.sh (kept for the boot script), clear an earlier end, and run it."""
-    script = start_script(train_argv, multi_host, wait_argv, tpu_argv, backend)
+def supervised_launch_command(*args, **kwargs) -> str:
+    """The ssh command: write start.sh (start_script's arguments; kept for the boot script), clear an earlier
+    end, and run it."""
+    script = start_script(*args, **kwargs)
     return (
         f"mkdir -p {RUN_DIR} && printf '%s' {shlex.quote(script)} > {START_SCRIPT} && "
         f"rm -f {STOPPED_FILE} && bash {START_SCRIPT}"
@@ -257,18 +239,15 @@ def start_detached(
     Returns (pid, log path). The same environment as `supervised_launch_command`.
     """
     os.makedirs(run_dir, exist_ok=True)
-    env = dict(os.environ)
-    if backend == JAX:
-        env.update(training_environment(multi_host, backend))
-    elif multi_host:
-        env["TPU_LOAD_LIBRARY"] = "0"
-    else:
-        env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] = "true"
+    # start.sh's environment, but libtpu's path found here rather than by its shell expression.
+    environment, env = dict(training_environment(multi_host, backend)), dict(os.environ)
+    if environment.pop("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", None):
         spec = importlib.util.find_spec("libtpu")
         if spec is not None and spec.submodule_search_locations:
             env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.path.join(
                 spec.submodule_search_locations[0], "libtpu.so"
             )
+    env.update(environment)
     log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
     argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)), run_dir)
     with open(log_path, "ab") as log_file:
@@ -296,37 +275,22 @@ def training_commands(
     lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
     create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
     install = install_command(package_uri, backend)
-    tpu_argv = supervisor_tpu_argv(name, location, choice.tpu.multi_host, backend)
-    if backend == JAX and choice.tpu.multi_host:
-        # JAX runs on every host: the same install, then the same supervised trainer, on every worker; the
-        # trainers find each other (keras.distribution.initialize(), from --tpu NAME).
-        launch = supervised_launch_command(train_argv, True, tpu_argv=tpu_argv, backend=backend)
-        return [create, _ssh(name, location, "all", install), _ssh(name, location, "all", launch)]
-    if backend == JAX:
-        launch = supervised_launch_command(train_argv, False, tpu_argv=tpu_argv, backend=backend)
-        return [create, _ssh(name, location, "all", f"{install} && {launch}")]
-    if choice.tpu.multi_host:
+    multi_host = choice.tpu.multi_host
+    tpu_argv = supervisor_tpu_argv(name, location, multi_host, backend)
+
+    def ssh(worker: str, command: str) -> str:
+        return shlex.join(["gcloud", "compute", "tpus", "tpu-vm", "ssh", name, *location, f"--worker={worker}",
+                           "--command", command])  # fmt: skip
+
+    if backend == TENSORFLOW and multi_host:
         # The same software on every worker, every TPU server on the client's TensorFlow; one client, on worker 0,
         # started once every worker's TPU server answers.
         launch = supervised_launch_command(train_argv, True, tpu_servers_wait_argv(name, location), tpu_argv)
         setup = f"{install} && {tpu_server_setup_command(choice.tensorflow_version)}"
-        return [create, _ssh(name, location, "all", setup), _ssh(name, location, "0", launch)]
-    launch = supervised_launch_command(train_argv, False, tpu_argv=tpu_argv)
-    return [create, _ssh(name, location, "all", f"{install} && {launch}")]
-
-
-def _ssh(name: str, location: list[str], worker: str, command: str) -> str:
-    return shlex.join(
-        [
-            "gcloud",
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "ssh",
-            name,
-            *location,
-            f"--worker={worker}",
-            "--command",
-            command,
-        ]
-    )
+        return [create, ssh("all", setup), ssh("0", launch)]
+    # A single host; or JAX on a slice, which runs on every host the same install, then the same supervised
+    # trainer (the trainers find each other: keras.distribution.initialize(), from --tpu NAME).
+    launch = supervised_launch_command(train_argv, multi_host, tpu_argv=tpu_argv, backend=backend)
+    if multi_host:
+        return [create, ssh("all", install), ssh("all", launch)]
+    return [create, ssh("all", f"{install} && {launch}")]

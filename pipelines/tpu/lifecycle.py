@@ -11,7 +11,6 @@ from pipelines.tpu import runtime as tpu_runtime
 
 AUTOCHECKPOINT_DOC = "https://cloud.google.com/tpu/docs/autocheckpoint"
 SPOT_DOC = "https://cloud.google.com/tpu/docs/spot"
-QUEUED_RESOURCES_DOC = "https://cloud.google.com/tpu/docs/queued-resources"
 # AUTOCHECKPOINT_DOC: "Only TPUs (v2-v4, and v5e) created through the Cloud TPU API can use this feature".
 AUTOCHECKPOINT_GENERATIONS = ("v2", "v3", "v4", "v5e")
 AUTO, ON, OFF = "auto", "on", "off"
@@ -37,9 +36,8 @@ class Lifecycle:
     spot: bool
     autocheckpoint: bool
     autocheckpoint_why: str
-    single_client: bool = (
-        False  # TensorFlow on a slice: only worker 0's process saves; Autocheckpoint's SIGTERM misses it
-    )
+    # TensorFlow on a slice: only worker 0's process saves; Autocheckpoint's SIGTERM misses it.
+    single_client: bool = False
 
     def describe(self, restart_command: str) -> dict:
         return {

@@ -18,7 +18,6 @@ RUNTIMES_DOC = "https://cloud.google.com/tpu/docs/runtimes"
 HARNESS_REPO = "GoogleCloudPlatform/ml-auto-solutions"
 HARNESS_DAG = f"{HARNESS_REPO}:dags/solutions_team/solutionsteam_tf_release_supported.py"
 HARNESS_COMMON = f"{HARNESS_REPO}:dags/solutions_team/configs/tensorflow/common.py"
-TF_RUNTIME_NAMES = "https://github.com/tensorflow/tensorflow/issues/82208"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The one reader of the published dataset (dataset_contract/commit_log.py), in every layout, with the file
-access of each stage (TensorFlow's for stage 2, Beam's for stage 1 and the workflows)."""
+access of each stage (TensorFlow's for stage 2, the publish store's for stage 1 and the workflows)."""
 
 import json
 
@@ -7,12 +7,17 @@ import pytest
 
 from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
-from preprocess.filesystem import BeamFiles
+from preprocess.publish import store as dataset_store
+from preprocess.publish.protocol import StoreFiles
 
 
-@pytest.fixture(params=["tensorflow", "beam"])
-def files(request):
-    return commit_log.TensorFlowFiles() if request.param == "tensorflow" else BeamFiles()
+@pytest.fixture(params=["tensorflow", "store"])
+def files(request, tmp_path):
+    return (
+        commit_log.TensorFlowFiles()
+        if request.param == "tensorflow"
+        else StoreFiles(dataset_store.open_store(str(tmp_path)))
+    )
 
 
 def write(directory, name, document) -> bytes:
@@ -69,7 +74,7 @@ def test_a_head_removed_between_the_listing_and_the_read_is_listed_again():
 
 
 def test_on_gcs_no_dataset_yet_is_none_and_the_newest_commit_is_found(gcs_emulator, gcs_dir):
-    files = BeamFiles()
+    files = StoreFiles(dataset_store.open_store(gcs_dir))
     assert commit_log.read_published(gcs_dir, files) is None
     from google.cloud import storage  # noqa: PLC0415
 

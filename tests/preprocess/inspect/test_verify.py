@@ -132,7 +132,7 @@ def test_a_missing_shard_fails_naming_it(dataset, capsys):
     assert problems_of(dataset) == {(shard.name, verification.MISSING)}
     status, out = run_cli(dataset, capsys)
     assert status == 1
-    assert f"{shard}: listed in dataset.json but absent" in out
+    assert f"{shard}: listed in the published dataset but absent" in out
 
 
 def test_an_extra_record_fails_on_the_record_count(dataset, tmp_path, capsys):
@@ -146,7 +146,7 @@ def test_an_extra_record_fails_on_the_record_count(dataset, tmp_path, capsys):
     }
     status, out = run_cli(dataset, capsys)
     assert status == 1
-    assert f"{shard}: {len(records) + 1} records, but dataset.json says {len(records)}" in out
+    assert f"{shard}: {len(records) + 1} records, but the published dataset says {len(records)}" in out
     # The split's examples per class no longer add up either; that is the manifest's line.
     assert "BAD wrong_class_counts" in out
 
@@ -227,7 +227,7 @@ def test_verify_reads_gs(written_dataset, gcs_dir, capsys):
     assert verify_cli.main([gcs_dir]) == 0
     tf.io.gfile.remove(f"{gcs_dir}/{names[1]}")
     assert verify_cli.main([gcs_dir]) == 1
-    assert f"{gcs_dir}/{names[1]}: listed in dataset.json but absent" in capsys.readouterr().out
+    assert f"{gcs_dir}/{names[1]}: listed in the published dataset but absent" in capsys.readouterr().out
 
 
 def test_a_missing_error_log_or_transform_graph_is_named(dataset, capsys):
@@ -237,8 +237,11 @@ def test_a_missing_error_log_or_transform_graph_is_named(dataset, capsys):
     shutil.rmtree(dataset / manifest["transform"]["transform_fn"])
     status, out = run_cli(dataset, capsys)
     assert status == 1
-    assert f"{dataset / error_file}: named in dataset.json but absent" in out
-    assert f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in dataset.json" in out
+    assert f"{dataset / error_file}: named in the published dataset but absent" in out
+    assert (
+        f"{dataset / manifest['transform']['transform_fn']}/saved_model.pb: named in the published dataset"
+        in out
+    )
 
 
 def test_a_format_1_dataset_with_every_file_at_the_top_still_verifies(dataset, capsys):

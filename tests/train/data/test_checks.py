@@ -55,7 +55,9 @@ def test_missing_manifest(dataset_copy, tmp_path):
 def test_listed_shard_that_is_absent(dataset_copy, tmp_path):
     shard = first_shard(dataset_copy)
     shard.unlink()
-    assert_stops_before_training(dataset_copy, tmp_path, rf"{shard.name}: listed in dataset\.json but absent")
+    assert_stops_before_training(
+        dataset_copy, tmp_path, rf"{shard.name}: listed in the published dataset but absent"
+    )
 
 
 def test_shard_whose_size_differs_from_the_manifest(dataset_copy, tmp_path):
@@ -64,7 +66,7 @@ def test_shard_whose_size_differs_from_the_manifest(dataset_copy, tmp_path):
     with open(shard, "r+b") as handle:
         handle.truncate(size - 10)
     assert_stops_before_training(
-        dataset_copy, tmp_path, rf"{shard.name}: {size - 10} bytes, but dataset\.json says {size}"
+        dataset_copy, tmp_path, rf"{shard.name}: {size - 10} bytes, but the published dataset says {size}"
     )
 
 
