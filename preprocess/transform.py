@@ -94,6 +94,20 @@ def moments_of(example: dict) -> bytes:
     return moments if moments is not None else image_moments(example["image_raw"])
 
 
+def analysis_example(example: dict) -> dict:
+    """What the analysis reads of an example: its moments and metadata, not its pixels (preprocessing_fn
+    takes the statistics from the moments). The runner may hold whatever reaches the analysis (the local
+    runner holds a PCollection that crosses a stage boundary in memory), so that is a few hundred bytes
+    per image instead of its pixels."""
+    return {
+        "image_raw": b"",
+        "moments": moments_of(example),
+        "label": example["label"],
+        "sha256": example["sha256"],
+        "uri": example["uri"],
+    }
+
+
 def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
     """A batch of raw example dicts (from DecodeImagesFn, or carried over) as one Arrow record batch."""
     schema = _arrow_schema()
