@@ -17,10 +17,14 @@ from benchmarks.worker_memory import fused_stages
 _DECODED_EXAMPLES = ("Decode/ParDo(DecodeImagesFn)", "NearDuplicates/Route")
 
 
-@pytest.mark.slow  # builds and fuses the whole pipeline twice (about 20 s each on a loaded 2-core machine)
-@pytest.mark.parametrize("near_duplicates", ["keep", "off"])
-def test_decoded_examples_stay_in_the_stage_that_makes_them(near_duplicates):
-    components, stages = fused_stages("uint8", ["--near-duplicates", near_duplicates])
+@pytest.mark.slow  # builds and fuses the whole pipeline three times (about 20 s each on a loaded 2-core machine)
+@pytest.mark.parametrize(
+    "encoding,near_duplicates", [("uint8", "keep"), ("uint8", "off"), ("bfloat16", "drop")]
+)
+def test_decoded_examples_stay_in_the_stage_that_makes_them(encoding, near_duplicates):
+    """Unlike test_pipeline_e2e's test_no_decoded_image_crosses_a_stage_boundary, which holds the steps that
+    take the pixels to disk in the decoding stage, this also holds that no other consumer takes them out."""
+    components, stages = fused_stages(encoding, ["--near-duplicates", near_duplicates])
     decoded = {
         pcollection
         for transform in components.transforms.values()
