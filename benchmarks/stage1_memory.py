@@ -58,6 +58,7 @@ def run_stage1(corpus: str, output: str, args, log_path: str):
         # A benchmark measures speed, not the corpus: its tiny sizes may leave a class out of train.
         "--max-failed-fraction",
         "1",
+        *args.stage1_args,
     )
     result = run_measured(argv, interval=args.interval, log_path=log_path)
     with open(os.path.join(output, "dataset.json")) as handle:
@@ -83,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
     parser.add_argument(
         "--tiny", action="store_true", help="Smoke test: 6 and 12 tiny photos, 32 px, 1 repeat."
+    )
+    parser.add_argument(
+        "--stage1-arg",
+        dest="stage1_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more word for stage 1's command line (repeat it): e.g. --stage1-arg=--near-duplicates "
+        "--stage1-arg=off, stage 1 without its near-duplicate audit.",
     )
     return parser
 

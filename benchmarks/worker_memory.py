@@ -38,8 +38,9 @@ HEAVY_MODULES = ("tensorflow", "tensorflow_transform", "tfx_bsl")
 _LISTING_AND_DEDUP_STEPS = ("ListInputs", "Deduplicate")
 
 
-def fused_stages(encoding: str):
-    """(components, stages) of the real stage-1 pipeline for `encoding`, fused as the local runner fuses them."""
+def fused_stages(encoding: str, more_args=()):
+    """(components, stages) of the real stage-1 pipeline for `encoding` (and `more_args`, stage 1's flags),
+    fused as the local runner fuses them."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.runners.portability.fn_api_runner import fn_runner
@@ -50,7 +51,7 @@ def fused_stages(encoding: str):
     with tempfile.TemporaryDirectory() as scratch:
         args, beam_args = parse_args(
             ["--input", os.path.join(scratch, "images"), "--output", os.path.join(scratch, "dataset")]
-            + ["--encoding", encoding]
+            + ["--encoding", encoding, *more_args]
         )
         pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
         stage1.build_pipeline(pipeline, args, "benchmark")

@@ -28,7 +28,12 @@ from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse import stage as reuse
 from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of
 from preprocess.reuse.previous import ReusePlan, plan_reuse
-from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
+from preprocess.transform import (
+    ToRecordBatches,
+    analysis_example,
+    make_preprocessing_fn,
+    tensor_adapter_config,
+)
 from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
 from preprocess.write.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
 from preprocess.write.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
@@ -201,6 +206,29 @@ def carried_in_audit(carried) -> dict:
     return {"carried_images": sorted_.signed, "carried_counts": sorted_.counts}
 
 
+def analysis_input(examples, carried_examples, referenced, incremental: bool):
+    """The train split's examples as the analysis reads them: moments and metadata, no pixels
+    (transform.analysis_example).
+
+    The analysis consumes the decoded examples in the stage that decodes (or, with the audit, routes)
+    them. A Flatten of inputs made in several stages would end that stage: the local runner would
+    hold every decoded example, pixels and all, until the analysis's own stage ran, and memory would
+    grow with the corpus (benchmarks/RESULTS.md, issue 30's cost). So the carried-over examples of an
+    incremental run are flattened in only then, and only after the pixels are dropped."""
+    sources = {"Decoded": examples}
+    if incremental:
+        sources.update({"Carried": carried_examples, "Referenced": referenced})
+    train = [
+        collection
+        | f"Train{name}" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
+        | f"ForAnalysis{name}" >> beam.Map(analysis_example)
+        for name, collection in sources.items()
+    ]
+    if len(train) == 1:
+        return train[0]
+    return train | "TrainDecodedAndCarried" >> beam.Flatten()
+
+
 def reuse_published(unique, plan: ReusePlan) -> dict:
     """The unique inputs sorted against the published version (preprocess/reuse/):
 
@@ -348,11 +376,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     referenced = referenced_images | "ReferencedExamples" >> beam.Map(lambda image: image.example())
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
-        # The analysis consumes the train split's batches as they are decoded, in the same stage.
         transform_fn = (
-            (examples, carried.examples, referenced)
-            | "DecodedAndCarried" >> beam.Flatten()
-            | "TrainExamples" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
+            analysis_input(examples, carried.examples, referenced, plan.incremental)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.stored_size, args.encoding))

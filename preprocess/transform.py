@@ -74,17 +74,23 @@ def _binary_column(values: list[bytes]) -> pa.Array:
     return pa.LargeListArray.from_arrays(offsets, pa.array(values, type=pa.large_binary()))
 
 
+_PIXEL_VALUES = np.arange(256, dtype=np.int64)
+_PIXEL_SQUARES = _PIXEL_VALUES**2
+
+
 def image_moments(pixels: bytes) -> bytes:
     """The per-channel mean and mean square of an image's uint8 RGB pixels: 6 float64 as bytes, the same on
     every worker (exact integer sums, correctly rounded quotients)."""
     flat = np.frombuffer(pixels, dtype=np.uint8).reshape(-1, features.CHANNELS)
     count = flat.shape[0]
-    sums = flat.sum(axis=0, dtype=np.uint64)
-    squares = []
+    # From each channel's histogram: the same exact integer sums as summing the pixels and their squares,
+    # without widening every pixel to 64 bits (0.2 ms instead of 0.7 at 224 px: paid once per image).
+    sums, squares = [], []
     for channel in range(features.CHANNELS):
-        values = flat[:, channel].astype(np.uint64)
-        squares.append(int(np.dot(values, values)))
-    moments = [int(total) / count for total in sums] + [total / count for total in squares]
+        histogram = np.bincount(flat[:, channel], minlength=256).astype(np.int64)
+        sums.append(int(histogram @ _PIXEL_VALUES))
+        squares.append(int(histogram @ _PIXEL_SQUARES))
+    moments = [total / count for total in sums] + [total / count for total in squares]
     return np.asarray(moments, dtype="<f8").tobytes()
 
 
@@ -92,6 +98,20 @@ def moments_of(example: dict) -> bytes:
     """An example's moments: kept with it (decoded, or carried from the ledger), else from its pixels."""
     moments = example.get("moments")
     return moments if moments is not None else image_moments(example["image_raw"])
+
+
+def analysis_example(example: dict) -> dict:
+    """What the analysis reads of an example: its moments and metadata, not its pixels (preprocessing_fn
+    takes the statistics from the moments). The runner may hold whatever reaches the analysis (the local
+    runner holds a PCollection that crosses a stage boundary in memory), so that is a few hundred bytes
+    per image instead of its pixels."""
+    return {
+        "image_raw": b"",
+        "moments": moments_of(example),
+        "label": example["label"],
+        "sha256": example["sha256"],
+        "uri": example["uri"],
+    }
 
 
 def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
