@@ -143,6 +143,18 @@ def wait_for(path, text, count=1, seconds=120):
     return path.read_text()
 
 
+def wait_for_the_supervisor_to_exit(home, seconds=120):
+    """Until the supervisor is gone, as after a shutdown. It removes its pid file last, after the stopped file
+    and its status object: until then start.sh rightly sees it running, and its exit removes whatever pid
+    file is there."""
+    pid_file = home / tpu_launch.PID_FILE
+    deadline = time.monotonic() + seconds
+    while pid_file.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the supervisor still runs {seconds} s after it ended training: {pid_file} is there")
+        time.sleep(0.05)
+
+
 def test_start_sh_resumes_after_a_reboot_skips_a_run_that_still_runs_and_one_that_ended_for_good(
     scratch_home,
 ):
@@ -158,6 +170,7 @@ def test_start_sh_resumes_after_a_reboot_skips_a_run_that_still_runs_and_one_tha
     log = home / tpu_launch.LOG_FILE
     wait_for(log, "not restarting")
     wait_for(home / tpu_launch.STOPPED_FILE, "setup error")
+    wait_for_the_supervisor_to_exit(home)
     # A reboot now leaves it alone: it ended for good.
     result = run_start_script(home, env)
     assert "training ended for good (setup error" in result.stdout and log.read_text().count("run 1:") == 1
@@ -168,6 +181,7 @@ def test_start_sh_resumes_after_a_reboot_skips_a_run_that_still_runs_and_one_tha
     assert wait_for(log, "not restarting", count=2).count("run 1:") == 2  # appended: earlier lines stay
     # While a supervisor runs, start.sh starts no second one.
     wait_for(home / tpu_launch.STOPPED_FILE, "setup error")
+    wait_for_the_supervisor_to_exit(home)
     (home / tpu_launch.STOPPED_FILE).unlink()
     sleeper = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", "train.tools.supervisor"]

@@ -175,14 +175,18 @@ def test_a_ready_tpu_whose_supervisor_heartbeat_stops_changing_gets_the_launch_a
 
 
 def test_a_supervisor_whose_heartbeat_grows_is_left_alone(tmp_path):
+    # The first poll cannot see a change (the object may be an old run's): its three gcloud calls must fit in
+    # --heartbeat-timeout however loaded the machine (0.5 s did not, once in 15 runs at load 13). The polls'
+    # own sleeps (11 x 0.25 s) outlast the timeout, so a loop that missed the growing heartbeat would relaunch
+    # before --max-polls ran out, on an idle machine too.
     result, _, text = run_loop(
         tmp_path,
         [],
         False,
         "--poll-seconds",
-        "0.1",
+        "0.25",
         "--heartbeat-timeout",
-        "0.5",
+        "2",
         flags=["beating"],
         max_polls=12,
     )
