@@ -512,6 +512,19 @@ def thumbnails_agree(
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
 
 
+def grey_hashes(value: int) -> tuple[int, int]:
+    """(the grey hash, the mirrored one) of a signature: what `hashes_distance` compares. A caller that meets
+    one signature in many pairs (a bucket) takes them once, not per pair."""
+    return value & _GREY_MASK, (value >> _MIRROR_SHIFT) & _GREY_MASK
+
+
+def hashes_distance(hashes_a: tuple[int, int], hashes_b: tuple[int, int]) -> tuple[int, bool]:
+    """`grey_distance` of two signatures from their `grey_hashes` (64-bit ints: no wide int is made)."""
+    straight = (hashes_a[0] ^ hashes_b[0]).bit_count()
+    mirrored = (hashes_a[0] ^ hashes_b[1]).bit_count()
+    return (mirrored, True) if mirrored < straight else (straight, False)
+
+
 def grey_distance(a: int, b: int) -> tuple[int, bool]:
     """(the smaller Hamming distance of a's grey hash to b's or to b's mirrored one, whether mirrored won)."""
     straight = ((a ^ b) & _GREY_MASK).bit_count()
@@ -528,6 +541,13 @@ def near(a: int, b: int, max_distance: int) -> int | None:
     taken out, and the structure agrees much more closely (half the distance, RECOLOURED_MIN_CORRELATION).
     """
     grey, mirrored = grey_distance(a, b)
+    return near_at(a, b, grey, mirrored, max_distance)
+
+
+def near_at(a: int, b: int, grey: int, mirrored: bool, max_distance: int) -> int | None:
+    """`near(a, b, max_distance)` for a caller that has `grey_distance(a, b)` already, as (grey, mirrored):
+    the grouping computes it for every pair of a bucket first (its histogram and reach), and the rest of the
+    checks here only for the few within reach; it is not computed again."""
     if grey > max_distance or not objects_agree(a, b, mirrored):
         return None
     if colour_difference(a, b, mirrored) <= COLOUR_TOLERANCE:
@@ -549,10 +569,10 @@ def distance(a: int, b: int) -> int:
 
     Pairs more than MAX_COLOUR_CHECKED_DISTANCE apart keep their grey distance unchecked.
     """
-    grey, _ = grey_distance(a, b)
+    grey, mirrored = grey_distance(a, b)
     if grey > MAX_COLOUR_CHECKED_DISTANCE:
         return grey
-    return grey if near(a, b, grey) is not None else COLOUR_MISMATCH
+    return grey if near_at(a, b, grey, mirrored, grey) is not None else COLOUR_MISMATCH
 
 
 def pairwise_distances(signatures) -> np.ndarray:
