@@ -405,3 +405,23 @@ def test_a_brightened_copy_of_a_product_with_a_light_shadow_is_near():
         found += near(signed, image_signature(brighter), DEFAULT_MAX_DISTANCE) is not None
         total += 1
     assert found >= 30, found  # 17 with version 4
+
+
+def test_a_brighter_or_darker_copy_of_a_flat_object_is_near_and_another_place_or_grey_is_not():
+    # A plain object on white is near-equal only to itself (its outline is all it shows); a brighter or
+    # darker copy keeps its box and its cells but for a gain, and is near too (version 4 missed it).
+    navy = Image.new("RGB", (8, 8), (30, 50, 110))
+    product = _on_white(navy, (40, 60, 200, 170))
+    flat = image_signature(product)
+    assert signature.is_flat_object(flat)
+    for factor in (1.2, 0.8):
+        copy = np.asarray(ImageEnhance.Brightness(Image.fromarray(product)).enhance(factor))
+        assert near(flat, image_signature(_jpeg_copy(copy, scale=1.0)), DEFAULT_MAX_DISTANCE) is not None
+    # The same colour elsewhere (its box moved by 8 px), and a grey disc in its place four times as dark.
+    moved = image_signature(_on_white(navy, (48, 60, 208, 170)))
+    assert near(flat, moved, DEFAULT_MAX_DISTANCE) is None
+    light, dark = (Image.new("RGB", (8, 8), (level,) * 3) for level in (190, 40))
+    light_disc = image_signature(_on_white(light, (40, 60, 200, 170)))
+    assert (
+        near(light_disc, image_signature(_on_white(dark, (40, 60, 200, 170))), DEFAULT_MAX_DISTANCE) is None
+    )
