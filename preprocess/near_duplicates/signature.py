@@ -322,6 +322,10 @@ def _content_box(base: np.ndarray, light: int = _TRIM_TOLERANCE) -> tuple[int, i
         return 0, 0, size, size
     reference = corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
     uniform = (np.abs(base - reference) <= _background_tolerance(reference, light)).all(axis=2)
+    if uniform.all():
+        # Nothing but background (a blank image, or an object fainter than the tolerance): trimmed to the
+        # limit it would be a corner of it, and every such image would show the same blank corner.
+        return 0, 0, size, size
     rows, columns = uniform.all(axis=1), uniform.all(axis=0)
     # What may be trimmed in all, across both sides: at least MIN_CONTENT of the side is kept.
     limit = size - int(size * MIN_CONTENT)

@@ -425,3 +425,19 @@ def test_a_brighter_or_darker_copy_of_a_flat_object_is_near_and_another_place_or
     assert (
         near(light_disc, image_signature(_on_white(dark, (40, 60, 200, 170))), DEFAULT_MAX_DISTANCE) is None
     )
+
+
+def test_faint_objects_in_other_places_are_not_near_and_a_blank_image_keeps_its_whole_box():
+    # An object fainter than the trim tolerance leaves nothing but background to trim: version 5 at first
+    # trimmed such an image to its bottom-right corner, so every one of them showed the same blank corner and
+    # they grouped whatever they showed (the second product generator's largest false group, 7 at 20,000).
+    def faint(box):
+        image = Image.new("RGB", (256, 256), (245, 245, 245))
+        ImageDraw.Draw(image).ellipse(box, fill=(228, 228, 228))
+        return image_signature(np.asarray(image))
+
+    left, right = faint((20, 40, 110, 200)), faint((150, 60, 240, 220))
+    assert near(left, right, DEFAULT_MAX_DISTANCE) is None
+    assert near(left, faint((20, 40, 110, 200)), DEFAULT_MAX_DISTANCE) is not None
+    blank = image_signature(np.full((64, 64, 3), 250, np.uint8))
+    assert signature._fields(blank).frame == (0, 0, signature.BASE_SIZE, signature.BASE_SIZE)
