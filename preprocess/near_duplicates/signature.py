@@ -54,7 +54,8 @@ whatever they showed). On white, a light shadow (up to 60 levels under it) is ba
 a brightened copy whitens the shadow, and version 4, trimming to it, moved the copy's box by a few percent
 of the object (a brightened product was near its original 0.34 of the time on the benchmark's products);
 when that wider trim leaves a near-uniform region (a faint object gone into its background), the box is
-the one trimmed at 24 levels, as in version 4.
+the one trimmed at 24 levels, as in version 4. An image with nothing but background to trim keeps its whole
+box (trimmed to the limit, every faint object's image showed one blank corner).
 
 Determinism: signatures are compared across workers, machines and runs (a
 resumed run must find the same groups), so no bit may depend on float
