@@ -125,13 +125,6 @@ MIN_OBJECT_PIXELS = 16
 # average and the second in any cell.
 FLAT_OBJECT_TOLERANCE = 2
 FLAT_OBJECT_MAX_DIFFERENCE = 32
-# Or a brighter or darker copy: the same content box (within the first, in base pixels, per side), and whole
-# 8x8 thumbnails that correlate at least the second, the one's cells an affine function of the other's with
-# a slope within FLAT_OBJECT_GAIN (numerator, denominator) and its inverse (each cell a mix of the object and
-# the background, both scaled, the white clipped).
-FLAT_OBJECT_FRAME_TOLERANCE = 1
-FLAT_OBJECT_MIN_CORRELATION_PER_MILLE = 985
-FLAT_OBJECT_GAIN = (5, 3)
 # What `distance` returns when the pair is not near whatever the grey distance: above any grey Hamming distance.
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
 # --near-duplicate-distance is at most this (version 1's precision at 16 was 0.65 on the benchmark); pairs
@@ -415,10 +408,6 @@ class _Fields(NamedTuple):
     inner_variance: int  # count * sum of squares - sum^2
     low_information: bool
     flat_object: bool
-    frame: tuple[int, int, int, int]  # the content box (left, top, right, bottom) in the base square
-    mirrored_frame: tuple[int, int, int, int]
-    thumbnail_sum: int  # the whole thumbnail's (the mirrored one's too)
-    thumbnail_variance: int  # count * sum of squares - sum^2
 
 
 def _field_bytes(value: int, shift: int, count: int) -> bytes:
@@ -452,7 +441,6 @@ def _fields(value: int) -> _Fields:
 
     inner = inner_cells(thumbnail)
     inner_sum = sum(inner)
-    left, top, right, bottom = ((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")
     return _Fields(
         is_object=_is_object(((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")),
         aspect=value >> _ASPECT_SHIFT & 0xFFFF,
@@ -467,10 +455,6 @@ def _fields(value: int) -> _Fields:
         inner_variance=len(inner) * sum(map(operator.mul, inner, inner)) - inner_sum * inner_sum,
         low_information=bool(value >> _LOW_INFORMATION_BIT & 1),
         flat_object=bool(value >> _FLAT_OBJECT_BIT & 1),
-        frame=(left, top, right, bottom),
-        mirrored_frame=(BASE_SIZE - right, top, BASE_SIZE - left, bottom),
-        thumbnail_sum=sum(thumbnail),
-        thumbnail_variance=_CHECK_VALUES * sum(map(operator.mul, thumbnail, thumbnail)) - sum(thumbnail) ** 2,
     )
 
 
@@ -536,18 +520,10 @@ def thumbnails_agree(
     if fields_a.flat_object or fields_b.flat_object:
         # Its outline, colour and place are all a flat object shows: every cell of the whole image is
         # compared, with room for its edge to move by a pixel or so (a resize, a JPEG's ringing).
-        if (
+        return (
             _total_difference(first, second) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
             and _largest_difference(first, second) <= FLAT_OBJECT_MAX_DIFFERENCE
-        ):
-            return True
-        # Or a brighter or darker copy: the same box, the same cells but for a gain (a brighter plain disc in
-        # the same place cannot be told from another disc of that colour, lighter: the colour check and the
-        # box keep the rest apart).
-        frame_b = fields_b.mirrored_frame if mirrored else fields_b.frame
-        return _largest_difference(
-            fields_a.frame, frame_b
-        ) <= FLAT_OBJECT_FRAME_TOLERANCE and _brighter_or_darker(fields_a, fields_b, first, second)
+        )
     first, second = fields_a.inner, fields_b.mirrored_inner if mirrored else fields_b.inner
     variance_a, variance_b = fields_a.inner_variance, fields_b.inner_variance
     if variance_a == 0 or variance_b == 0:
@@ -555,27 +531,6 @@ def thumbnails_agree(
     # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
     covariance = len(first) * sum(map(operator.mul, first, second)) - fields_a.inner_sum * fields_b.inner_sum
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
-
-
-def _brighter_or_darker(fields_a: _Fields, fields_b: _Fields, first: bytes, second: bytes) -> bool:
-    """Whether the whole thumbnail `second` is a brighter or darker copy of `first`: they correlate at least
-    FLAT_OBJECT_MIN_CORRELATION_PER_MILLE / 1000, the slope of the one on the other within FLAT_OBJECT_GAIN.
-    (Integers: cov / sqrt(var_a var_b) >= p / 1000, and slope = cov / var_a.)"""
-    variance_a, variance_b = fields_a.thumbnail_variance, fields_b.thumbnail_variance
-    if variance_a == 0 or variance_b == 0:
-        return False
-    covariance = (
-        _CHECK_VALUES * sum(map(operator.mul, first, second))
-        - fields_a.thumbnail_sum * fields_b.thumbnail_sum
-    )
-    most, least = FLAT_OBJECT_GAIN
-    minimum = FLAT_OBJECT_MIN_CORRELATION_PER_MILLE
-    return (
-        covariance > 0
-        and 1000**2 * covariance * covariance >= minimum**2 * variance_a * variance_b
-        and least * variance_a <= most * covariance
-        and least * covariance <= most * variance_a
-    )
 
 
 def grey_hashes(value: int) -> tuple[int, int]:
