@@ -1,16 +1,24 @@
-"""The pair check's speed: `signature.near` over the candidate pairs the grouping checks.
+"""The pair check's speed: `signature.near` over the candidate pairs the grouping checks, and the whole
+check of a bucket's pairs.
 
     python -m benchmarks.near_check_speed --images 20000
 
 The corpus is benchmarks/near_duplicate_grouping_memory.py's synthetic one
-(random signatures, planted chains, a hot band). Its candidate pairs are made
-as `grouping.VerifyBucketFn` makes them: every pair of a bucket under the cap
-(`DEFAULT_MAX_BUCKET_SIZE`) whose grey distance is within the reach
-(`DEFAULT_MAX_DISTANCE + NEAR_MISS_BITS`). The figure is the wall time of
-`near` over them, in one process (no Beam: the check alone), the best of
-`--repeats` runs. `--before COMMIT` times that commit's signature.py too (read
-with `git show`), in turns with the current one, and checks that both give the
-same answers.
+(random signatures, planted chains, a hot band), cut into buckets as the
+grouping cuts it (buckets over the cap, `DEFAULT_MAX_BUCKET_SIZE`, left out).
+Two figures, each the CPU time of one process (no Beam), the best of
+`--repeats` runs:
+
+- `near`: `near` alone over the candidate pairs (every pair of a bucket whose
+  grey distance is within the reach, `DEFAULT_MAX_DISTANCE + NEAR_MISS_BITS`);
+- `bucket`: what `grouping.VerifyBucketFn` does with a bucket's pairs: every
+  pair's grey distance (for the histogram and the reach), then `near` for
+  those within reach (`grouping.bucket_near_pairs`).
+
+`--before COMMIT` times that commit's signature.py too (read with `git show`),
+in turns with the current one, its bucket check as VerifyBucketFn did it then
+(`grey_distance`, then `near`, which took the grey distance again), and
+checks that both give the same answers.
 
     python -m benchmarks.near_check_speed --images 5000 --before 2f440fe
 """
@@ -28,32 +36,74 @@ from benchmarks.near_duplicate_grouping_memory import synthetic_images
 from preprocess.near_duplicates import grouping
 from preprocess.near_duplicates import signature as signature_lib
 
+REACH = signature_lib.DEFAULT_MAX_DISTANCE + grouping.NEAR_MISS_BITS
 
-def candidate_pairs(num_images: int) -> list[tuple[int, int]]:
-    """The (signature, signature) pairs that VerifyBucketFn passes to `near` on the synthetic corpus."""
-    buckets = {}
+
+def buckets(num_images: int) -> list[list[tuple[str, int]]]:
+    """The buckets VerifyBucketFn compares on the synthetic corpus: [(key, signature), ...] sorted, distinct."""
+    found = {}
     masks = grouping.band_masks(grouping.default_bands())
     for image in synthetic_images(0, num_images):
         for bucket, point in grouping._band_entries(image, masks):
-            buckets.setdefault(bucket, []).append(point)
-    reach = signature_lib.DEFAULT_MAX_DISTANCE + grouping.NEAR_MISS_BITS
+            found.setdefault(bucket, []).append(point)
+    return [
+        sorted(set(points))
+        for points in found.values()
+        if 2 <= len(points) <= grouping.DEFAULT_MAX_BUCKET_SIZE
+    ]
+
+
+def candidate_pairs(held_buckets) -> list[tuple[int, int]]:
+    """The (signature, signature) pairs that VerifyBucketFn passes to `near`."""
     pairs = []
-    for points in buckets.values():
-        if len(points) > grouping.DEFAULT_MAX_BUCKET_SIZE:
-            continue
-        for (key_a, a), (key_b, b) in itertools.combinations(sorted(set(points)), 2):
-            if key_a != key_b and signature_lib.grey_distance(a, b)[0] <= reach:
+    for held in held_buckets:
+        for (key_a, a), (key_b, b) in itertools.combinations(held, 2):
+            if key_a != key_b and signature_lib.grey_distance(a, b)[0] <= REACH:
                 pairs.append((a, b))
     return pairs
 
 
-def time_near(module, pairs) -> tuple[float, list]:
-    """(seconds, answers) of `module.near` over `pairs`."""
-    reach = signature_lib.DEFAULT_MAX_DISTANCE + grouping.NEAR_MISS_BITS
+def check_buckets_before(module, held_buckets) -> list:
+    """VerifyBucketFn's pair loop as it was before `grouping.bucket_near_pairs`: `grey_distance` for the
+    histogram and the reach, then `module.near`, which takes the grey distance again."""
+    answers = []
+    for held in held_buckets:
+        histogram = [0] * (grouping.HISTOGRAM_BITS + 1)
+        for (key_a, a), (key_b, b) in itertools.combinations(held, 2):
+            if key_a == key_b:
+                continue
+            grey, _ = module.grey_distance(a, b)
+            if grey <= grouping.HISTOGRAM_BITS:
+                histogram[grey] += 1
+            if grey > REACH:
+                continue
+            found = module.near(a, b, REACH)
+            if found is not None:
+                answers.append((found, key_a, key_b))
+        answers.append(tuple(histogram))
+    return answers
+
+
+def check_buckets_now(held_buckets) -> list:
+    answers = []
+    for held in held_buckets:
+        histogram = [0] * (grouping.HISTOGRAM_BITS + 1)
+        answers.extend(grouping.bucket_near_pairs(held, REACH, histogram))
+        answers.append(tuple(histogram))
+    return answers
+
+
+def timed(function, *args) -> tuple[float, list]:
+    """(CPU seconds of this process, answers): on a shared machine the CPU time moves less than the wall."""
+    start = time.process_time()
+    answers = function(*args)
+    return time.process_time() - start, answers
+
+
+def near_over(module, pairs) -> list:
+    """`module.near` over `pairs`, at the reach."""
     near = module.near
-    start = time.perf_counter()
-    answers = [near(a, b, reach) for a, b in pairs]
-    return time.perf_counter() - start, answers
+    return [near(a, b, REACH) for a, b in pairs]
 
 
 def signature_module_at(commit: str):
@@ -80,29 +130,44 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", help="a commit whose signature.py is timed too, in turns with this one")
     args = parser.parse_args(argv)
-    pairs = candidate_pairs(args.images)
+    held_buckets = buckets(args.images)
+    pairs = candidate_pairs(held_buckets)
     contenders = {"now": signature_lib}
     if args.before:
         contenders["before"] = signature_module_at(args.before)
-    seconds = {name: [] for name in contenders}
+    seconds = {(figure, name): [] for figure in ("near", "bucket") for name in contenders}
     answers = {}
     for _ in range(args.repeats):
         for name, module in contenders.items():
-            taken, answers[name] = time_near(module, pairs)
-            seconds[name].append(taken)
+            taken, answers["near", name] = timed(near_over, module, pairs)
+            seconds["near", name].append(taken)
+            if name == "now":
+                taken, answers["bucket", name] = timed(check_buckets_now, held_buckets)
+            else:
+                taken, answers["bucket", name] = timed(check_buckets_before, module, held_buckets)
+            seconds["bucket", name].append(taken)
     result = {
         "images": args.images,
+        "buckets": len(held_buckets),
+        "bucket_pairs": sum(len(held) * (len(held) - 1) // 2 for held in held_buckets),
         "candidate_pairs": len(pairs),
         "distinct_signatures": len({value for pair in pairs for value in pair}),
-        "near_seconds": {name: [round(value, 3) for value in values] for name, values in seconds.items()},
-        "microseconds_per_pair": {
-            name: round(1e6 * min(values) / max(1, len(pairs)), 2) for name, values in seconds.items()
+        "seconds": {
+            f"{figure}/{name}": [round(value, 3) for value in values]
+            for (figure, name), values in seconds.items()
+        },
+        "microseconds_per_candidate_pair": {
+            f"{figure}/{name}": round(1e6 * min(values) / max(1, len(pairs)), 2)
+            for (figure, name), values in seconds.items()
         },
         "load_average": [round(value, 2) for value in os.getloadavg()],
     }
     if args.before:
-        result["speedup_best_of_runs"] = round(min(seconds["before"]) / min(seconds["now"]), 2)
-        result["same_answers"] = answers["before"] == answers["now"]
+        for figure in ("near", "bucket"):
+            result[f"{figure}_speedup_best_of_runs"] = round(
+                min(seconds[figure, "before"]) / min(seconds[figure, "now"]), 2
+            )
+            result[f"{figure}_same_answers"] = answers[figure, "before"] == answers[figure, "now"]
     print(json.dumps(result))
     return result
 

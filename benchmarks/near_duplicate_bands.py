@@ -39,9 +39,18 @@ random, so some repeat a region, and those are copies); no false group may
 grow with the corpus. The same for a second generator no threshold was chosen
 on (`second_product_image`: polygons, discs and boxes on off-white or light
 grey, a third of them flat colours, no shadow, other proportions, its own seed).
+
+First (and alone with --copies-only), what the products' signature costs in
+recall: `--product-copies` images per generator, each with one altered copy
+per kind (PRODUCT_COPY_KINDS: JPEG q70 at 0.75x, a flip, a 0.5x downscale, 4%
+cut from each side, brightness x1.2 and x0.8), found when `signature.near`
+holds at the default distance.
+
+    python -m benchmarks.near_duplicate_bands --copies-only   # ~20 s
 """
 
 import argparse
+import io
 import itertools
 import json
 import random
@@ -50,7 +59,7 @@ import tempfile
 import time
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageEnhance
 
 from benchmarks import near_duplicate_quality as quality
 from preprocess.near_duplicates import signature
@@ -175,6 +184,51 @@ def products(count: int, seed: int = 2, pieces=None, generator=None):
     make = generator or product_image
     signed = [signature.source_signature(make(rng, photos, source, pieces=pieces)) for source in sources]
     return signed, sources
+
+
+# Copies of a product-style image, each altered once, as shops re-post them (`product_copies`).
+PRODUCT_COPY_KINDS = (
+    "jpeg q70 0.75x",
+    "flip",
+    "downscale 0.5x",
+    "crop 4%",
+    "brightness x1.2",
+    "brightness x0.8",
+)
+
+
+def _product_copy(kind: str, image: Image.Image) -> Image.Image:
+    """The decoded file of one altered copy of a product-style image."""
+    width, height = image.size
+    if kind == "jpeg q70 0.75x":
+        altered, quality_ = image.resize((round(width * 0.75), round(height * 0.75))), 70
+    elif kind == "flip":
+        altered, quality_ = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT), 90
+    elif kind == "downscale 0.5x":
+        altered, quality_ = image.resize((width // 2, height // 2)), 90
+    elif kind == "crop 4%":
+        altered, quality_ = quality._cropped(image, (0.04,) * 4), 90
+    else:
+        factor = float(kind.removeprefix("brightness x"))
+        altered, quality_ = ImageEnhance.Brightness(image).enhance(factor), 90
+    return Image.open(io.BytesIO(quality._encode(altered, quality=quality_))).convert("RGB")
+
+
+def product_copies(count: int, generator=None, seed: int = 5) -> dict:
+    """{kind: the share of `count` product-style images whose altered copy is near (`signature.near` at the
+    default distance)}: what the products' false groups must not cost in recall."""
+    rng = random.Random(seed)
+    photos = [Image.open(path).convert("RGB") for _, path in sorted(quality.photo_paths().items())]
+    make = generator or product_image
+    found = dict.fromkeys(PRODUCT_COPY_KINDS, 0)
+    for _ in range(count):
+        original = make(rng, photos, rng.randrange(len(photos)))
+        original = Image.open(io.BytesIO(quality._encode(original, quality=90))).convert("RGB")
+        signed = signature.source_signature(original)
+        for kind in PRODUCT_COPY_KINDS:
+            copy = signature.source_signature(_product_copy(kind, original))
+            found[kind] += signature.near(signed, copy, signature.DEFAULT_MAX_DISTANCE) is not None
+    return {kind: hits / count for kind, hits in found.items()}
 
 
 def same_picture(a, b) -> bool:
@@ -326,13 +380,41 @@ def main(argv=None):
     parser.add_argument(
         "--tiny", action="store_true", help="the planted pairs of 2 photos at one scale (smoke test)"
     )
+    parser.add_argument(
+        "--product-copies",
+        type=int,
+        default=300,
+        help="product-style images per generator whose altered copies are checked (default 300; 0: none)",
+    )
+    parser.add_argument(
+        "--copies-only",
+        action="store_true",
+        help="only the product copies' recall (seconds; no bands, no scale, no Beam run)",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    copies = {}
+    if args.product_copies:
+        copies = {
+            "products": product_copies(args.product_copies),
+            "second": product_copies(args.product_copies, second_product_image),
+        }
+        print(
+            f"copies of {args.product_copies} product-style images per generator, found by `near` at the default"
+        )
+        print(f"{'generator':<10} " + " ".join(f"{kind:>16}" for kind in PRODUCT_COPY_KINDS))
+        for name, found in copies.items():
+            print(f"{name:<10} " + " ".join(f"{found[kind]:>16.3f}" for kind in PRODUCT_COPY_KINDS))
+    if args.copies_only:
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"product_copies": copies}, handle, indent=1)
+        return {"product_copies": copies}
     pieces = []
     made = {"photos": photo_crops(args.images), "products": products(args.images, pieces=pieces)}
     corpora = {name: signed for name, (signed, _) in made.items()}
     print(f"signed {2 * args.images:,} distinct images in {time.perf_counter() - start:.0f} s")
-    report = {"images": args.images, "collisions": {}, "emulated": {}}
+    report = {"images": args.images, "collisions": {}, "emulated": {}, "product_copies": copies}
     print(
         "\ncollision rate per band of the grey hash, as a multiple of uniform (1 / 65,536): all pairs / pairs "
         "from different source photos"

@@ -376,6 +376,26 @@ def _union_find_edges(keys, pairs):
 
 # Declared, because Beam infers a union with TaggedOutput from a DoFn that yields tagged outputs too.
 @beam.typehints.with_output_types(tuple[str, str])
+def bucket_near_pairs(held, reach: int, histogram: list[int]):
+    """[(key, signature), ...] of one bucket (sorted, distinct) -> (distance, key_a, key_b) of every pair of two
+    keys that is near at `reach` (`signature.near`). Each pair's grey distance is computed once, from each
+    signature's grey hashes taken once, and counted in `histogram` (up to its last index)."""
+    hashes = [signature_lib.grey_hashes(value) for _, value in held]
+    for (index_a, (key_a, signature_a)), (index_b, (key_b, signature_b)) in itertools.combinations(
+        enumerate(held), 2
+    ):
+        if key_a == key_b:
+            continue
+        grey, mirrored = signature_lib.hashes_distance(hashes[index_a], hashes[index_b])
+        if grey < len(histogram):
+            histogram[grey] += 1
+        if grey > reach:
+            continue
+        found = signature_lib.near_at(signature_a, signature_b, grey, mirrored, reach)
+        if found is not None:
+            yield found, key_a, key_b
+
+
 class VerifyBucketFn(beam.DoFn):
     """((band, bits), [(key, signature), ...]) -> edges (key, root key) of a spanning forest of the bucket's
     verified pairs (`signature.near`). A bucket of more than `max_bucket_size` entries is hot: counted, not
@@ -417,18 +437,9 @@ class VerifyBucketFn(beam.DoFn):
         self._candidates.inc(candidates)
         yield beam.pvalue.TaggedOutput("stats", ("candidate_pairs", candidates))
         pairs = []
-        reach = self._max_distance + NEAR_MISS_BITS
-        for (key_a, signature_a), (key_b, signature_b) in itertools.combinations(held, 2):
-            if key_a == key_b:
-                continue
-            grey, _ = signature_lib.grey_distance(signature_a, signature_b)
-            if grey <= HISTOGRAM_BITS:
-                self._histogram[grey] += 1
-            if grey > reach:
-                continue
-            found = signature_lib.near(signature_a, signature_b, reach)
-            if found is None:
-                continue
+        for found, key_a, key_b in bucket_near_pairs(
+            held, self._max_distance + NEAR_MISS_BITS, self._histogram
+        ):
             if found <= self._max_distance:
                 pairs.append((key_a, key_b))
             else:

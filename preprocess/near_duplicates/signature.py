@@ -6,7 +6,7 @@ blurred, captioned, mirrored, turned grey) can be grouped at Beam scale
 (`grouping.py`). `near(a, b, max_distance)` is the one judgement: two images
 are near-duplicates when it returns a distance, not None.
 
-The signature (version 4) is one int of `SIGNATURE_BITS` bits:
+The signature (version 5) is one int of `SIGNATURE_BITS` bits:
 
 - bits 0-63 (`CANDIDATE_BITS`): a DCT hash ("pHash") of the image's grey
   centre: the central 80% of the content box (below) boxed down to 32x32,
@@ -50,7 +50,12 @@ bars, the white around a product) are trimmed from the content box before
 the hash, so a letterboxed copy is near and a product on white is signed by the
 product, not by the white around it (version 3 trimmed at most a quarter of each
 side: the white then filled the hash, and two objects of one outline were near
-whatever they showed).
+whatever they showed). On white, a light shadow (up to 60 levels under it) is background too (version 5):
+a brightened copy whitens the shadow, and version 4, trimming to it, moved the copy's box by a few percent
+of the object (a brightened product was near its original 0.34 of the time on the benchmark's products);
+when that wider trim leaves a near-uniform region (a faint object gone into its background), the box is
+the one trimmed at 24 levels, as in version 4. An image with nothing but background to trim keeps its whole
+box (trimmed to the limit, every faint object's image showed one blank corner).
 
 Determinism: signatures are compared across workers, machines and runs (a
 resumed run must find the same groups), so no bit may depend on float
@@ -70,7 +75,7 @@ from PIL import Image
 # The grey DCT hash: the low bits, which the grouping's candidate bands are cut from.
 # Recorded in the manifest (near_duplicates.signature_version): a re-run carries a published image's
 # signature over from its ledger only when this is the version that took it (preprocess/reuse/previous.py).
-SIGNATURE_VERSION = 4
+SIGNATURE_VERSION = 5
 CANDIDATE_BITS = 64
 _GREY_MASK = (1 << CANDIDATE_BITS) - 1
 # The colour layout: a 4x4 grid of cells, two opponent chromaticities each, one byte each.
@@ -132,8 +137,12 @@ _CHROMA_OFFSET = 128  # stored as a byte: value + 128
 # The source is boxed to this square first, whatever its size: the signature does not see --image-size.
 BASE_SIZE = 128
 # Uniform borders: a row or column is trimmed while every pixel is within this of the corners' colour (on
-# black; twice this on white: _background_tolerance), as long as this share of the side is left.
+# black; more on white: _background_tolerance), as long as this share of the side is left.
 _TRIM_TOLERANCE = 12
+# On white, a light shadow (a catalogue photo's, 40 levels under white) is background too: a brightened copy
+# whitens it, and its content box would otherwise shrink by the shadow. (36 was tried: JPEG noise on the
+# shadow then moved the box of downscaled copies; products' 0.5x copies were found 0.930 of the time, 0.980 at 48.)
+_SHADOW_TOLERANCE = 48
 MIN_CONTENT = 0.125
 _THUMBNAIL_SIZE = 32
 # A tenth of each side is left out: borders are what crops cut and captions cover.
@@ -196,8 +205,16 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
     # reducing_gap: an integer box reduction first (several times cheaper on a large source), then the box
     # resize; a function of the pixels alone.
     base = image.resize((BASE_SIZE, BASE_SIZE), Image.Resampling.BOX, reducing_gap=1.0)
-    left, top, right, bottom = frame = _content_box(np.asarray(base, dtype=np.int16))
+    pixels = np.asarray(base, dtype=np.int16)
+    left, top, right, bottom = frame = _content_box(pixels, _SHADOW_TOLERANCE)
     rgb, thumbnail, check = _region(base, frame)
+    if _spread(thumbnail) < FLAT_SPREAD:
+        # Trimmed with the shadow's tolerance, a faint object can vanish into its background: it is trimmed to
+        # the pixels that differ from the background by more than a JPEG's ringing.
+        narrow = _content_box(pixels)
+        if narrow != frame:
+            left, top, right, bottom = frame = narrow
+            rgb, thumbnail, check = _region(base, frame)
     flat_object = _is_object(frame) and _flat_object(rgb, thumbnail, check, _corner_colour(base))
     if flat_object:
         # A flat object on a background (a plain disc on white) shows only its outline, and trimmed to it
@@ -253,11 +270,11 @@ def _region(base: Image.Image, frame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return rgb, thumbnail, _block_means(thumbnail, _CHECK_GRID).astype(np.uint8)
 
 
-def _background_tolerance(background: np.ndarray) -> int:
+def _background_tolerance(background: np.ndarray, light: int = _TRIM_TOLERANCE) -> int:
     """How far a pixel may be from the background's colour and still be background: _TRIM_TOLERANCE on black,
-    twice that on white (a JPEG's ringing around an object on white reaches further than 12 levels, and
-    dark content beside black bars is close to them)."""
-    return _TRIM_TOLERANCE + int(background.max()) * _TRIM_TOLERANCE // 255
+    _TRIM_TOLERANCE + `light` on white (a JPEG's ringing around an object on white reaches further than 12
+    levels, and dark content beside black bars is close to them)."""
+    return _TRIM_TOLERANCE + int(background.max()) * light // 255
 
 
 def _corner_colour(base: Image.Image) -> np.ndarray:
@@ -287,7 +304,7 @@ def _flat_object(rgb: np.ndarray, thumbnail: np.ndarray, check: np.ndarray, back
     )
 
 
-def _content_box(base: np.ndarray) -> tuple[int, int, int, int]:
+def _content_box(base: np.ndarray, light: int = _TRIM_TOLERANCE) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of the base square without its uniform borders (of the corners' colour).
 
     Borders are trimmed only when the four corners agree (letterbox bars, a product on white); at least
@@ -298,7 +315,11 @@ def _content_box(base: np.ndarray) -> tuple[int, int, int, int]:
     if int((corners.max(axis=0) - corners.min(axis=0)).max()) > _TRIM_TOLERANCE:
         return 0, 0, size, size
     reference = corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
-    uniform = (np.abs(base - reference) <= _background_tolerance(reference)).all(axis=2)
+    uniform = (np.abs(base - reference) <= _background_tolerance(reference, light)).all(axis=2)
+    if uniform.all():
+        # Nothing but background (a blank image, or an object fainter than the tolerance): trimmed to the
+        # limit it would be a corner of it, and every such image would show the same blank corner.
+        return 0, 0, size, size
     rows, columns = uniform.all(axis=1), uniform.all(axis=0)
     # What may be trimmed in all, across both sides: at least MIN_CONTENT of the side is kept.
     limit = size - int(size * MIN_CONTENT)
@@ -512,6 +533,19 @@ def thumbnails_agree(
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
 
 
+def grey_hashes(value: int) -> tuple[int, int]:
+    """(the grey hash, the mirrored one) of a signature: what `hashes_distance` compares. A caller that meets
+    one signature in many pairs (a bucket) takes them once, not per pair."""
+    return value & _GREY_MASK, (value >> _MIRROR_SHIFT) & _GREY_MASK
+
+
+def hashes_distance(hashes_a: tuple[int, int], hashes_b: tuple[int, int]) -> tuple[int, bool]:
+    """`grey_distance` of two signatures from their `grey_hashes` (64-bit ints: no wide int is made)."""
+    straight = (hashes_a[0] ^ hashes_b[0]).bit_count()
+    mirrored = (hashes_a[0] ^ hashes_b[1]).bit_count()
+    return (mirrored, True) if mirrored < straight else (straight, False)
+
+
 def grey_distance(a: int, b: int) -> tuple[int, bool]:
     """(the smaller Hamming distance of a's grey hash to b's or to b's mirrored one, whether mirrored won)."""
     straight = ((a ^ b) & _GREY_MASK).bit_count()
@@ -528,6 +562,13 @@ def near(a: int, b: int, max_distance: int) -> int | None:
     taken out, and the structure agrees much more closely (half the distance, RECOLOURED_MIN_CORRELATION).
     """
     grey, mirrored = grey_distance(a, b)
+    return near_at(a, b, grey, mirrored, max_distance)
+
+
+def near_at(a: int, b: int, grey: int, mirrored: bool, max_distance: int) -> int | None:
+    """`near(a, b, max_distance)` for a caller that has `grey_distance(a, b)` already, as (grey, mirrored):
+    the grouping computes it for every pair of a bucket first (its histogram and reach), and the rest of the
+    checks here only for the few within reach; it is not computed again."""
     if grey > max_distance or not objects_agree(a, b, mirrored):
         return None
     if colour_difference(a, b, mirrored) <= COLOUR_TOLERANCE:
@@ -549,10 +590,10 @@ def distance(a: int, b: int) -> int:
 
     Pairs more than MAX_COLOUR_CHECKED_DISTANCE apart keep their grey distance unchecked.
     """
-    grey, _ = grey_distance(a, b)
+    grey, mirrored = grey_distance(a, b)
     if grey > MAX_COLOUR_CHECKED_DISTANCE:
         return grey
-    return grey if near(a, b, grey) is not None else COLOUR_MISMATCH
+    return grey if near_at(a, b, grey, mirrored, grey) is not None else COLOUR_MISMATCH
 
 
 def pairwise_distances(signatures) -> np.ndarray:

@@ -9,7 +9,10 @@ from benchmarks import near_duplicate_bands
 
 @pytest.mark.slow
 def test_near_duplicate_bands_runs_at_tiny_size(capsys):
-    report = near_duplicate_bands.main(["--images", "300", "--tiny"])
+    report = near_duplicate_bands.main(["--images", "300", "--tiny", "--product-copies", "10"])
+    for found in report["product_copies"].values():
+        assert set(found) == set(near_duplicate_bands.PRODUCT_COPY_KINDS)
+        assert all(0 <= share <= 1 for share in found.values())
     assert set(report["collisions"]) == {
         f"{corpus}/{scheme}" for corpus in ("photos", "products") for scheme in near_duplicate_bands.SCHEMES
     }

@@ -1,5 +1,6 @@
 """preprocess/near_duplicates/signature.py: the pair check, unpacked once per signature (issue 30's speed fix),
-gives what the straightforward per-pair unpacking gave, bit for bit.
+gives what the straightforward per-pair unpacking gave, bit for bit; and grouping.bucket_near_pairs, which
+takes each pair's grey distance once (not again in `near`), gives what the per-pair loop gave.
 
 `_reference` below is the pair check as it was before (numpy, every field unpacked for every pair), kept as the
 oracle. The pairs are made to reach every branch: copies with a few grey bits flipped, mirrored copies,
@@ -7,11 +8,12 @@ colour casts, grayscale copies, jittered thumbnails, low-information and flat-ob
 other proportions, and unrelated signatures; the test counts that each branch was met.
 """
 
+import itertools
 import random
 
 import numpy as np
 
-from preprocess.near_duplicates import signature
+from preprocess.near_duplicates import grouping, signature
 from preprocess.near_duplicates.signature import (
     _ASPECT_SHIFT,
     _CHECK_SHIFT,
@@ -35,6 +37,13 @@ class _Reference:
     """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants."""
 
     grid, cells = 4, 16
+
+    @staticmethod
+    def grey_distance(a, b):
+        mask = (1 << CANDIDATE_BITS) - 1
+        straight = ((a ^ b) & mask).bit_count()
+        mirrored = ((a ^ (b >> _MIRROR_SHIFT)) & mask).bit_count()
+        return (mirrored, True) if mirrored < straight else (straight, False)
 
     @staticmethod
     def frame(value, mirrored=False):
@@ -119,7 +128,7 @@ class _Reference:
 
     @classmethod
     def near(cls, a, b, max_distance):
-        grey, mirrored = signature.grey_distance(a, b)
+        grey, mirrored = cls.grey_distance(a, b)
         if grey > max_distance or not cls.objects_agree(a, b, mirrored):
             return None
         if cls.colour_difference(a, b, mirrored) <= signature.COLOUR_TOLERANCE:
@@ -139,7 +148,7 @@ class _Reference:
 
     @classmethod
     def distance(cls, a, b):
-        grey, _ = signature.grey_distance(a, b)
+        grey, _ = cls.grey_distance(a, b)
         if grey > MAX_COLOUR_CHECKED_DISTANCE:
             return grey
         return grey if cls.near(a, b, grey) is not None else signature.COLOUR_MISMATCH
@@ -236,6 +245,7 @@ def compare(count: int, seed: int = 30) -> dict:
             assert signature.colour_difference(a, b, mirrored) == _Reference.colour_difference(a, b, mirrored)
             assert signature.cast_difference(a, b, mirrored) == _Reference.cast_difference(a, b, mirrored)
             assert signature.thumbnails_agree(a, b, mirrored) == _Reference.thumbnails_agree(a, b, mirrored)
+        assert signature.grey_distance(a, b) == _Reference.grey_distance(a, b)
         grey, mirrored = signature.grey_distance(a, b)
         met["near" if found is not None else "not near"] += 1
         if found is not None:
@@ -250,3 +260,39 @@ def test_the_cached_pair_check_gives_what_the_per_pair_unpacking_gave():
     met = compare(PAIRS)
     # Every branch was met by pairs that pass it, not only by pairs turned away before it.
     assert min(met.values()) >= 20, met
+
+
+def test_a_bucket_takes_each_pair_grey_distance_once_and_finds_what_the_per_pair_loop_found(monkeypatch):
+    rng = random.Random(31)
+    originals = [_original(rng) for _ in range(60)]
+    held = []
+    for index, fields in enumerate(originals):
+        held.append((f"{index:03d}a", _pack(**fields)))
+        held.extend((f"{index:03d}{copy}", _pack(**_copy(rng, fields))) for copy in "bc")
+    held = sorted(held)
+    reach = DEFAULT_MAX_DISTANCE + grouping.NEAR_MISS_BITS
+    expected, expected_histogram = [], [0] * (grouping.HISTOGRAM_BITS + 1)
+    for (key_a, a), (key_b, b) in itertools.combinations(held, 2):
+        if key_a == key_b:
+            continue
+        grey, _ = _Reference.grey_distance(a, b)
+        if grey <= grouping.HISTOGRAM_BITS:
+            expected_histogram[grey] += 1
+        found = _Reference.near(a, b, reach)
+        if found is not None:
+            expected.append((found, key_a, key_b))
+    assert len(expected) >= 20, len(expected)
+
+    # Every grey distance the bucket takes, counted (signature's own functions, wrapped).
+    taken = []
+    for name in ("grey_distance", "hashes_distance"):
+        if hasattr(signature, name):
+            original = getattr(signature, name)
+            monkeypatch.setattr(
+                signature, name, lambda *args, _original=original: taken.append(1) or _original(*args)
+            )
+    histogram = [0] * (grouping.HISTOGRAM_BITS + 1)
+    assert list(grouping.bucket_near_pairs(held, reach, histogram)) == expected
+    assert histogram == expected_histogram
+    pairs = sum(1 for (key_a, _), (key_b, _) in itertools.combinations(held, 2) if key_a != key_b)
+    assert len(taken) == pairs
