@@ -211,6 +211,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
       version references as it is, "referenced_shards": a singleton set of those shards (relative paths)
     - "moved": {uri, from, to} of published images a named split moved
     - "published": (sha256, split) of the published images decoded again
+    - "carried_sizes": (width, height) of the source image of each one carried over (the ledger's)
 
     Without a version to reuse (a first run, a full rebuild), everything is decoded and the rest is empty.
     """
@@ -221,7 +222,13 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
             for name in ("carried", "found", "moved", "published", "referenced")
         }
         nothing = pipeline | "NoReferencedShards" >> beam.Create([frozenset()])
-        return {"decode": unique, "decode_first": unique, "referenced_shards": nothing, **empty}
+        return {
+            "decode": unique,
+            "decode_first": unique,
+            "referenced_shards": nothing,
+            "carried_sizes": pipeline | "NoCarriedSizes" >> beam.Create([]),
+            **empty,
+        }
     sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files)
     carried = sorted_[reuse.CARRY]
     # The label vocabulary of the inputs, known before any decoding: a shard is referenced only if it is the
@@ -237,6 +244,16 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     )
     found = by_reference[1] | "FindCarried" >> reuse.FindCarriedRecords(plan.shard_paths(), intact)
     decode = (sorted_[reuse.DECODE], found["missing"]) | "ToDecode" >> beam.Flatten()
+    # The source sizes of the images carried over (not those sent back to decoding: they count as decoded).
+    carried_sizes = (
+        (
+            found["found"] | "FoundImages" >> beam.MapTuple(lambda carried, _: carried),
+            by_reference[0] | "ReferencedCarried" >> beam.MapTuple(lambda _, carried: carried),
+        )
+        | "CarriedForSizes" >> beam.Flatten()
+        | "CarriedSourceSizes"
+        >> beam.FlatMap(lambda carried: [carried.source_size] if carried.source_size else [])
+    )
     return {
         "decode": decode,
         "decode_first": sorted_[reuse.DECODE],
@@ -246,6 +263,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
         "referenced_shards": intact,
         "moved": sorted_[reuse.MOVED],
         "published": sorted_[reuse.PUBLISHED],
+        "carried_sizes": carried_sizes,
     }
 
 
@@ -273,7 +291,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
-    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
+    # A re-run trusts the content key the published version recorded for a local file of unchanged size and
+    # mtime (the quick check, inputs/content.py); --checksum (or a full rebuild) reads every one.
+    known_keys = () if getattr(args, "checksum", False) else plan.ledger_files
+    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(
+        args.split, args.max_file_bytes, known_keys=known_keys
+    )
     unique = deduplicated["unique"]
     reused = reuse_published(unique, plan)
     audit = args.near_duplicates != NEAR_DUPLICATES_OFF
@@ -311,9 +334,13 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         ).with_outputs("errors", main="examples")
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
+    # Decoded and carried over alike (the ledger keeps a carried image's source size), as a full rebuild counts.
     source_image_sizes = (
-        decoded.examples
-        | "SourceSizes" >> beam.Map(source_size)
+        (
+            decoded.examples | "SourceSizes" >> beam.Map(source_size),
+            reused["carried_sizes"],
+        )
+        | "AllSourceSizes" >> beam.Flatten()
         | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
     )
     if audit:

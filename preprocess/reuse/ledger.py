@@ -3,13 +3,16 @@
     {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
      "signature": the perceptual signature (absent when the audit was off),
      "shard": the shard that holds its record, relative to the dataset directory (absent in ledgers
-              written before records were carried by reference, and for bfloat16/float32 versions)}
+              written before records were carried by reference, and for bfloat16/float32 versions),
+     "size", "mtime_ns": the local file's, when it was keyed (the next re-run's quick check; absent on GCS,
+              and for a file modified within seconds of its listing),
+     "source_size": [width, height] of the source image (the manifest's source_image_sizes count it)}
 
 `key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
 its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
 shards; `split` is the split the image was published in, which it keeps (splits never move);
 `moments` are its share of the statistics (transform.image_moments), exact, so that carried images
-count without their pixels; `shard` lets the next version reference a shard whose every record is
+count without their pixels (and `source_size` in the source sizes); `shard` lets the next version reference a shard whose every record is
 unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
 the manifest lists the files in `ledger_files`.
 """
@@ -37,7 +40,20 @@ def entry_of(example: dict) -> dict:
         entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
     if example.get("shard"):
         entry["shard"] = example["shard"]
+    if example.get("input"):
+        entry.update(json.loads(example["input"]))
     return entry
+
+
+def input_facts(image, source_size=None) -> str:
+    """What the ledger keeps of an input beside its key (a UniqueInput's size and mtime, the source image's
+    size), as the example's `input` text: a text column crosses the near-duplicate spill as it is."""
+    facts = {}
+    if getattr(image, "mtime_ns", None) is not None and image.size is not None:
+        facts["size"], facts["mtime_ns"] = int(image.size), int(image.mtime_ns)
+    if source_size is not None:
+        facts["source_size"] = [int(side) for side in source_size]
+    return json.dumps(facts, sort_keys=True)
 
 
 def entry_bytes(entry: dict) -> bytes:
@@ -76,4 +92,28 @@ class ReadLedger(beam.PTransform):
             | "Spread" >> beam.Reshuffle()
             | "Entries" >> beam.FlatMap(read_entries)
             | "ByKey" >> beam.Map(lambda entry: (entry["key"], entry))
+        )
+
+
+def known_key(entry: dict):
+    """(uri, (size, mtime_ns, content key)) of an entry that recorded its file's stat, else nothing."""
+    if entry.get("mtime_ns") is not None and entry.get("size") is not None:
+        yield entry["uri"], (entry["size"], entry["mtime_ns"], entry["key"])
+
+
+class ReadKnownKeys(beam.PTransform):
+    """PBegin -> (uri, (size, mtime_ns, content key)) of every entry of the ledger files that recorded its
+    file's size and mtime: what the quick check compares a re-run's listing with (content.py)."""
+
+    def __init__(self, paths):
+        super().__init__()
+        self._paths = list(paths)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Files" >> beam.Create(self._paths)
+            | "Spread" >> beam.Reshuffle()
+            | "Entries" >> beam.FlatMap(read_entries)
+            | "Stats" >> beam.FlatMap(known_key)
         )

@@ -21,7 +21,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dataset_contract import features
-from preprocess.reuse.ledger import ReadLedger, entry_of, moments_bytes
+from preprocess.reuse.ledger import ReadLedger, entry_of, input_facts, moments_bytes
 from preprocess.write.encode import label_not_in_train
 
 DECODE, CARRY, MOVED, PUBLISHED = "decode", "carry", "moved", "published"
@@ -43,6 +43,12 @@ class CarriedImage:
             return None
         return self.entry.get("shard")
 
+    @property
+    def source_size(self):
+        """(width, height) of its source image, as the ledger kept it (None in ledgers from before)."""
+        size = self.entry.get("source_size")
+        return None if size is None else tuple(size)
+
     def example(self) -> dict:
         """What the rest of the job needs of it: the statistics' moments, the ledger's fields; no pixels."""
         example = {
@@ -53,6 +59,8 @@ class CarriedImage:
             "uri": self.image.uri,
             "label": self.image.label,
             "split": self.image.split,
+            # Its file's size and mtime now (this run keyed it), its source size as the ledger had it.
+            "input": input_facts(self.image, self.entry.get("source_size")),
         }
         if self.entry.get("signature") is not None:
             example["signature"] = self.entry["signature"]

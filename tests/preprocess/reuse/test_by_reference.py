@@ -205,3 +205,15 @@ def test_gc_keeps_every_run_a_kept_version_references_and_removes_it_once_none_d
     report = gc.collect_garbage(str(output))
     assert sorted(report.removed_runs) == sorted(runs)
     assert publish.missing_run_files(str(output), fourth_id, whole) == []
+
+
+def test_the_ledger_records_each_files_size_and_mtime_beside_its_key(versions):
+    """What the next re-run's quick check compares (tests/preprocess/reuse/test_quick_check.py): every entry of
+    version 3 (its files were written long enough before it was listed) and its source size."""
+    output, third = versions["output"], versions["manifests"][2]
+    ledger = _ledger(output, third)
+    assert len(ledger) == third["inputs"]["num_written"]
+    for uri, entry in ledger.items():
+        stat = os.stat(uri)
+        assert (entry["size"], entry["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns), uri
+        assert len(entry["source_size"]) == 2 and min(entry["source_size"]) > 0

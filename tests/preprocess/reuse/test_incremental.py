@@ -282,6 +282,17 @@ def test_a_change_of_image_size_is_a_full_rebuild_said_in_one_line(versions, cap
     assert manifest["run"]["built_from"] == second["run"]["id"]
 
 
+def test_source_image_sizes_count_the_carried_images_as_a_full_rebuild_does(versions):
+    """Runs after the --image-size change above: a full rebuild of version 2's inputs (the source sizes do
+    not depend on the stored size)."""
+    _, second, _, output = versions
+    rebuilt = read_manifest(output)
+    assert rebuilt["run"]["built_from"] == second["run"]["id"] and rebuilt["inputs"]["num_reused"] == 0
+    assert second["inputs"]["num_reused"] > 0
+    assert second["source_image_sizes"] == rebuilt["source_image_sizes"]
+    assert second["source_image_sizes"]["count"] == second["inputs"]["num_written"]
+
+
 def test_kill_9_during_an_incremental_run_leaves_the_previous_version_whole(versions, tmp_path, capsys):
     """Runs after the --image-size change above: its version is the previous one here."""
     from preprocess import verify as verify_cli  # noqa: PLC0415
