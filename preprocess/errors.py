@@ -53,9 +53,12 @@ class ErrorRecord:
     uri: str
     reason: str
     detail: str
+    # The input that failed (a content.UniqueInput), where a re-run may carry the failure over without
+    # decoding it again (preprocess/reuse/ledger.py); never in the error log.
+    input: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps({"uri": self.uri, "reason": self.reason, "detail": self.detail}, sort_keys=True)
 
 
 class TooManyFailuresError(ValueError):

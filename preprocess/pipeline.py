@@ -26,7 +26,7 @@ from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse import stage as reuse
-from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of
+from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of, failure_entry
 from preprocess.reuse.previous import ReusePlan, plan_reuse
 from preprocess.transform import ToRecordBatches, make_preprocessing_fn, tensor_adapter_config
 from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
@@ -212,6 +212,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     - "moved": {uri, from, to} of published images a named split moved
     - "published": (sha256, split) of the published images decoded again
     - "carried_sizes": (width, height) of the source image of each one carried over (the ledger's)
+    - "failed": the ErrorRecords of the inputs whose bytes failed in the published version, carried over
 
     Without a version to reuse (a first run, a full rebuild), everything is decoded and the rest is empty.
     """
@@ -219,7 +220,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     if not plan.incremental:
         empty = {
             name: pipeline | f"No{name.capitalize()}" >> beam.Create([])
-            for name in ("carried", "found", "moved", "published", "referenced")
+            for name in ("carried", "found", "moved", "published", "referenced", "failed")
         }
         nothing = pipeline | "NoReferencedShards" >> beam.Create([frozenset()])
         return {
@@ -229,7 +230,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
             "carried_sizes": pipeline | "NoCarriedSizes" >> beam.Create([]),
             **empty,
         }
-    sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files)
+    sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files, plan.carry_failures)
     carried = sorted_[reuse.CARRY]
     # The label vocabulary of the inputs, known before any decoding: a shard is referenced only if it is the
     # previous one (a record's label index is its class's place in it).
@@ -263,6 +264,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
         "referenced_shards": intact,
         "moved": sorted_[reuse.MOVED],
         "published": sorted_[reuse.PUBLISHED],
+        "failed": sorted_[reuse.FAILED],
         "carried_sizes": carried_sizes,
     }
 
@@ -311,7 +313,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         listed.errors,
         # The inputs to decode (in an incremental run, not those carried over): what the decoding samples.
         reused["decode_first"],
-        (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
+        (listed.errors, deduplicated["errors"], reused["failed"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
     )
     decoded = (
         reused["decode"]
@@ -333,7 +335,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             known=beam.pvalue.AsSingleton(known),
         ).with_outputs("errors", main="examples")
     )
-    error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
+    error_collections = [listed.errors, deduplicated["errors"], decoded.errors, reused["failed"]]
     # Decoded and carried over alike (the ledger keeps a carried image's source size), as a full rebuild counts.
     source_image_sizes = (
         (
@@ -453,6 +455,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             )
             | "LedgerLines" >> beam.Map(entry_line)
         )
+    # The inputs whose bytes failed (decoded now, or carried over), for the next version to carry over.
+    failed_entries = all_errors | "FailedEntries" >> beam.FlatMap(failure_entry)
+    ledger_lines = (
+        ledger_lines,
+        failed_entries | "FailedLines" >> beam.Map(entry_bytes),
+    ) | "LedgerAndFailed" >> beam.Flatten()
     ledger = ledger_lines | "WriteLedger" >> WriteErrorLog(
         output_dir, run_id, prefix=LEDGER, count_key="num_images"
     )
@@ -472,6 +480,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
         carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
         referenced | "ReusedByReference" >> beam.Map(lambda _: outcomes.REUSED),
+        reused["failed"] | "ReusedFailed" >> beam.Map(lambda _: outcomes.REUSED),
     ]
     if dropped is not None:
         fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))

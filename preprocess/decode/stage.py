@@ -83,7 +83,9 @@ class DecodeImagesFn(beam.DoFn):
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
             self._budget.record(exc.reason, known)
-            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
+            # With its input: a re-run carries a failure of the bytes over (preprocess/reuse/ledger.py).
+            error = errors.ErrorRecord(item.uri, exc.reason, exc.detail, input=item)
+            yield beam.pvalue.TaggedOutput("errors", error)
             return
         self._budget.record(None, known)
         self._decoded.inc()

@@ -15,6 +15,10 @@ shards; `split` is the split the image was published in, which it keeps (splits 
 count without their pixels (and `source_size` in the source sizes); `shard` lets the next version reference a shard whose every record is
 unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
 the manifest lists the files in `ledger_files`.
+
+An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
+"detail"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it again while
+its content (and --max-pixels) stays. `read_entries` yields the images only.
 """
 
 import json
@@ -23,7 +27,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from preprocess import errors
+
 LEDGER = "ledger"
+# Failures of the bytes themselves (not of the path, nor of a size that may have changed since): the same
+# content fails the same way under the same --max-pixels, so a re-run carries them over.
+CARRIED_FAILURES = (errors.NOT_AN_IMAGE, errors.TRUNCATED, errors.DECODE_ERROR, errors.TOO_MANY_PIXELS)
 
 
 def entry_of(example: dict) -> dict:
@@ -70,16 +79,37 @@ def moments_bytes(entry: dict) -> bytes:
     return np.asarray(entry["moments"], dtype="<f8").tobytes()
 
 
-def read_entries(path: str):
-    """Every entry of one ledger file."""
+def failure_entry(error) -> list[dict]:
+    """The ledger entry of a failed input that a re-run carries over (an errors.ErrorRecord with its input,
+    of a reason in CARRIED_FAILURES), else none."""
+    image = error.input
+    if image is None or image.key is None or error.reason not in CARRIED_FAILURES:
+        return []
+    entry = {"key": image.key, "uri": image.uri, "label": image.label}
+    entry["failed"] = {"reason": error.reason, "detail": error.detail}
+    entry.update(json.loads(input_facts(image)))
+    return [entry]
+
+
+def is_failure(entry: dict) -> bool:
+    return "failed" in entry
+
+
+def read_all_entries(path: str):
+    """Every entry of one ledger file, failures included."""
     with FileSystems.open(path) as handle:
         for line in handle.read().decode("utf-8").splitlines():
             if line:
                 yield json.loads(line)
 
 
+def read_entries(path: str):
+    """Every image entry of one ledger file (the images the version wrote)."""
+    return (entry for entry in read_all_entries(path) if not is_failure(entry))
+
+
 class ReadLedger(beam.PTransform):
-    """PBegin -> (content key, entry) of every image the ledger files list, read in parallel."""
+    """PBegin -> (content key, entry) of every image (and failure) the ledger files list, read in parallel."""
 
     def __init__(self, paths):
         super().__init__()
@@ -90,7 +120,7 @@ class ReadLedger(beam.PTransform):
             pbegin
             | "Files" >> beam.Create(self._paths)
             | "Spread" >> beam.Reshuffle()
-            | "Entries" >> beam.FlatMap(read_entries)
+            | "Entries" >> beam.FlatMap(read_all_entries)
             | "ByKey" >> beam.Map(lambda entry: (entry["key"], entry))
         )
 
@@ -114,6 +144,6 @@ class ReadKnownKeys(beam.PTransform):
             pbegin
             | "Files" >> beam.Create(self._paths)
             | "Spread" >> beam.Reshuffle()
-            | "Entries" >> beam.FlatMap(read_entries)
+            | "Entries" >> beam.FlatMap(read_all_entries)
             | "Stats" >> beam.FlatMap(known_key)
         )
