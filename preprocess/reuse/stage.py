@@ -306,9 +306,9 @@ def referenced_shard_entries(referenced, shards, labels, labels_before):
     duplicate grouping may still take every train image of a class away): if it is not the previous one,
     the referenced records' label indexes would be wrong, and the run stops rather than publish them."""
     if referenced and list(labels) != list(labels_before):
-        raise ValueError(
+        raise errors.RebuildNeededError(
             f"the label vocabulary changed after {len(referenced)} shards of the previous version were "
             f"referenced as they are (now {list(labels)}, before {list(labels_before)}); nothing was published. "
-            "Run again with --rebuild"
+            "Run again with --rebuild (the published dataset is unchanged)"
         )
     return [{"split": split, **entry} for split, entry in shards if entry["path"] in referenced]
