@@ -294,8 +294,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
     # A re-run trusts the content key the published version recorded for a local file of unchanged size and
-    # mtime (the quick check, inputs/content.py); --checksum (or a full rebuild) reads every one.
-    known_keys = () if getattr(args, "checksum", False) else plan.ledger_files
+    # mtime (the quick check, inputs/content.py); --checksum (or a full rebuild) reads every one. A gs://
+    # input's listing gives the MD5 already: no check, and no shuffle of the listing for it.
+    local_input = not str(args.input).startswith("gs://")
+    known_keys = plan.ledger_files if local_input and not getattr(args, "checksum", False) else ()
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(
         args.split, args.max_file_bytes, known_keys=known_keys
     )

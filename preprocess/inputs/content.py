@@ -13,7 +13,7 @@ from preprocess import errors
 from preprocess.inputs.listing import InputRecord
 from preprocess.inputs.reading import content_key, hash_file, size_and_md5, too_large_detail
 from preprocess.launch.progress import ProgressCounter
-from preprocess.reuse.ledger import ReadKnownKeys
+from preprocess.reuse.ledger import known_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +67,12 @@ class KeyContentFn(beam.DoFn):
     """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or too large
     files -> 'errors'. A record whose split the manifest does not name gets its key's."""
 
-    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
+        # The previous version's ledger files: their (uri -> size, mtime, key) map, loaded once per process.
+        self._known_keys = tuple(known_keys)
+        self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
         self._keyed = Metrics.counter("preprocess", "keyed")
         self._progress = ProgressCounter("hashed")
         self._progress_failed = ProgressCounter("failed")
@@ -77,10 +80,7 @@ class KeyContentFn(beam.DoFn):
     def _key(self, record: InputRecord):
         size, md5 = record.size, record.md5
         if record.key is not None:
-            return (
-                record.key,
-                size,
-            )  # the previous version's, trusted by the quick check (TrustUnchangedFilesFn)
+            return record.key, size  # the previous version's, trusted by the quick check (trusted_key)
         if size is None:
             size, md5 = size_and_md5(record.uri)
         if self._max_file_bytes is not None and size > self._max_file_bytes:
@@ -90,6 +90,10 @@ class KeyContentFn(beam.DoFn):
         return content_key(record.uri, size, md5, self._max_file_bytes)
 
     def process(self, record: InputRecord):
+        if self._known_keys and record.key is None:
+            record = trusted_key(record, known_keys(self._known_keys))
+            if record.key is not None:
+                self._trusted.inc()
         if (
             record.key is None
             and record.md5 is None
@@ -141,31 +145,23 @@ def trustworthy_mtime(mtime_ns: int | None, now_ns: int | None = None) -> int | 
     return mtime_ns if mtime_ns < now_ns - RACY_MTIME_NS else None
 
 
-class TrustUnchangedFilesFn(beam.DoFn):
-    """(uri, {"records": [InputRecord], "known": [(size, mtime_ns, content key)]}) -> InputRecord, with the
-    previous version's content key where the file's size and mtime are those recorded beside it (rsync's and
-    make's quick check: the file is then not read to be keyed); else as it came, to be hashed."""
-
-    def __init__(self):
-        self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
-
-    def process(self, element):
-        _, grouped = element
-        known = list(grouped["known"])
-        for record in grouped["records"]:
-            if len(known) == 1 and _is_local_path(record.uri) and record.md5 is None:
-                size, mtime_ns = record.size, record.mtime_ns
-                if mtime_ns is None:  # a manifest's row: the listing did not stat it
-                    try:
-                        stat = os.stat(record.uri)
-                    except OSError:
-                        yield record  # KeyContentFn says what is wrong with it
-                        continue
-                    size, mtime_ns = stat.st_size, stat.st_mtime_ns
-                if (size, mtime_ns) == tuple(known[0][:2]):
-                    self._trusted.inc()
-                    record = dataclasses.replace(record, size=size, mtime_ns=mtime_ns, key=known[0][2])
-            yield record
+def trusted_key(record: InputRecord, known: dict) -> InputRecord:
+    """`record` with the previous version's content key where its local file's size and mtime are those
+    recorded beside that key (rsync's and make's quick check: the file is then not read to be keyed); else
+    as it came, to be hashed. `known`: {uri: (size, mtime_ns, content key)} (ledger.known_keys)."""
+    recorded = known.get(record.uri)
+    if recorded is None or record.md5 is not None or not _is_local_path(record.uri):
+        return record
+    size, mtime_ns = record.size, record.mtime_ns
+    if mtime_ns is None:  # a manifest's row: the listing did not stat it
+        try:
+            stat = os.stat(record.uri)
+        except OSError:
+            return record  # KeyContentFn says what is wrong with it
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
+    if (size, mtime_ns) != tuple(recorded[:2]):
+        return record
+    return dataclasses.replace(record, size=size, mtime_ns=mtime_ns, key=recorded[2])
 
 
 class HashContentFn(beam.DoFn):
@@ -377,8 +373,8 @@ class DeduplicateByContent(beam.PTransform):
 
     `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
     `known_keys`: the previous version's ledger files; a local file whose size and mtime are those recorded
-    there is keyed by the recorded key, without being read (TrustUnchangedFilesFn). Empty: every file is
-    keyed from its bytes (or GCS's MD5).
+    there is keyed by the recorded key, without being read (trusted_key). Empty: every file is keyed from
+    its bytes (or GCS's MD5).
     """
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
@@ -388,18 +384,8 @@ class DeduplicateByContent(beam.PTransform):
         self._known_keys = list(known_keys)
 
     def expand(self, records):
-        if self._known_keys:
-            known = records.pipeline | "ReadKnownKeys" >> ReadKnownKeys(self._known_keys)
-            records = (
-                {
-                    "records": records | "ByUri" >> beam.Map(lambda record: (record.uri, record)),
-                    "known": known,
-                }
-                | "MatchKnownKeys" >> beam.CoGroupByKey()
-                | "TrustUnchanged" >> beam.ParDo(TrustUnchangedFilesFn())
-            )
         keyed = records | "KeyContent" >> beam.ParDo(
-            KeyContentFn(self._fractions, self._max_file_bytes)
+            KeyContentFn(self._fractions, self._max_file_bytes, self._known_keys)
         ).with_outputs("errors", main="keyed")
         counts = keyed.keyed | "CountPerKey" >> beam.combiners.Count.PerKey()
         separated = _with_decisions(keyed.keyed, counts) | "SeparateSharedKeys" >> beam.ParDo(

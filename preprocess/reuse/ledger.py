@@ -21,6 +21,7 @@ An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "
 its content (and --max-pixels) stays. `read_entries` yields the images only.
 """
 
+import functools
 import json
 
 import apache_beam as beam
@@ -125,25 +126,14 @@ class ReadLedger(beam.PTransform):
         )
 
 
-def known_key(entry: dict):
-    """(uri, (size, mtime_ns, content key)) of an entry that recorded its file's stat, else nothing."""
-    if entry.get("mtime_ns") is not None and entry.get("size") is not None:
-        yield entry["uri"], (entry["size"], entry["mtime_ns"], entry["key"])
-
-
-class ReadKnownKeys(beam.PTransform):
-    """PBegin -> (uri, (size, mtime_ns, content key)) of every entry of the ledger files that recorded its
-    file's size and mtime: what the quick check compares a re-run's listing with (content.py)."""
-
-    def __init__(self, paths):
-        super().__init__()
-        self._paths = list(paths)
-
-    def expand(self, pbegin):
-        return (
-            pbegin
-            | "Files" >> beam.Create(self._paths)
-            | "Spread" >> beam.Reshuffle()
-            | "Entries" >> beam.FlatMap(read_all_entries)
-            | "Stats" >> beam.FlatMap(known_key)
-        )
+@functools.lru_cache(maxsize=1)
+def known_keys(paths: tuple[str, ...]) -> dict:
+    """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
+    and mtime: what the quick check compares a re-run's listing with (inputs/content.py). Read once per
+    process (a local run's inputs are on its disk: about 200 bytes a file)."""
+    known = {}
+    for path in paths:
+        for entry in read_all_entries(path):
+            if entry.get("mtime_ns") is not None and entry.get("size") is not None:
+                known[entry["uri"]] = (entry["size"], entry["mtime_ns"], entry["key"])
+    return known
