@@ -90,23 +90,12 @@ class KeyContentFn(beam.DoFn):
         return content_key(record.uri, size, md5, self._max_file_bytes)
 
     def process(self, record: InputRecord):
-        if self._known_keys and record.key is None:
-            record = trusted_key(record, known_keys(self._known_keys))
-            if record.key is not None:
-                self._trusted.inc()
-        if (
-            record.key is None
-            and record.md5 is None
-            and record.mtime_ns is None
-            and _is_local_path(record.uri)
-        ):
-            # A manifest's row: its mtime, taken before it is read, goes into the ledger (the quick check).
-            try:
-                stat = os.stat(record.uri)
-            except OSError:
-                pass  # _key says what is wrong with it
-            else:
-                record = dataclasses.replace(record, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+        if record.key is None and record.md5 is None and _is_local_path(record.uri):
+            record = with_mtime(record)
+            if self._known_keys:
+                record = trusted_key(record, known_keys(self._known_keys))
+                if record.key is not None:
+                    self._trusted.inc()
         keyed, error = _digest_or_error(self._key, record)
         if error is not None:
             self._progress_failed.inc()
@@ -143,6 +132,21 @@ def trustworthy_mtime(mtime_ns: int | None, now_ns: int | None = None) -> int | 
         return None
     now_ns = time.time_ns() if now_ns is None else now_ns
     return mtime_ns if mtime_ns < now_ns - RACY_MTIME_NS else None
+
+
+def with_mtime(record: InputRecord) -> InputRecord:
+    """A local file's record with its mtime (and, for a manifest's row, its size), taken before the file is
+    read: the ledger records them beside its key (the next re-run's quick check). A file that cannot be
+    stat'ed, or whose size is not the listing's any more, comes as it was (KeyContentFn says the rest)."""
+    if record.mtime_ns is not None:
+        return record
+    try:
+        stat = os.stat(record.uri)
+    except OSError:
+        return record
+    if record.size is not None and record.size != stat.st_size:
+        return record
+    return dataclasses.replace(record, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
 
 def trusted_key(record: InputRecord, known: dict) -> InputRecord:

@@ -179,12 +179,10 @@ def _sampled_boundaries(folder: str, split_above: int, target: int) -> set[str]:
     return {sample[index * len(sample) // target] for index in range(1, target)}
 
 
-def _file_item(
-    uri: str, name: str, label: str, size, md5: str | None = None, split: str | None = None, mtime_ns=None
-):
+def _file_item(uri: str, name: str, label: str, size, md5: str | None = None, split: str | None = None):
     """The InputRecord of an image file of a class, or the SkippedFile of any other file."""
     if is_image_name(name):
-        return InputRecord(uri=uri, label=label, split=split, size=size, md5=md5, mtime_ns=mtime_ns)
+        return InputRecord(uri=uri, label=label, split=split, size=size, md5=md5)
     return SkippedFile(uri, extension_of(name))
 
 
@@ -216,10 +214,10 @@ def _list_local_subtree(folder: str, label: str, split: str | None = None):
                 continue
             path = os.path.join(directory, name)
             try:
-                stat = os.stat(path)
+                size = os.stat(path).st_size
             except FileNotFoundError:
                 continue  # a dangling link, or a file gone since
-            yield _file_item(path, name, label, stat.st_size, split=split, mtime_ns=stat.st_mtime_ns)
+            yield _file_item(path, name, label, size, split=split)
 
 
 def list_range(listing_range: ListingRange):
@@ -257,17 +255,10 @@ def list_range(listing_range: ListingRange):
             if entry.is_dir():
                 continue  # a link to a folder: not followed, as os.walk does not
             try:
-                stat = entry.stat()  # through a link to a file: the file's
+                size = entry.stat().st_size  # through a link to a file: the file's
             except FileNotFoundError:
                 continue  # a dangling link, as Beam's local match skipped it; or a file gone since
-            yield _file_item(
-                os.path.join(folder, entry.name),
-                entry.name,
-                label,
-                stat.st_size,
-                split=split,
-                mtime_ns=stat.st_mtime_ns,
-            )
+            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size, split=split)
 
 
 def list_class_files(class_folder):
