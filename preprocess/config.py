@@ -227,6 +227,15 @@ class Stage1Config:
         "anyway).",
         DATASET,
     )
+    checksum: bool = setting(
+        False,
+        "Key every local input by its bytes (read in full for their MD5) on a re-run, as rsync --checksum "
+        "does. By default a re-run trusts the content key the published version recorded for a file whose "
+        "size and modification time are unchanged, and reads only the others (a file rewritten with the "
+        "same size and its mtime restored is then missed). GCS inputs are keyed by the MD5 their listing "
+        "gives either way; --rebuild implies it.",
+        DATASET,
+    )
     near_duplicates: str = setting(
         NEAR_DUPLICATES_KEEP,
         "Altered copies of one image (re-encoded, resized, brightened, ...), found by a perceptual "

@@ -53,9 +53,12 @@ class ErrorRecord:
     uri: str
     reason: str
     detail: str
+    # The input that failed (a content.UniqueInput), where a re-run may carry the failure over without
+    # decoding it again (preprocess/reuse/ledger.py); never in the error log.
+    input: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps({"uri": self.uri, "reason": self.reason, "detail": self.detail}, sort_keys=True)
 
 
 class TooManyFailuresError(ValueError):
@@ -67,8 +70,14 @@ class EmptyTrainSplitError(ValueError):
     has nothing to analyze, and nothing is published. The launcher tells the failures by reason."""
 
 
+class RebuildNeededError(ValueError):
+    """An incremental run found, after it had picked the previous shards to reference as they are, that they
+    no longer fit (near-duplicate grouping changed the label vocabulary): nothing is published, and the
+    message asks for --rebuild (preprocess/reuse/stage.py)."""
+
+
 # The errors of a run that are its inputs' fault, not the code's: the launcher says them without a traceback.
-INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError)
+INPUT_FAULTS = (TooManyFailuresError, EmptyTrainSplitError, RebuildNeededError)
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse import stage as reuse
-from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of
+from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of, failure_entry
 from preprocess.reuse.previous import ReusePlan, plan_reuse
 from preprocess.transform import (
     ToRecordBatches,
@@ -239,6 +239,8 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
       version references as it is, "referenced_shards": a singleton set of those shards (relative paths)
     - "moved": {uri, from, to} of published images a named split moved
     - "published": (sha256, split) of the published images decoded again
+    - "carried_sizes": (width, height) of the source image of each one carried over (the ledger's)
+    - "failed": the ErrorRecords of the inputs whose bytes failed in the published version, carried over
 
     Without a version to reuse (a first run, a full rebuild), everything is decoded and the rest is empty.
     """
@@ -246,11 +248,17 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     if not plan.incremental:
         empty = {
             name: pipeline | f"No{name.capitalize()}" >> beam.Create([])
-            for name in ("carried", "found", "moved", "published", "referenced")
+            for name in ("carried", "found", "moved", "published", "referenced", "failed")
         }
         nothing = pipeline | "NoReferencedShards" >> beam.Create([frozenset()])
-        return {"decode": unique, "decode_first": unique, "referenced_shards": nothing, **empty}
-    sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files)
+        return {
+            "decode": unique,
+            "decode_first": unique,
+            "referenced_shards": nothing,
+            "carried_sizes": pipeline | "NoCarriedSizes" >> beam.Create([]),
+            **empty,
+        }
+    sorted_ = unique | "Reuse" >> reuse.SortByPublished(plan.ledger_files, plan.carry_failures)
     carried = sorted_[reuse.CARRY]
     # The label vocabulary of the inputs, known before any decoding: a shard is referenced only if it is the
     # previous one (a record's label index is its class's place in it).
@@ -265,6 +273,16 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     )
     found = by_reference[1] | "FindCarried" >> reuse.FindCarriedRecords(plan.shard_paths(), intact)
     decode = (sorted_[reuse.DECODE], found["missing"]) | "ToDecode" >> beam.Flatten()
+    # The source sizes of the images carried over (not those sent back to decoding: they count as decoded).
+    carried_sizes = (
+        (
+            found["found"] | "FoundImages" >> beam.MapTuple(lambda carried, _: carried),
+            by_reference[0] | "ReferencedCarried" >> beam.MapTuple(lambda _, carried: carried),
+        )
+        | "CarriedForSizes" >> beam.Flatten()
+        | "CarriedSourceSizes"
+        >> beam.FlatMap(lambda carried: [carried.source_size] if carried.source_size else [])
+    )
     return {
         "decode": decode,
         "decode_first": sorted_[reuse.DECODE],
@@ -274,6 +292,8 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
         "referenced_shards": intact,
         "moved": sorted_[reuse.MOVED],
         "published": sorted_[reuse.PUBLISHED],
+        "failed": sorted_[reuse.FAILED],
+        "carried_sizes": carried_sizes,
     }
 
 
@@ -301,7 +321,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
     listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
-    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(args.split, args.max_file_bytes)
+    # A re-run trusts the content key the published version recorded for a local file of unchanged size and
+    # mtime (the quick check, inputs/content.py); --checksum (or a full rebuild) reads every one. A gs://
+    # input's listing gives the MD5 already: no check, and no shuffle of the listing for it.
+    local_input = not str(args.input).startswith("gs://")
+    known_keys = plan.ledger_files if local_input and not getattr(args, "checksum", False) else ()
+    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(
+        args.split, args.max_file_bytes, known_keys=known_keys
+    )
     unique = deduplicated["unique"]
     reused = reuse_published(unique, plan)
     audit = args.near_duplicates != NEAR_DUPLICATES_OFF
@@ -316,7 +343,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         listed.errors,
         # The inputs to decode (in an incremental run, not those carried over): what the decoding samples.
         reused["decode_first"],
-        (listed.errors, deduplicated["errors"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
+        (listed.errors, deduplicated["errors"], reused["failed"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
     )
     decoded = (
         reused["decode"]
@@ -338,10 +365,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             known=beam.pvalue.AsSingleton(known),
         ).with_outputs("errors", main="examples")
     )
-    error_collections = [listed.errors, deduplicated["errors"], decoded.errors]
+    error_collections = [listed.errors, deduplicated["errors"], decoded.errors, reused["failed"]]
+    # Decoded and carried over alike (the ledger keeps a carried image's source size), as a full rebuild counts.
     source_image_sizes = (
-        decoded.examples
-        | "SourceSizes" >> beam.Map(source_size)
+        (
+            decoded.examples | "SourceSizes" >> beam.Map(source_size),
+            reused["carried_sizes"],
+        )
+        | "AllSourceSizes" >> beam.Flatten()
         | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
     )
     if audit:
@@ -451,6 +482,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             )
             | "LedgerLines" >> beam.Map(entry_line)
         )
+    # The inputs whose bytes failed (decoded now, or carried over), for the next version to carry over.
+    failed_entries = all_errors | "FailedEntries" >> beam.FlatMap(failure_entry)
+    ledger_lines = (
+        ledger_lines,
+        failed_entries | "FailedLines" >> beam.Map(entry_bytes),
+    ) | "LedgerAndFailed" >> beam.Flatten()
     ledger = ledger_lines | "WriteLedger" >> WriteErrorLog(
         output_dir, run_id, prefix=LEDGER, count_key="num_images"
     )
@@ -470,6 +507,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
         carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
         referenced | "ReusedByReference" >> beam.Map(lambda _: outcomes.REUSED),
+        reused["failed"] | "ReusedFailed" >> beam.Map(lambda _: outcomes.REUSED),
     ]
     if dropped is not None:
         fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))

@@ -12,6 +12,7 @@ from preprocess.decode.image import load_image_and_source_size, load_image_with_
 from preprocess.inputs.content import UniqueInput
 from preprocess.inputs.reading import read_file_bytes
 from preprocess.launch.progress import ProgressCounter
+from preprocess.reuse.ledger import input_facts
 from preprocess.transform import image_moments
 
 
@@ -82,7 +83,9 @@ class DecodeImagesFn(beam.DoFn):
         except errors.ImageError as exc:
             self._count_failure(exc.reason)
             self._budget.record(exc.reason, known)
-            yield beam.pvalue.TaggedOutput("errors", errors.ErrorRecord(item.uri, exc.reason, exc.detail))
+            # With its input: a re-run carries a failure of the bytes over (preprocess/reuse/ledger.py).
+            error = errors.ErrorRecord(item.uri, exc.reason, exc.detail, input=item)
+            yield beam.pvalue.TaggedOutput("errors", error)
             return
         self._budget.record(None, known)
         self._decoded.inc()
@@ -99,6 +102,8 @@ class DecodeImagesFn(beam.DoFn):
             "split": item.split,
             "source_width": width,
             "source_height": height,
+            # Its file's size and mtime, its source size: what the ledger keeps beside the key (reuse/ledger.py).
+            "input": input_facts(item, (width, height)),
         }
         if self._signatures:
             example["signature"] = signature

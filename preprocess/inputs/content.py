@@ -2,6 +2,8 @@
 
 import dataclasses
 import heapq
+import os
+import time
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -11,6 +13,7 @@ from preprocess import errors
 from preprocess.inputs.listing import InputRecord
 from preprocess.inputs.reading import content_key, hash_file, size_and_md5, too_large_detail
 from preprocess.launch.progress import ProgressCounter
+from preprocess.reuse.ledger import known_keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,9 @@ class UniqueInput:
     split_given: bool = dataclasses.field(default=False, compare=False)
     # The content key (the MD5's, reading.content_key): what the previous version's ledger is keyed by.
     key: str | None = dataclasses.field(default=None, compare=False)
+    # The file's modification time (ns) when its key was taken (local files; None if too recent to trust):
+    # the version's ledger records it beside the key, for the next re-run's quick check.
+    mtime_ns: int | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, copy) -> "UniqueInput":
@@ -41,6 +47,7 @@ class UniqueInput:
             size=copy.size,
             split_given=copy.split_given,
             key=copy.key,
+            mtime_ns=copy.mtime_ns,
         )
 
 
@@ -60,15 +67,20 @@ class KeyContentFn(beam.DoFn):
     """InputRecord -> (content key, InputRecord with its split and size); empty, unreadable or too large
     files -> 'errors'. A record whose split the manifest does not name gets its key's."""
 
-    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
+        # The previous version's ledger files: their (uri -> size, mtime, key) map, loaded once per process.
+        self._known_keys = tuple(known_keys)
+        self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
         self._keyed = Metrics.counter("preprocess", "keyed")
         self._progress = ProgressCounter("hashed")
         self._progress_failed = ProgressCounter("failed")
 
     def _key(self, record: InputRecord):
         size, md5 = record.size, record.md5
+        if record.key is not None:
+            return record.key, size  # the previous version's, trusted by the quick check (trusted_key)
         if size is None:
             size, md5 = size_and_md5(record.uri)
         if self._max_file_bytes is not None and size > self._max_file_bytes:
@@ -78,6 +90,12 @@ class KeyContentFn(beam.DoFn):
         return content_key(record.uri, size, md5, self._max_file_bytes)
 
     def process(self, record: InputRecord):
+        if record.key is None and record.md5 is None and _is_local_path(record.uri):
+            record = with_mtime(record)
+            if self._known_keys:
+                record = trusted_key(record, known_keys(self._known_keys))
+                if record.key is not None:
+                    self._trusted.inc()
         keyed, error = _digest_or_error(self._key, record)
         if error is not None:
             self._progress_failed.inc()
@@ -89,11 +107,65 @@ class KeyContentFn(beam.DoFn):
         record = dataclasses.replace(
             record,
             size=size,
+            mtime_ns=trustworthy_mtime(record.mtime_ns),
             split=record.split or assign_split(key, self._fractions),
             split_given=bool(record.split),
             key=key,
         )
         yield key, record
+
+
+def _is_local_path(uri: str) -> bool:
+    """A path on this machine's disk (no scheme): the files whose mtime the quick check can trust."""
+    return "://" not in uri
+
+
+# A file modified this close to the listing may be modified again within its mtime's granularity (2 s on
+# FAT, 1 s on ext3 and HFS+) without its mtime changing: its mtime is not recorded, so the next re-run hashes
+# it (git's "racy clean" rule).
+RACY_MTIME_NS = 3_000_000_000
+
+
+def trustworthy_mtime(mtime_ns: int | None, now_ns: int | None = None) -> int | None:
+    """`mtime_ns` if it is old enough for a later stat of the same mtime to mean an unchanged file, else None."""
+    if mtime_ns is None:
+        return None
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return mtime_ns if mtime_ns < now_ns - RACY_MTIME_NS else None
+
+
+def with_mtime(record: InputRecord) -> InputRecord:
+    """A local file's record with its mtime (and, for a manifest's row, its size), taken before the file is
+    read: the ledger records them beside its key (the next re-run's quick check). A file that cannot be
+    stat'ed, or whose size is not the listing's any more, comes as it was (KeyContentFn says the rest)."""
+    if record.mtime_ns is not None:
+        return record
+    try:
+        stat = os.stat(record.uri)
+    except OSError:
+        return record
+    if record.size is not None and record.size != stat.st_size:
+        return record
+    return dataclasses.replace(record, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+def trusted_key(record: InputRecord, known: dict) -> InputRecord:
+    """`record` with the previous version's content key where its local file's size and mtime are those
+    recorded beside that key (rsync's and make's quick check: the file is then not read to be keyed); else
+    as it came, to be hashed. `known`: {uri: (size, mtime_ns, content key)} (ledger.known_keys)."""
+    recorded = known.get(record.uri)
+    if recorded is None or record.md5 is not None or not _is_local_path(record.uri):
+        return record
+    size, mtime_ns = record.size, record.mtime_ns
+    if mtime_ns is None:  # a manifest's row: the listing did not stat it
+        try:
+            stat = os.stat(record.uri)
+        except OSError:
+            return record  # KeyContentFn says what is wrong with it
+        size, mtime_ns = stat.st_size, stat.st_mtime_ns
+    if (size, mtime_ns) != tuple(recorded[:2]):
+        return record
+    return dataclasses.replace(record, size=size, mtime_ns=mtime_ns, key=recorded[2])
 
 
 class HashContentFn(beam.DoFn):
@@ -304,16 +376,20 @@ class DeduplicateByContent(beam.PTransform):
     """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring).
 
     `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
+    `known_keys`: the previous version's ledger files; a local file whose size and mtime are those recorded
+    there is keyed by the recorded key, without being read (trusted_key). Empty: every file is keyed from
+    its bytes (or GCS's MD5).
     """
 
-    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None):
+    def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         super().__init__()
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
+        self._known_keys = list(known_keys)
 
     def expand(self, records):
         keyed = records | "KeyContent" >> beam.ParDo(
-            KeyContentFn(self._fractions, self._max_file_bytes)
+            KeyContentFn(self._fractions, self._max_file_bytes, self._known_keys)
         ).with_outputs("errors", main="keyed")
         counts = keyed.keyed | "CountPerKey" >> beam.combiners.Count.PerKey()
         separated = _with_decisions(keyed.keyed, counts) | "SeparateSharedKeys" >> beam.ParDo(

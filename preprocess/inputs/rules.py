@@ -31,6 +31,9 @@ class InputRecord:
     split: str | None = None  # None: assigned from the content hash
     size: int | None = None  # bytes, where the listing gave it (None: a manifest's row)
     md5: str | None = None  # hex MD5 of the bytes, where GCS's listing gave it (reading.content_key)
+    # A local file's modification time (ns), taken when it is keyed (content.with_mtime): with `size`, the
+    # quick check a re-run trusts the previous version's content key on (content.trusted_key).
+    mtime_ns: int | None = dataclasses.field(default=None, compare=False)
     # Whether the manifest named `split` (content.KeyContentFn fills in the others): near-duplicate
     # grouping never moves such an image to another split (preprocess/near_duplicates/).
     split_given: bool = dataclasses.field(default=False, compare=False)

@@ -95,6 +95,8 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     text = f"{type(exc).__name__}: {exc}"
     if TooManyFailuresError.__name__ in text:
         return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
+    if errors.RebuildNeededError.__name__ in text:
+        return errors.RebuildNeededError(_fault_message(text, errors.RebuildNeededError.__name__))
     if EmptyTrainSplitError.__name__ not in text:
         return None
     counts, examples = failures_by_reason(output_dir, run_id)

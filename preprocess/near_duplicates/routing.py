@@ -40,7 +40,7 @@ ROWS_PER_BATCH = 32
 _BINARY_COLUMNS = ("image_raw", "moments")
 # The signature (an int of up to SIGNATURE_BITS) as decimal text: the version's ledger keeps it, so that a
 # re-run can group new images with the published ones it carries over (preprocess/reuse/).
-_STRING_COLUMNS = ("label", "sha256", "uri", "split", "key", "signature")
+_STRING_COLUMNS = ("label", "sha256", "uri", "split", "key", "signature", "input")
 PART_SCHEMA = pa.schema(
     [(name, pa.large_binary()) for name in _BINARY_COLUMNS]
     + [(name, pa.string()) for name in _STRING_COLUMNS]

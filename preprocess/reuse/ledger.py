@@ -3,24 +3,37 @@
     {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
      "signature": the perceptual signature (absent when the audit was off),
      "shard": the shard that holds its record, relative to the dataset directory (absent in ledgers
-              written before records were carried by reference, and for bfloat16/float32 versions)}
+              written before records were carried by reference, and for bfloat16/float32 versions),
+     "size", "mtime_ns": the local file's, when it was keyed (the next re-run's quick check; absent on GCS,
+              and for a file modified within seconds of its listing),
+     "source_size": [width, height] of the source image (the manifest's source_image_sizes count it)}
 
 `key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
 its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
 shards; `split` is the split the image was published in, which it keeps (splits never move);
 `moments` are its share of the statistics (transform.image_moments), exact, so that carried images
-count without their pixels; `shard` lets the next version reference a shard whose every record is
+count without their pixels (and `source_size` in the source sizes); `shard` lets the next version reference a shard whose every record is
 unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
 the manifest lists the files in `ledger_files`.
+
+An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
+"detail"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it again while
+its content (and --max-pixels) stays. `read_entries` yields the images only.
 """
 
+import functools
 import json
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from preprocess import errors
+
 LEDGER = "ledger"
+# Failures of the bytes themselves (not of the path, nor of a size that may have changed since): the same
+# content fails the same way under the same --max-pixels, so a re-run carries them over.
+CARRIED_FAILURES = (errors.NOT_AN_IMAGE, errors.TRUNCATED, errors.DECODE_ERROR, errors.TOO_MANY_PIXELS)
 
 
 def entry_of(example: dict) -> dict:
@@ -37,7 +50,20 @@ def entry_of(example: dict) -> dict:
         entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
     if example.get("shard"):
         entry["shard"] = example["shard"]
+    if example.get("input"):
+        entry.update(json.loads(example["input"]))
     return entry
+
+
+def input_facts(image, source_size=None) -> str:
+    """What the ledger keeps of an input beside its key (a UniqueInput's size and mtime, the source image's
+    size), as the example's `input` text: a text column crosses the near-duplicate spill as it is."""
+    facts = {}
+    if getattr(image, "mtime_ns", None) is not None and image.size is not None:
+        facts["size"], facts["mtime_ns"] = int(image.size), int(image.mtime_ns)
+    if source_size is not None:
+        facts["source_size"] = [int(side) for side in source_size]
+    return json.dumps(facts, sort_keys=True)
 
 
 def entry_bytes(entry: dict) -> bytes:
@@ -54,16 +80,37 @@ def moments_bytes(entry: dict) -> bytes:
     return np.asarray(entry["moments"], dtype="<f8").tobytes()
 
 
-def read_entries(path: str):
-    """Every entry of one ledger file."""
+def failure_entry(error) -> list[dict]:
+    """The ledger entry of a failed input that a re-run carries over (an errors.ErrorRecord with its input,
+    of a reason in CARRIED_FAILURES), else none."""
+    image = error.input
+    if image is None or image.key is None or error.reason not in CARRIED_FAILURES:
+        return []
+    entry = {"key": image.key, "uri": image.uri, "label": image.label}
+    entry["failed"] = {"reason": error.reason, "detail": error.detail}
+    entry.update(json.loads(input_facts(image)))
+    return [entry]
+
+
+def is_failure(entry: dict) -> bool:
+    return "failed" in entry
+
+
+def read_all_entries(path: str):
+    """Every entry of one ledger file, failures included."""
     with FileSystems.open(path) as handle:
         for line in handle.read().decode("utf-8").splitlines():
             if line:
                 yield json.loads(line)
 
 
+def read_entries(path: str):
+    """Every image entry of one ledger file (the images the version wrote)."""
+    return (entry for entry in read_all_entries(path) if not is_failure(entry))
+
+
 class ReadLedger(beam.PTransform):
-    """PBegin -> (content key, entry) of every image the ledger files list, read in parallel."""
+    """PBegin -> (content key, entry) of every image (and failure) the ledger files list, read in parallel."""
 
     def __init__(self, paths):
         super().__init__()
@@ -74,6 +121,19 @@ class ReadLedger(beam.PTransform):
             pbegin
             | "Files" >> beam.Create(self._paths)
             | "Spread" >> beam.Reshuffle()
-            | "Entries" >> beam.FlatMap(read_entries)
+            | "Entries" >> beam.FlatMap(read_all_entries)
             | "ByKey" >> beam.Map(lambda entry: (entry["key"], entry))
         )
+
+
+@functools.lru_cache(maxsize=1)
+def known_keys(paths: tuple[str, ...]) -> dict:
+    """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
+    and mtime: what the quick check compares a re-run's listing with (inputs/content.py). Read once per
+    process (a local run's inputs are on its disk: about 200 bytes a file)."""
+    known = {}
+    for path in paths:
+        for entry in read_all_entries(path):
+            if entry.get("mtime_ns") is not None and entry.get("size") is not None:
+                known[entry["uri"]] = (entry["size"], entry["mtime_ns"], entry["key"])
+    return known

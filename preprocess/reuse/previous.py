@@ -32,7 +32,7 @@ class ReusePlan:
 
     `built_from`: the run id of the version published when this run's graph was built (None: the
     first version). `full_rebuild`: why nothing is carried over (None: records of unchanged inputs are).
-    `ledger_files` are absolute paths; `shards` the previous manifest's shard entries, (split, {path
+    `ledger_files` are absolute paths (the images, and the inputs that failed); `shards` the previous manifest's shard entries, (split, {path
     relative to `output_dir`, num_examples, num_bytes, sha256}); `labels` the previous version's label
     vocabulary.
     """
@@ -43,6 +43,9 @@ class ReusePlan:
     shards: tuple[tuple[str, dict], ...] = ()
     labels: tuple[str, ...] = ()
     output_dir: str = ""
+    # Whether the inputs whose bytes failed in the previous version are carried over as failed: the setting
+    # that decides such a failure (--max-pixels) is the one it was written with.
+    carry_failures: bool = False
 
     def shard_paths(self) -> list[tuple[str, str]]:
         """(relative path, full path) of every previous shard."""
@@ -146,4 +149,5 @@ def plan_reuse(output_dir: str, config: dict, rebuild: bool, template: bool = Fa
         ),
         labels=tuple(manifest["labels"]),
         output_dir=output_dir,
+        carry_failures=manifest["image"].get("max_pixels") == config.get("max_pixels"),
     )

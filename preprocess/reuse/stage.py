@@ -6,6 +6,7 @@ unchanged, else copied from them.
         unchanged (same content, same label) -> carry   (never read nor decoded)
         new, relabelled                      -> decode  (a published one keeps its split)
         a published image a named split moves -> moved  (counted and named by the summary)
+        failed in the previous version (its bytes) -> failed (the same error record; never read)
     carry, counted per previous shard (the ledger's `shard`) -> IntactShards: the shards whose every record
         is carried as it was (same split, URI, label index): referenced by the new manifest, never opened
     the other carried (sha256) + the records of the other previous shards (sha256) -> FindRecordFn:
@@ -21,10 +22,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dataset_contract import features
-from preprocess.reuse.ledger import ReadLedger, entry_of, moments_bytes
+from preprocess import errors
+from preprocess.reuse.ledger import ReadLedger, entry_of, input_facts, is_failure, moments_bytes
 from preprocess.write.encode import label_not_in_train
 
-DECODE, CARRY, MOVED, PUBLISHED = "decode", "carry", "moved", "published"
+DECODE, CARRY, MOVED, PUBLISHED, FAILED = "decode", "carry", "moved", "published", "failed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,12 @@ class CarriedImage:
             return None
         return self.entry.get("shard")
 
+    @property
+    def source_size(self):
+        """(width, height) of its source image, as the ledger kept it (None in ledgers from before)."""
+        size = self.entry.get("source_size")
+        return None if size is None else tuple(size)
+
     def example(self) -> dict:
         """What the rest of the job needs of it: the statistics' moments, the ledger's fields; no pixels."""
         example = {
@@ -53,6 +61,8 @@ class CarriedImage:
             "uri": self.image.uri,
             "label": self.image.label,
             "split": self.image.split,
+            # Its file's size and mtime now (this run keyed it), its source size as the ledger had it.
+            "input": input_facts(self.image, self.entry.get("source_size")),
         }
         if self.entry.get("signature") is not None:
             example["signature"] = self.entry["signature"]
@@ -81,10 +91,14 @@ class CarriedImage:
 class SortByPublishedFn(beam.DoFn):
     """(content key, {"inputs": [UniqueInput], "published": [entry]}) -> DECODE (main): UniqueInputs to decode;
     CARRY: (sha256, CarriedImage); MOVED: {uri, from, to}; PUBLISHED: (sha256, split) of every published image
-    that is decoded again (near-duplicate grouping holds it in its split)."""
+    that is decoded again (near-duplicate grouping holds it in its split); FAILED: the ErrorRecord of an input
+    whose bytes failed in the previous version, carried over (with `carry_failures`: the settings that decide
+    such a failure are the previous version's) instead of decoded again."""
 
-    def __init__(self):
+    def __init__(self, carry_failures: bool = True):
+        self._carry_failures = carry_failures
         self._carried = Metrics.counter("preprocess", "carried_over")
+        self._failures = Metrics.counter("preprocess", "failures_carried_over")
 
     def process(self, element):
         _, grouped = element
@@ -96,6 +110,16 @@ class SortByPublishedFn(beam.DoFn):
             yield from inputs
             return
         image, entry = inputs[0], published[0]
+        if is_failure(entry):
+            if not self._carry_failures:
+                yield image
+                return
+            self._failures.inc()
+            failed = entry["failed"]
+            yield beam.pvalue.TaggedOutput(
+                FAILED, errors.ErrorRecord(image.uri, failed["reason"], failed["detail"], input=image)
+            )
+            return
         split = image.split if image.split_given else entry["split"]
         if split != entry["split"]:
             # A split the input names wins, even over the published one; the summary says so.
@@ -113,9 +137,10 @@ class SortByPublishedFn(beam.DoFn):
 class SortByPublished(beam.PTransform):
     """UniqueInputs -> {DECODE, CARRY, MOVED, PUBLISHED} (SortByPublishedFn) against the ledger files given."""
 
-    def __init__(self, ledger_files):
+    def __init__(self, ledger_files, carry_failures: bool = True):
         super().__init__()
         self._ledger_files = list(ledger_files)
+        self._carry_failures = carry_failures
 
     def expand(self, unique):
         ledger = unique.pipeline | "ReadLedger" >> ReadLedger(self._ledger_files)
@@ -123,9 +148,12 @@ class SortByPublished(beam.PTransform):
         sorted_ = (
             {"inputs": keyed, "published": ledger}
             | "Match" >> beam.CoGroupByKey()
-            | "Sort" >> beam.ParDo(SortByPublishedFn()).with_outputs(CARRY, MOVED, PUBLISHED, main=DECODE)
+            | "Sort"
+            >> beam.ParDo(SortByPublishedFn(self._carry_failures)).with_outputs(
+                CARRY, MOVED, PUBLISHED, FAILED, main=DECODE
+            )
         )
-        return {name: sorted_[name] for name in (DECODE, CARRY, MOVED, PUBLISHED)}
+        return {name: sorted_[name] for name in (DECODE, CARRY, MOVED, PUBLISHED, FAILED)}
 
 
 def shard_records(path: str):
@@ -278,9 +306,9 @@ def referenced_shard_entries(referenced, shards, labels, labels_before):
     duplicate grouping may still take every train image of a class away): if it is not the previous one,
     the referenced records' label indexes would be wrong, and the run stops rather than publish them."""
     if referenced and list(labels) != list(labels_before):
-        raise ValueError(
+        raise errors.RebuildNeededError(
             f"the label vocabulary changed after {len(referenced)} shards of the previous version were "
             f"referenced as they are (now {list(labels)}, before {list(labels_before)}); nothing was published. "
-            "Run again with --rebuild"
+            "Run again with --rebuild (the published dataset is unchanged)"
         )
     return [{"split": split, **entry} for split, entry in shards if entry["path"] in referenced]

@@ -26,6 +26,7 @@ def _example(index: int, split: str = "train", label: str = "cat") -> dict:
         "signature": index,
         "num_bytes": 1000 + index,
         "split_given": False,
+        "input": "{}",
     }
 
 

@@ -3,11 +3,12 @@ in its manifest as it is, in the earlier run's directory, and rewrites only the 
 collection keeps a run while a kept version references its files. Three real Beam runs of a tiny corpus
 (several shards a split): version 1, version 2 with one image added, version 3 with one image relabelled."""
 
-import csv
 import datetime
 import json
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -17,19 +18,13 @@ from preprocess.publish import commit as publish
 from preprocess.publish import gc
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import new_run_id
+from tests.preprocess.reuse.manifest_rows import corpus_rows, write_manifest
 from tests.stage1 import read_split, run_stage1, write_corpus
 
 IMAGE_SIZE = 16
 # Retention 0: a superseded version is not kept for its readers, so only the references keep its run.
 ARGS = ("--near-duplicates", "off", "--retention-days", "0")
 SPLITS = ("train", "validation", "test")
-
-
-def _write_rows(path, rows):
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["uri", "label", "split"])
-        writer.writerows(rows)
 
 
 def _shards(manifest) -> dict:
@@ -55,20 +50,15 @@ def versions(tmp_path_factory):
     base = tmp_path_factory.mktemp("by-reference")
     corpus, output = base / "corpus", base / "dataset"
     write_corpus(corpus, images_per_class=8, include_broken=False)
-    rows = sorted(
-        [os.path.join(folder, name), os.path.basename(folder), ""]
-        for folder, _, names in os.walk(corpus)
-        for name in names
-        if name.endswith(".png")
-    )
+    rows = corpus_rows(corpus)
     # Left out of version 1: an image of the class with most images (its class is in version 1 too, so the
     # label vocabulary stays: a new class would move label indexes, and every record would be copied).
     labels = [label for _, label, _ in rows]
     added = next(row for row in rows if row[1] == max(labels, key=labels.count))
-    _write_rows(base / "v1.csv", [row for row in rows if row is not added])
+    write_manifest(base / "v1.csv", [row for row in rows if row is not added])
     first = run_stage1(base / "v1.csv", output, *ARGS, image_size=IMAGE_SIZE, encoding="uint8", min_shards=3)
     # Version 2: one image more (the one left out).
-    _write_rows(base / "v2.csv", rows)
+    write_manifest(base / "v2.csv", rows)
     second = run_stage1(base / "v2.csv", output, *ARGS, image_size=IMAGE_SIZE, encoding="uint8", min_shards=3)
     # Version 3: a train image of version 1 relabelled (another class that has train images).
     ledger = _ledger(output, second)
@@ -83,7 +73,7 @@ def versions(tmp_path_factory):
     old_label = ledger[relabelled]["label"]
     new_label = next(label for label in train_labels if label != old_label)
     rows3 = [[uri, new_label if uri == relabelled else label, split] for uri, label, split in rows]
-    _write_rows(base / "v3.csv", rows3)
+    write_manifest(base / "v3.csv", rows3)
     third = run_stage1(base / "v3.csv", output, *ARGS, image_size=IMAGE_SIZE, encoding="uint8", min_shards=3)
     return {
         "output": output,
@@ -151,15 +141,21 @@ def test_verify_and_the_stage_2_loader_read_a_version_that_references_earlier_ru
         assert count == third["splits"][split]["num_examples"], split
 
 
-def _whole_copy(output, manifest) -> dict:
+def _whole_copy(output, manifest, own_only=False) -> dict:
     """A new version holding every file `manifest` names in a run directory of its own (as a full rebuild
-    would): it references no other run."""
+    would): it references no other run. `own_only`: only the files of the manifest's own run are copied, the
+    other runs' stay referenced (as an incremental version would)."""
     run_id = new_run_id()
+    own = manifest["run"]["dir"] + "/"
 
     def moved(path):
+        if own_only and not path.startswith(own):
+            return path
         return manifest_lib.join(manifest_lib.run_dir(run_id), path.split("/", 2)[2])
 
     for path in publish.named_files(manifest):
+        if moved(path) == path:
+            continue
         source, destination = output / path, output / moved(path)
         destination.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if source.is_dir() else shutil.copyfile)(source, destination)
@@ -205,3 +201,57 @@ def test_gc_keeps_every_run_a_kept_version_references_and_removes_it_once_none_d
     report = gc.collect_garbage(str(output))
     assert sorted(report.removed_runs) == sorted(runs)
     assert publish.missing_run_files(str(output), fourth_id, whole) == []
+
+
+def test_the_ledger_records_each_files_size_and_mtime_beside_its_key(versions):
+    """What the next re-run's quick check compares (tests/preprocess/reuse/test_quick_check.py): every entry of
+    version 3 (its files were written long enough before it was listed) and its source size."""
+    output, third = versions["output"], versions["manifests"][2]
+    ledger = _ledger(output, third)
+    assert len(ledger) == third["inputs"]["num_written"]
+    for uri, entry in ledger.items():
+        stat = os.stat(uri)
+        assert (entry["size"], entry["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns), uri
+        assert len(entry["source_size"]) == 2 and min(entry["source_size"]) > 0
+
+
+def test_gc_racing_a_publish_that_references_earlier_runs_leaves_them_whole(versions, tmp_path, monkeypatch):
+    """A run that started after the published one references earlier runs' shards; while its publish step is
+    between its checks and its commit, garbage collection runs with a head that references none of them (a
+    full rebuild that started before it, with no retention): the referenced runs must survive."""
+    from preprocess.publish import protocol  # noqa: PLC0415
+
+    output = tmp_path / "dataset"
+    shutil.copytree(versions["output"], output)
+    third = versions["manifests"][2]
+    runs = [manifest["run"]["id"] for manifest in versions["manifests"]]
+    rebuild = _whole_copy(output, third)  # started first
+    later = _whole_copy(output, third, own_only=True)  # started after it: references runs 1 and 2
+    assert protocol.referenced_runs(later) == runs[:2] and later["run"]["id"] > rebuild["run"]["id"]
+    publish.publish_run(str(output), rebuild["run"]["id"], rebuild, retention_days=0, gc_budget=0)
+    flag = tmp_path / "paused"
+    monkeypatch.setenv(protocol.PAUSE_ENV, f"before-switch:{flag}")
+    published = {}
+    thread = threading.Thread(
+        target=lambda: published.update(
+            publish.publish_run(str(output), later["run"]["id"], later, retention_days=0, gc_budget=0)
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the publish step never reached its commit"
+        report = gc.collect_garbage(str(output))
+    finally:
+        flag.unlink(missing_ok=True)
+        thread.join(60)
+    assert all((output / "runs" / run).is_dir() for run in runs[:2]), report.removed_runs
+    assert published["run"]["id"] == later["run"]["id"]
+    assert publish.missing_run_files(str(output), later["run"]["id"], later) == []
+    # Once it is published, the head keeps the runs it references; the others go.
+    monkeypatch.delenv(protocol.PAUSE_ENV)
+    report = gc.collect_garbage(str(output))
+    assert sorted(report.removed_runs) == sorted([runs[2], rebuild["run"]["id"]])
+    assert publish.missing_run_files(str(output), later["run"]["id"], later) == []

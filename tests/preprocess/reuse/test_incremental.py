@@ -23,19 +23,13 @@ from dataset_contract import manifest as manifest_lib
 from preprocess.config import DEFAULT_SPLIT, parse_split_fractions
 from preprocess.inputs.content import assign_split
 from preprocess.inputs.reading import key_of_md5
+from tests.preprocess.reuse.manifest_rows import corpus_rows, write_manifest
 from tests.stage1 import read_manifest, read_split, run_stage1, write_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_SIZE = 24
 SPLITS = ("train", "validation", "test")
 MAX_MOVED = ("--near-duplicate-max-moved", "0.5")
-
-
-def _write_manifest(path, rows):
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["uri", "label", "split"])
-        writer.writerows(rows)
 
 
 def _content_split(path) -> str:
@@ -82,13 +76,8 @@ def versions(tmp_path_factory):
     corpus, output, new = base / "corpus", base / "dataset", base / "new"
     write_corpus(corpus, images_per_class=6, include_broken=False)
     new.mkdir()
-    rows = sorted(
-        [os.path.join(folder, name), os.path.basename(folder), ""]
-        for folder, _, names in os.walk(corpus)
-        for name in names
-        if name.endswith(".png")
-    )
-    _write_manifest(base / "v1.csv", rows)
+    rows = corpus_rows(corpus)
+    write_manifest(base / "v1.csv", rows)
     # One move in a dozen images is past the audit's default guard (5% of the images).
     first = run_stage1(base / "v1.csv", output, *MAX_MOVED, image_size=IMAGE_SIZE, encoding="uint8")
     v1 = _records(output, first)
@@ -125,7 +114,7 @@ def versions(tmp_path_factory):
     exact_copy = str(new / "exact-copy.png")
     shutil.copyfile(original, exact_copy)
     rows += [[exact_copy, label, ""], [altered_copy, label, ""]]
-    _write_manifest(base / "v2.csv", rows)
+    write_manifest(base / "v2.csv", rows)
     second = run_stage1(base / "v2.csv", output, *MAX_MOVED, image_size=IMAGE_SIZE, encoding="uint8")
     changes = {
         "removed": removed,
@@ -282,6 +271,17 @@ def test_a_change_of_image_size_is_a_full_rebuild_said_in_one_line(versions, cap
     assert manifest["run"]["built_from"] == second["run"]["id"]
 
 
+def test_source_image_sizes_count_the_carried_images_as_a_full_rebuild_does(versions):
+    """Runs after the --image-size change above: a full rebuild of version 2's inputs (the source sizes do
+    not depend on the stored size)."""
+    _, second, _, output = versions
+    rebuilt = read_manifest(output)
+    assert rebuilt["run"]["built_from"] == second["run"]["id"] and rebuilt["inputs"]["num_reused"] == 0
+    assert second["inputs"]["num_reused"] > 0
+    assert second["source_image_sizes"] == rebuilt["source_image_sizes"]
+    assert second["source_image_sizes"]["count"] == second["inputs"]["num_written"]
+
+
 def test_kill_9_during_an_incremental_run_leaves_the_previous_version_whole(versions, tmp_path, capsys):
     """Runs after the --image-size change above: its version is the previous one here."""
     from preprocess import verify as verify_cli  # noqa: PLC0415
@@ -389,13 +389,8 @@ def drop_versions(tmp_path_factory):
     base = tmp_path_factory.mktemp("incremental-drop")
     corpus, output = base / "corpus", base / "dataset"
     write_corpus(corpus, images_per_class=4, include_broken=False)
-    rows = sorted(
-        [os.path.join(folder, name), os.path.basename(folder), ""]
-        for folder, _, names in os.walk(corpus)
-        for name in names
-        if name.endswith(".png")
-    )
-    _write_manifest(base / "v1.csv", rows)
+    rows = corpus_rows(corpus)
+    write_manifest(base / "v1.csv", rows)
     drop = ("--near-duplicates", "drop", *MAX_MOVED)
     first = run_stage1(base / "v1.csv", output, *drop, image_size=IMAGE_SIZE, encoding="uint8")
     v1 = _records(output, first)
@@ -403,7 +398,7 @@ def drop_versions(tmp_path_factory):
         [uri for uri, row in sorted(v1.items()) if row["split"] == "train"], str(base / "altered-copy.jpg")
     )
     rows = [row for row in rows if row[0] in v1] + [[altered_copy, v1[original]["class_name"], ""]]
-    _write_manifest(base / "v2.csv", rows)
+    write_manifest(base / "v2.csv", rows)
     second = run_stage1(base / "v2.csv", output, *drop, image_size=IMAGE_SIZE, encoding="uint8")
     return first, second, original, altered_copy, output
 
