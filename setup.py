@@ -62,6 +62,8 @@ setuptools.setup(
             "pipelines.*",
         ]
     ),
+    # Files the code reads at run time (importlib.resources), shipped in the wheel and the sdist.
+    package_data={"preprocess.inspect.report": ["report.css"]},
     # What every machine kind needs besides TensorFlow (which comes from the extra):
     # dataset_contract's record checks (crc32c), train's plots (matplotlib).
     install_requires=[

@@ -53,6 +53,18 @@ def did_you_mean(word: str, candidates) -> str:
     return f" (did you mean {by_normal[close[0]]}?)" if close else ""
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv` (`--flag VALUE` or `--flag=VALUE`), or None; given twice, the last, as
+    argparse takes it."""
+    value = None
+    for index, word in enumerate(argv):
+        if word == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif word.startswith(f"{flag}="):
+            value = word.split("=", 1)[1]
+    return value
+
+
 def unknown_words(words: list[str]) -> list[str]:
     """The words argparse left over, as a user typed them: flags (without '=value'), and stray values.
 

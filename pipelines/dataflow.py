@@ -364,7 +364,7 @@ def _write(uri: str, data: bytes) -> None:
         handle.write(data)
 
 
-def train_on_this_tpu_vm(args, paths: WorkflowPaths, spec: dict, run=subprocess.run):
+def train_on_this_tpu_vm(spec: dict, run=subprocess.run):
     """Start training on this single-host TPU VM under the supervisor, detached, in the [tpu] (or JAX's
     [tpu-jax]) venv the launcher makes (pipelines/tpu/interpreter.py)."""
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
@@ -479,7 +479,7 @@ def main(argv=None) -> int:
 
     def launch_training(manifest):
         if args.tpu == "local":
-            return train_on_this_tpu_vm(args, paths, spec)
+            return train_on_this_tpu_vm(spec)
         build_package(package_uri(args))
         spec_uri = spec_location(args)
         _write(spec_uri, json.dumps(spec, indent=2).encode("utf-8"))

@@ -4,7 +4,7 @@ import argparse
 import dataclasses
 import difflib
 
-from dataset_contract.cli_help import CommandParser, group_flags
+from dataset_contract.cli_help import CommandParser, flag_value, group_flags
 from preprocess.config import Stage1Config
 
 PROG = "python -m preprocess"
@@ -92,12 +92,7 @@ def unknown_flags(beam_args: list[str], known: list[str]) -> list[str]:
 def runner_problem(beam_args: list[str]) -> str | None:
     """What is wrong with the --runner value among `beam_args` (a runner Beam does not know, resolved as
     Beam resolves it); None when it is fine or not given."""
-    value = None
-    for index, word in enumerate(beam_args):
-        if word == "--runner" and index + 1 < len(beam_args):
-            value = beam_args[index + 1]
-        elif word.startswith("--runner="):
-            value = word.split("=", 1)[1]
+    value = flag_value(beam_args, "--runner")
     if value is None or "." in value:
         return None
     from apache_beam.options.pipeline_options import StandardOptions  # noqa: PLC0415

@@ -3,7 +3,7 @@ exit 2, and names the flag a typo meant."""
 
 import pytest
 
-from dataset_contract.cli_help import CommandParser
+from dataset_contract.cli_help import CommandParser, flag_value
 
 
 def _parser():
@@ -53,3 +53,11 @@ def test_help_shows_defaults_but_not_on_a_required_flag():
 def test_parse_known_args_leaves_other_parsers_flags_for_them():
     args, rest = _parser().parse_known_args(["--data", "d", "--runner", "DirectRunner"])
     assert args.data == "d" and rest == ["--runner", "DirectRunner"]
+
+
+def test_flag_value_reads_both_spellings_and_takes_the_last_as_argparse_does():
+    parsed = _parser().parse_args(["--data", "a", "--data=b"])
+    assert flag_value(["--data", "a", "--data=b"], "--data") == parsed.data == "b"
+    assert flag_value(["--data=a", "--epochs", "3"], "--data") == "a"
+    assert flag_value(["--data"], "--data") is None  # no value after it: argparse refuses it, not this
+    assert flag_value(["--database", "x"], "--data") is None

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+from dataset_contract.cli_help import flag_value
 from pipelines.tpu import lifecycle as tpu_lifecycle
 from pipelines.tpu import runtime as tpu_runtime
 from train import install_lines
@@ -120,16 +121,6 @@ def training_environment(multi_host: bool, backend: str = TENSORFLOW) -> list[tu
         ("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true"),
         ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", f'"$(python3 -c {shlex.quote(_LIBTPU_PATH_PYTHON)})"'),
     ]
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of `flag` in `argv` (`--flag VALUE` or `--flag=VALUE`), or None."""
-    for index, word in enumerate(argv):
-        if word == flag and index + 1 < len(argv):
-            return argv[index + 1]
-        if word.startswith(f"{flag}="):
-            return word.split("=", 1)[1]
-    return None
 
 
 def supervisor_tpu_argv(

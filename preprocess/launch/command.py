@@ -53,14 +53,14 @@ def main(argv=None) -> None:
 def _run_and_report(config, beam_args: list[str]) -> None:
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-    from preprocess.launch import fault_logs, logs, progress  # noqa: PLC0415
+    from preprocess.launch import logs, progress  # noqa: PLC0415
 
     local = progress.runs_locally(PipelineOptions(beam_args))
     # Before TensorFlow is imported (the pipeline, the summary): it reads its C++ log level once. Quiet
     # only a local run: on Dataflow, Beam's INFO lines (the job's link, its states) are the progress.
     logs.configure_launcher(config.verbose, local=local)
     if not config.verbose:
-        fault_logs.quiet_input_faults()
+        logs.quiet_input_faults()
     if local:
         # TensorFlow's native start-up lines would precede the progress: loaded once here, filtered.
         native_logs.import_tensorflow_quietly(config.verbose)
@@ -89,7 +89,7 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         print(f"preprocess: {exc}")
         return
     except INPUT_FAULTS as exc:
-        # The input's fault, not the code's: no traceback (the runner's own is quieted: fault_logs.py).
+        # The input's fault, not the code's: no traceback (the runner's own is quieted: launch/logs.py).
         if config.verbose:
             raise
         print(f"preprocess: {exc}", file=sys.stderr)

@@ -21,18 +21,20 @@ import traceback  # noqa: E402
 from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
 
 from dataset_contract import native_logs  # noqa: E402
-from preprocess.launch import fault_logs, logs  # noqa: E402
+from preprocess.launch import logs  # noqa: E402
 from preprocess.launch.process_exit import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:
     logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
-    fault_logs.quiet_worker_stderr()
+    logs.quiet_worker_stderr()
     code = 0
-    # Quiet as the launcher is (fault_logs.ENV_VAR: not --verbose): this worker's stderr is the terminal,
+    # Quiet as the launcher is (logs.QUIET_INPUT_FAULTS_ENV_VAR: not --verbose): this worker's stderr is the terminal,
     # and TensorFlow, when a stage first needs it, prints its native start-up lines there (native_logs.py).
     try:
-        with native_logs.filtered_native_stderr(enabled=bool(os.environ.get(fault_logs.ENV_VAR))):
+        with native_logs.filtered_native_stderr(
+            enabled=bool(os.environ.get(logs.QUIET_INPUT_FAULTS_ENV_VAR))
+        ):
             sdk_worker_main.main(sys.argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

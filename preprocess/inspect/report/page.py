@@ -2,6 +2,7 @@
 
 import datetime
 import posixpath
+from importlib import resources
 
 from preprocess.inspect import diff
 from preprocess.inspect.report import figures, near_duplicate_groups
@@ -17,77 +18,6 @@ SECTION_TITLES = {
     "groups": "Near-duplicate groups",
     "changes": "Changes between versions",
 }
-
-_CSS = """
-:root { --ink: #1d2330; --muted: #5b6474; --line: #dde2ea; --card: #fff; --bg: #f3f5f8;
-        --train: #3b6fd8; --validation: #e08a1e; --test: #2e9e5b; --other: #7a62c9; --bad: #c2352b; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
-       color: var(--ink); background: var(--bg); }
-header { background: #1f2a3d; color: #fff; padding: 18px 28px; }
-header h1 { margin: 0 0 4px; font-size: 22px; }
-header p { margin: 2px 0; color: #c9d3e3; overflow-wrap: anywhere; }
-nav { padding: 8px 28px; background: #e7ebf1; border-bottom: 1px solid var(--line); }
-nav a { margin-right: 16px; color: #2b4f9a; text-decoration: none; }
-main { padding: 16px 28px 40px; max-width: 1400px; }
-section { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px;
-          margin: 0 0 18px; }
-h2 { margin: 0 0 10px; font-size: 18px; }
-h3 { margin: 14px 0 6px; font-size: 15px; }
-.facts { display: flex; flex-wrap: wrap; gap: 10px; margin: 0; padding: 0; list-style: none; }
-.facts li { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; }
-.facts b { font-size: 18px; display: block; }
-.note { color: var(--muted); margin: 6px 0; }
-.missing { color: var(--muted); font-style: italic; }
-.warning { color: #a33; font-weight: 600; margin: 6px 0; }
-table { border-collapse: collapse; }
-table.bars th, table.bars td { padding: 3px 8px; border-bottom: 1px solid #eef1f5; text-align: left;
-                               vertical-align: middle; white-space: nowrap; }
-table.bars th[scope=row] { font-weight: 500; max-width: 320px; overflow: hidden; text-overflow: ellipsis; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.barcell { width: 260px; min-width: 120px; }
-table.per-class td.barcell { width: 180px; }
-.bar { display: block; height: 12px; background: #edf0f5; border-radius: 3px; overflow: hidden; }
-.bar > span { display: block; height: 100%; background: var(--other); }
-.bar.split-train > span { background: var(--train); }
-.bar.split-validation > span { background: var(--validation); }
-.bar.split-test > span { background: var(--test); }
-.bar.failures > span { background: var(--bad); }
-.bar.sizes > span { background: #4b8fb3; }
-.bar.within > span { background: var(--bad); }
-.bar.beyond > span { background: #9aa6b8; }
-tr.threshold th, tr.threshold td { border-bottom: 2px solid var(--bad); }
-.label-id { color: var(--muted); font-variant-numeric: tabular-nums; }
-.examples { margin: 2px 0 10px 0; padding-left: 18px; }
-.examples li { margin: 2px 0; }
-.uri { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; overflow-wrap: anywhere; }
-.detail { color: var(--muted); display: block; overflow-wrap: anywhere; }
-.sheet-row { display: flex; align-items: flex-start; gap: 12px; padding: 8px 0; border-bottom: 1px solid #eef1f5; }
-.sheet-label { width: 180px; flex: none; overflow-wrap: anywhere; }
-.sheet-label small { color: var(--muted); display: block; }
-.thumbs { display: flex; flex-wrap: wrap; gap: 6px; }
-.thumbs img { width: 96px; height: 96px; object-fit: contain; background: #eef0f4; border: 1px solid var(--line);
-              border-radius: 3px; image-rendering: pixelated; }
-.group-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(330px, 1fr)); gap: 10px;
-              margin: 10px 0; }
-.group { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; }
-.group.label-error { border-color: var(--bad); box-shadow: inset 4px 0 0 var(--bad); }
-.group-head { margin-bottom: 6px; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; margin-left: 6px;
-         background: #e7ebf1; }
-.badge.bad { background: var(--bad); color: #fff; }
-.members { display: flex; flex-wrap: wrap; gap: 8px; }
-figure { margin: 0; width: 96px; }
-figure img, .placeholder { width: 96px; height: 96px; object-fit: contain; background: #eef0f4;
-                           border: 1px solid var(--line); border-radius: 4px; display: block; }
-.placeholder { background: #f7e9e8; color: var(--bad); font-size: 11px; line-height: 1.3; padding: 8px;
-               overflow: hidden; overflow-wrap: anywhere; }
-figcaption { font-size: 12px; margin-top: 3px; }
-figcaption .name { display: block; overflow-wrap: anywhere; }
-figcaption .uri { display: block; color: var(--muted); font-size: 11px; max-height: 2.8em; overflow: hidden; }
-.dropped { opacity: 0.55; }
-footer { color: var(--muted); padding: 0 28px 24px; }
-"""
 
 
 def _section(key: str, body: str) -> str:
@@ -402,6 +332,8 @@ def render(data) -> str:
     ]
     nav = "".join(f'<a href="#{key}">{escape(SECTION_TITLES[key])}</a>' for key in shown)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    # A file of this package: setup.py's package_data puts it in the wheel and the sdist.
+    css = resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
     body = "".join(
         [
             _overview(data),
@@ -417,7 +349,7 @@ def render(data) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Dataset report: {escape(data.data_dir)}</title><style>{_CSS}</style></head><body>"
+        f"<title>Dataset report: {escape(data.data_dir)}</title><style>{css}</style></head><body>"
         f"{_header(data)}<nav>{nav}</nav><main>{body}</main>"
         f"<footer>Written {escape(now)} by python -m preprocess.inspect --report.</footer></body></html>\n"
     )

@@ -17,7 +17,6 @@ import pytest
 from pipelines import dataflow
 from pipelines.tpu import interpreter as tpu_interpreter
 from pipelines.tpu import launch as tpu_launch
-from pipelines.workflow import WorkflowPaths
 from train import install_lines
 from train.tools import supervisor
 
@@ -61,23 +60,9 @@ def test_the_venv_is_made_and_the_sdist_installed_with_its_tpu_extra_once_per_pa
 def test_the_on_vm_mode_starts_the_supervisor_and_training_on_the_venv_python(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", REPO)  # the venv has no packages here: the recorded install put none
-    args = dataflow.build_parser().parse_args(
-        [
-            "--input",
-            "gs://b/raw",
-            "--workdir",
-            "gs://b/run",
-            "--project",
-            "p",
-            "--region",
-            "r",
-            "--tpu",
-            "local",
-        ]
-    )
     spec = {"train_args": ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"]}
     installer = Installer()
-    pid = dataflow.train_on_this_tpu_vm(args, WorkflowPaths(args.workdir), spec, run=installer)
+    pid = dataflow.train_on_this_tpu_vm(spec, run=installer)
     python = tpu_interpreter.venv_python(str(tmp_path / tpu_launch.RUN_DIR))
     # The real sdist of this checkout went into the venv with its [tpu] extra.
     (install,) = [command for command in installer.commands if "pip" in command]

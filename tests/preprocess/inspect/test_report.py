@@ -15,6 +15,10 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -432,3 +436,32 @@ def test_many_classes_show_the_smallest_and_the_largest():
     assert shown == labels[:30] + labels[70:]
     assert note == "100 classes: showing the 30 smallest and the 30 largest (all splits together)"
     assert figures.examples_per_class(manifest).count("<tr>") == 1 + 60  # the head and 60 classes
+
+
+def test_the_style_sheet_ships_in_the_sdist_and_in_the_wheel_built_from_it(tmp_path):
+    # The page reads report.css through importlib.resources: an install without it could not render.
+    from pipelines.dataflow import build_sdist  # noqa: PLC0415 - the sdist Dataflow and the TPU VM install
+
+    sdist = build_sdist(str(tmp_path / "sdist"))
+    with tarfile.open(sdist) as archive:
+        assert any(name.endswith("preprocess/inspect/report/report.css") for name in archive.getnames())
+    wheels = tmp_path / "wheel"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            sdist,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.iterdir()
+    with zipfile.ZipFile(wheel) as archive:
+        assert "preprocess/inspect/report/report.css" in archive.namelist()
