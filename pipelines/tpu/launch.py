@@ -25,6 +25,7 @@ RUN_DIR = "tf-image-pipeline"
 LOG_FILE = f"{RUN_DIR}/train.log"
 PID_FILE = f"{RUN_DIR}/supervisor.pid"
 START_SCRIPT = f"{RUN_DIR}/start.sh"  # the launch runs it; the VM's boot script runs it again after a reboot
+START_LOCK = f"{RUN_DIR}/start.lock"  # held by start.sh from its checks until the pid file is written
 STOPPED_FILE = f"{RUN_DIR}/stopped"  # the supervisor's reason when training ended for good
 PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the supervisor's no-progress stop
 # --backend jax: the venv of the [tpu-jax] extra on a uv-managed Python 3.11 (install_lines.tpu_jax_venv_commands).
@@ -191,10 +192,16 @@ def start_script(
         argv[status_at] = _STATUS_URI_VARIABLE
     supervised = shlex.join(argv).replace(_STATUS_URI_VARIABLE, '"$status_uri"')
     # The braces put only the supervisor in the background. `>>`: a resume after a reboot keeps the earlier log.
+    # The lock (fd 9, closed for the supervisor so that it ends with start.sh) makes overlapping runs (the boot
+    # script's and a relaunch by pipelines.tpu.restart) take turns from the checks to the pid file, which holds
+    # the supervisor's pid before the lock is let go: the later run sees it running. setsid execs the
+    # supervisor in place (a background job leads no process group), so $! is the pid it writes there too.
     return (
         "#!/bin/bash\n"
         "# Written by the tf-image-pipeline launch (pipelines/tpu/launch.py); run again at every boot.\n"
         'cd "$HOME" || exit 1\n'
+        f"exec 9>> {START_LOCK}\n"
+        "flock 9 || exit 1\n"
         f"if test -e {STOPPED_FILE}; then\n"
         f'  echo "training ended for good ($(cat {STOPPED_FILE})); not starting it again"; exit 0\n'
         "fi\n"
@@ -203,8 +210,13 @@ def start_script(
         "fi\n"
         f"{wait}"
         f"export {exports}\n"
-        f"{{ setsid nohup {supervised} >> {LOG_FILE} 2>&1 < /dev/null & }}\n"
-        f'echo "training started under train.tools.supervisor (pid $!); follow it with: tail -f ~/{LOG_FILE}"\n'
+        f"{{ setsid nohup {supervised} >> {LOG_FILE} 2>&1 < /dev/null & }} 9>&-\n"
+        f'pid=$!; echo "$pid" > {PID_FILE}\n'
+        # Until the forked shell has exec'd setsid, its cmdline is start.sh's, which the next run's check rejects.
+        "until grep -q train.tools.supervisor /proc/$pid/cmdline 2>/dev/null || ! kill -0 $pid 2>/dev/null; do\n"
+        "  sleep 0.01\n"
+        "done\n"
+        f'echo "training started under train.tools.supervisor (pid $pid); follow it with: tail -f ~/{LOG_FILE}"\n'
     )
 
 

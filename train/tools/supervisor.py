@@ -443,10 +443,25 @@ def main(argv=None) -> int:
         return supervisor.run()
     finally:
         if args.pid_file:
-            try:
-                os.remove(args.pid_file)
-            except FileNotFoundError:
-                pass
+            remove_own_pid_file(args.pid_file)
+
+
+def remove_own_pid_file(path: str) -> None:
+    """Remove the pid file only while it still holds this process's id: a supervisor started after this one
+    (start.sh relaunched once this one wrote its stopped file) has written its own there, and removing that
+    would let the next start.sh start a second supervisor beside it. The window between the read and the
+    remove remains (a pid written there in between is removed); start.sh writes its pid under a lock, at
+    once, so only a start.sh run in that window of microseconds could lose it."""
+    try:
+        with open(path) as handle:
+            holder = handle.read().strip()
+    except FileNotFoundError:
+        return
+    if holder == str(os.getpid()):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 if __name__ == "__main__":

@@ -145,8 +145,7 @@ def wait_for(path, text, count=1, seconds=120):
 
 def wait_for_the_supervisor_to_exit(home, seconds=120):
     """Until the supervisor is gone, as after a shutdown. It removes its pid file last, after the stopped file
-    and its status object: until then start.sh rightly sees it running, and its exit removes whatever pid
-    file is there."""
+    and its status object: until then start.sh rightly sees it running."""
     pid_file = home / tpu_launch.PID_FILE
     deadline = time.monotonic() + seconds
     while pid_file.exists():
@@ -193,6 +192,26 @@ def test_start_sh_resumes_after_a_reboot_skips_a_run_that_still_runs_and_one_tha
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_two_start_sh_runs_at_once_start_one_supervisor(scratch_home):
+    # The boot script's run and a relaunch by pipelines.tpu.restart can overlap: the later one must see the
+    # supervisor the earlier one started, though that supervisor has not yet written its own pid file.
+    home, env = scratch_home
+    (home / tpu_launch.RUN_DIR).mkdir()
+    script = tpu_launch.start_script(["--data", str(home), "--model-dir", str(home), "--epochs", "0"], False)
+    (home / tpu_launch.START_SCRIPT).write_text(script)
+    runs = [
+        subprocess.Popen(
+            ["bash", str(home / tpu_launch.START_SCRIPT)], cwd="/", env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=60)[0] for run in runs]
+    assert sum("training started" in output for output in outputs) == 1, outputs
+    wait_for(home / tpu_launch.STOPPED_FILE, "setup error")
+    wait_for_the_supervisor_to_exit(home)
+    assert (home / tpu_launch.LOG_FILE).read_text().count("run 1:") == 1
 
 
 def test_a_slice_start_sh_starts_no_training_while_a_tpu_server_does_not_answer(scratch_home):

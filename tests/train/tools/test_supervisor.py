@@ -180,6 +180,21 @@ def test_a_stop_signal_to_the_supervisor_reaches_the_command_as_sigterm_and_ends
     assert not (tmp_path / "stopped").exists()
 
 
+def test_an_exiting_supervisor_leaves_a_pid_file_that_holds_another_supervisors_pid(tmp_path):
+    # While this supervisor runs, another (start.sh relaunched it once this one wrote its stopped file) writes
+    # its pid there; this one's exit must leave that file, or the next start.sh starts a second supervisor.
+    pid_file = tmp_path / "supervisor.pid"
+    other = f"{os.getpid()}\n"
+    replace = f"open({str(pid_file)!r}, 'w').write({other!r})"
+    result = subprocess.run(
+        [sys.executable, "-m", "train.tools.supervisor", "--pid-file", str(pid_file), "--",
+         sys.executable, "-c", replace],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": REPO},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert pid_file.read_text() == other
+
+
 def test_runs_that_fail_before_their_first_step_do_not_count_against_the_no_progress_limit(tmp_path):
     # Run 1 trains and is interrupted; runs 2-4 fail before their first step (the TPU not back yet): with
     # --no-progress-limit 2 they would have stopped supervision at run 3.
