@@ -43,12 +43,11 @@ def full_size_images(num_images: int):
     from benchmarks import near_duplicate_grouping_memory as synthetic
     from preprocess.near_duplicates import signature as signature_lib
 
-    synthetic.HOT_SHARE = 0.0
     rows, columns = np.mgrid[0:256, 0:256]
     pixels = np.stack([columns, rows, (columns * rows) % 256], axis=-1).astype("uint8")
     real = signature_lib.source_signature(Image.fromarray(pixels))
     upper = (real >> (2 * signature_lib.CANDIDATE_BITS)) << (2 * signature_lib.CANDIDATE_BITS)
-    for image in synthetic.synthetic_images(0, num_images, SEED):
+    for image in synthetic.synthetic_images(0, num_images, SEED, hot_share=0.0):
         yield dataclasses.replace(image, signature=image.signature | upper)
 
 

@@ -51,7 +51,7 @@ PLANTED_SHARE = 0.05
 HOT_SHARE = 0.15
 
 
-def synthetic_images(chunk: int, size: int, seed: int = 0):
+def synthetic_images(chunk: int, size: int, seed: int = 0, hot_share: float = HOT_SHARE):
     """The SignedImages of one chunk: random signatures, planted chains and near-blank ones (the hot band)."""
     from preprocess.near_duplicates.grouping import SignedImage
 
@@ -79,9 +79,9 @@ def synthetic_images(chunk: int, size: int, seed: int = 0):
 
     while made < size:
         draw = rng.random()
-        if draw < HOT_SHARE:
+        if draw < hot_share:
             yield image(blank ^ sum(1 << bit for bit in rng.sample(range(64), rng.randint(0, 2))))
-        elif draw < HOT_SHARE + PLANTED_SHARE:
+        elif draw < hot_share + PLANTED_SHARE:
             signature = rng.getrandbits(64)
             for _ in range(min(rng.randint(2, 6), size - made)):
                 yield image(signature)
