@@ -17,8 +17,8 @@ unchanged instead of copying it. Written as the error log is (shards.WriteErrorL
 the manifest lists the files in `ledger_files`.
 
 An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
-"detail"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it again while
-its content (and --max-pixels) stays. `read_entries` yields the images only.
+"detail", "decoder"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it
+again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
 """
 
 import functools
@@ -80,6 +80,16 @@ def moments_bytes(entry: dict) -> bytes:
     return np.asarray(entry["moments"], dtype="<f8").tobytes()
 
 
+def decoder_version() -> str:
+    """What decides whether given bytes decode: Pillow's version and the project's (decode/image.py). A
+    failure recorded under another one (or none, in ledgers from before) is read again."""
+    import PIL  # noqa: PLC0415 - the workers' decoder, not needed to read a ledger
+
+    from preprocess.decode import image  # noqa: PLC0415
+
+    return f"Pillow {PIL.__version__}; decode {image.DECODE_VERSION}"
+
+
 def failure_entry(error) -> list[dict]:
     """The ledger entry of a failed input that a re-run carries over (an errors.ErrorRecord with its input,
     of a reason in CARRIED_FAILURES), else none."""
@@ -87,7 +97,7 @@ def failure_entry(error) -> list[dict]:
     if image is None or image.key is None or error.reason not in CARRIED_FAILURES:
         return []
     entry = {"key": image.key, "uri": image.uri, "label": image.label}
-    entry["failed"] = {"reason": error.reason, "detail": error.detail}
+    entry["failed"] = {"reason": error.reason, "detail": error.detail, "decoder": decoder_version()}
     entry.update(json.loads(input_facts(image)))
     return [entry]
 
