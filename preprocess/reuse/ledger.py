@@ -21,8 +21,15 @@ An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "
 again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
 """
 
-import functools
+import atexit
+import contextlib
+import itertools
 import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
 
 import apache_beam as beam
 import numpy as np
@@ -109,8 +116,8 @@ def is_failure(entry: dict) -> bool:
 def read_all_entries(path: str):
     """Every entry of one ledger file, failures included."""
     with FileSystems.open(path) as handle:
-        for line in handle.read().decode("utf-8").splitlines():
-            if line:
+        for line in handle:  # a line at a time: a ledger file holds up to every input's line
+            if line.strip():
                 yield json.loads(line)
 
 
@@ -136,14 +143,66 @@ class ReadLedger(beam.PTransform):
         )
 
 
-@functools.lru_cache(maxsize=1)
-def known_keys(paths: tuple[str, ...]) -> dict:
+class KnownKeys:
     """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
-    and mtime: what the quick check compares a re-run's listing with (inputs/content.py). Read once per
-    process (a local run's inputs are on its disk: about 200 bytes a file)."""
-    known = {}
-    for path in paths:
-        for entry in read_all_entries(path):
-            if entry.get("mtime_ns") is not None and entry.get("size") is not None:
-                known[entry["uri"]] = (entry["size"], entry["mtime_ns"], entry["key"])
-    return known
+    and mtime (what the quick check compares a re-run's listing with, inputs/content.py), as an on-disk
+    index: a SQLite table built once per process in a temporary directory, read by key. Not a dict: a
+    worker holds nothing that grows with the corpus (the dict took 384 MiB of RSS per million files; this
+    index 3 MiB and its page cache, about 104 bytes a file on disk: benchmarks/RESULTS.md, issue 32).
+    """
+
+    # SQLite's page cache per connection (KiB): the index's pages beyond it are the OS's file cache.
+    CACHE_KIB = 2048
+
+    def __init__(self, paths):
+        self._directory = tempfile.mkdtemp(prefix="quick-check-")
+        self._path = os.path.join(self._directory, "known.sqlite")
+        self._local = threading.local()  # a connection per thread (sqlite3 objects stay in their thread)
+        with contextlib.closing(sqlite3.connect(self._path)) as connection:
+            connection.executescript(
+                "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
+                "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
+            )
+            for path in paths:
+                rows = _known_rows(read_all_entries(path))
+                while batch := list(itertools.islice(rows, 10_000)):
+                    # A URI the ledgers list twice keeps its last entry, as a dict's update did.
+                    connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
+            connection.commit()
+
+    def get(self, uri: str):
+        """(size, mtime_ns, content key) recorded for `uri`, or None."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True)
+            connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
+            self._local.connection = connection
+        row = connection.execute("SELECT size, mtime_ns, key FROM known WHERE uri = ?", (uri,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2].hex())
+
+    def remove(self):
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _known_rows(entries):
+    for entry in entries:
+        if entry.get("mtime_ns") is not None and entry.get("size") is not None:
+            yield entry["uri"], entry["size"], entry["mtime_ns"], bytes.fromhex(entry["key"])
+
+
+_known_lock = threading.Lock()
+_known: dict = {}
+
+
+def known_keys(paths: tuple[str, ...]) -> KnownKeys:
+    """The KnownKeys of these ledger files, built once per process (the last one asked for is kept; its
+    directory is removed when another replaces it, and at exit)."""
+    paths = tuple(paths)
+    with _known_lock:  # the runner's threads share one index, built by the first to ask
+        if paths not in _known:
+            for index in _known.values():
+                index.remove()
+            _known.clear()
+            _known[paths] = KnownKeys(paths)
+            atexit.register(_known[paths].remove)
+        return _known[paths]
