@@ -204,5 +204,6 @@ def known_keys(paths: tuple[str, ...]) -> KnownKeys:
                 index.remove()
             _known.clear()
             _known[paths] = KnownKeys(paths)
-            atexit.register(_known[paths].remove)
+            # The directory, not the index: a replaced index is let go, and its connections closed with it.
+            atexit.register(shutil.rmtree, _known[paths]._directory, ignore_errors=True)
         return _known[paths]
