@@ -84,7 +84,7 @@ def measure_form(form: str, path: str, entries: int) -> dict:
     found = sum(index.get(uri) is not None for uri in uris)
     lookup = time.perf_counter() - start
     assert found == entries, (found, entries)
-    on_disk = os.path.getsize(index._path) if form == "sqlite" else 0
+    on_disk = index.bytes_on_disk if form == "sqlite" else 0
     if form == "sqlite":
         index.remove()
     del index

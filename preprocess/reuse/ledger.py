@@ -21,7 +21,6 @@ An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "
 again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
 """
 
-import atexit
 import contextlib
 import itertools
 import json
@@ -146,7 +145,7 @@ class ReadLedger(beam.PTransform):
 class KnownKeys:
     """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
     and mtime (what the quick check compares a re-run's listing with, inputs/content.py), as an on-disk
-    index: a SQLite table built once per process in a temporary directory, read by key. Not a dict: a
+    index: a SQLite table built once per process in a temporary file, unlinked once open, read by key. Not a dict: a
     worker holds nothing that grows with the corpus (the dict took 384 MiB of RSS per million files; this
     index 3 MiB and its page cache, about 104 bytes a file on disk: benchmarks/RESULTS.md, issue 32).
     """
@@ -155,33 +154,40 @@ class KnownKeys:
     CACHE_KIB = 2048
 
     def __init__(self, paths):
-        self._directory = tempfile.mkdtemp(prefix="quick-check-")
-        self._path = os.path.join(self._directory, "known.sqlite")
-        self._local = threading.local()  # a connection per thread (sqlite3 objects stay in their thread)
-        with contextlib.closing(sqlite3.connect(self._path)) as connection:
-            connection.executescript(
-                "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
-                "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
-            )
-            for path in paths:
-                rows = _known_rows(read_all_entries(path))
-                while batch := list(itertools.islice(rows, 10_000)):
-                    # A URI the ledgers list twice keeps its last entry, as a dict's update did.
-                    connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
-            connection.commit()
+        directory = tempfile.mkdtemp(prefix="quick-check-")
+        path = os.path.join(directory, "known.sqlite")
+        try:
+            with contextlib.closing(sqlite3.connect(path)) as connection:
+                connection.executescript(
+                    "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
+                    "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
+                )
+                for ledger in paths:
+                    rows = _known_rows(read_all_entries(ledger))
+                    while batch := list(itertools.islice(rows, 10_000)):
+                        # A URI the ledgers list twice keeps its last entry, as a dict's update did.
+                        connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
+                connection.commit()
+            self.bytes_on_disk = os.path.getsize(path)
+            # One read-only connection, shared by the runner's threads under a lock. The file is unlinked as
+            # soon as it is open: the OS frees it when the process ends, however it ends (a Beam worker
+            # subprocess exits without running atexit hooks, which left indexes behind in /tmp).
+            self._connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            self._connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._lock = threading.Lock()
 
     def get(self, uri: str):
         """(size, mtime_ns, content key) recorded for `uri`, or None."""
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True)
-            connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
-            self._local.connection = connection
-        row = connection.execute("SELECT size, mtime_ns, key FROM known WHERE uri = ?", (uri,)).fetchone()
+        with self._lock:
+            row = self._connection.execute(
+                "SELECT size, mtime_ns, key FROM known WHERE uri = ?", (uri,)
+            ).fetchone()
         return None if row is None else (row[0], row[1], row[2].hex())
 
     def remove(self):
-        shutil.rmtree(self._directory, ignore_errors=True)
+        self._connection.close()
 
 
 def _known_rows(entries):
@@ -196,7 +202,7 @@ _known: dict = {}
 
 def known_keys(paths: tuple[str, ...]) -> KnownKeys:
     """The KnownKeys of these ledger files, built once per process (the last one asked for is kept; its
-    directory is removed when another replaces it, and at exit)."""
+    connection is closed when another replaces it; its file was unlinked when it was opened)."""
     paths = tuple(paths)
     with _known_lock:  # the runner's threads share one index, built by the first to ask
         if paths not in _known:
@@ -204,6 +210,4 @@ def known_keys(paths: tuple[str, ...]) -> KnownKeys:
                 index.remove()
             _known.clear()
             _known[paths] = KnownKeys(paths)
-            # The directory, not the index: a replaced index is let go, and its connections closed with it.
-            atexit.register(shutil.rmtree, _known[paths]._directory, ignore_errors=True)
         return _known[paths]

@@ -1,9 +1,15 @@
 """The quick check's index of the previous ledger (ledger.known_keys): on disk, read by key, with the map's
 answers (a URI listed twice keeps its last entry; an entry without size or mtime is not in it); one per
-process, its directory removed when another replaces it."""
+process, its file unlinked as soon as it is open (nothing left behind however the process ends), its
+connection closed when another replaces it."""
 
 import json
 import os
+import sqlite3
+import tempfile
+import threading
+
+import pytest
 
 from preprocess.reuse import ledger
 
@@ -13,7 +19,10 @@ def _ledger(path, entries):
     return str(path)
 
 
-def test_the_index_answers_as_the_map_did_and_is_replaced_on_disk(tmp_path):
+def test_the_index_answers_as_the_map_did_leaves_no_file_and_is_replaced(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     key = [f"{index:064x}" for index in range(4)]
     first = _ledger(
         tmp_path / "ledger-0.jsonl",
@@ -31,8 +40,17 @@ def test_the_index_answers_as_the_map_did_and_is_replaced_on_disk(tmp_path):
     assert index.get("/a.png") == (11, 6, key[3])
     assert index.get("/b.png") is None and index.get("/elsewhere.png") is None
     assert index.get("/c.png") == (3, 7, key[2])  # a failure's line keys its input too
-    assert os.path.exists(index._path)
+    assert os.listdir(scratch) == []  # unlinked once open: a worker killed now leaves nothing in /tmp
+    answers = []
+    reader = threading.Thread(
+        target=lambda: answers.append(index.get("/a.png"))
+    )  # the runner's threads share it
+    reader.start()
+    reader.join()
+    assert answers == [(11, 6, key[3])]
     other = ledger.known_keys((first,))
     assert other.get("/a.png") == (10, 5, key[0])
-    assert not os.path.exists(index._path)
+    with pytest.raises(sqlite3.ProgrammingError):  # the replaced index's connection is closed
+        index.get("/a.png")
+    assert os.listdir(scratch) == []
     other.remove()
