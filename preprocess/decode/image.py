@@ -19,6 +19,10 @@ FORMATS = (JPEG, PNG, GIF, BMP, WEBP)
 # never parsed by a decoder it was not meant for.
 _PIL_FORMAT = {JPEG: "JPEG", PNG: "PNG", GIF: "GIF", BMP: "BMP", WEBP: "WEBP"}
 
+# Raise it when a change here may accept bytes it rejected before (or reject others): a re-run then reads
+# again the inputs whose decoding failed, instead of carrying their failure over (reuse/ledger.py).
+DECODE_VERSION = 1
+
 EXIF_ORIENTATION_TAG = 0x0112
 TRANSPOSE_FOR_ORIENTATION = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,

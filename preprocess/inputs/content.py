@@ -70,7 +70,7 @@ class KeyContentFn(beam.DoFn):
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
-        # The previous version's ledger files: their (uri -> size, mtime, key) map, loaded once per process.
+        # The previous version's ledger files: their (uri -> size, mtime, key) index, built once per process.
         self._known_keys = tuple(known_keys)
         self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
         self._keyed = Metrics.counter("preprocess", "keyed")
@@ -149,10 +149,11 @@ def with_mtime(record: InputRecord) -> InputRecord:
     return dataclasses.replace(record, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
 
 
-def trusted_key(record: InputRecord, known: dict) -> InputRecord:
+def trusted_key(record: InputRecord, known) -> InputRecord:
     """`record` with the previous version's content key where its local file's size and mtime are those
     recorded beside that key (rsync's and make's quick check: the file is then not read to be keyed); else
-    as it came, to be hashed. `known`: {uri: (size, mtime_ns, content key)} (ledger.known_keys)."""
+    as it came, to be hashed. `known`: uri -> (size, mtime_ns, content key) by `.get` (ledger.known_keys, an
+    index on disk; a dict will do)."""
     recorded = known.get(record.uri)
     if recorded is None or record.md5 is not None or not _is_local_path(record.uri):
         return record

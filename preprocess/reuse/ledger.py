@@ -17,12 +17,18 @@ unchanged instead of copying it. Written as the error log is (shards.WriteErrorL
 the manifest lists the files in `ledger_files`.
 
 An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
-"detail"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it again while
-its content (and --max-pixels) stays. `read_entries` yields the images only.
+"detail", "decoder"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it
+again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
 """
 
-import functools
+import contextlib
+import itertools
 import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
 
 import apache_beam as beam
 import numpy as np
@@ -80,6 +86,16 @@ def moments_bytes(entry: dict) -> bytes:
     return np.asarray(entry["moments"], dtype="<f8").tobytes()
 
 
+def decoder_version() -> str:
+    """What decides whether given bytes decode: Pillow's version and the project's (decode/image.py). A
+    failure recorded under another one (or none, in ledgers from before) is read again."""
+    import PIL  # noqa: PLC0415 - the workers' decoder, not needed to read a ledger
+
+    from preprocess.decode import image  # noqa: PLC0415
+
+    return f"Pillow {PIL.__version__}; decode {image.DECODE_VERSION}"
+
+
 def failure_entry(error) -> list[dict]:
     """The ledger entry of a failed input that a re-run carries over (an errors.ErrorRecord with its input,
     of a reason in CARRIED_FAILURES), else none."""
@@ -87,7 +103,7 @@ def failure_entry(error) -> list[dict]:
     if image is None or image.key is None or error.reason not in CARRIED_FAILURES:
         return []
     entry = {"key": image.key, "uri": image.uri, "label": image.label}
-    entry["failed"] = {"reason": error.reason, "detail": error.detail}
+    entry["failed"] = {"reason": error.reason, "detail": error.detail, "decoder": decoder_version()}
     entry.update(json.loads(input_facts(image)))
     return [entry]
 
@@ -99,8 +115,8 @@ def is_failure(entry: dict) -> bool:
 def read_all_entries(path: str):
     """Every entry of one ledger file, failures included."""
     with FileSystems.open(path) as handle:
-        for line in handle.read().decode("utf-8").splitlines():
-            if line:
+        for line in handle:  # a line at a time: a ledger file holds up to every input's line
+            if line.strip():
                 yield json.loads(line)
 
 
@@ -126,14 +142,72 @@ class ReadLedger(beam.PTransform):
         )
 
 
-@functools.lru_cache(maxsize=1)
-def known_keys(paths: tuple[str, ...]) -> dict:
+class KnownKeys:
     """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
-    and mtime: what the quick check compares a re-run's listing with (inputs/content.py). Read once per
-    process (a local run's inputs are on its disk: about 200 bytes a file)."""
-    known = {}
-    for path in paths:
-        for entry in read_all_entries(path):
-            if entry.get("mtime_ns") is not None and entry.get("size") is not None:
-                known[entry["uri"]] = (entry["size"], entry["mtime_ns"], entry["key"])
-    return known
+    and mtime (what the quick check compares a re-run's listing with, inputs/content.py), as an on-disk
+    index: a SQLite table built once per process in a temporary file, unlinked once open, read by key. Not a dict: a
+    worker holds nothing that grows with the corpus (the dict took 384 MiB of RSS per million files; this
+    index 3 MiB and its page cache, about 104 bytes a file on disk: benchmarks/RESULTS.md, issue 32).
+    """
+
+    # SQLite's page cache per connection (KiB): the index's pages beyond it are the OS's file cache.
+    CACHE_KIB = 2048
+
+    def __init__(self, paths):
+        directory = tempfile.mkdtemp(prefix="quick-check-")
+        path = os.path.join(directory, "known.sqlite")
+        try:
+            with contextlib.closing(sqlite3.connect(path)) as connection:
+                connection.executescript(
+                    "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
+                    "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
+                )
+                for ledger in paths:
+                    rows = _known_rows(read_all_entries(ledger))
+                    while batch := list(itertools.islice(rows, 10_000)):
+                        # A URI the ledgers list twice keeps its last entry, as a dict's update did.
+                        connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
+                connection.commit()
+            self.bytes_on_disk = os.path.getsize(path)
+            # One read-only connection, shared by the runner's threads under a lock. The file is unlinked as
+            # soon as it is open: the OS frees it when the process ends, however it ends (a Beam worker
+            # subprocess exits without running atexit hooks, which left indexes behind in /tmp).
+            self._connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            self._connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._lock = threading.Lock()
+
+    def get(self, uri: str):
+        """(size, mtime_ns, content key) recorded for `uri`, or None."""
+        with self._lock:
+            row = self._connection.execute(
+                "SELECT size, mtime_ns, key FROM known WHERE uri = ?", (uri,)
+            ).fetchone()
+        return None if row is None else (row[0], row[1], row[2].hex())
+
+    def remove(self):
+        self._connection.close()
+
+
+def _known_rows(entries):
+    for entry in entries:
+        if entry.get("mtime_ns") is not None and entry.get("size") is not None:
+            yield entry["uri"], entry["size"], entry["mtime_ns"], bytes.fromhex(entry["key"])
+
+
+_known_lock = threading.Lock()
+_known: dict = {}
+
+
+def known_keys(paths: tuple[str, ...]) -> KnownKeys:
+    """The KnownKeys of these ledger files, built once per process (the last one asked for is kept; its
+    connection is closed when another replaces it; its file was unlinked when it was opened)."""
+    paths = tuple(paths)
+    with _known_lock:  # the runner's threads share one index, built by the first to ask
+        if paths not in _known:
+            for index in _known.values():
+                index.remove()
+            _known.clear()
+            _known[paths] = KnownKeys(paths)
+        return _known[paths]

@@ -23,7 +23,14 @@ from apache_beam.metrics import Metrics
 
 from dataset_contract import features
 from preprocess import errors
-from preprocess.reuse.ledger import ReadLedger, entry_of, input_facts, is_failure, moments_bytes
+from preprocess.reuse.ledger import (
+    ReadLedger,
+    decoder_version,
+    entry_of,
+    input_facts,
+    is_failure,
+    moments_bytes,
+)
 from preprocess.write.encode import label_not_in_train
 
 DECODE, CARRY, MOVED, PUBLISHED, FAILED = "decode", "carry", "moved", "published", "failed"
@@ -93,10 +100,12 @@ class SortByPublishedFn(beam.DoFn):
     CARRY: (sha256, CarriedImage); MOVED: {uri, from, to}; PUBLISHED: (sha256, split) of every published image
     that is decoded again (near-duplicate grouping holds it in its split); FAILED: the ErrorRecord of an input
     whose bytes failed in the previous version, carried over (with `carry_failures`: the settings that decide
-    such a failure are the previous version's) instead of decoded again."""
+    such a failure are the previous version's, and so is `decoder`: this run's decoder_version, taken as the
+    graph is built) instead of decoded again."""
 
-    def __init__(self, carry_failures: bool = True):
+    def __init__(self, carry_failures: bool = True, decoder: str | None = None):
         self._carry_failures = carry_failures
+        self._decoder = decoder_version() if decoder is None else decoder
         self._carried = Metrics.counter("preprocess", "carried_over")
         self._failures = Metrics.counter("preprocess", "failures_carried_over")
 
@@ -111,7 +120,7 @@ class SortByPublishedFn(beam.DoFn):
             return
         image, entry = inputs[0], published[0]
         if is_failure(entry):
-            if not self._carry_failures:
+            if not self._carry_failures or entry["failed"].get("decoder") != self._decoder:
                 yield image
                 return
             self._failures.inc()
