@@ -4,7 +4,6 @@ copy and an altered copy of published train images; then a change of --image-siz
 runs; every test reads what they wrote."""
 
 import csv
-import hashlib
 import json
 import os
 import shutil
@@ -20,22 +19,13 @@ from PIL import Image
 
 from dataset_contract import commit_log
 from dataset_contract import manifest as manifest_lib
-from preprocess.config import DEFAULT_SPLIT, parse_split_fractions
-from preprocess.inputs.content import assign_split
-from preprocess.inputs.reading import key_of_md5
-from tests.preprocess.reuse.manifest_rows import corpus_rows, write_manifest
+from tests.preprocess.reuse.manifest_rows import corpus_rows, near_jpeg_copy, write_manifest
 from tests.stage1 import read_manifest, read_split, run_stage1, write_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_SIZE = 24
 SPLITS = ("train", "validation", "test")
 MAX_MOVED = ("--near-duplicate-max-moved", "0.5")
-
-
-def _content_split(path) -> str:
-    with open(path, "rb") as handle:
-        key = key_of_md5(hashlib.md5(handle.read()).hexdigest())
-    return assign_split(key, parse_split_fractions(DEFAULT_SPLIT))
 
 
 def _records(output, manifest):
@@ -47,26 +37,9 @@ def _records(output, manifest):
 def _altered_copy_elsewhere(candidates, path):
     """(original, path): a JPEG re-encoding of one of `candidates` written to `path`, near it by the audit's
     signature, whose own content would put it in another split than train."""
-    from preprocess.decode.image import load_image_with_source  # noqa: PLC0415
-    from preprocess.near_duplicates import signature  # noqa: PLC0415
-
-    def signed(data):
-        _, size, source = load_image_with_source(data, size=IMAGE_SIZE, method="crop", max_pixels=10**8)
-        return signature.source_signature(source, size)
-
     for original in candidates:
-        with open(original, "rb") as handle:
-            data = handle.read()
-        with Image.open(original) as image:
-            source = image.convert("RGB")
-        for quality in range(60, 100):
-            source.save(path, format="JPEG", quality=quality)
-            with open(path, "rb") as handle:
-                near = signature.near(signed(data), signed(handle.read()), signature.DEFAULT_MAX_DISTANCE)
-            if near is None:
-                break
-            if _content_split(path) != "train":
-                return original, path
+        if near_jpeg_copy(original, path, IMAGE_SIZE, lambda split: split != "train"):
+            return original, path
     raise AssertionError("no train image of the corpus has a near-duplicate JPEG re-encoding")
 
 

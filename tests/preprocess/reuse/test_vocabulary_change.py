@@ -2,50 +2,23 @@
 the run stops before publishing and asks for --rebuild (docs/preprocessing.md, "Re-runs"). Two real Beam runs
 of a tiny corpus listed in a CSV manifest."""
 
-import hashlib
 import os
 
 import pytest
-from PIL import Image
 
 from preprocess import errors
-from preprocess.config import DEFAULT_SPLIT, parse_split_fractions
-from preprocess.inputs.content import assign_split
-from preprocess.inputs.reading import key_of_md5
-from tests.preprocess.reuse.manifest_rows import corpus_rows, write_manifest
+from tests.preprocess.reuse.manifest_rows import corpus_rows, near_jpeg_copy, write_manifest
 from tests.stage1 import read_manifest, run_stage1, write_corpus
 
 IMAGE_SIZE = 24
 ARGS = ("--near-duplicate-max-moved", "0.5")
 
 
-def _content_split(path) -> str:
-    with open(path, "rb") as handle:
-        key = key_of_md5(hashlib.md5(handle.read()).hexdigest())
-    return assign_split(key, parse_split_fractions(DEFAULT_SPLIT))
-
-
 def _altered_copy_in_train(original, path) -> str:
     """A JPEG re-encoding of `original` written to `path`, near it by the audit's signature, whose own content
     would put it in the train split."""
-    from preprocess.decode.image import load_image_with_source  # noqa: PLC0415
-    from preprocess.near_duplicates import signature  # noqa: PLC0415
-
-    def signed(data):
-        _, size, source = load_image_with_source(data, size=IMAGE_SIZE, method="crop", max_pixels=10**8)
-        return signature.source_signature(source, size)
-
-    with open(original, "rb") as handle:
-        data = handle.read()
-    with Image.open(original) as image:
-        source = image.convert("RGB")
-    for quality in range(60, 100):
-        source.save(path, format="JPEG", quality=quality)
-        with open(path, "rb") as handle:
-            if signature.near(signed(data), signed(handle.read()), signature.DEFAULT_MAX_DISTANCE) is None:
-                break
-        if _content_split(path) == "train":
-            return path
+    if near_jpeg_copy(original, path, IMAGE_SIZE, lambda split: split == "train"):
+        return path
     raise AssertionError(f"no near-duplicate JPEG re-encoding of {original} falls in train")
 
 
