@@ -1,74 +1,9 @@
 """Near-duplicate groups at Beam scale: candidates from interleaved signature bands, groups verified whole.
 
-FindNearDuplicateGroups takes one SignedImage per distinct image (exact
-copies are already gone: preprocess/inputs/content.py) and returns groups of
-near-duplicates, the split every member gets and, in drop mode, the one
-member kept. No step holds more than a bounded amount however popular a
-signature, and every decision is a function of the set of images alone
-(never of their order, their bundles or which worker saw what), so a re-run
-gives the same groups, splits and kept members.
-
-1. Floods: images with the very same signature (thousands of identical blank
-   images, a "photo unavailable" placeholder) collapse to one
-   representative, the smallest key, before any bucket: the others follow it
-   (`flood_followers`), and a summary of them (count, labels, named and
-   published splits, the member drop mode would keep) rides with it.
-2. Candidates: the grey hash (`signature.CANDIDATE_BITS`) is cut into `bands`
-   bands, bit i into band i mod `bands` (interleaved: the hash's bits are in
-   order of frequency, and neighbouring frequencies are correlated, so
-   contiguous bands were far from uniform: band 0 collided 30-300x more
-   often than 1 / 2**16 on real images). Each representative goes to one
-   bucket per band for its hash and one for its mirrored hash (so a
-   flipped copy meets its original). Pigeonhole: a pair within `bands - 1`
-   bits always shares a bucket.
-3. Hot buckets: a bucket of more than `max_bucket_size` entries is not
-   compared (counted in `hot_buckets`, `hot_bucket_entries`); its images are
-   still compared through their other buckets. Within a bucket every pair
-   is checked with `signature.near`, and the verified pairs are reduced to a
-   spanning forest (union-find in the bucket: at most n - 1 edges per bucket,
-   never n**2 / 2 for a bucket of near-identical images).
-4. Components of those edges (components.py): `rounds` (8) of min-label
-   propagation with hooking and pointer jumping, one shuffle of keys each;
-   images whose label would still change after them are counted
-   (`images_not_converged`). A part of an unconverged component is cut into
-   groups alone, so its groups still hold (every member near its centre),
-   but a copy may then be in another split than its group.
-5. Groups are not components: a component (held whole, up to
-   `max_component_size` representatives; a larger one is counted in
-   `components_too_large` and left alone) is cut into groups around centres:
-   the representative with the most near members (then the smallest key) is
-   a centre, its group is every not yet grouped member near it, and so on.
-   So every member of a group is near its centre, and a chain of similar
-   images (each near the next, the ends far apart) is not one group.
-6. Per group, a decision (`decide_group`): the split, whether it crosses
-   splits, which member drop mode keeps, and what no one may move (below).
-7. The guard: when the members that would move to another split (in keep
-   mode; drop mode counts alike) are more than `max_moved_share` of the images, no member moves and none is
-   dropped (`changes_withheld` 1, `would_move` says how many): a share that
-   large says the groups are families of similar images, not copies.
-
-The split of a group, in order:
-- members published in a split (the previous version's, `published_split`)
-  or named by the input manifest (`split_given`) hold it, and the others
-  follow it; when they hold different splits the group crosses splits
-  (`groups_across_splits`) and no one moves;
-- otherwise every member takes the split of the smallest key (a function of
-  content, so the same corpus gives the same splits);
-- a group larger than `max_group_size` is listed and counted
-  (`oversized_groups`) but no one moves: a large group is more likely a
-  family of similar images than of copies.
-
-Drop mode keeps, per group: a member of the label most members hold, then
-one carried over by an incremental run (`carried`), then one whose split was
-named or published, then the largest source in pixels, then the largest
-file, then the smallest key. A carried member is never dropped (its record
-is written as published): every carried member is kept, the decoded ones
-are dropped. A group whose labels have no majority is kept whole
-(`groups_kept_whole`): a likely label error to look at, not a copy to
-delete; so is a group with a carried member none of whose carried members
-has the majority label (flagged `published_outvoted` too, and counted apart,
-`groups_kept_whole_published`: the new copies outvote a published image). A group that crosses splits or is over the size limit
-drops no one either.
+FindNearDuplicateGroups takes one SignedImage per distinct image and returns the groups, the split every
+member gets and, in drop mode, the member kept; every decision is a function of the set of images alone, so a
+re-run gives the same groups. Its steps (floods, bands, hot buckets, components, centres, the split and drop
+rules, the guard): docs/internals.md, "preprocess/near_duplicates/grouping.py"; for users, docs/near_duplicates.md.
 """
 
 import collections

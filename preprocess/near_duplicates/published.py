@@ -1,15 +1,7 @@
 """The splits the previous version of a dataset published its images in, for near-duplicate groups.
 
-A group with a published member takes that member's split (grouping.py), so
-a new copy of a published train image never moves the original to test in
-the next version. `published_shards` is the one place that knows where
-published splits come from: today the newest manifest published in the
-output directory, whose shards' records carry each image's sha256 under the
-shard's split (read in parallel by `ReadPublishedSplits`, so the lookup costs
-one read of the previous version's shards; a first version costs nothing).
-In an incremental run (issue 32), the previous version's ledger gives the
-(sha256, split) of the published images decoded again instead (preprocess/reuse/):
-no read of the previous shards for this.
+`published_shards` is the one place that knows where they come from: docs/internals.md,
+"preprocess/near_duplicates/published.py".
 """
 
 import dataclasses

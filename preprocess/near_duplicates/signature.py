@@ -1,68 +1,9 @@
 """A perceptual signature of a decoded image, and the check of whether two signatures are near-duplicates.
 
-Stage 1 signs every image it decodes so that copies which are not
-byte-identical (re-encoded, resized, cropped by a few pixels, brightened,
-blurred, captioned, mirrored, turned grey) can be grouped at Beam scale
-(`grouping.py`). `near(a, b, max_distance)` is the one judgement: two images
-are near-duplicates when it returns a distance, not None.
-
-The signature (version 5) is one int of `SIGNATURE_BITS` bits:
-
-- bits 0-63 (`CANDIDATE_BITS`): a DCT hash ("pHash") of the image's grey
-  centre: the central 80% of the content box (below) boxed down to 32x32,
-  its mean subtracted, weighted by a sine window (sin(pi x) sin(pi y)), its
-  2-D DCT, and one bit per low-frequency AC coefficient (1 when above their
-  median). Low frequencies survive re-encoding, rescaling and blur; a
-  brightness or contrast change leaves the bits alone; the window weighs the
-  borders, which crops cut and captions cover, least. The grouping's LSH
-  bands are cut from these bits only.
-- bits 64-127: the same hash of the mirrored thumbnail, so that a
-  horizontally flipped copy is as near as the copy itself (`near` tries both).
-- bits 128-383: a colour layout: the same region as 4x4 cells, two opponent
-  chromaticities per cell, (R - G) and (R + G - 2B) over (R + G + B + 96),
-  one byte each. Compared after each layout's mean is taken out, so a
-  colour cast (a warmer or cooler copy) is the same layout; a grey layout
-  (every cell near neutral: a grayscale copy) is not compared at all.
-- bits 384-895: an 8x8 grey thumbnail of the region, one byte per cell: the
-  second, stricter check (its inner cells' correlation with the other's, or
-  near-equal values for low-information images).
-- bit 896: low information: the source is tiny (a side under
-  `TINY_SOURCE_SIDE` pixels: 8x8 scans, icons) or near-uniform (the grey
-  thumbnail's spread under `FLAT_SPREAD`). Such images share structure by
-  accident (two different scans of a 1 look alike at 64 bits), so they are
-  near only with stronger evidence: thumbnails equal within
-  `LOW_INFORMATION_TOLERANCE` per cell.
-- bits 897-928: the content box (below) in the base square, a byte per side;
-  bits 929-944: its proportions in the source (width / height, in 1/1024).
-  Two objects on a background (trimmed on all four sides) are near only when
-  their proportions agree (`ASPECT_TOLERANCE_PER_MILLE`): trimmed to a
-  square, two discs of one colour look alike whatever their proportions.
-- bit 945: a flat object on a background (a plain disc on white: its outline,
-  colour and place are all it shows). It is signed whole, not trimmed to, and
-  is near only another image whose whole thumbnail is near-equal
-  (`FLAT_OBJECT_TOLERANCE`).
-
-The signature is taken from the decoded source image (upright, RGB), boxed
-to a fixed `BASE_SIZE` square first: it does not depend on `--image-size`,
-the resize method, the crop margin or the output encoding, so the same
-corpus groups (and splits) alike at every size. Uniform borders (letterbox
-bars, the white around a product) are trimmed from the content box before
-the hash, so a letterboxed copy is near and a product on white is signed by the
-product, not by the white around it (version 3 trimmed at most a quarter of each
-side: the white then filled the hash, and two objects of one outline were near
-whatever they showed). On white, a light shadow (up to 60 levels under it) is background too (version 5):
-a brightened copy whitens the shadow, and version 4, trimming to it, moved the copy's box by a few percent
-of the object (a brightened product was near its original 0.34 of the time on the benchmark's products);
-when that wider trim leaves a near-uniform region (a faint object gone into its background), the box is
-the one trimmed at 24 levels, as in version 4. An image with nothing but background to trim keeps its whole
-box (trimmed to the limit, every faint object's image showed one blank corner).
-
-Determinism: signatures are compared across workers, machines and runs (a
-resumed run must find the same groups), so no bit may depend on float
-rounding. PIL's box resizes are fixed-point (two: the base square, then a
-32x32 RGB thumbnail of the region, of which grey, the colour cells and the
-8x8 thumbnail are integer means); the rest is integer arithmetic (the window and DCT are tables rounded once at import;
-`_rounded` refuses an entry at a rounding boundary).
+`near(a, b, max_distance)` is the one judgement: a distance, or None. The signature (version 5, one int of
+`SIGNATURE_BITS` bits laid out by the constants below) is taken from the source image boxed to `BASE_SIZE`, so
+it does not depend on --image-size; every bit is integer arithmetic, the same on every machine. Its parts and
+their history: docs/internals.md, "preprocess/near_duplicates/signature.py"; docs/near_duplicates.md.
 """
 
 import functools

@@ -1,11 +1,6 @@
 """The label vocabulary and the per-split sizes after near-duplicate grouping, from small counts.
 
-Stage 1 labels uint8 and jpeg records, and sizes its shard files, before it
-writes them: it needs the train split's class names and each split's size.
-With near-duplicate grouping, those follow from the signed images (a count
-per (split, class)) and from the few members whose split changed or that
-were dropped (a -1 and a +1 each): no join of images to groups. The
-accumulator grows with the number of classes, never with the images.
+Counts per (split, class) and the members' -1/+1 changes: no join of images to groups (docs/internals.md).
 """
 
 import apache_beam as beam

@@ -1,14 +1,6 @@
 """Stage 1's near-duplicate audit: decoded examples in, the same examples in their final splits out.
 
-    decoded examples (with signatures) -> spill to part files, a SignedImage each (routing.py)
-      -> the previous version's split of each, if it published it (published.py)
-      -> FindNearDuplicateGroups (grouping.py) -> overrides by part path
-      -> CoGroupByKey(part paths, overrides) -> each part read back once, rows routed (routing.py)
-
-The label vocabulary and the split sizes the encoder and the shard writer need
-come from small counts over the SignedImages plus the members' deltas
-(split_counts.py), summed by the grouping with its stats. Each image is decoded
-once, before; nothing here decodes.
+The flow (spill, published splits, grouping, routing) and why: docs/internals.md, "preprocess/near_duplicates/".
 """
 
 import apache_beam as beam
