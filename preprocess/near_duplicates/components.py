@@ -86,7 +86,7 @@ def _labelled_entry(element):
 class LabelComponents(beam.PTransform):
     """Edges (key, key) and entries (key, (representative, Flood)) -> {"entries": (component label, entry),
     "stats": ("verified_pairs" | "images_not_converged", n), "along": (value, entry)}, after `rounds` rounds
-    (module docstring). `along`: (key, value) pairs that need their key's entry (the near misses' members:
+    (docs/internals.md). `along`: (key, value) pairs that need their key's entry (the near misses' members:
     the last step joins them to it, no shuffle of their own)."""
 
     def __init__(self, entries, rounds: int, along=None):

@@ -201,7 +201,7 @@ class GroupDecision:
 
 
 def decide_group(group: str, first_split: str, flood: Flood, max_group_size: int) -> GroupDecision:
-    """The decision of one group from its members' merged Flood and its smallest key's split (module doc, 6)."""
+    """The decision of one group from its members' merged Flood and its smallest key's split (docs/internals.md, grouping.py 6)."""
     flags = []
     if len(flood.held) == 1:
         target = flood.held[0]
@@ -698,7 +698,7 @@ class FindNearDuplicateGroups(beam.PTransform):
     `max_moved_share`: when more of the images would move, none moves and none is dropped.
     `more_split_counts`: ((split, label), n) of images not grouped, added to "split_counts" (the same
     combine as the stats: one shuffle).
-    See the module docstring.
+    How: docs/internals.md, "preprocess/near_duplicates/grouping.py".
     """
 
     def __init__(
