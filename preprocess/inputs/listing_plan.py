@@ -142,7 +142,7 @@ def plan_boundaries(page_of, target: int, page: int = 1000, max_requests: int = 
     total = _measure(counter, root)
     ideal = max(1.0, total / max(1, target))
     order = itertools.count()
-    heap = [(-child.estimate, next(order), child) for child in _full_unexpanded(root)]
+    heap = [(-child.estimate, next(order), child) for child in _leaves(root) if child.full]
     heapq.heapify(heap)
     uniform_parents: set[int] = set()
     while heap and not counter.spent:
@@ -164,10 +164,6 @@ def plan_boundaries(page_of, target: int, page: int = 1000, max_requests: int = 
             if child.full:
                 heapq.heappush(heap, (-child.estimate, next(order), child))
     return _pack(list(_leaves(root)), ideal)
-
-
-def _full_unexpanded(node: _Node):
-    return (leaf for leaf in _leaves(node) if leaf.full)
 
 
 def _estimate_children_like_parent(node: _Node):

@@ -411,15 +411,6 @@ def _join(label, own, other):
     )
 
 
-def _own(tagged):
-    """The value tagged _OWN, or None (the key has none)."""
-    return next((value for tag, value in tagged if tag == _OWN), None)
-
-
-def _others(tagged):
-    return (value for tag, value in tagged if tag == _OTHER)
-
-
 def _near_matrix(signatures, max_distance: int) -> np.ndarray:
     """int16 [n, n]: `signature.near` of every pair (-1 where not near), a vectorized grey prefilter first."""
     count = len(signatures)
@@ -533,11 +524,12 @@ def _group_stats(decision: GroupDecision):
 def _follow(element, drop: bool):
     """(representative key, [decision, followers...]) -> the followers' GroupMembers (none without a group)."""
     _, tagged = element
-    decision = _own(tagged)
+    decision = next((value for tag, value in tagged if tag == _OWN), None)
     if decision is None:
         return
-    for image in _others(tagged):
-        yield decision.member(image, drop)
+    for tag, image in tagged:
+        if tag == _OTHER:
+            yield decision.member(image, drop)
 
 
 class ListGroupFn(beam.CombineFn):
