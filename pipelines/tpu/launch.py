@@ -34,10 +34,19 @@ PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the 
 JAX_VENV = f"{RUN_DIR}/jax-venv"
 TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
 TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
-# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
+# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it). Without it
+# (a CPU VM, the generic tensorflow build) one line on stderr, no traceback, and an empty path, which
+# TensorFlow treats as unset (it loads the plugin only for a non-empty value); start.sh goes on as before.
+# No quote characters: it travels inside gcloud's --command '...'.
+LIBTPU_MISSING = (
+    " has no libtpu (a CPU VM, or TensorFlow without its TPU build), so TensorFlow will find no TPU here: "
+    "install this package with its [tpu] extra (tensorflow-tpu and its libtpu) for that Python, then launch again"
+)
 _LIBTPU_PATH_PYTHON = (
-    "import importlib.util, os; "
-    'print(os.path.join(importlib.util.find_spec("libtpu").submodule_search_locations[0], "libtpu.so"))'
+    "import importlib.util, os, sys; "
+    'spec = importlib.util.find_spec("libtpu"); '
+    'print(os.path.join(spec.submodule_search_locations[0], "libtpu.so")) '
+    f'if spec and spec.submodule_search_locations else sys.exit(sys.executable + "{LIBTPU_MISSING}")'
 )
 
 
