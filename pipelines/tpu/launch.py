@@ -6,7 +6,6 @@ docs/internals.md. On TensorFlow (tensorflow-tpu on the image's Python 3.10) a s
 """
 
 import fcntl
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -276,14 +275,14 @@ def start_detached(
     the check of the pid file until it names the new supervisor, so two starts at once start one.
     """
     os.makedirs(run_dir, exist_ok=True)
-    # start.sh's environment, but libtpu's path found here rather than by its shell expression.
+    # start.sh's environment. libtpu's path is the training interpreter's (the [tpu] venv's), not this
+    # launcher's, which has generic TensorFlow and no libtpu: start.sh's line, run by `python`.
     environment, env = dict(training_environment(multi_host, backend)), dict(os.environ)
     if environment.pop("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", None):
-        spec = importlib.util.find_spec("libtpu")
-        if spec is not None and spec.submodule_search_locations:
-            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.path.join(
-                spec.submodule_search_locations[0], "libtpu.so"
-            )
+        found = subprocess.run([python, "-c", _LIBTPU_PATH_PYTHON], stdout=subprocess.PIPE, text=True)
+        env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = (
+            found.stdout.strip()
+        )  # "" without libtpu: its line on stderr
     env.update(environment)
     log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
     pid_file = os.path.join(run_dir, os.path.basename(PID_FILE))

@@ -211,6 +211,28 @@ def test_start_detached_runs_the_supervisor_in_its_own_session_with_output_in_th
     assert "supervisor" in text and "not restarting" in text and "--epochs" in text
 
 
+def test_start_detached_gives_the_supervisor_the_libtpu_of_the_training_interpreter(tmp_path, monkeypatch):
+    # The training interpreter (the [tpu] venv's, here a wrapper) has a libtpu; this launcher process has none.
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    site = tmp_path / "site"
+    (site / "libtpu").mkdir(parents=True)
+    (site / "libtpu" / "__init__.py").write_text("")
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'[ "$2" = train.tools.supervisor ] && printf %s "$TF_PLUGGABLE_DEVICE_LIBRARY_PATH" > {seen}\n'
+        f'PYTHONPATH={site}:$PYTHONPATH exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    train_argv = ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"]
+    start = tpu_launch.start_detached(train_argv, str(tmp_path / "run"), python=str(python))
+    deadline = time.monotonic() + 120
+    while not os.waitpid(start.pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert seen.read_text() == str(site / "libtpu" / "libtpu.so")
+
+
 # A launcher process: its imports done, it waits for a line on stdin, then calls start_detached.
 _START_DETACHED_ON_A_LINE = """
 import sys
