@@ -238,7 +238,7 @@ _START_DETACHED_ON_A_LINE = """
 import sys
 from pipelines.tpu import launch
 sys.stdin.readline()
-print(*launch.start_detached(sys.argv[2:], sys.argv[1]))
+print(*launch.start_detached(sys.argv[3:], sys.argv[2], python=sys.argv[1]))
 """
 
 
@@ -247,9 +247,16 @@ def test_two_start_detached_at_once_start_one_supervisor_and_the_second_says_it_
     run_dir = tmp_path / "run"
     train_argv = ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"]
     env = {**os.environ, "PYTHONPATH": REPO}
+    # The training interpreter waits 5 s before `-m train` fails on its setup, so the first supervisor is
+    # still running when the second start looks, however loaded the machine (it lived 0.5 s without this).
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -m train "*) sleep 5;; esac\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
     launchers = [
         subprocess.Popen(
-            [sys.executable, "-c", _START_DETACHED_ON_A_LINE, str(run_dir), *train_argv],
+            [sys.executable, "-c", _START_DETACHED_ON_A_LINE, str(python), str(run_dir), *train_argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
