@@ -1,6 +1,7 @@
 """The benchmarks' one measuring harness: a command run as a subprocess (wall time, CPU, peak memory of its
 process tree, phases), a block of this process (`timed`, `reset_peak_rss`, `status_bytes`), ratios
-(`scaling_ratios`), and the report (machine, load, tables, JSON).
+(`scaling_ratios`), the report (machine, load, tables, JSON), and the stage 1 benchmarks' shared option
+(`add_stage1_arg_option`).
 
 Memory is sampled from /proc every `interval` seconds: the resident set of
 the command's whole process tree (the main process and every descendant, e.g.
@@ -16,6 +17,7 @@ grew. These mark the phases of a job from outside, without touching its code
 (stage 1 writes its decoded spill, then its shards).
 """
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -313,6 +315,20 @@ def run_measured(
 def python_module(module: str, *args: str) -> list[str]:
     """argv running `python -m module args` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def add_stage1_arg_option(parser: argparse.ArgumentParser) -> None:
+    """--stage1-arg, declared once for the benchmarks that run stage 1: its words, in order, in args.stage1_args."""
+    parser.add_argument(
+        "--stage1-arg",
+        dest="stage1_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="One more word for every stage 1 command line the benchmark runs (stage1_vs_handwritten: the beam "
+        "contenders'); repeat it: e.g. --stage1-arg=--near-duplicates --stage1-arg=off, stage 1 without its "
+        "near-duplicate audit; --stage1-arg=--in-process-below --stage1-arg=0, a small corpus in worker processes.",
+    )
 
 
 def finish_report(figures: dict, json_path: str | None) -> dict:

@@ -26,6 +26,7 @@ import sys
 
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import (
+    add_stage1_arg_option,
     finish_report,
     format_table,
     machine_description,
@@ -85,15 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tiny", action="store_true", help="Smoke test: 6 and 12 tiny photos, 32 px, 1 repeat."
     )
-    parser.add_argument(
-        "--stage1-arg",
-        dest="stage1_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="One more word for stage 1's command line (repeat it): e.g. --stage1-arg=--near-duplicates "
-        "--stage1-arg=off, stage 1 without its near-duplicate audit.",
-    )
+    add_stage1_arg_option(parser)
     return parser
 
 

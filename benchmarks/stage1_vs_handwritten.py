@@ -52,6 +52,7 @@ import sys
 
 from benchmarks import corpus as corpus_lib
 from benchmarks.measure import (
+    add_stage1_arg_option,
     finish_report,
     format_table,
     machine_description,
@@ -215,15 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Run only {BEAM_2!r} (with the audit) and {BEAM_2_OFF!r} (--near-duplicates off), and report "
         "the audit's CPU cost per image.",
     )
-    parser.add_argument(
-        "--stage1-arg",
-        dest="stage1_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="One more word for every beam contender's command line (repeat it): e.g. "
-        "--stage1-arg=--in-process-below --stage1-arg=0 runs a small corpus in worker processes.",
-    )
+    add_stage1_arg_option(parser)
     return parser
 
 

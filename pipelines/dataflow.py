@@ -373,11 +373,13 @@ def train_on_this_tpu_vm(spec: dict, run=subprocess.run):
         python = tpu_interpreter.ensure_interpreter(run_dir, build_sdist(build_dir), backend, run=run)
     extra = install_lines.TPU_JAX if backend == JAX else install_lines.TPU
     print(f"Training interpreter: {python} (this package with its [{extra}] extra)")
-    pid, log_path = tpu_launch.start_detached(spec["train_args"], run_dir, python=python, backend=backend)
+    start = tpu_launch.start_detached(spec["train_args"], run_dir, python=python, backend=backend)
+    how = "started" if start.started else "is already running (not started again)"
     print(
-        f"Dataset ready. Training started under train.tools.supervisor (pid {pid}); follow it with: tail -f {log_path}"
+        f"Dataset ready. Training {how} under train.tools.supervisor (pid {start.pid}); follow it with: "
+        f"tail -f {start.log_path}"
     )
-    return pid
+    return start.pid
 
 
 # The flags that only stage 1 reads: given with --skip-preprocess they would change nothing. Not

@@ -5,11 +5,12 @@ docs/internals.md. On TensorFlow (tensorflow-tpu on the image's Python 3.10) a s
 0 alone; on JAX (jax[tpu] in a uv-managed Python 3.11) every worker runs the trainer.
 """
 
-import importlib.util
+import fcntl
 import os
 import shlex
 import subprocess
 import sys
+from typing import NamedTuple
 
 from dataset_contract.cli_help import flag_value
 from pipelines.tpu import lifecycle as tpu_lifecycle
@@ -32,10 +33,19 @@ PROGRESS_FILE = f"{RUN_DIR}/progress.json"  # the last checkpoint step, for the 
 JAX_VENV = f"{RUN_DIR}/jax-venv"
 TPU_RUNTIME_SERVICE = "/etc/systemd/system/tpu-runtime.service"
 TPU_SERVER_IMAGE = "gcr.io/cloud-tpu-v2-images/grpc_tpu_worker"
-# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it).
+# Where libtpu is, found without importing it (importing TensorFlow's TPU pieces would load it). Without it
+# (a CPU VM, the generic tensorflow build) one line on stderr, no traceback, and an empty path, which
+# TensorFlow treats as unset (it loads the plugin only for a non-empty value); start.sh goes on as before.
+# No quote characters: it travels inside gcloud's --command '...'.
+LIBTPU_MISSING = (
+    " has no libtpu (a CPU VM, or TensorFlow without its TPU build), so TensorFlow will find no TPU here: "
+    "install this package with its [tpu] extra (tensorflow-tpu and its libtpu) for that Python, then launch again"
+)
 _LIBTPU_PATH_PYTHON = (
-    "import importlib.util, os; "
-    'print(os.path.join(importlib.util.find_spec("libtpu").submodule_search_locations[0], "libtpu.so"))'
+    "import importlib.util, os, sys; "
+    'spec = importlib.util.find_spec("libtpu"); '
+    'print(os.path.join(spec.submodule_search_locations[0], "libtpu.so")) '
+    f'if spec and spec.submodule_search_locations else sys.exit(sys.executable + "{LIBTPU_MISSING}")'
 )
 
 
@@ -230,39 +240,74 @@ def supervised_launch_command(*args, **kwargs) -> str:
     )
 
 
+def running_supervisor(pid_file: str) -> int | None:
+    """The pid in `pid_file` while it names a live train.tools.supervisor (start.sh's check), else None."""
+    try:
+        with open(pid_file) as handle:
+            pid = int(handle.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read()
+    except (OSError, ValueError):
+        return None
+    return pid if b"train.tools.supervisor" in cmdline else None
+
+
+class DetachedStart(NamedTuple):
+    """What start_detached did: the supervisor's pid, its log, and whether this call started it (False: one
+    already ran, which was left alone)."""
+
+    pid: int
+    log_path: str
+    started: bool
+
+
 def start_detached(
     train_argv: list[str],
     run_dir: str,
     multi_host: bool = False,
     python: str = sys.executable,
     backend: str = TENSORFLOW,
-):
-    """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log.
+) -> DetachedStart:
+    """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log,
+    unless a supervisor already runs there.
 
-    Returns (pid, log path). The same environment as `supervised_launch_command`.
+    The same environment as `supervised_launch_command`, and start.sh's lock: RUN_DIR/start.lock, held from
+    the check of the pid file until it names the new supervisor, so two starts at once start one.
     """
     os.makedirs(run_dir, exist_ok=True)
-    # start.sh's environment, but libtpu's path found here rather than by its shell expression.
+    # start.sh's environment. libtpu's path is the training interpreter's (the [tpu] venv's), not this
+    # launcher's, which has generic TensorFlow and no libtpu: start.sh's line, run by `python`.
     environment, env = dict(training_environment(multi_host, backend)), dict(os.environ)
     if environment.pop("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", None):
-        spec = importlib.util.find_spec("libtpu")
-        if spec is not None and spec.submodule_search_locations:
-            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = os.path.join(
-                spec.submodule_search_locations[0], "libtpu.so"
-            )
+        found = subprocess.run([python, "-c", _LIBTPU_PATH_PYTHON], stdout=subprocess.PIPE, text=True)
+        env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = (
+            found.stdout.strip()
+        )  # "" without libtpu: its line on stderr
     env.update(environment)
     log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
-    argv = supervisor_argv(python, train_argv, os.path.join(run_dir, os.path.basename(PID_FILE)), run_dir)
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    return process.pid, log_path
+    pid_file = os.path.join(run_dir, os.path.basename(PID_FILE))
+    argv = supervisor_argv(python, train_argv, pid_file, run_dir)
+    # flock(2), as start.sh's flock(1): this start, another one and a start.sh run at boot take turns. Python
+    # opens the lock file close-on-exec, so the supervisor does not hold it.
+    with open(os.path.join(run_dir, os.path.basename(START_LOCK)), "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        running = running_supervisor(pid_file)
+        if running is not None:
+            return DetachedStart(running, log_path, started=False)
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        # Popen returns once the child has exec'd the supervisor, so the next start's check sees it running
+        # (the supervisor writes the same pid there itself, later).
+        with open(pid_file, "w") as handle:
+            handle.write(f"{process.pid}\n")
+    return DetachedStart(process.pid, log_path, started=True)
 
 
 def training_commands(

@@ -1,10 +1,14 @@
-"""benchmarks/measure.py's in-process half: a block's wall and CPU time, the peak-RSS mark, scaling ratios."""
+"""benchmarks/measure.py's in-process half: a block's wall and CPU time, the peak-RSS mark, scaling ratios;
+and the option the stage 1 benchmarks share."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from benchmarks import measure
+from benchmarks import measure, stage1_memory, stage1_vs_handwritten
 
 
 def test_timed_gives_the_blocks_wall_and_cpu_seconds():
@@ -38,3 +42,28 @@ def test_scaling_ratios_pair_each_repeats_runs_and_select_by_field():
     ]
     assert measure.scaling_ratios(runs[:4], "peak", 4) == pytest.approx([1.3, 1.1])
     assert measure.scaling_ratios(runs[4:], "peak", 4, contender="b") == [4.0]
+
+
+def stage1_arg_help(module: str) -> str:
+    """The --stage1-arg paragraph of `python -m benchmarks.MODULE --help`, as a user sees it."""
+    env = {**os.environ, "COLUMNS": "100"}
+    text = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    paragraph = text[text.index("  --stage1-arg ARG") :]
+    return paragraph.split("\n  -")[0]
+
+
+def test_both_stage1_benchmarks_show_and_parse_the_one_stage1_arg_option():
+    # One declaration in the harness: the same help in both --help texts, the same words in args.stage1_args.
+    shown = {module: stage1_arg_help(module) for module in ("stage1_memory", "stage1_vs_handwritten")}
+    assert shown["stage1_memory"] == shown["stage1_vs_handwritten"], shown
+    assert "--in-process-below" in shown["stage1_memory"] and "--near-" in shown["stage1_memory"]
+    for module in (stage1_memory, stage1_vs_handwritten):
+        args = module.build_parser().parse_args(["--stage1-arg=--near-duplicates", "--stage1-arg=off"])
+        assert args.stage1_args == ["--near-duplicates", "off"]
+        assert module.build_parser().parse_args([]).stage1_args == []

@@ -1,7 +1,9 @@
 """The TPU launch commands pipelines.dataflow prints and writes, for single-host VMs and multi-host slices."""
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -193,9 +195,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_start_detached_runs_the_supervisor_in_its_own_session_with_output_in_the_log(tmp_path, monkeypatch):
     # A setup error (--epochs 0) ends it at once: the supervisor's own log lines show it ran, detached.
     monkeypatch.setenv("PYTHONPATH", REPO)
-    pid, log_path = tpu_launch.start_detached(
+    pid, log_path, started = tpu_launch.start_detached(
         ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"], str(tmp_path / "run")
     )
+    assert started
     assert os.getsid(pid) == pid  # a session leader: no terminal, no SIGHUP from the launching shell
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -206,6 +209,75 @@ def test_start_detached_runs_the_supervisor_in_its_own_session_with_output_in_th
     assert os.waitstatus_to_exitcode(status) == supervisor.SETUP_ERROR_EXIT_CODE
     text = open(log_path).read()
     assert "supervisor" in text and "not restarting" in text and "--epochs" in text
+
+
+def test_start_detached_gives_the_supervisor_the_libtpu_of_the_training_interpreter(tmp_path, monkeypatch):
+    # The training interpreter (the [tpu] venv's, here a wrapper) has a libtpu; this launcher process has none.
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    site = tmp_path / "site"
+    (site / "libtpu").mkdir(parents=True)
+    (site / "libtpu" / "__init__.py").write_text("")
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'[ "$2" = train.tools.supervisor ] && printf %s "$TF_PLUGGABLE_DEVICE_LIBRARY_PATH" > {seen}\n'
+        f'PYTHONPATH={site}:$PYTHONPATH exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    train_argv = ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"]
+    start = tpu_launch.start_detached(train_argv, str(tmp_path / "run"), python=str(python))
+    deadline = time.monotonic() + 120
+    while not os.waitpid(start.pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert seen.read_text() == str(site / "libtpu" / "libtpu.so")
+
+
+# A launcher process: its imports done, it waits for a line on stdin, then calls start_detached.
+_START_DETACHED_ON_A_LINE = """
+import sys
+from pipelines.tpu import launch
+sys.stdin.readline()
+print(*launch.start_detached(sys.argv[3:], sys.argv[2], python=sys.argv[1]))
+"""
+
+
+def test_two_start_detached_at_once_start_one_supervisor_and_the_second_says_it_runs(tmp_path):
+    # A retried launcher, or Enter pressed twice: two --tpu local starts of one run directory at the same moment.
+    run_dir = tmp_path / "run"
+    train_argv = ["--data", str(tmp_path), "--model-dir", str(tmp_path), "--epochs", "0"]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    # The training interpreter waits 5 s before `-m train` fails on its setup, so the first supervisor is
+    # still running when the second start looks, however loaded the machine (it lived 0.5 s without this).
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -m train "*) sleep 5;; esac\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    launchers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _START_DETACHED_ON_A_LINE, str(python), str(run_dir), *train_argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    outputs = [launcher.communicate("go\n", timeout=60)[0].split() for launcher in launchers]
+    pids = {int(output[0]) for output in outputs}
+    try:
+        assert len(pids) == 1, outputs  # one supervisor, named by both
+        assert sorted(output[-1] for output in outputs) == ["False", "True"], outputs
+        # The supervisor ends (a setup error) and removes its pid file: one run of training in the log.
+        deadline = time.monotonic() + 120
+        while (run_dir / "supervisor.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (run_dir / "train.log").read_text().count("run 1:") == 1
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # a session leader: its group is its training too
 
 
 def test_the_remote_launch_command_starts_the_supervisor_detached_for_real(tmp_path):

@@ -214,6 +214,28 @@ def test_two_start_sh_runs_at_once_start_one_supervisor(scratch_home):
     assert (home / tpu_launch.LOG_FILE).read_text().count("run 1:") == 1
 
 
+def test_start_sh_finds_libtpu_or_says_in_one_line_that_it_is_missing(scratch_home):
+    # start.sh's export line, in a real bash whose python3 has no libtpu (this test machine's), then one that has.
+    home, env = scratch_home
+    (export,) = [
+        line
+        for line in tpu_launch.start_script(["--data", str(home)], False).splitlines()
+        if line.startswith("export ")
+    ]
+    shown = f'{export}\necho "path=[$TF_PLUGGABLE_DEVICE_LIBRARY_PATH]"'
+    result = subprocess.run(["bash", "-c", shown], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "path=[]\n"  # empty: TensorFlow loads no plugin
+    assert (
+        result.stderr == f"{home / 'bin' / 'python3'}{tpu_launch.LIBTPU_MISSING}\n"
+    )  # one line, no traceback
+    package = home / "site" / "libtpu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    env = {**env, "PYTHONPATH": f"{home / 'site'}:{env['PYTHONPATH']}"}
+    result = subprocess.run(["bash", "-c", shown], env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout == f"path=[{package / 'libtpu.so'}]\n" and result.stderr == ""
+
+
 def test_a_slice_start_sh_starts_no_training_while_a_tpu_server_does_not_answer(scratch_home):
     home, env = scratch_home
     bin_dir = home / "bin"
