@@ -378,7 +378,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             output_dir,
             run_id,
             published=reused["published"] if plan.incremental else None,
-            carried=reused["carried"],
+            # A first run carries nothing over: no empty input to flatten with the signed images, which
+            # would end the stage that signs them (one more stage, and every SignedImage coded across it).
+            carried=reused["carried"] if plan.incremental else None,
         )
     else:
         examples, dropped, near_duplicate_inputs, group_lines = decoded.examples, None, {}, None

@@ -353,12 +353,13 @@ WRITE_SHARD_FILES = "WriteShards/WriteFiles/ParDo(WriteShardFilesFn)"
         ("jpeg", "off", [{DECODE, "Encode/ParDo(EncodeDecodedFn)", WRITE_SHARD_FILES}]),
         ("bfloat16", "off", [{DECODE, "Spill[train]/WriteParts", "Spill[test]/WriteParts"}]),
         # With the near-duplicate audit: decoded pixels go to the audit's spill where they are decoded, and
-        # from there, where each part is read back, to the shards (or the second pass's spill).
+        # from there, where each part is read back, to the shards (or the second pass's spill). In a first
+        # run (nothing carried over) the grouping takes the signed images in that stage too.
         (
             "uint8",
             "keep",
             [
-                {DECODE, NEAR_DUPLICATE_SPILL},
+                {DECODE, NEAR_DUPLICATE_SPILL, "NearDuplicates/Group/BySignature"},
                 {NEAR_DUPLICATE_ROUTE, "Encode/ParDo(EncodeDecodedFn)", WRITE_SHARD_FILES},
             ],
         ),
