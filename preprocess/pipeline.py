@@ -35,7 +35,7 @@ from preprocess.transform import (
     tensor_adapter_config,
 )
 from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
-from preprocess.write.shards import NEAR_DUPLICATES, WriteErrorLog, WriteShards
+from preprocess.write.shards import ERRORS, NEAR_DUPLICATES, WriteErrorLog, WriteJsonLogs, WriteShards
 from preprocess.write.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
 
 # Per-record framing and metadata features around the image payload (sha256,
@@ -157,7 +157,8 @@ def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
 
 def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
     """keep/drop: the decoded examples in their final splits, and what the manifest says of the groups:
-    (examples, summary, dropped, finalize's side inputs); `published`/`carried`: an incremental run's."""
+    (examples, summary, dropped, finalize's side inputs, the groups' (NEAR_DUPLICATES, JSON line) for
+    WriteJsonLogs); `published`/`carried`: an incremental run's."""
     carried_inputs = carried_in_audit(carried) if carried is not None else {}
     near = decoded_examples | "NearDuplicates" >> NearDuplicateAudit(
         output_dir,
@@ -169,18 +170,12 @@ def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, publi
         published_shards=published_shards(output_dir) if published is None else published,
         **carried_inputs,
     )
-    # One JSON line per group, in files written as the error log's are (shards.WriteErrorLog).
-    files = (
-        near["groups"]
-        | "GroupsToJson" >> beam.Map(lambda group: group.to_json().encode("utf-8"))
-        | "WriteNearDuplicates"
-        >> WriteErrorLog(output_dir, run_id, prefix=NEAR_DUPLICATES, count_key="num_groups")
+    # One JSON line per group, written with the error log's lines (build_pipeline's WriteLogs).
+    group_lines = near["groups"] | "GroupsToJson" >> beam.Map(
+        lambda group: (NEAR_DUPLICATES, group.to_json().encode("utf-8"))
     )
-    manifest_inputs = {
-        "near_duplicate_stats": beam.pvalue.AsSingleton(near["stats"]),
-        "near_duplicate_files": beam.pvalue.AsSingleton(files),
-    }
-    return near["examples"], near["summary"], near["dropped"], manifest_inputs
+    manifest_inputs = {"near_duplicate_stats": beam.pvalue.AsSingleton(near["stats"])}
+    return near["examples"], near["summary"], near["dropped"], manifest_inputs, group_lines
 
 
 class CarriedForAuditFn(beam.DoFn):
@@ -377,16 +372,18 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     )
     if audit:
         # Every image in its final split: no group of near-duplicates straddles train and evaluation.
-        examples, summary, dropped, near_duplicate_inputs = audit_near_duplicates(
+        examples, summary, dropped, near_duplicate_inputs, group_lines = audit_near_duplicates(
             decoded.examples,
             args,
             output_dir,
             run_id,
             published=reused["published"] if plan.incremental else None,
-            carried=reused["carried"],
+            # A first run carries nothing over: no empty input to flatten with the signed images, which
+            # would end the stage that signs them (one more stage, and every SignedImage coded across it).
+            carried=reused["carried"] if plan.incremental else None,
         )
     else:
-        examples, dropped, near_duplicate_inputs = decoded.examples, None, {}
+        examples, dropped, near_duplicate_inputs, group_lines = decoded.examples, None, {}, None
         carried_inputs = reused["carried"] | "CarriedInputs" >> beam.MapTuple(
             lambda _, carried: carried.image
         )
@@ -453,11 +450,27 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     shards = (written["shards"], referenced_shards) | "AllShards" >> beam.Flatten()
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
-    errors_log = (
+    # The error log and the near-duplicate groups share one writer: each log of its own would cost its
+    # three shuffles and their stages again (benchmarks/RESULTS.md, issue 30's cost).
+    log_lines = [
         all_errors
-        | "ErrorsToJson" >> beam.Map(lambda error: errors.ErrorRecord.to_json(error).encode("utf-8"))
-        | "WriteErrors" >> WriteErrorLog(output_dir, run_id)
+        | "ErrorsToJson"
+        >> beam.Map(lambda error: (ERRORS, errors.ErrorRecord.to_json(error).encode("utf-8")))
+    ]
+    count_keys = {ERRORS: "num_errors"}
+    if group_lines is not None:
+        log_lines.append(group_lines)
+        count_keys[NEAR_DUPLICATES] = "num_groups"
+    logs = (
+        log_lines
+        | "AllLogLines" >> beam.Flatten()
+        | "WriteLogs" >> WriteJsonLogs(output_dir, run_id, count_keys)
     )
+    errors_log = logs | "ErrorFiles" >> beam.Map(lambda logs: logs[ERRORS])
+    if group_lines is not None:
+        near_duplicate_inputs["near_duplicate_files"] = beam.pvalue.AsSingleton(
+            logs | "NearDuplicateFiles" >> beam.Map(lambda logs: logs[NEAR_DUPLICATES])
+        )
     # The version's ledger (preprocess/reuse/ledger.py): what the next version reuses without decoding. uint8
     # and jpeg: each written record's entry says which shard holds it (the shard writer's), a referenced
     # one's keeps its shard. bfloat16 and float32 versions are never carried over (previous.py): no shard.

@@ -398,20 +398,69 @@ class WriteShards(beam.PTransform):
         }
 
 
+def plan_log_files(files: list[WrittenFile], prefixes) -> list[ShardPlan]:
+    """plan_error_files for each log of `prefixes` (a file's `split` is its log's prefix)."""
+    by_prefix = {prefix: [] for prefix in prefixes}
+    for file in files:
+        by_prefix[file.split].append(file)
+    return [
+        plan for prefix in sorted(by_prefix) for plan in plan_error_files(by_prefix[prefix], prefix=prefix)
+    ]
+
+
+def entries_by_log(entries: list[tuple[str, dict]], prefixes) -> dict[str, list[dict]]:
+    """(prefix, manifest entry) of every packed file -> {prefix: its entries sorted by path} for each prefix."""
+    by_prefix = {prefix: [] for prefix in prefixes}
+    for prefix, entry in entries:
+        by_prefix[prefix].append(entry)
+    return {prefix: sorted(found, key=lambda entry: entry["path"]) for prefix, found in by_prefix.items()}
+
+
+class WriteJsonLogs(beam.PTransform):
+    """(prefix, JSON line bytes) -> the files of each log in runs/<run id>/; outputs a singleton
+    {prefix: the list of that log's manifest entries (sorted by path; empty when it has no line)}.
+
+    `count_keys`: {prefix: the manifest entries' count key}, one per log: the error log (ERRORS,
+    "num_errors"), the near-duplicate groups (NEAR_DUPLICATES, "num_groups"), the ledger. Written as
+    shards are (WriteShardFilesFn, then plan_error_files): each bundle attempt writes each log's lines to
+    files of its own in the run's directory, and the small ones are packed, up to 32 a file, in parallel
+    (one element per packed file). The manifest lists the files; nothing is concatenated into one file, so
+    no step does work proportional to the number of lines. Several logs share one writer: its three
+    shuffles (the files listed, spread, the entries listed) and their stages are paid once per job, not
+    once per log (benchmarks/RESULTS.md, issue 30's cost).
+    """
+
+    def __init__(self, output_dir, run_id, count_keys: dict[str, str]):
+        super().__init__()
+        self._output_dir = output_dir
+        self._run_id = run_id
+        self._count_keys = dict(count_keys)
+
+    def expand(self, keyed_lines):
+        run_id = beam.pvalue.AsSingleton(self._run_id)
+        writer = WriteShardFilesFn(self._output_dir, framing=LINES)
+        count_keys = self._count_keys
+        return (
+            keyed_lines
+            | "WriteFiles" >> beam.ParDo(writer, dict.fromkeys(count_keys, ERROR_FILE_BYTES), run_id)
+            | "AllFiles" >> beam.combiners.ToList()
+            | "Plan" >> beam.FlatMap(plan_log_files, prefixes=sorted(count_keys))
+            | "Spread" >> beam.Reshuffle()
+            | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
+            | "ManifestEntry"
+            >> beam.Map(lambda entry: (entry["split"], error_file_entry(entry, count_keys[entry["split"]])))
+            | "AllEntries" >> beam.combiners.ToList()
+            | "ByLog" >> beam.Map(entries_by_log, prefixes=sorted(count_keys))
+        )
+
+
 class WriteErrorLog(beam.PTransform):
-    """JSON lines (bytes) -> the error log's files in runs/<run id>/; outputs the list of their manifest entries.
+    """JSON lines (bytes) -> one log's files in runs/<run id>/ (WriteJsonLogs); outputs the singleton list of
+    their manifest entries (sorted by path; empty when nothing failed).
 
-    Written as shards are (WriteShardFilesFn, then plan_error_files): each
-    bundle attempt writes its errors to files of its own in the run's
-    directory, and the small ones are packed, up to 32 a file, in parallel
-    (one element per packed file). The manifest lists the files
-    (`error_files`); nothing is concatenated into one file, so no step does
-    work proportional to the number of errors. The output is a singleton:
-    the list of manifest entries (sorted by path; empty when nothing failed).
-
-    Other JSON-line logs are written the same way under another file
-    `prefix` and manifest `count_key`: the near-duplicate groups
-    (NEAR_DUPLICATES, "num_groups": the manifest's `near_duplicate_files`).
+    The error log by default; other JSON-line logs are written the same way under another file `prefix`
+    and manifest `count_key` (the ledger: preprocess/reuse/ledger.py). Logs that a job writes anyway should
+    share one WriteJsonLogs instead (pipeline.py writes the errors and the near-duplicate groups so).
     """
 
     def __init__(self, output_dir, run_id, prefix: str = ERRORS, count_key: str = "num_errors"):
@@ -422,18 +471,10 @@ class WriteErrorLog(beam.PTransform):
         self._count_key = count_key
 
     def expand(self, lines):
-        run_id = beam.pvalue.AsSingleton(self._run_id)
-        writer = WriteShardFilesFn(self._output_dir, framing=LINES)
         prefix = self._prefix
         return (
             lines
             | "KeyErrors" >> beam.Map(lambda line: (prefix, line))
-            | "WriteFiles" >> beam.ParDo(writer, {prefix: ERROR_FILE_BYTES}, run_id)
-            | "AllFiles" >> beam.combiners.ToList()
-            | "Plan" >> beam.FlatMap(plan_error_files, prefix=prefix)
-            | "Spread" >> beam.Reshuffle()
-            | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
-            | "ManifestEntry" >> beam.Map(error_file_entry, count_key=self._count_key)
-            | "AllEntries" >> beam.combiners.ToList()
-            | "Sorted" >> beam.Map(lambda entries: sorted(entries, key=lambda entry: entry["path"]))
+            | "Write" >> WriteJsonLogs(self._output_dir, self._run_id, {prefix: self._count_key})
+            | "Entries" >> beam.Map(lambda logs: logs[prefix])
         )

@@ -218,3 +218,28 @@ def test_the_error_log_transform_lists_files_holding_every_line_once(tmp_path):
         line for entry in listed for line in (tmp_path / entry["path"]).read_bytes().splitlines() if line
     ]
     assert sorted(written) == sorted(lines)
+
+
+def test_logs_sharing_one_writer_each_list_their_own_files(tmp_path):
+    """WriteJsonLogs with two logs (the errors and the near-duplicate groups, as stage 1 writes them), one of
+    them empty: each gets its own files, named by its prefix, with its count key."""
+    import apache_beam as beam
+
+    from preprocess.write.shards import ERRORS, NEAR_DUPLICATES, WriteJsonLogs
+
+    lines = [_error_line(index) for index in range(40)]
+    count_keys = {ERRORS: "num_errors", NEAR_DUPLICATES: "num_groups", "empty": "num_empty"}
+    with beam.Pipeline() as pipeline:
+        run_id = pipeline | "RunId" >> beam.Create([RUN_ID])
+        keyed = [(ERRORS if index % 4 else NEAR_DUPLICATES, line) for index, line in enumerate(lines)]
+        logs = pipeline | beam.Create(keyed) | WriteJsonLogs(str(tmp_path), run_id, count_keys)
+        _ = logs | beam.Map(lambda listed: (tmp_path / "logs.json").write_text(json.dumps(listed)))
+    listed = json.loads((tmp_path / "logs.json").read_text())
+    assert sorted(listed) == sorted(count_keys) and listed["empty"] == []
+    for prefix, count_key in [(ERRORS, "num_errors"), (NEAR_DUPLICATES, "num_groups")]:
+        expected = sorted(line for key, line in keyed if key == prefix)
+        entries = listed[prefix]
+        assert all(entry["path"].split("/")[-1].startswith(f"{prefix}-") for entry in entries)
+        assert sum(entry[count_key] for entry in entries) == len(expected)
+        written = [line for entry in entries for line in (tmp_path / entry["path"]).read_bytes().splitlines()]
+        assert sorted(written) == expected
