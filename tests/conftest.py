@@ -3,6 +3,8 @@
 GCS: ``gcs_emulator`` (one emulator per test session), ``gcs_dir`` (a fresh gs:// directory in it per
 test) and ``gcs_read_faults`` (a forwarder in front of the emulator that fails object reads on demand). How
 the emulator is reached by google-cloud-storage, Beam and TensorFlow: tests/gcs_emulator.py.
+
+Stage 1: ``shared_stage1_datasets``, datasets written once per session and copied for each module that asks.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
             yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_stage1_datasets(tmp_path_factory: pytest.TempPathFactory):
+    """`.copy(destination, images_per_class, **run_stage1 arguments) -> (corpus root, manifest)`: one stage 1
+    run per arguments for the whole session (tests/stage1.py, SharedStage1Datasets)."""
+    from tests.stage1 import SharedStage1Datasets  # noqa: PLC0415 - TensorFlow, only when a test asks
+
+    return SharedStage1Datasets(tmp_path_factory.mktemp("shared-stage1-datasets"))
 
 
 @pytest.fixture
