@@ -3,6 +3,11 @@
 GCS: ``gcs_emulator`` (one emulator per test session), ``gcs_dir`` (a fresh gs:// directory in it per
 test) and ``gcs_read_faults`` (a forwarder in front of the emulator that fails object reads on demand). How
 the emulator is reached by google-cloud-storage, Beam and TensorFlow: tests/gcs_emulator.py.
+
+``fast_gcs_backoff`` and ``short_gcs_retries``: google-api-core's GCS retries in this process, with
+shorter waits or a shorter deadline.
+
+Stage 1: ``shared_stage1_datasets``, datasets written once per session and copied for each module that asks.
 """
 
 from __future__ import annotations
@@ -43,6 +48,15 @@ def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsEmulat
             yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_stage1_datasets(tmp_path_factory: pytest.TempPathFactory):
+    """`.copy(destination, images_per_class, **run_stage1 arguments) -> (corpus root, manifest)`: one stage 1
+    run per arguments for the whole session (tests/stage1.py, SharedStage1Datasets)."""
+    from tests.stage1 import SharedStage1Datasets  # noqa: PLC0415 - TensorFlow, only when a test asks
+
+    return SharedStage1Datasets(tmp_path_factory.mktemp("shared-stage1-datasets"))
 
 
 @pytest.fixture
@@ -90,3 +104,28 @@ def short_gcs_retries(monkeypatch: pytest.MonkeyPatch) -> float:
     short = gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER.with_timeout(SHORT_GCS_RETRY_DEADLINE_S)
     monkeypatch.setattr(gcsio_retry, "get_retry", lambda pipeline_options: short)
     return SHORT_GCS_RETRY_DEADLINE_S
+
+
+# google-api-core's back-off (Beam's GCS IO and google-cloud-storage both retry with it): 1 s, doubling, at
+# most 60 s; under `fast_gcs_backoff`, 1/20 of that.
+FAST_GCS_BACKOFF_SCALE = 0.05
+
+
+@pytest.fixture
+def fast_gcs_backoff(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Retried GCS requests in this process wait 1/20 of google-api-core's back-off (from 50 ms instead of 1 s).
+
+    The same retries (predicate, deadline, number of attempts a fault gets) of the same faults, minus the
+    waits between them: for a test of what the retries absorb, whose dozens of 503s would otherwise wait
+    a second or more each. Not for a test of a deadline (`short_gcs_retries`): more attempts fit in it.
+    Returns the scale.
+    """
+    from google.api_core.retry import retry_unary
+
+    backoff = retry_unary.exponential_sleep_generator
+
+    def shorter(initial, maximum, multiplier=2.0):
+        return backoff(initial * FAST_GCS_BACKOFF_SCALE, maximum * FAST_GCS_BACKOFF_SCALE, multiplier)
+
+    monkeypatch.setattr(retry_unary, "exponential_sleep_generator", shorter)
+    return FAST_GCS_BACKOFF_SCALE

@@ -70,6 +70,33 @@ def run_stage1(input_spec, output_dir, *extra_args, image_size=32, encoding="flo
     return launcher.run(*options.parse_args(argv))
 
 
+class SharedStage1Datasets:
+    """Datasets the real stage 1 job wrote from the sample corpus, each written once per test session and
+    copied for every module that asks (the `shared_stage1_datasets` fixture, tests/conftest.py).
+
+    Several modules' fixtures began with the same corpus and the same stage 1 run; one run serves them all.
+    A copy's files are new (copied, not their times kept), as if stage 1 had just written them; the corpus
+    is shared: read it, do not change it.
+    """
+
+    def __init__(self, root):
+        self._root = Path(root)
+        self._written = {}
+
+    def copy(self, destination, images_per_class: int, **stage1_args) -> tuple[str, dict]:
+        """(corpus root, manifest): `destination` holds the dataset `run_stage1(corpus, ..., **stage1_args)`
+        wrote from `write_corpus(..., images_per_class)`."""
+        key = (images_per_class, tuple(sorted(stage1_args.items())))
+        if key not in self._written:
+            base = self._root / f"dataset-{len(self._written)}"
+            corpus = write_corpus(base / "corpus", images_per_class=images_per_class)
+            manifest = run_stage1(corpus.root, base / "dataset", **stage1_args)
+            self._written[key] = (corpus.root, base / "dataset", json.dumps(manifest))
+        corpus_root, dataset, manifest = self._written[key]
+        shutil.copytree(dataset, destination, copy_function=shutil.copy)
+        return corpus_root, json.loads(manifest)
+
+
 def _run_stage1_in(python: str, argv: list[str]) -> dict:
     """`preprocess.launch.launcher.run` of `argv` in a process of `python` (this checkout first on its path)."""
     with tempfile.TemporaryDirectory() as scratch:

@@ -9,6 +9,7 @@ name, against a fake Dataflow API: tests/preprocess/test_dataflow_job.py.
 """
 
 import pathlib
+import uuid
 
 import pytest
 import tensorflow as tf
@@ -19,11 +20,15 @@ from tests.stage1 import run_stage1, write_corpus
 pytestmark = pytest.mark.slow  # a run of stage 1 on the GCS emulator
 
 
-@pytest.fixture
-def built(gcs_dir, tmp_path):
-    """gs://.../raw (a small corpus) and gs://.../run/dataset built from it as pipelines.dataflow asks."""
-    corpus = tmp_path / "corpus"
+@pytest.fixture(scope="module")
+def built(gcs_emulator, tmp_path_factory):
+    """gs://.../raw (a small corpus) and gs://.../run/dataset built from it as pipelines.dataflow asks.
+
+    Built once for the module (a real stage 1 run): the tests launch against it without changing it, or
+    put back what they change."""
+    corpus = tmp_path_factory.mktemp("relaunch") / "corpus"
     write_corpus(corpus, images_per_class=4, include_broken=False)
+    gcs_dir = gcs_emulator.url(f"dataflow-relaunch-{uuid.uuid4().hex[:8]}")
     raw = f"{gcs_dir}/raw"
     for path in sorted(pathlib.Path(corpus).rglob("*")):
         if path.is_file():
@@ -74,7 +79,10 @@ def test_other_stage_1_flags_or_a_changed_input_run_stage_1(built, monkeypatch, 
     assert len(calls.argvs) == 1 and calls.argvs[0][calls.argvs[0].index("--encoding") + 1] == "jpeg"
     first = sorted(tf.io.gfile.glob(f"{raw}/*/*"))[0]
     tf.io.gfile.copy(first, f"{first}.copy.png")  # a new input file
-    assert launch(raw, workdir) == 2
+    try:
+        assert launch(raw, workdir) == 2
+    finally:
+        tf.io.gfile.remove(f"{first}.copy.png")  # the module's inputs as built, for the tests after this one
     assert len(calls.argvs) == 2
     assert "Stage 1 skipped" not in capsys.readouterr().out
 

@@ -14,6 +14,7 @@ import pytest
 import tensorflow_transform as tft
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.transforms import environments
 
@@ -335,8 +336,26 @@ def _graph(encoding: str, tmp_path, *flags):
     return pipeline.to_runner_api(default_environment=environments.EmbeddedPythonEnvironment.default())
 
 
-def _step_names(encoding: str, tmp_path, *flags) -> set[str]:
-    graph = _graph(encoding, tmp_path, *flags)
+@pytest.fixture(scope="module")
+def graph_of(tmp_path_factory):
+    """graph_of(encoding, *flags) -> a copy of the graph stage 1 builds for those flags (not run).
+
+    Built once per arguments for the module: building one (tf.Transform traces its functions) takes seconds,
+    and several tests look at the same graph."""
+    root = tmp_path_factory.mktemp("graphs")
+    built = {}
+
+    def graph(encoding: str, *flags):
+        if (encoding, flags) not in built:
+            built[encoding, flags] = _graph(encoding, root, *flags)
+        copy = beam_runner_api_pb2.Pipeline()
+        copy.CopyFrom(built[encoding, flags])
+        return copy
+
+    return graph
+
+
+def _step_names(graph) -> set[str]:
     return {transform.unique_name for transform in graph.components.transforms.values()}
 
 
@@ -373,10 +392,10 @@ WRITE_SHARD_FILES = "WriteShards/WriteFiles/ParDo(WriteShardFilesFn)"
         ),
     ],
 )
-def test_no_decoded_image_crosses_a_stage_boundary(encoding, mode, stages_together, tmp_path):
+def test_no_decoded_image_crosses_a_stage_boundary(encoding, mode, stages_together, graph_of):
     """Decoded pixels go to disk (shards, or the spill) in the stage that decodes them, as the local runner
     fuses the graph: whatever crosses a stage boundary, it holds in memory."""
-    _, stages = fn_runner.FnApiRunner().create_stages(_graph(encoding, tmp_path, "--near-duplicates", mode))
+    _, stages = fn_runner.FnApiRunner().create_stages(graph_of(encoding, "--near-duplicates", mode))
     for together in stages_together:
         first = sorted(together)[0]
         (stage,) = [stage for stage in stages if first in {t.unique_name for t in stage.transforms}]
@@ -384,8 +403,8 @@ def test_no_decoded_image_crosses_a_stage_boundary(encoding, mode, stages_togeth
 
 
 @pytest.mark.parametrize("encoding", ["uint8", "jpeg"])
-def test_pixel_encodings_are_written_in_one_pass_without_a_spill_or_a_transform(encoding, tmp_path):
-    steps = _step_names(encoding, tmp_path, "--near-duplicates", "off")
+def test_pixel_encodings_are_written_in_one_pass_without_a_spill_or_a_transform(encoding, graph_of):
+    steps = _step_names(graph_of(encoding, "--near-duplicates", "off"))
     assert "Encode" in steps and "AnalyzeTrain" in steps and "WriteShards" in steps
     assert not {
         step for step in steps if step.startswith(("Spill[", "Transform[", "Encode[", "NearDuplicates"))
@@ -401,16 +420,15 @@ def _shuffles_outside_the_audit(graph) -> set[str]:
     }
 
 
-def test_near_duplicates_off_builds_no_audit_and_keep_is_the_default_with_no_shuffle_outside_it(tmp_path):
+def test_near_duplicates_off_builds_no_audit_and_keep_is_the_default_with_no_shuffle_outside_it(graph_of):
     """The audit adds no shuffle outside its own steps: its groups' files are written by the error log's
     writer, not by one of their own (three shuffles and their stages per job: benchmarks/RESULTS.md, issue
     30's cost). (Without the audit the summary is a combine of its own, SummarizeUnique: with it, the
     grouping's counts give it.)"""
-    off = _graph("uint8", tmp_path, "--near-duplicates", "off")
-    default = _graph("uint8", tmp_path)
-    off_steps = {transform.unique_name for transform in off.components.transforms.values()}
-    default_steps = {transform.unique_name for transform in default.components.transforms.values()}
-    assert not {step for step in off_steps if "NearDuplicate" in step}
+    off = graph_of("uint8", "--near-duplicates", "off")
+    default = graph_of("uint8")  # no --near-duplicates flag
+    assert not {step for step in _step_names(off) if "NearDuplicate" in step}
+    default_steps = _step_names(default)
     assert {
         "NearDuplicates",
         "NearDuplicates/Spill",
@@ -420,8 +438,8 @@ def test_near_duplicates_off_builds_no_audit_and_keep_is_the_default_with_no_shu
     assert _shuffles_outside_the_audit(default) - _shuffles_outside_the_audit(off) == set()
 
 
-def test_normalized_encodings_take_a_second_pass_through_the_spill_and_the_transform(tmp_path):
-    steps = _step_names("bfloat16", tmp_path)
+def test_normalized_encodings_take_a_second_pass_through_the_spill_and_the_transform(graph_of):
+    steps = _step_names(graph_of("bfloat16"))
     for split in manifest_lib.SPLITS:
         assert {f"Spill[{split}]", f"Transform[{split}]", f"Encode[{split}]"} <= steps
     assert "WriteShards" in steps  # one writer for every split

@@ -23,7 +23,7 @@ from preprocess import verify as verify_cli
 from preprocess.publish import commit as publish
 from preprocess.publish import protocol
 from tests.publishing import assert_complete_dataset, shard_digests
-from tests.stage1 import run_stage1, write_corpus
+from tests.stage1 import run_stage1
 
 pytestmark = pytest.mark.slow
 
@@ -91,15 +91,19 @@ def files_below(directory) -> set[str]:
     }
 
 
-def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans_up(tmp_path, capsys):
-    corpus = write_corpus(tmp_path / "corpus", images_per_class=4)
+def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans_up(
+    tmp_path, capsys, shared_stage1_datasets
+):
     output = tmp_path / "dataset"
-    old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
+    # The old dataset, written once per session (test_publish.py's staged directory starts from it too).
+    corpus_root, old = shared_stage1_datasets.copy(
+        output, images_per_class=4, image_size=16, encoding="float32", min_shards=2
+    )
 
     # 1. While decoding: the new run (uint8, one pass) writes its shard files as it decodes, in its own
     # runs/<run id>/, which no manifest names yet.
     log_path = tmp_path / "decoding.log"
-    process = start_stage1(corpus.root, output, log_path)
+    process = start_stage1(corpus_root, output, log_path)
     wait_until(
         lambda: [
             path
@@ -114,7 +118,7 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
     assert assert_verifies(output, capsys) == old
 
     # 2. Publishing, its files complete, just before the switch.
-    kill_at_pause_point(corpus.root, output, tmp_path, "before-switch")
+    kill_at_pause_point(corpus_root, output, tmp_path, "before-switch")
     assert assert_verifies(output, capsys) == old
     killed_before_switch = {
         name.split(".")[0] for name in os.listdir(output / "runs") if ".publishing." in name
@@ -123,7 +127,7 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
 
     # 3. Publishing, after the commit, in its garbage collection: the old run's files removed, not yet its
     # traces.
-    kill_at_pause_point(corpus.root, output, tmp_path, "run-files-removed")
+    kill_at_pause_point(corpus_root, output, tmp_path, "run-files-removed")
     switched = assert_verifies(output, capsys)
     assert switched["run"]["id"] > max(killed_before_switch) > old["run"]["id"]
     assert switched["image"]["encoding"] == "uint8"
@@ -136,7 +140,7 @@ def test_kill_9_at_any_point_of_a_rerun_leaves_a_dataset_and_the_next_run_cleans
         os.utime(marker, (expired, expired))
     assert len(os.listdir(output / "runs")) > 2
 
-    final = run_stage1(corpus.root, output, *RERUN_ARGS, image_size=16, encoding="uint8", min_shards=1)
+    final = run_stage1(corpus_root, output, *RERUN_ARGS, image_size=16, encoding="uint8", min_shards=1)
     assert assert_verifies(output, capsys) == final
     assert final["run"]["id"] > switched["run"]["id"]
     # Nothing changed since the switched run: the re-run references its shards as they are (issue 32), so

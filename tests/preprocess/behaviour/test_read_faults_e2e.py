@@ -65,7 +65,10 @@ def _upload_corpus(gcs_emulator, gcs_dir, tmp_path):
     return manifest_url, corpus, expected, prefix, f"{prefix}/{corpus.class_names[0]}/forbidden.jpg"
 
 
-def test_503s_absorbed_by_the_client_retries_lose_no_image(gcs_emulator, gcs_dir, gcs_read_faults, tmp_path):
+def test_503s_absorbed_by_the_client_retries_lose_no_image(
+    gcs_emulator, gcs_dir, gcs_read_faults, fast_gcs_backoff, tmp_path
+):
+    # The client's retries with 1/20 of their waits (fast_gcs_backoff): ~25 503s waited ~1 s each.
     manifest_url, corpus, expected, prefix, forbidden = _upload_corpus(gcs_emulator, gcs_dir, tmp_path)
     gcs_read_faults.faults = ReadFaults(fraction=FAULT_FRACTION, prefix=prefix + "/", media={forbidden: 403})
     output = tmp_path / "dataset"

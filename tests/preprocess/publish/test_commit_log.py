@@ -26,29 +26,25 @@ from google.cloud import storage
 
 from dataset_contract import commit_log, leases
 from dataset_contract import manifest as manifest_lib
-from preprocess import options
-from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import assert_complete_dataset
-from tests.stage1 import write_corpus
 
 pytestmark = pytest.mark.slow
 
-STAGE1_ARGS = ["--image-size", "16", "--encoding", "uint8", "--min-shards", "1", "--max-failed-fraction", "1"]
+# The dataset every test starts from, written once per session (shared with test_gc.py and
+# test_publish_retention.py): the sample corpus, 3 images per class, any failures allowed.
+PUBLISHED = {"images_per_class": 3, "image_size": 16, "encoding": "uint8", "min_shards": 1}
 RETENTION_SECONDS = 3600
 MAX_RUNS = 5
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
+def published(tmp_path_factory, shared_stage1_datasets):
     output = tmp_path_factory.mktemp("published") / "dataset"
-    manifest = launcher.run(
-        *options.parse_args(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
-    )
+    _, manifest = shared_stage1_datasets.copy(output, **PUBLISHED)
     return str(output), manifest
 
 

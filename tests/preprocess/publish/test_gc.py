@@ -20,19 +20,18 @@ from pathlib import Path
 import pytest
 
 from dataset_contract import leases
-from preprocess import options
-from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import gc, protocol
 from preprocess.publish import store as dataset_store
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import InjectedCrash, assert_complete_dataset, injected_faults, write_marker
-from tests.stage1 import write_corpus
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
-STAGE1_ARGS = ["--image-size", "16", "--encoding", "uint8", "--min-shards", "1", "--max-failed-fraction", "1"]
+# The dataset every test starts from, written once per session (shared with test_commit_log.py and
+# test_publish_retention.py): the sample corpus, 3 images per class, any failures allowed.
+PUBLISHED = {"images_per_class": 3, "image_size": 16, "encoding": "uint8", "min_shards": 1}
 
 
 @dataclasses.dataclass
@@ -62,10 +61,9 @@ def lease(output: str, run_id: str, model_dir: str = "/models/a"):
 
 
 @pytest.fixture(scope="module")
-def garbage(tmp_path_factory) -> Garbage:
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
+def garbage(tmp_path_factory, shared_stage1_datasets) -> Garbage:
     output = str(tmp_path_factory.mktemp("garbage") / "dataset")
-    a = launcher.run(*options.parse_args(["--input", corpus.root, "--output", output, *STAGE1_ARGS]))
+    _, a = shared_stage1_datasets.copy(output, **PUBLISHED)
     a_id = a["run"]["id"]
     x_id, b_id, c_id, d_id, later_id = sorted(new_run_id() for _ in range(5))
     manifests = {a_id: a}

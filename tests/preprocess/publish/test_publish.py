@@ -41,7 +41,6 @@ from tests.publishing import (
     start_paused_publish,
     write_marker,
 )
-from tests.stage1 import run_stage1, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +60,13 @@ class Staged:
 
 
 @pytest.fixture(scope="module")
-def staged(tmp_path_factory):
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=4)
+def staged(tmp_path_factory, shared_stage1_datasets):
     output = tmp_path_factory.mktemp("staged") / "dataset"
-    old = run_stage1(corpus.root, output, image_size=16, encoding="float32", min_shards=2)
-    stopped = run_stopped_before_switch(corpus.root, output, image_size=16, encoding="uint8", min_shards=1)
+    # The old dataset, written once per session (test_publish_kill.py starts from it too).
+    corpus_root, old = shared_stage1_datasets.copy(
+        output, images_per_class=4, image_size=16, encoding="float32", min_shards=2
+    )
+    stopped = run_stopped_before_switch(corpus_root, output, image_size=16, encoding="uint8", min_shards=1)
     return Staged(str(output), old, stopped.run_id, stopped.manifest)
 
 

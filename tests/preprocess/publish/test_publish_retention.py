@@ -28,19 +28,21 @@ from google.cloud import storage
 
 from dataset_contract import commit_log, leases, verification
 from dataset_contract import manifest as manifest_lib
-from preprocess import filesystem, options
+from preprocess import filesystem
 from preprocess.launch import launcher
 from preprocess.publish import commit as publish
 from preprocess.publish import protocol
 from preprocess.publish.runs import RunPaths, new_run_id
 from tests.publishing import assert_complete_dataset
-from tests.stage1 import write_corpus
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 RETENTION_SECONDS = 3600
 STAGE1_ARGS = ["--image-size", "16", "--encoding", "uint8", "--min-shards", "1", "--max-failed-fraction", "1"]
+# The dataset every test starts from, written by STAGE1_ARGS once per session (shared with test_gc.py and
+# test_commit_log.py): the sample corpus, 3 images per class.
+PUBLISHED = {"images_per_class": 3, "image_size": 16, "encoding": "uint8", "min_shards": 1}
 
 
 @dataclasses.dataclass
@@ -55,14 +57,11 @@ class Published:
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    """A dataset written by the real stage 1 (`python -m preprocess`, in process)."""
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), images_per_class=3)
+def published(tmp_path_factory, shared_stage1_datasets):
+    """A dataset written by the real stage 1 (`python -m preprocess`, in process), once per session."""
     output = tmp_path_factory.mktemp("published") / "dataset"
-    manifest = launcher.run(
-        *options.parse_args(["--input", corpus.root, "--output", str(output), *STAGE1_ARGS])
-    )
-    return Published(corpus.root, str(output), manifest)
+    corpus_root, manifest = shared_stage1_datasets.copy(output, **PUBLISHED)
+    return Published(corpus_root, str(output), manifest)
 
 
 @pytest.fixture

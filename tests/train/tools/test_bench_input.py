@@ -2,16 +2,13 @@
 
 import pytest
 
-from tests.stage1 import run_stage1, write_corpus
 from train.tools import bench_input
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench_input")
-    write_corpus(root / "corpus", images_per_class=8, include_broken=False)
-    run_stage1(root / "corpus", root / "dataset", image_size=32, encoding="bfloat16")
-    return str(root / "dataset")
+def dataset_dir(stage1_dataset):
+    """The session's bfloat16 dataset (tests/train/conftest.py): 32 px, written once for every train test."""
+    return stage1_dataset("bfloat16")
 
 
 def test_verdict_names_the_input_pipeline_when_it_is_slower_than_the_step():
