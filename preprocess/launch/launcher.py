@@ -170,7 +170,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
         # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
         local = progress.runs_locally(options)
         with (
-            progress.ProgressReporter(enabled=local),
+            progress.ProgressReporter(
+                enabled=local, worker_processes=not local_runner.runs_in_this_process(options)
+            ),
             stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
         ):
             if attached is not None:

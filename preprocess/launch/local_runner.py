@@ -26,6 +26,11 @@ def uses_direct_runner(options: PipelineOptions) -> bool:
     return runner.rsplit(".", 1)[-1].lower() in _DIRECT_RUNNER_NAMES
 
 
+def runs_in_this_process(options: PipelineOptions) -> bool:
+    """True when the DirectRunner runs the job in this process (--direct_running_mode=in_memory)."""
+    return uses_direct_runner(options) and options.view_as(DirectOptions).direct_running_mode == IN_MEMORY
+
+
 def worker_command() -> str:
     """The command line of the local runner's worker processes (local_worker.py), `exec`ed by Beam's shell so
     that a Ctrl-C reaches the worker, not the shell."""

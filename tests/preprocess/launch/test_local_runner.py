@@ -61,6 +61,7 @@ def test_a_small_local_job_runs_in_this_process_whatever_the_mode_asked(tmp_path
         assert local_runner.run_small_jobs_in_process(options, root, below=1000)
     direct = options.view_as(DirectOptions)
     assert (direct.direct_running_mode, direct.direct_num_workers) == ("in_memory", 1)
+    assert local_runner.runs_in_this_process(options)  # the progress line waits for no worker process
     assert "10 inputs: running in this process" in caplog.text
     # The runner is built from the changed options: its workers (none) get them too.
     encoded = local_runner.runner_for(options)._provision_info.provision_info.pipeline_options
@@ -79,6 +80,7 @@ def test_large_jobs_other_runners_and_a_zero_threshold_keep_the_workers_asked_fo
     root = _tree(tmp_path / "tree")
     options = _worker_options(*flags)
     assert not local_runner.run_small_jobs_in_process(options, root, below=below)
+    assert not local_runner.runs_in_this_process(options)
     direct = options.view_as(DirectOptions)
     assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 2)
 

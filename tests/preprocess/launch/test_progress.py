@@ -45,6 +45,17 @@ def test_counts_from_several_processes_are_summed():
     )
 
 
+def test_in_process_the_last_line_is_exact_without_waiting_for_worker_processes():
+    # With worker processes the reporter waits for their last flush (FLUSH_INTERVAL_SECONDS at least); a
+    # job run in this process has nobody to wait for, and its own counts are flushed on the way out.
+    counter = progress.ProgressCounter("decoded")
+    with progress.ProgressReporter(interval=60, stream=io.StringIO(), worker_processes=False) as report:
+        counter.inc(7)
+        exiting = time.monotonic()
+    assert time.monotonic() - exiting < progress.FLUSH_INTERVAL_SECONDS
+    assert "decoded 7 (" in report.lines[-1]
+
+
 def test_a_line_every_interval_with_the_count_and_rate_so_far():
     counter = progress.ProgressCounter("decoded")
     with reporter(interval=0.2) as report:
