@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
@@ -106,5 +107,19 @@ def test_two_workers_at_once_copy_it_and_a_killed_launcher_or_worker_leaves_noth
     ledger._known.clear()
     index = ledger.known_keys(held.shared)
     assert index.built and index.get(records[2].uri) == (12, OLD_NS, f"{2:064x}")
+    index.remove()
+    ledger._known.clear()
+
+
+def test_a_worker_on_another_machine_copies_the_index_uploaded_for_the_job(gcs_dir, tmp_path):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    held = shared_index.HeldIndex([ledger_file], upload_dir=f"{gcs_dir}/temp")
+    elsewhere = dataclasses.replace(held.shared, machine="another-worker/boot")  # a Dataflow worker
+    ledger._known.clear()
+    index = ledger.known_keys(elsewhere)
+    assert index.copied_from == f"{gcs_dir}/temp/quick-check-{held.token}.sqlite"
+    assert index.get(records[0].uri) == (10, OLD_NS, f"{0:064x}")
+    held.close()  # the job has ended: its upload is removed
+    assert not FileSystems.exists(index.copied_from)
     index.remove()
     ledger._known.clear()
