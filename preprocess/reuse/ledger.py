@@ -162,6 +162,29 @@ def write_index(paths, path: str, token: str = "") -> None:
         connection.commit()
 
 
+def index_directory() -> str:
+    """A new temporary directory for one index file, named by this process (`quick-check-<pid>-...`). A
+    process killed while it writes the file (a build or a copy, before the file is open and unlinked) leaves
+    it behind: the next process to make one removes those of processes that no longer run."""
+    scratch = tempfile.gettempdir()
+    for name in os.listdir(scratch):
+        parts = name.split("-")
+        if name.startswith("quick-check-") and len(parts) > 3 and parts[2].isdigit():
+            if not _running(int(parts[2])):
+                shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"quick-check-{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 class KnownKeys:
     """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
     and mtime (what the quick check compares a re-run's listing with, inputs/content.py), as an on-disk
@@ -177,7 +200,7 @@ class KnownKeys:
     CACHE_KIB = 2048
 
     def __init__(self, paths, shared=None):
-        directory = tempfile.mkdtemp(prefix="quick-check-")
+        directory = index_directory()
         path = os.path.join(directory, "known.sqlite")
         try:
             self.copied_from = None if shared is None else shared.copy_to(path)

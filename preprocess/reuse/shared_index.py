@@ -19,7 +19,6 @@ import os
 import shutil
 import socket
 import sqlite3
-import tempfile
 import uuid
 import weakref
 
@@ -89,7 +88,7 @@ class HeldIndex:
 
     def __init__(self, ledger_files, upload_dir: str | None = None):
         self.token = uuid.uuid4().hex
-        directory = tempfile.mkdtemp(prefix="quick-check-")
+        directory = ledger.index_directory()
         path = os.path.join(directory, "known.sqlite")
         try:
             ledger.write_index(ledger_files, path, self.token)

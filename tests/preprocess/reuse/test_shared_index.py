@@ -123,3 +123,19 @@ def test_a_worker_on_another_machine_copies_the_index_uploaded_for_the_job(gcs_d
     assert not FileSystems.exists(index.copied_from)
     index.remove()
     ledger._known.clear()
+
+
+def test_a_copy_left_by_a_worker_killed_while_writing_it_is_removed_by_the_next(tmp_path, monkeypatch):
+    _, ledger_file = _inputs_and_ledger(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    (scratch / f"quick-check-{ended.pid}-abc").mkdir()  # its process was killed before it unlinked it
+    (scratch / f"quick-check-{ended.pid}-abc" / "known.sqlite").write_bytes(b"partial")
+    (scratch / f"quick-check-{os.getpid()}-def").mkdir()  # a running process's: kept
+    (scratch / "quick-check-other").mkdir()  # not named by a process: kept
+    held = shared_index.HeldIndex([ledger_file])
+    held.close()
+    assert sorted(os.listdir(scratch)) == [f"quick-check-{os.getpid()}-def", "quick-check-other"]
