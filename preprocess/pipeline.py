@@ -20,6 +20,7 @@ from preprocess.decode.spill import SpillAndReload
 from preprocess.decode.stage import DecodeImagesFn
 from preprocess.inputs.content import DeduplicateByContent
 from preprocess.inputs.listing import ListInputs, input_kind
+from preprocess.launch.dataflow_job import runs_remotely
 from preprocess.near_duplicates.published import published_shards
 from preprocess.near_duplicates.stage import NearDuplicateAudit
 from preprocess.publish.finalize import finalize_dataset
@@ -301,8 +302,6 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
 def _index_upload_dir(pipeline: beam.Pipeline) -> str | None:
     """Where a Dataflow job's workers fetch the quick check's index (its --temp_location); None for a job on
     this machine, whose workers copy the launcher's."""
-    from preprocess.launch.dataflow_job import runs_remotely  # noqa: PLC0415 - the launcher's module
-
     if not runs_remotely(pipeline.options):
         return None
     options = pipeline.options.view_as(GoogleCloudOptions)
