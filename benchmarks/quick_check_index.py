@@ -11,9 +11,19 @@ Each form is built in a fresh process (so RSS deltas are its own), from the same
 Figures: the process's RSS growth over the build (VmRSS, after a gc) and its peak growth (VmHWM), the
 Python heap the index keeps (tracemalloc, in a second build: it does not see SQLite's own allocations, which
 RSS does), build seconds, microseconds per lookup (every URI, shuffled), and the index's bytes on disk.
+
+With `--workers N`, the index of a job of N worker processes (started together, as a runner starts them):
+
+- `each builds` (before branch i32-scale): every worker builds it from the ledger (`ledger.KnownKeys`);
+- `launcher builds, workers copy`: the launcher builds it once (`shared_index.HeldIndex`), each worker
+  copies it (`ledger.known_keys` of its `SharedIndex`).
+
+Figures: per worker, the wall and CPU seconds until its index is open; in total, the CPU seconds of the
+launcher's build and every worker's.
 """
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import json
@@ -25,7 +35,7 @@ import tempfile
 import time
 import tracemalloc
 
-from preprocess.reuse import ledger
+from preprocess.reuse import ledger, shared_index
 
 FORMS = ("dict", "sqlite")
 
@@ -107,12 +117,91 @@ def measure_form(form: str, path: str, entries: int) -> dict:
     }
 
 
+def open_index(how: str, spec: str) -> dict:
+    """In a worker process: its index, built from the ledger (`build`, spec: the ledger's path) or copied
+    from the launcher's (`copy`, spec: the SharedIndex as JSON); its wall and CPU seconds."""
+    start, cpu = time.perf_counter(), time.process_time()
+    if how == "build":
+        index = ledger.KnownKeys([spec])
+    else:
+        fields = json.loads(spec)
+        index = ledger.known_keys(
+            shared_index.SharedIndex(**{**fields, "ledger_files": tuple(fields["ledger_files"])})
+        )
+        assert not index.built, "the worker could not copy the launcher's index"
+    figures = {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+    index.remove()
+    return figures
+
+
+def _workers(how: str, spec: str, workers: int) -> list[dict]:
+    """`workers` processes started together, each opening the index `how`; their figures."""
+    command = [sys.executable, "-m", "benchmarks.quick_check_index", "--worker", f"{how}:{spec}"]
+    children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(workers)]
+    figures = []
+    for child in children:
+        out, _ = child.communicate()
+        assert child.returncode == 0, child.returncode
+        figures.append(json.loads(out.splitlines()[-1]))
+    return figures
+
+
+def measure_workers(path: str, entries: int, workers: int) -> list[dict]:
+    """The index of a job of `workers` worker processes, each building it, then the launcher building it
+    once and each copying it."""
+    each = _workers("build", path, workers)
+    start, cpu = time.perf_counter(), time.process_time()
+    held = shared_index.HeldIndex([path])
+    launcher = {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
+    try:
+        copied = _workers("copy", json.dumps(dataclasses.asdict(held.shared)), workers)
+    finally:
+        held.close()
+    results = []
+    for form, launcher_figures, per_worker in (
+        ("each builds", None, each),
+        ("launcher builds, workers copy", launcher, copied),
+    ):
+        total = sum(worker["cpu_s"] for worker in per_worker) + (launcher_figures or {}).get("cpu_s", 0)
+        result = {
+            "form": form,
+            "entries": entries,
+            "workers": workers,
+            "launcher": launcher_figures,
+            "per_worker": per_worker,
+            "total_cpu_s": round(total, 2),
+        }
+        print(
+            f"{form}, {entries:,} entries, {workers} workers: "
+            + (
+                f"launcher {launcher_figures['wall_s']:.2f} s wall, {launcher_figures['cpu_s']:.2f} CPU s; "
+                if launcher_figures
+                else ""
+            )
+            + "per worker "
+            + ", ".join(
+                f"{worker['wall_s']:.2f} s wall / {worker['cpu_s']:.2f} CPU s" for worker in per_worker
+            )
+            + f"; in total {total:.2f} CPU s"
+        )
+        results.append(result)
+    return results
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=list(FORMS))
+    parser.add_argument(
+        "--workers", type=int, help="Measure instead the index of a job of this many worker processes."
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # FORM:LEDGER, run by main in a fresh process
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # build:LEDGER or copy:SPEC, a job's worker
     args = parser.parse_args(argv)
+    if args.worker:
+        how, spec = args.worker.split(":", 1)
+        print(json.dumps(open_index(how, spec)))
+        return []
     if args.child:
         form, path = args.child.split(":", 1)
         print(json.dumps(measure_form(form, path, args.entries)))
@@ -123,6 +212,8 @@ def main(argv=None) -> list[dict]:
         with open(path, "wb") as handle:
             for index in range(args.entries):
                 handle.write(synthetic_line(index) + b"\n")
+        if args.workers:
+            return measure_workers(path, args.entries, args.workers)
         for form in args.forms:
             command = [sys.executable, "-m", "benchmarks.quick_check_index", "--entries", str(args.entries)]
             out = subprocess.run(

@@ -20,11 +20,13 @@ from preprocess.decode.spill import SpillAndReload
 from preprocess.decode.stage import DecodeImagesFn
 from preprocess.inputs.content import DeduplicateByContent
 from preprocess.inputs.listing import ListInputs, input_kind
+from preprocess.launch.dataflow_job import runs_remotely
 from preprocess.near_duplicates.published import published_shards
 from preprocess.near_duplicates.stage import NearDuplicateAudit
 from preprocess.publish.finalize import finalize_dataset
 from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
+from preprocess.reuse import shared_index
 from preprocess.reuse import stage as reuse
 from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of, failure_entry
 from preprocess.reuse.previous import ReusePlan, plan_reuse
@@ -292,6 +294,15 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     }
 
 
+def _index_upload_dir(pipeline: beam.Pipeline) -> str | None:
+    """Where a Dataflow job's workers fetch the quick check's index (its --temp_location); None for a job on
+    this machine, whose workers copy the launcher's."""
+    if not runs_remotely(pipeline.options):
+        return None
+    options = pipeline.options.view_as(GoogleCloudOptions)
+    return options.temp_location or options.staging_location
+
+
 def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | None = None):
     """Adds the whole job to `pipeline`; returns the PCollection holding the manifest.
 
@@ -321,6 +332,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # input's listing gives the MD5 already: no check, and no shuffle of the listing for it.
     local_input = not str(args.input).startswith("gs://")
     known_keys = plan.ledger_files if local_input and not getattr(args, "checksum", False) else ()
+    if known_keys:
+        # Its index is built here, once per job, and copied by each worker process (reuse/shared_index.py).
+        known_keys = shared_index.share(pipeline, known_keys, upload_dir=_index_upload_dir(pipeline))
     deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(
         args.split, args.max_file_bytes, known_keys=known_keys
     )

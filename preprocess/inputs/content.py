@@ -70,8 +70,9 @@ class KeyContentFn(beam.DoFn):
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
-        # The previous version's ledger files: their (uri -> size, mtime, key) index, built once per process.
-        self._known_keys = tuple(known_keys)
+        # The previous version's ledger files, or the job's index of them (shared_index.SharedIndex): their
+        # (uri -> size, mtime, key) index, copied (or built) once per process.
+        self._known_keys = known_keys if hasattr(known_keys, "copy_to") else tuple(known_keys)
         self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
         self._keyed = Metrics.counter("preprocess", "keyed")
         self._progress = ProgressCounter("hashed")
@@ -377,16 +378,16 @@ class DeduplicateByContent(beam.PTransform):
     """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring).
 
     `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
-    `known_keys`: the previous version's ledger files; a local file whose size and mtime are those recorded
-    there is keyed by the recorded key, without being read (trusted_key). Empty: every file is keyed from
-    its bytes (or GCS's MD5).
+    `known_keys`: the previous version's ledger files, or the job's index of them (shared_index.share); a
+    local file whose size and mtime are those recorded there is keyed by the recorded key, without being read
+    (trusted_key). Empty: every file is keyed from its bytes (or GCS's MD5).
     """
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         super().__init__()
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
-        self._known_keys = list(known_keys)
+        self._known_keys = known_keys if hasattr(known_keys, "copy_to") else list(known_keys)
 
     def expand(self, records):
         keyed = records | "KeyContent" >> beam.ParDo(

@@ -33,6 +33,7 @@ from preprocess.publish.runs import (
     new_run_id,
     tft_temp_dir,
 )
+from preprocess.reuse import shared_index
 
 
 def own_manifest(output_dir: str, run_id: str) -> dict | None:
@@ -166,9 +167,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
                 job_record.abandon(claimed)  # no job: the next launch need not wait for one
             raise
     result = None
+    # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
+    local = progress.runs_locally(options)
     try:
-        # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
-        local = progress.runs_locally(options)
         with (
             progress.ProgressReporter(
                 enabled=local, worker_processes=not local_runner.runs_in_this_process(options)
@@ -232,6 +233,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
         # it once idle.
         if not template and dataflow_job.is_finished(result):
             _remove_tft_temp(output_dir, build_id)
+        if local or dataflow_job.is_finished(result):
+            # The quick check's index, built once for the job's workers (reuse/shared_index.py).
+            shared_index.release(pipeline)
     if run_id is None:
         logging.info("pipeline finished in state %s (a template: its runs publish when they run)", state)
         return None

@@ -33,6 +33,7 @@ import threading
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from preprocess import errors
 
@@ -142,32 +143,69 @@ class ReadLedger(beam.PTransform):
         )
 
 
+def write_index(paths, path: str, token: str = "") -> None:
+    """Builds the quick check's index of the ledger files `paths` at `path`: a SQLite table {uri: (size,
+    mtime_ns, content key)} of every entry that recorded its file's size and mtime, and `token` (which
+    shared copy it is: shared_index.py)."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.executescript(
+            "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
+            "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
+            "CREATE TABLE made (token TEXT);"
+        )
+        connection.execute("INSERT INTO made VALUES (?)", (token,))
+        for ledger in paths:
+            rows = _known_rows(read_all_entries(ledger))
+            while batch := list(itertools.islice(rows, 10_000)):
+                # A URI the ledgers list twice keeps its last entry, as a dict's update did.
+                connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
+        connection.commit()
+
+
+def index_directory() -> str:
+    """A new temporary directory for one index file, named by this process (`quick-check-<pid>-...`). A
+    process killed while it writes the file (a build or a copy, before the file is open and unlinked) leaves
+    it behind: the next process to make one removes those of processes that no longer run."""
+    scratch = tempfile.gettempdir()
+    for name in os.listdir(scratch):
+        parts = name.split("-")
+        if name.startswith("quick-check-") and len(parts) > 3 and parts[2].isdigit():
+            if not _running(int(parts[2])):
+                shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"quick-check-{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 class KnownKeys:
     """{uri: (size, mtime_ns, content key)} of every entry of the ledger files that recorded its file's size
     and mtime (what the quick check compares a re-run's listing with, inputs/content.py), as an on-disk
-    index: a SQLite table built once per process in a temporary file, unlinked once open, read by key. Not a dict: a
+    index: a SQLite table in a temporary file of this process, unlinked once open, read by key. Not a dict: a
     worker holds nothing that grows with the corpus (the dict took 384 MiB of RSS per million files; this
     index 3 MiB and its page cache, about 104 bytes a file on disk: benchmarks/RESULTS.md, issue 32).
+
+    `shared`: the job's index, built once by the launcher (shared_index.SharedIndex): this process copies it
+    (`copied_from` says from where) instead of building it from `paths`, unless it cannot be read here.
     """
 
     # SQLite's page cache per connection (KiB): the index's pages beyond it are the OS's file cache.
     CACHE_KIB = 2048
 
-    def __init__(self, paths):
-        directory = tempfile.mkdtemp(prefix="quick-check-")
+    def __init__(self, paths, shared=None):
+        directory = index_directory()
         path = os.path.join(directory, "known.sqlite")
         try:
-            with contextlib.closing(sqlite3.connect(path)) as connection:
-                connection.executescript(
-                    "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
-                    "CREATE TABLE known (uri TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, key BLOB) WITHOUT ROWID;"
-                )
-                for ledger in paths:
-                    rows = _known_rows(read_all_entries(ledger))
-                    while batch := list(itertools.islice(rows, 10_000)):
-                        # A URI the ledgers list twice keeps its last entry, as a dict's update did.
-                        connection.executemany("INSERT OR REPLACE INTO known VALUES (?, ?, ?, ?)", batch)
-                connection.commit()
+            self.copied_from = None if shared is None else shared.copy_to(path)
+            if self.copied_from is None:
+                write_index(paths, path)
             self.bytes_on_disk = os.path.getsize(path)
             # One read-only connection, shared by the runner's threads under a lock. The file is unlinked as
             # soon as it is open: the OS frees it when the process ends, however it ends (a Beam worker
@@ -177,6 +215,11 @@ class KnownKeys:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         self._lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        """Whether this process built it from the ledger files (not copied from the launcher's)."""
+        return self.copied_from is None
 
     def get(self, uri: str):
         """(size, mtime_ns, content key) recorded for `uri`, or None."""
@@ -200,14 +243,18 @@ _known_lock = threading.Lock()
 _known: dict = {}
 
 
-def known_keys(paths: tuple[str, ...]) -> KnownKeys:
-    """The KnownKeys of these ledger files, built once per process (the last one asked for is kept; its
-    connection is closed when another replaces it; its file was unlinked when it was opened)."""
-    paths = tuple(paths)
+def known_keys(source) -> KnownKeys:
+    """The KnownKeys of `source`, once per process: the ledger files (a tuple of paths), or the job's shared
+    index (a shared_index.SharedIndex, copied from the launcher's). The last one asked for is kept; its
+    connection is closed when another replaces it; its file was unlinked when it was opened. Counted in the
+    job's metrics (`quick_check_index_built`, `quick_check_index_copied`): per process, not per bundle."""
+    paths, shared = (source.ledger_files, source) if hasattr(source, "copy_to") else (tuple(source), None)
     with _known_lock:  # the runner's threads share one index, built by the first to ask
-        if paths not in _known:
+        if source not in _known:
             for index in _known.values():
                 index.remove()
             _known.clear()
-            _known[paths] = KnownKeys(paths)
-        return _known[paths]
+            index = _known[source] = KnownKeys(paths, shared)
+            outcome = "built" if index.built else "copied"
+            Metrics.counter("preprocess", f"quick_check_index_{outcome}").inc()
+        return _known[source]

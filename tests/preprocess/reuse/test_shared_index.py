@@ -1,0 +1,113 @@
+"""The quick check's index is built once per job (reuse/shared_index.py): the launcher builds it, each worker
+process copies it instead of building it from the ledger (a real Beam run with two worker processes; a
+worker elsewhere copies the upload, on the GCS emulator); a worker that cannot read the launcher's (it has
+ended) builds it as before; nothing is left in /tmp, and a file left by a killed process is removed."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+
+from preprocess.config import parse_split_fractions
+from preprocess.inputs.content import DeduplicateByContent
+from preprocess.inputs.rules import InputRecord
+from preprocess.launch import local_runner
+from preprocess.reuse import ledger, shared_index
+
+OLD_NS = 1_600_000_000 * 10**9
+
+
+def _inputs_and_ledger(tmp_path, count=3):
+    """`count` old files and a ledger recording each one's size and mtime under a key no bytes hash to."""
+    records, entries = [], []
+    for index in range(count):
+        path = tmp_path / f"{index}.png"
+        path.write_bytes(b"x" * (10 + index))
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+        records.append(InputRecord(uri=str(path), label="cat", size=10 + index, mtime_ns=OLD_NS))
+        entries.append({"uri": str(path), "key": f"{index:064x}", "size": 10 + index, "mtime_ns": OLD_NS})
+    path = tmp_path / "ledger-0.jsonl"
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    return records, str(path)
+
+
+def _indexes(directory):
+    return [name for name in os.listdir(directory) if name.startswith("quick-check-")]
+
+
+def _counter(result, name):
+    counters = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    return sum(counter.committed for counter in counters)
+
+
+def test_two_worker_processes_copy_the_index_the_launcher_built_once(tmp_path, monkeypatch):
+    records, ledger_file = _inputs_and_ledger(tmp_path, count=20)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the worker processes' temporary directory, and this one's
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    options = PipelineOptions(["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"])
+    pipeline = beam.Pipeline(runner=local_runner.fn_api_runner(options), options=options)
+    shared = shared_index.share(pipeline, [ledger_file])
+    # Held open, its name already unlinked: a launcher killed now leaves nothing in /tmp.
+    assert os.path.getsize(f"/proc/{os.getpid()}/fd/{shared.fd}") > 0 and _indexes(scratch) == []
+    out = (
+        pipeline
+        | beam.Create(records)
+        | beam.Reshuffle()
+        | DeduplicateByContent(parse_split_fractions("1,0,0"), known_keys=shared)
+    )
+    assert_that(
+        out["unique"] | beam.Map(lambda image: image.key), equal_to([f"{index:064x}" for index in range(20)])
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    shared_index.release(pipeline)
+    assert _counter(result, "quick_check_index_built") == 0  # each worker process built it before
+    assert _counter(result, "quick_check_index_copied") >= 1  # once per worker process, not per bundle
+    assert _counter(result, "keys_trusted_by_stat") == 20
+    assert _indexes(scratch) == []  # each copy unlinked once open
+    # The launcher's file freed: a worker that starts now builds the index from the ledger, as before.
+    ledger._known.clear()
+    index = ledger.known_keys(shared)
+    assert index.built and index.get(records[2].uri) == (12, OLD_NS, f"{2:064x}")
+    index.remove()
+    ledger._known.clear()
+
+
+def test_a_worker_on_another_machine_copies_the_index_uploaded_for_the_job(gcs_dir, tmp_path):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    held = shared_index.HeldIndex([ledger_file], upload_dir=f"{gcs_dir}/temp")
+    elsewhere = dataclasses.replace(held.shared, machine="another-worker/boot")  # a Dataflow worker
+    ledger._known.clear()
+    index = ledger.known_keys(elsewhere)
+    assert index.copied_from == f"{gcs_dir}/temp/quick-check-{held.token}.sqlite"
+    assert index.get(records[0].uri) == (10, OLD_NS, f"{0:064x}")
+    held.close()  # the job has ended: its upload is removed
+    assert not FileSystems.exists(index.copied_from)
+    index.remove()
+    ledger._known.clear()
+
+
+def test_a_copy_left_by_a_worker_killed_while_writing_it_is_removed_by_the_next(tmp_path, monkeypatch):
+    _, ledger_file = _inputs_and_ledger(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    (scratch / f"quick-check-{ended.pid}-abc").mkdir()  # its process was killed before it unlinked it
+    (scratch / f"quick-check-{ended.pid}-abc" / "known.sqlite").write_bytes(b"partial")
+    (scratch / f"quick-check-{os.getpid()}-def").mkdir()  # a running process's: kept
+    (scratch / "quick-check-other").mkdir()  # not named by a process: kept
+    held = shared_index.HeldIndex([ledger_file])
+    held.close()
+    assert sorted(os.listdir(scratch)) == [f"quick-check-{os.getpid()}-def", "quick-check-other"]
