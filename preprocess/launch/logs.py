@@ -110,15 +110,21 @@ def quiet_input_faults() -> None:
     os.environ[QUIET_INPUT_FAULTS_ENV_VAR] = "1"
 
 
+# Printed by Beam's worker log handler when the runner's logging stream closes under it: at a Ctrl-C, a
+# worker whose main thread is blocked in gRPC gets the signal late, after the launcher has said its lines.
+_LOST_RUNNER = "Logging client failed:"
+
+
 class _DropInputFaultsStream:
-    """A text stream that passes every write on but those naming an input's fault (and the newline after)."""
+    """A text stream that passes every write on but those naming an input's fault or the lost runner's
+    logging stream (and the newline after)."""
 
     def __init__(self, stream):
         self._stream = stream
         self._dropped = False
 
     def write(self, text):
-        if _names_a_fault(text):
+        if _names_a_fault(text) or text.startswith(_LOST_RUNNER):
             self._dropped = True  # print() writes its newline apart: drop that one too
             return len(text)
         if self._dropped and text == "\n":
@@ -132,6 +138,7 @@ class _DropInputFaultsStream:
 
 
 def quiet_worker_stderr() -> None:
-    """In a local worker process: drop the input faults' tracebacks that its harness prints, if asked to."""
+    """In a local worker process: drop the input faults' tracebacks that its harness prints, and its
+    logging client's failure once the runner is gone, if asked to (not --verbose)."""
     if os.environ.get(QUIET_INPUT_FAULTS_ENV_VAR):
         sys.stderr = _DropInputFaultsStream(sys.stderr)

@@ -4,6 +4,7 @@ Real runs of `python -m preprocess` on a tiny corpus: in this process (the
 default below --in-process-below), and with two worker processes forced.
 """
 
+import io
 import json
 import os
 import subprocess
@@ -126,3 +127,16 @@ def test_the_launcher_quiets_the_libraries_only_for_a_local_run_without_verbose(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["WARNING" if quiet else "INFO", "INFO"]
+
+
+def test_a_quiet_worker_drops_its_logging_clients_failure_when_the_runner_is_gone(monkeypatch):
+    # At a Ctrl-C a worker can outlive the launcher's last line by a moment, and Beam's log handler then
+    # prints the closed stream's gRPC error (five lines) into the terminal below it.
+    monkeypatch.setenv(logs.QUIET_INPUT_FAULTS_ENV_VAR, "1")
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    logs.quiet_worker_stderr()
+    error = '<_MultiThreadedRendezvous of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\tdetails = "Stream removed (Socket closed)"\n>'
+    print(f"Logging client failed: {error}... resetting", file=sys.stderr)
+    print("a line of its own", file=sys.stderr)
+    assert terminal.getvalue() == "a line of its own\n"
