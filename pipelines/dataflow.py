@@ -369,11 +369,18 @@ def train_on_this_tpu_vm(spec: dict, run=subprocess.run):
     [tpu-jax]) venv the launcher makes (pipelines/tpu/interpreter.py)."""
     run_dir = os.path.join(os.path.expanduser("~"), tpu_launch.RUN_DIR)
     backend = spec.get("backend", TENSORFLOW)  # a spec an earlier version wrote trains on TensorFlow
-    with tempfile.TemporaryDirectory() as build_dir:
-        python = tpu_interpreter.ensure_interpreter(run_dir, build_sdist(build_dir), backend, run=run)
-    extra = install_lines.TPU_JAX if backend == JAX else install_lines.TPU
-    print(f"Training interpreter: {python} (this package with its [{extra}] extra)")
-    start = tpu_launch.start_detached(spec["train_args"], run_dir, python=python, backend=backend)
+    pid_file = os.path.join(run_dir, os.path.basename(tpu_launch.PID_FILE))
+    python = sys.executable  # not run: a supervisor runs there already
+    with tpu_launch.start_lock(run_dir):
+        # Under the lock, before the install: a second launch never reinstalls under a running trainer.
+        if tpu_launch.running_supervisor(pid_file) is None:
+            with tempfile.TemporaryDirectory() as build_dir:
+                python = tpu_interpreter.ensure_interpreter(run_dir, build_sdist(build_dir), backend, run=run)
+            extra = install_lines.TPU_JAX if backend == JAX else install_lines.TPU
+            print(f"Training interpreter: {python} (this package with its [{extra}] extra)")
+        start = tpu_launch.start_detached(
+            spec["train_args"], run_dir, python=python, backend=backend, locked=True
+        )
     how = "started" if start.started else "is already running (not started again)"
     print(
         f"Dataset ready. Training {how} under train.tools.supervisor (pid {start.pid}); follow it with: "

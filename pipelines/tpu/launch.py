@@ -5,6 +5,7 @@ docs/internals.md. On TensorFlow (tensorflow-tpu on the image's Python 3.10) a s
 0 alone; on JAX (jax[tpu] in a uv-managed Python 3.11) every worker runs the trainer.
 """
 
+import contextlib
 import fcntl
 import os
 import shlex
@@ -261,42 +262,51 @@ class DetachedStart(NamedTuple):
     started: bool
 
 
+@contextlib.contextmanager
+def start_lock(run_dir: str):
+    """start.sh's lock, RUN_DIR/start.lock, as flock(2): a launch here, another one and a start.sh run at boot
+    take turns. Python opens the lock file close-on-exec, so a supervisor started under it does not hold it."""
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, os.path.basename(START_LOCK)), "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def start_detached(
     train_argv: list[str],
     run_dir: str,
     multi_host: bool = False,
     python: str = sys.executable,
     backend: str = TENSORFLOW,
+    locked: bool = False,
 ) -> DetachedStart:
     """On this TPU VM: start training under the supervisor in a new session, output to RUN_DIR/train.log,
     unless a supervisor already runs there.
 
-    The same environment as `supervised_launch_command`, and start.sh's lock: RUN_DIR/start.lock, held from
-    the check of the pid file until it names the new supervisor, so two starts at once start one.
+    The same environment as `supervised_launch_command`, and start.sh's lock (`start_lock`, taken here
+    unless the caller holds it: `locked`), held from the check of the pid file until it names the new
+    supervisor, so two starts at once start one.
     """
-    os.makedirs(run_dir, exist_ok=True)
-    # start.sh's environment. libtpu's path is the training interpreter's (the [tpu] venv's), not this
-    # launcher's, which has generic TensorFlow and no libtpu: start.sh's line, run by `python`.
-    environment, env = dict(training_environment(multi_host, backend)), dict(os.environ)
-    if environment.pop("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", None):
-        found = subprocess.run([python, "-c", _LIBTPU_PATH_PYTHON], stdout=subprocess.PIPE, text=True)
-        env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = (
-            found.stdout.strip()
-        )  # "" without libtpu: its line on stderr
-    env.update(environment)
     log_path = os.path.join(run_dir, os.path.basename(LOG_FILE))
     pid_file = os.path.join(run_dir, os.path.basename(PID_FILE))
-    argv = supervisor_argv(python, train_argv, pid_file, run_dir)
-    # flock(2), as start.sh's flock(1): this start, another one and a start.sh run at boot take turns. Python
-    # opens the lock file close-on-exec, so the supervisor does not hold it.
-    with open(os.path.join(run_dir, os.path.basename(START_LOCK)), "ab") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.nullcontext() if locked else start_lock(run_dir):
+        # An earlier run's end is cleared, as the remote launch's `rm -f stopped` does: this run is a new one.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(run_dir, os.path.basename(STOPPED_FILE)))
         running = running_supervisor(pid_file)
         if running is not None:
             return DetachedStart(running, log_path, started=False)
+        # start.sh's environment. libtpu's path is the training interpreter's (the [tpu] venv's), not this
+        # launcher's, which has generic TensorFlow and no libtpu: start.sh's line, run by `python`.
+        environment, env = dict(training_environment(multi_host, backend)), dict(os.environ)
+        if environment.pop("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", None):
+            found = subprocess.run([python, "-c", _LIBTPU_PATH_PYTHON], stdout=subprocess.PIPE, text=True)
+            # "" without libtpu: its line on stderr.
+            env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = found.stdout.strip()
+        env.update(environment)
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
-                argv,
+                supervisor_argv(python, train_argv, pid_file, run_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

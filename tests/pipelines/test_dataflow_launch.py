@@ -3,6 +3,7 @@
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,6 +232,16 @@ def test_start_detached_gives_the_supervisor_the_libtpu_of_the_training_interpre
     while not os.waitpid(start.pid, os.WNOHANG)[0] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert seen.read_text() == str(site / "libtpu" / "libtpu.so")
+
+
+def test_start_detached_clears_an_earlier_end_as_the_remote_launch_does(tmp_path):
+    # A run that stopped for good left its reason; a new --tpu local launch starts it again, so a reboot's
+    # start.sh must not read that old end. /bin/true as the interpreter: nothing writes the file again.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "stopped").write_text("an earlier run's end\n")
+    tpu_launch.start_detached(["--epochs", "0"], str(run_dir), python=shutil.which("true"))
+    assert not (run_dir / "stopped").exists()
 
 
 # A launcher process: its imports done, it waits for a line on stdin, then calls start_detached.

@@ -79,6 +79,33 @@ def test_the_on_vm_mode_starts_the_supervisor_and_training_on_the_venv_python(tm
     assert f"run 1: {python} -m train --data" in log  # python -m train ran on the venv's python
 
 
+def test_the_on_vm_mode_installs_nothing_while_a_supervisor_runs_there(tmp_path, monkeypatch, capsys):
+    # A second --tpu local launch: the check for a running supervisor, under the start lock, comes before
+    # the venv install, which would otherwise reinstall the package under the running trainer.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run_dir = tmp_path / tpu_launch.RUN_DIR
+    run_dir.mkdir()
+    running = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "train.tools.supervisor"]
+    )
+    try:
+        (run_dir / "supervisor.pid").write_text(f"{running.pid}\n")
+        deadline = time.monotonic() + 30  # until its cmdline is readable: an instant after the fork it is not
+        while (
+            tpu_launch.running_supervisor(str(run_dir / "supervisor.pid")) is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        monkeypatch.setattr(dataflow, "build_sdist", lambda build_dir: pytest.fail("the sdist was built"))
+        installer = Installer()
+        assert dataflow.train_on_this_tpu_vm({"train_args": []}, run=installer) == running.pid
+        assert installer.commands == []
+        assert "is already running (not started again)" in capsys.readouterr().out
+    finally:
+        running.kill()
+        running.wait()
+
+
 def python_without_ensurepip(tmp_path):
     """This Python as Debian and Ubuntu ship it without python3.X-venv: its ensurepip cannot be imported."""
     hidden = tmp_path / "hide-ensurepip"
