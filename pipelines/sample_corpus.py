@@ -185,18 +185,11 @@ def sample_shape_params(rng: np.random.Generator, shape: str) -> ShapeImageParam
         background = (background[0], background[0])
         shape_color = (255, 255, 255) if _luminance(background[0]) < 128 else (0, 0, 0)
     return ShapeImageParams(
-        shape=shape,
-        width=width,
-        height=height,
-        center=(float(center[0]), float(center[1])),
-        radius=float(radius),
-        angle_degrees=float(rng.uniform(-20, 20)),
-        shape_color=shape_color,
-        background_colors=background,
-        gradient_angle_degrees=float(rng.uniform(0, 360)),
-        noise_std=float(rng.uniform(0, 14)),
+        shape, width, height, (float(center[0]), float(center[1])), float(radius),
+        angle_degrees=float(rng.uniform(-20, 20)), shape_color=shape_color, background_colors=background,
+        gradient_angle_degrees=float(rng.uniform(0, 360)), noise_std=float(rng.uniform(0, 14)),
         noise_seed=int(rng.integers(0, 2**31)),
-    )
+    )  # fmt: skip
 
 
 def shape_polygon(shape: str, center: tuple[float, float], radius: float, angle_degrees: float):
@@ -294,16 +287,15 @@ def make_bomb_png(png: bytes, width: int = BOMB_SIDE, height: int = BOMB_SIDE) -
 
 def _special_kinds(images_per_class: int) -> list[str]:
     """Kinds of one class's images: a few of each special kind, the rest good."""
-    wanted = [
-        (EXIF_ROTATED, math.ceil(0.06 * images_per_class)),
-        (GRAYSCALE, math.ceil(0.08 * images_per_class)),
-        (RGBA, math.ceil(0.05 * images_per_class)),
-        (PNG_NAMED_JPG, math.ceil(0.01 * images_per_class)),
-        (CMYK, math.ceil(0.01 * images_per_class)),
-    ]
     kinds: list[str] = []
-    for kind, count in wanted:
-        kinds += [kind] * min(count, images_per_class - len(kinds))
+    for kind, share in (
+        (EXIF_ROTATED, 0.06),
+        (GRAYSCALE, 0.08),
+        (RGBA, 0.05),
+        (PNG_NAMED_JPG, 0.01),
+        (CMYK, 0.01),
+    ):
+        kinds += [kind] * min(math.ceil(share * images_per_class), images_per_class - len(kinds))
     return kinds + [GOOD] * (images_per_class - len(kinds))
 
 
@@ -379,15 +371,8 @@ def write_sample_corpus(
             rng = np.random.default_rng([seed, class_index, image_index])
             params = sample_shape_params(rng, class_name)
             data, image_format, extension, orientation = _render_file(kind, params, rng)
-            written = writer.write(
-                class_name,
-                extension,
-                data,
-                kind=kind,
-                format=image_format,
-                exif_orientation=orientation,
-                params=params,
-            )
+            written = writer.write(class_name, extension, data, kind=kind, format=image_format,
+                                   exif_orientation=orientation, params=params)  # fmt: skip
             data_of[written.path] = data
 
     # Extra files get their own streams, apart from the per-image ones.
@@ -395,15 +380,8 @@ def write_sample_corpus(
     originals = [f for f in writer.files if f.kind == GOOD]
     for source_index in sorted(extras.choice(len(originals), size=min(3, len(originals)), replace=False)):
         source = originals[source_index]
-        writer.write(
-            source.class_name,
-            source.path.rsplit(".", 1)[1],
-            data_of[source.path],
-            kind=DUPLICATE,
-            format=source.format,
-            duplicate_of=source.path,
-            params=source.params,
-        )
+        writer.write(source.class_name, source.path.rsplit(".", 1)[1], data_of[source.path], kind=DUPLICATE,
+                     format=source.format, duplicate_of=source.path, params=source.params)  # fmt: skip
 
     if near_duplicates:
         _write_altered_copies(
@@ -417,16 +395,10 @@ def write_sample_corpus(
 # How each altered copy is made from its original (an RGB image): (file extension, PIL format, save options,
 # change, class shift: 1 files it under the next class, a likely label error).
 _ALTERATIONS = (
-    (
-        "jpg",
-        "JPEG",
-        {"quality": 75},
-        lambda image: image.resize((image.width * 3 // 4, image.height * 3 // 4)),
-        0,
-    ),
+    ("jpg", "JPEG", {"quality": 75}, lambda image: image.resize((image.width * 3 // 4, image.height * 3 // 4)), 0),
     ("png", "PNG", {}, lambda image: ImageEnhance.Brightness(image).enhance(1.1), 0),
     ("jpg", "JPEG", {"quality": 85}, lambda image: image, 1),
-)
+)  # fmt: skip
 
 
 def _write_altered_copies(writer, class_names, originals, data_of, rng) -> None:
@@ -445,15 +417,8 @@ def _write_altered_copies(writer, class_names, originals, data_of, rng) -> None:
         out = io.BytesIO()
         altered.save(out, format=image_format, **options)
         class_name = class_names[(class_names.index(source.class_name) + class_shift) % len(class_names)]
-        writer.write(
-            class_name,
-            extension,
-            out.getvalue(),
-            kind=NEAR_DUPLICATE,
-            format=image_format,
-            altered_from=source.path,
-            params=source.params,
-        )
+        writer.write(class_name, extension, out.getvalue(), kind=NEAR_DUPLICATE, format=image_format,
+                     altered_from=source.path, params=source.params)  # fmt: skip
 
 
 def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.random.Generator) -> None:
@@ -476,15 +441,8 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
     original = writer.write(
         owner(4), "jpg", conflicting, kind=CONFLICTING_ORIGINAL, format="JPEG", params=params
     )
-    writer.write(
-        owner(5),
-        "jpg",
-        conflicting,
-        kind=CONFLICTING_DUPLICATE,
-        format="JPEG",
-        duplicate_of=original.path,
-        params=params,
-    )
+    writer.write(owner(5), "jpg", conflicting, kind=CONFLICTING_DUPLICATE, format="JPEG", params=params,
+                 duplicate_of=original.path)  # fmt: skip
 
 
 # ---------------------------------------------------------------- manifests

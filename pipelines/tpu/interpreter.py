@@ -38,11 +38,6 @@ def venv_python(run_dir: str, venv_dir: str = VENV_DIR) -> str:
     return os.path.join(run_dir, venv_dir, "bin", "python")
 
 
-def _sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
-
-
 def venv_problem(base_python: str | None = None) -> str | None:
     """None when `base_python` (default: this Python) can make a venv with pip; else what to install, in words."""
     base_python = base_python or sys.executable
@@ -68,7 +63,8 @@ def _ensure_venv(run_dir: str, venv_dir: str, sdist: str, commands, run, failed=
 
     `failed(command, reason)`, when given, makes the exception a failed command raises instead of its own."""
     python, marker = venv_python(run_dir, venv_dir), os.path.join(run_dir, venv_dir, INSTALLED_MARKER)
-    wanted = _sha256(sdist)
+    with open(sdist, "rb") as handle:
+        wanted = hashlib.sha256(handle.read()).hexdigest()
     if os.path.exists(python) and os.path.exists(marker):
         with open(marker) as handle:
             if handle.read().strip() == wanted:

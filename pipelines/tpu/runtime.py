@@ -91,68 +91,61 @@ class RuntimeEntry:
     """One row of the runtime table: the `--version` to create the TPU VM with, and why."""
 
     version: str
-    tensorflow_preinstalled: bool  # False: a base image; the launch installs tensorflow-tpu on every worker
     sources: tuple[str, ...]
     note: str
-
-
-_POD_NOTE = (
-    "; each worker's TPU server (the tpu-runtime service) is moved to grpc_tpu_worker:tf-{tf}-pjrt, the "
-    "client's TensorFlow, as the harness's set_up_pjrt does"
-)
-
-
-def _installed_on(version, image, tf, pod, *sources, extra=""):
-    """An entry for a runtime without TensorFlow: `image` says whose image it is; tensorflow-tpu goes on top."""
-    note = f"the docs name no tpu-vm-tf-{tf} image, so {image}, with tensorflow-tpu {tf} installed on top"
-    note += (_POD_NOTE.format(tf=tf) if pod else "") + extra
-    return RuntimeEntry(version, tensorflow_preinstalled=False, sources=sources, note=note)
+    tensorflow_preinstalled: bool = False  # every row is a base image: the launch installs tensorflow-tpu
 
 
 _TF = TENSORFLOW_TPU_VERSION
-# (TensorFlow version, generation, multi-host) -> the runtime.
-RUNTIMES: dict[tuple[str, str, bool], RuntimeEntry] = {
-    **{
-        (_TF, generation, False): _installed_on(
-            "tpu-ubuntu2204-base", f"the docs' base image for {generation} ('v4 and older')", _TF, False, RUNTIMES_DOC
+
+
+def _installed_on(version, image, pod, *sources, extra=""):
+    """An entry for a runtime without TensorFlow: `image` says whose image it is; tensorflow-tpu goes on top."""
+    note = f"the docs name no tpu-vm-tf-{_TF} image, so {image}, with tensorflow-tpu {_TF} installed on top"
+    if pod:
+        note += (
+            f"; each worker's TPU server (the tpu-runtime service) is moved to grpc_tpu_worker:tf-{_TF}-pjrt, the "
+            "client's TensorFlow, as the harness's set_up_pjrt does"
         )
-        for generation in ("v2", "v3", "v4")
-    },
-    **{
-        (_TF, generation, True): _installed_on(
+    return RuntimeEntry(version, sources, note + extra)
+
+
+def _runtime_table() -> dict[tuple[str, str, bool], RuntimeEntry]:
+    """(TensorFlow version, generation, multi-host) -> the runtime."""
+    table = {}
+    for generation in ("v2", "v3", "v4"):
+        table[(_TF, generation, False)] = _installed_on(
+            "tpu-ubuntu2204-base",
+            f"the docs' base image for {generation} ('v4 and older')",
+            False,
+            RUNTIMES_DOC,
+        )
+    for generation in ("v2", "v3", "v4"):
+        table[(_TF, generation, True)] = _installed_on(
             "v2-alpha-tpuv5",
             f"for a {generation} slice the image Google's TPU harness runs its TensorFlow v4-32 release test on "
             "(the docs do not say that tpu-ubuntu2204-base has the tpu-runtime service a slice's TPU servers need)",
-            _TF,
-            True,
-            HARNESS_DAG,
-            HARNESS_COMMON,
-        )
-        for generation in ("v2", "v3", "v4")
-    },
-    (_TF, "v5e", False): _installed_on(
-        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-4)", _TF, False, RUNTIMES_DOC,
-        HARNESS_DAG,
-    ),
-    (_TF, "v5e", True): _installed_on(
-        "v2-alpha-tpuv5-lite", "the docs' base image for v5e (also the harness's v5e-16 slice)", _TF, True,
-        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
-    ),
-    (_TF, "v5p", False): _installed_on(
-        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-8)", _TF, False, RUNTIMES_DOC,
-        HARNESS_DAG,
-    ),
-    (_TF, "v5p", True): _installed_on(
-        "v2-alpha-tpuv5", "the docs' base image for v5p (also the harness's v5p-32 slice)", _TF, True,
-        RUNTIMES_DOC, HARNESS_DAG, HARNESS_COMMON,
-    ),
-    (_TF, "v6e", False): _installed_on("v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, False, RUNTIMES_DOC),
-    (_TF, "v6e", True): _installed_on(
-        "v2-alpha-tpuv6e", "the docs' base image for v6e", _TF, True, RUNTIMES_DOC, HARNESS_COMMON,
-        extra="; the harness runs no TensorFlow test on v6e, so this pairing of the docs' image and the "
-        "harness's slice procedure is unverified on v6e hardware",
-    ),
-}  # fmt: skip
+            True, HARNESS_DAG, HARNESS_COMMON,
+        )  # fmt: skip
+    # From v5e on, the docs' base image of the generation: (its --version, the harness's single-host and slice
+    # runs on it, if any).
+    for generation, (version, *harness_runs) in {
+        "v5e": ("v2-alpha-tpuv5-lite", "v5e-4", "v5e-16 slice"),
+        "v5p": ("v2-alpha-tpuv5", "v5p-8", "v5p-32 slice"),
+        "v6e": ("v2-alpha-tpuv6e", None, None),
+    }.items():
+        for pod, run in zip((False, True), harness_runs, strict=True):
+            table[(_TF, generation, pod)] = _installed_on(
+                version,
+                f"the docs' base image for {generation}" + (f" (also the harness's {run})" if run else ""),
+                pod, RUNTIMES_DOC, *([HARNESS_DAG] if run else []), *([HARNESS_COMMON] if pod else []),
+                extra="; the harness runs no TensorFlow test on v6e, so this pairing of the docs' image and the "
+                "harness's slice procedure is unverified on v6e hardware" if generation == "v6e" and pod else "",
+            )  # fmt: skip
+    return table
+
+
+RUNTIMES = _runtime_table()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +194,6 @@ def choose_runtime(
         base = RUNTIMES[(TENSORFLOW_TPU_VERSION, tpu.generation.name, False)]
         entry = RuntimeEntry(
             base.version,
-            tensorflow_preinstalled=False,
             sources=(RUNTIMES_DOC,),
             note=f"the docs' base image for {tpu.generation.name}, on every host; the launch installs jax[tpu] "
             f"{install_lines.JAX_VERSION} on top, in a uv-managed Python {install_lines.JAX_PYTHON} (the image has "
