@@ -10,9 +10,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if "default" in text.lower() or action.default in (None, False, True, argparse.SUPPRESS):
             return text
-        if action.required:
-            return text
-        if not action.option_strings:
+        if action.required or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
@@ -21,7 +19,7 @@ def group_flags(parser: argparse.ArgumentParser, groups: dict[str, tuple[str, ..
     """Show the named flags under argument groups in --help, in the given order: {title: (flag, ...)}; a flag
     not named stays under "options". Parsing is unchanged."""
     by_flag = {flag: action for action in parser._actions for flag in action.option_strings}
-    earlier_groups = [group for group in parser._action_groups[2:]]  # after positionals and "options"
+    earlier_groups = parser._action_groups[2:]  # after positionals and "options"
     for title, flags in groups.items():
         group = parser.add_argument_group(title)
         for flag in flags:

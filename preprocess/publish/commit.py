@@ -219,25 +219,12 @@ def publish_run(
         log.info(
             "could not copy the newest commit to %s (%s); readers never need it", commit_log.HINT_FILE, exc
         )
-    _best_effort(
-        "collect garbage",
-        gc.collect_garbage,
-        output_dir,
-        gc_budget,
-        False,
-        tft_build_id,
-        None,
-        PUBLISH_GC_RUNS,
-    )
+    _best_effort("collect garbage", gc.collect_garbage, output_dir, gc_budget, False, tft_build_id, None,
+                 PUBLISH_GC_RUNS)  # fmt: skip
     # Its own staging last: its build record tells a later collection which tf.Transform directory goes
     # with the run, should this step die before the launcher removes that directory.
-    _best_effort(
-        f"remove the staging and unnamed files of run {run_id}",
-        remove_unnamed_files_of_run,
-        store,
-        run_id,
-        published,
-    )
+    what = f"remove the staging and unnamed files of run {run_id}"
+    _best_effort(what, remove_unnamed_files_of_run, store, run_id, published)
     return published
 
 

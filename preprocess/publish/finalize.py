@@ -64,6 +64,13 @@ def build_manifest(
             ],
         }
     num_written = sum(info["num_examples"] for info in splits.values())
+    near_duplicates = near_duplicates or {"mode": NEAR_DUPLICATES_OFF}
+    if near_duplicates.get("mode", NEAR_DUPLICATES_OFF) != NEAR_DUPLICATES_OFF:
+        # The split fractions the run realised (beside split_fractions, the requested ones): how far the
+        # audit's moves took them, rounded to 4 places.
+        realised = {split: round(info["num_examples"] / num_written, 4) if num_written else 0.0
+                    for split, info in splits.items()}  # fmt: skip
+        near_duplicates = {**near_duplicates, "realised_split_fractions": realised}
     num_failed = sum(failures.values())
     mean, std = stats
     # What each field means: docs/dataset_format.md.
@@ -115,19 +122,11 @@ def build_manifest(
         "split_fractions": config["split_fractions"],
         "transform": {name: run.relative(name) for name in _TRANSFORM_DIRS},
         "error_files": sorted(error_files, key=lambda entry: entry["path"]),
-        "near_duplicates": _with_realised_fractions(near_duplicates or {"mode": "off"}, splits),
+        "near_duplicates": near_duplicates,
         "near_duplicate_files": sorted(near_duplicate_files, key=lambda entry: entry["path"]),
         "ledger_files": sorted(ledger_files, key=lambda entry: entry["path"]),
         "source_image_sizes": source_image_sizes or empty_source_sizes(),
     }
-
-
-def _with_realised_fractions(near_duplicates: dict, splits: dict) -> dict:
-    """The audit's summary with the split fractions the run realised (to read beside split_fractions, the
-    requested ones): how far the audit's moves took them."""
-    if near_duplicates.get("mode", NEAR_DUPLICATES_OFF) == NEAR_DUPLICATES_OFF:
-        return near_duplicates
-    return {**near_duplicates, "realised_split_fractions": realised_split_fractions(splits)}
 
 
 def empty_source_sizes() -> dict:
@@ -151,22 +150,6 @@ def near_duplicate_summary(config: dict, stats: dict | None) -> dict:
         "max_moved": config.get("near_duplicate_max_moved", DEFAULT_MAX_MOVED_SHARE),
         **dict(sorted((stats or {}).items())),
     }
-
-
-def realised_split_fractions(splits: dict) -> dict:
-    """{split: its share of the examples written}, rounded to 4 places (all 0 when none was written)."""
-    total = sum(info["num_examples"] for info in splits.values())
-    return {split: round(info["num_examples"] / total, 4) if total else 0.0 for split, info in splits.items()}
-
-
-def _fingerprint_or_none(config: dict) -> dict | None:
-    """The run's build fingerprint (fingerprint.py); None, with a warning, if the inputs cannot be listed
-    now: a dataset without one is only built again by a workflow, never refused."""
-    try:
-        return compute_fingerprint(config)
-    except Exception as exc:  # noqa: BLE001 - an optional field must not stop a finished run from publishing
-        logging.warning("no build fingerprint for the manifest (listing %s failed: %s)", config["input"], exc)
-        return None
 
 
 def check_failed_fraction(counts: dict, max_failed_fraction: float, run: RunPaths):
@@ -235,7 +218,14 @@ def finalize_dataset(
         moved=moved,
         **counts,
     )
-    manifest["build"] = {"fingerprint": _fingerprint_or_none(config)}
+    # None, with a warning, if the inputs cannot be listed now: a dataset without one is only built again by
+    # a workflow, never refused.
+    try:
+        fingerprint = compute_fingerprint(config)
+    except Exception as exc:  # noqa: BLE001 - an optional field must not stop a finished run from publishing
+        logging.warning("no build fingerprint for the manifest (listing %s failed: %s)", config["input"], exc)
+        fingerprint = None
+    manifest["build"] = {"fingerprint": fingerprint}
     manifest_lib.check_manifest(manifest)
     try:
         return publish_run(

@@ -8,6 +8,7 @@ The command is `python -m preprocess.gc` (preprocess/gc.py); publishing calls `c
 
 import dataclasses
 import datetime
+import fnmatch
 import json
 import logging
 import uuid
@@ -425,7 +426,10 @@ class _Collector:
             stored
             for stored in top.objects
             if stored.name == manifest_lib.ERRORS_FILE
-            or any(_matches(stored.name, manifest_lib.shard_glob(split)) for split in manifest_lib.SPLITS)
+            or any(
+                fnmatch.fnmatchcase(stored.name, manifest_lib.shard_glob(split))
+                for split in manifest_lib.SPLITS
+            )
         ]
         for prefix in top.prefixes:
             if prefix.rstrip("/") in (
@@ -435,12 +439,6 @@ class _Collector:
                 stale += self.store.list(prefix, max_results=self.budget).objects
         if stale:
             self.delete(stale)
-
-
-def _matches(name: str, pattern: str) -> bool:
-    import fnmatch  # noqa: PLC0415
-
-    return fnmatch.fnmatchcase(name, pattern)
 
 
 def _utc(seconds: float) -> datetime.datetime:
