@@ -448,14 +448,10 @@ def _write_broken_files(writer: _CorpusWriter, class_names: list[str], rng: np.r
 # ---------------------------------------------------------------- manifests
 
 
-def split_for_content(sha256: str, fractions: tuple[float, float] = (0.8, 0.1)) -> str:
-    """train / validation / test from the content hash: copies share a split."""
+def split_for_content(sha256: str) -> str:
+    """train / validation / test (0.8 / 0.1 / 0.1) from the content hash: copies share a split."""
     position = int(sha256[:8], 16) / 2**32 if sha256 else 0.0
-    if position < fractions[0]:
-        return "train"
-    if position < fractions[0] + fractions[1]:
-        return "validation"
-    return "test"
+    return "train" if position < 0.8 else "validation" if position < 0.9 else "test"
 
 
 def _manifest_rows(info: CorpusInfo, with_split: bool) -> list[dict]:

@@ -140,7 +140,6 @@ def run_workflow(
     launch_training: Callable[[dict], object],
     model_dir: str | None = None,
     skip_if_built: bool = False,
-    say: Callable[[str], None] = print,
     describe_stage1_changes: Callable[[dict | None], list[str]] | None = None,
 ):
     """Stage 1 (unless `preprocess_argv` is None, or `skip_if_built` and already_built), the check, stage 2;
@@ -148,7 +147,7 @@ def run_workflow(
     if preprocess_argv is not None and skip_if_built:
         built = already_built(dataset_dir, preprocess_argv)
         if built is not None:
-            say(
+            print(
                 f"Stage 1 skipped: {dataset_dir} (run {built['run']['id']}) was built from these inputs with "
                 "these stage 1 flags."
             )

@@ -86,7 +86,7 @@ JAX_INSTALL_FAILED = (
 )
 
 
-def install_command(package_uri: str, backend: str = TENSORFLOW) -> str:
+def install_command(package_uri: str, backend: str) -> str:
     """Copy the staged sdist from GCS and install it: the [tpu] extra (TensorFlow), or [tpu-jax] in JAX_VENV
     on a uv-managed Python 3.11 (a failed step ends with JAX_INSTALL_FAILED's lines, exit 2)."""
     if backend == JAX:
@@ -326,11 +326,10 @@ def training_commands(
     choice: tpu_runtime.RuntimeChoice,
     package_uri: str,
     train_argv: list[str],
-    lifecycle: tpu_lifecycle.Lifecycle | None = None,
-    backend: str = TENSORFLOW,
+    lifecycle: tpu_lifecycle.Lifecycle,
+    backend: str,
 ) -> list[str]:
     """create, then install (+ TPU servers on a TensorFlow slice) and the supervised launch, as gcloud commands."""
-    lifecycle = lifecycle or tpu_lifecycle.choose_lifecycle(choice.tpu)
     create = shlex.join(tpu_lifecycle.create_command(name, location, choice, lifecycle))
     install = install_command(package_uri, backend)
     multi_host = choice.tpu.multi_host

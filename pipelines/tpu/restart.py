@@ -62,14 +62,9 @@ def delete_command(tpu: dict) -> list[str]:
             tpu["project"], "--quiet"]  # fmt: skip
 
 
-def is_create(command: str) -> bool:
-    words = shlex.split(command)
-    return "tpu-vm" in words and words[words.index("tpu-vm") + 1 : words.index("tpu-vm") + 2] == ["create"]
-
-
 def launch_commands(spec: dict) -> list[str]:
     """The spec's commands after the create: install (and a slice's servers), then the supervised launch."""
-    return [command for command in spec["commands"] if not is_create(command)]
+    return [command for command in spec["commands"] if "tpu-vm create " not in " ".join(shlex.split(command))]
 
 
 def run_commands(argvs: list[list[str]]) -> bool:
