@@ -284,8 +284,7 @@ class _Collector:
         """Every object of a run no one needs, within the budget; its traces last."""
         files = self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}/", max_results=self.budget)
         staged = self.store.list(f"{STAGING_DIR}/{run_id}/", max_results=self.budget)
-        tft = self.own_tft_temp(run_id)
-        tft_prefixes = [f"{STAGING_DIR}/{tft[0].name.split('/')[1]}/"] if tft else []
+        tft, tft_prefixes = self.own_tft_temp(run_id)
         objects = tft + files.objects + staged.objects
         if not any(stored.deletable_at <= self.now for stored in objects):
             for stored in objects:
@@ -310,26 +309,25 @@ class _Collector:
 
     def remove_staging(self, run_id):
         """The staging (and own tf.Transform directory) of a run kept for its files."""
-        tft = self.own_tft_temp(run_id)
+        tft, tft_prefixes = self.own_tft_temp(run_id)
         staged = self.store.list(f"{STAGING_DIR}/{run_id}/", max_results=self.budget)
         if self.delete(tft + staged.objects) and not staged.truncated and not self.dry_run:
-            prefixes = [f"{STAGING_DIR}/{tft[0].name.split('/')[1]}/"] if tft else []
-            for prefix in (f"{STAGING_DIR}/{run_id}/", *prefixes):
+            for prefix in (f"{STAGING_DIR}/{run_id}/", *tft_prefixes):
                 self.store.delete_folder(prefix)
 
-    def own_tft_temp(self, run_id) -> list:
+    def own_tft_temp(self, run_id) -> tuple[list, list]:
         """The objects of tf.Transform's temporary directory of a run that did not share it (runs.py's
-        build.json), first: the record goes with the run's staging after them."""
+        build.json), first: the record goes with the run's staging after them; and that directory's prefix."""
         data = self.store.read(f"{STAGING_DIR}/{run_id}/build.json")
         try:
             build = json.loads(data.decode("utf-8")) if data is not None else None
         except ValueError:
             build = None
         if not build or build.get("shared") or build.get("build_id") == self.tft_build_id:
-            return []
-        return self.store.list(
-            f"{STAGING_DIR}/{TFT_TEMP_PREFIX}{build['build_id']}/", max_results=self.budget
-        ).objects
+            return [], []
+        prefix = f"{STAGING_DIR}/{TFT_TEMP_PREFIX}{build['build_id']}/"
+        objects = self.store.list(prefix, max_results=self.budget).objects
+        return objects, [prefix] if objects else []
 
     def announce_removal(self, run_id, sequence, may_publish) -> bool:
         """Write a removal marker (unless a live one is there), then look again; False: back off."""

@@ -69,15 +69,19 @@ class LocalStore:
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
-    def create_if_absent(self, name: str, data: bytes) -> bool:
+    def _retried(self, name: str, what: str, attempt):
+        """`attempt()`, again while another call removes a folder on its way (FileNotFoundError, or
+        FileExistsError when makedirs lost its folder at once; see _FOLDER_RACE_ATTEMPTS)."""
         self.requests += 1
         for _ in range(_FOLDER_RACE_ATTEMPTS):
-            with contextlib.suppress(FileNotFoundError):
-                return self._create_if_absent_once(name, data)
-        raise OSError(f"{self._path(name)}: its folders kept disappearing while it was created")
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                return attempt()
+        raise OSError(f"{self._path(name)}: its folders kept disappearing while it was {what}")
+
+    def create_if_absent(self, name: str, data: bytes) -> bool:
+        return self._retried(name, "created", lambda: self._create_if_absent_once(name, data))
 
     def _create_if_absent_once(self, name: str, data: bytes) -> bool:
-        """One try; FileNotFoundError when another call removed a folder on the way (see _FOLDER_RACE_ATTEMPTS)."""
         tmp_dir = self._path(self.tmp_dir)
         _make_folder(tmp_dir)
         temporary = os.path.join(tmp_dir, f"{os.path.basename(name)}.{uuid.uuid4().hex}")
@@ -98,14 +102,12 @@ class LocalStore:
 
     def write(self, name: str, data: bytes):
         """Replace `name` with `data` atomically (the copy in dataset.json; the log never needs it)."""
-        self.requests += 1
-        for _ in range(_FOLDER_RACE_ATTEMPTS):
-            # FileExistsError: makedirs lost its folder at once.
-            with contextlib.suppress(FileNotFoundError, FileExistsError):
-                filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
-                self._remove_empty_parents(f"{self.tmp_dir}/-")
-                return
-        raise OSError(f"{self._path(name)}: its folders kept disappearing while it was written")
+
+        def attempt():
+            filesystem.write_bytes(self._path(name), data, tmp_dir=self._path(self.tmp_dir))
+            self._remove_empty_parents(f"{self.tmp_dir}/-")
+
+        self._retried(name, "written", attempt)
 
     def read(self, name: str) -> bytes | None:
         self.requests += 1
