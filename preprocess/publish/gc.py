@@ -60,12 +60,9 @@ class Report:
         self.waiting_until = max(self.waiting_until, stored.deletable_at)
 
     def lines(self) -> list[str]:
-        verb = "would delete" if self.dry_run else "deleted"
-        lines = [f"{self.output_dir}: {verb} {self.deleted} objects ({self.requests} requests)"]
-        lines += [
-            f"  removed run {run}" if not self.dry_run else f"  would remove run {run}"
-            for run in self.removed_runs
-        ]
+        deleted, removed = ("would delete", "would remove") if self.dry_run else ("deleted", "removed")
+        lines = [f"{self.output_dir}: {deleted} {self.deleted} objects ({self.requests} requests)"]
+        lines += [f"  {removed} run {run}" for run in self.removed_runs]
         lines += [f"  kept {reason}" for reason in self.kept]
         if self.waiting:
             until = (
@@ -113,20 +110,12 @@ class _Collector:
                 deletable.append(stored.name)
         if len(deletable) > self.budget:
             deletable, self.report.more = deletable[: self.budget], True
-        if deletable and not self.dry_run:
-            refused = self.store.delete(deletable)
-            self.report.refused.update(refused)
-            if refused:
-                name, reason = next(iter(refused.items()))
-                log.warning(
-                    "could not remove %d objects of %s (e.g. %s: %s); a later garbage collection retries",
-                    len(refused),
-                    self.report.output_dir,
-                    name,
-                    reason,
-                )
-        else:
-            refused = {}
+        refused = self.store.delete(deletable) if deletable and not self.dry_run else {}
+        self.report.refused.update(refused)
+        if refused:
+            name, reason = next(iter(refused.items()))
+            log.warning("could not remove %d objects of %s (e.g. %s: %s); a later garbage collection retries",
+                        len(refused), self.report.output_dir, name, reason)  # fmt: skip
         self.budget -= len(deletable)
         self.report.deleted += len(deletable) - len(refused)
         return len(deletable) == len(objects) and not refused
