@@ -85,7 +85,7 @@ class Report:
 
 
 def _timestamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _utc(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Collector:
@@ -214,7 +214,7 @@ class _Collector:
         incremental version): the newest's, a retained one's (within its retention or leased), a leased one's.
         A live lease on a run the log no longer describes (no retained entry) keeps every run before it: what
         it references is not known."""
-        now = datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc)
+        now = _utc(self.now)
         kept = {
             ref: f"run {ref}: the newest version (run {head_run}) references its files"
             for ref in protocol.referenced_runs(manifest)
@@ -244,7 +244,7 @@ class _Collector:
         entry = retained.get(run_id)
         if entry is not None:
             until = protocol.retain_until(entry, 0)
-            if until > datetime.datetime.fromtimestamp(self.now, datetime.timezone.utc):
+            if until > _utc(self.now):
                 return f"run {run_id}, superseded at {entry['superseded_at']}: stays for its readers until {protocol._timestamp(until)}"
         if run_id > head_run:
             # A run that started before the head can never commit (commit.py): only a later one may be

@@ -115,9 +115,6 @@ def is_named(relative: str, names: set[str]) -> bool:
     return relative in names or any(relative.startswith(name + "/") for name in names)
 
 
-_UTC = datetime.timezone.utc
-
-
 def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
