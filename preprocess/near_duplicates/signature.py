@@ -16,7 +16,7 @@ from PIL import Image
 # The grey DCT hash: the low bits, which the grouping's candidate bands are cut from.
 # Recorded in the manifest (near_duplicates.signature_version): a re-run carries a published image's
 # signature over from its ledger only when this is the version that took it (preprocess/reuse/previous.py).
-SIGNATURE_VERSION = 5
+SIGNATURE_VERSION = 6
 CANDIDATE_BITS = 64
 _GREY_MASK = (1 << CANDIDATE_BITS) - 1
 # The colour layout: a 4x4 grid of cells, two opponent chromaticities each, one byte each.
@@ -37,7 +37,10 @@ _ASPECT_SHIFT = _FRAME_SHIFT + 32
 _ASPECT_UNIT = 1024
 # A flat object on a background (signed whole: its outline and place are all it shows).
 _FLAT_OBJECT_BIT = _ASPECT_SHIFT + 16
-SIGNATURE_BITS = _FLAT_OBJECT_BIT + 1
+# The detail hash: the next CANDIDATE_BITS AC coefficients (mid frequencies), and the same of the mirror.
+_DETAIL_SHIFT = _FLAT_OBJECT_BIT + 1
+_MIRRORED_DETAIL_SHIFT = _DETAIL_SHIFT + CANDIDATE_BITS
+SIGNATURE_BITS = _MIRRORED_DETAIL_SHIFT + CANDIDATE_BITS
 # Chosen by benchmarks/near_duplicate_quality.py on half of its source photos
 # (the other half reports the figures): see benchmarks/RESULTS.md.
 DEFAULT_MAX_DISTANCE = 8
@@ -66,6 +69,12 @@ MIN_OBJECT_PIXELS = 16
 # average and the second in any cell.
 FLAT_OBJECT_TOLERANCE = 2
 FLAT_OBJECT_MAX_DIFFERENCE = 32
+# Two objects on a background (both trimmed on all four sides: product photos on white) are near only when
+# their detail hashes are within this many bits too: two pieces of one texture, or two objects of one outline,
+# agree in the low frequencies and the 8x8 thumbnail, not in the mid frequencies
+# (benchmarks/near_duplicate_bands.py: the false pairs of product-style images fall 37 -> 10 and 17 -> 4 at
+# 20,000 images; their altered copies lose 0.7-1.2%).
+DETAIL_MAX_DISTANCE = 16
 # What `distance` returns when the pair is not near whatever the grey distance: above any grey Hamming distance.
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
 # --near-duplicate-distance is at most this (version 1's precision at 16 was 0.65 on the benchmark); pairs
@@ -88,8 +97,9 @@ MIN_CONTENT = 0.125
 _THUMBNAIL_SIZE = 32
 # A tenth of each side is left out: borders are what crops cut and captions cover.
 _MARGIN_DIVISOR = 10
-# AC coefficients in zigzag order (by u + v, then u): the first 64 lie on the diagonals u + v <= 10.
-_HIGHEST_DIAGONAL = 10
+# AC coefficients in zigzag order (by u + v, then u): the first 64 (the grey hash) lie on the diagonals
+# u + v <= 10, the next 64 (the detail hash) on u + v <= 15.
+_HIGHEST_DIAGONAL = 15
 # Integer scales: see version 2 (the window by 2**8 per axis, the DCT by 2**12; all exact in int64).
 _WINDOW_SCALE_BITS = 8
 _DCT_SCALE_BITS = 12
@@ -131,7 +141,7 @@ def _zigzag_ac(count: int) -> tuple[np.ndarray, np.ndarray]:
 
 _DCT = _dct_table(_THUMBNAIL_SIZE, _HIGHEST_DIAGONAL + 1)
 _WINDOW = _sine_window(_THUMBNAIL_SIZE)
-_ROWS, _COLS = _zigzag_ac(CANDIDATE_BITS)
+_ROWS, _COLS = _zigzag_ac(2 * CANDIDATE_BITS)
 
 
 def source_signature(image: Image.Image, source_size: tuple[int, int] | None = None) -> int:
@@ -165,15 +175,24 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
         rgb, thumbnail, check = _region(base, (4, 4, BASE_SIZE - 4, BASE_SIZE - 4))
     low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
     aspect = min((1 << 16) - 1, (right - left) * width * _ASPECT_UNIT // ((bottom - top) * height))
+    grey, detail = _grey_hashes(thumbnail)
+    mirrored_grey, mirrored_detail = _grey_hashes(thumbnail[:, ::-1])
+    if flat_object:
+        # A flat object's low frequencies are its place and size, which many other objects share (their bands
+        # collided 13-16x as often as uniform bits); its outline's detail tells it apart (1.7-2.3x), and a
+        # copy of it, near-equal pixels, keeps that detail within the distance.
+        grey, mirrored_grey = detail, mirrored_detail
     return (
-        _grey_hash(thumbnail)
-        | _grey_hash(thumbnail[:, ::-1]) << _MIRROR_SHIFT
+        grey
+        | mirrored_grey << _MIRROR_SHIFT
         | _colour_layout(rgb) << _COLOUR_SHIFT
         | int.from_bytes(check.tobytes(), "little") << _CHECK_SHIFT
         | int(low_information) << _LOW_INFORMATION_BIT
         | int.from_bytes(bytes((left, top, right, bottom)), "little") << _FRAME_SHIFT
         | aspect << _ASPECT_SHIFT
         | int(flat_object) << _FLAT_OBJECT_BIT
+        | detail << _DETAIL_SHIFT
+        | mirrored_detail << _MIRRORED_DETAIL_SHIFT
     )
 
 
@@ -278,16 +297,19 @@ def _content_box(base: np.ndarray, light: int = _TRIM_TOLERANCE) -> tuple[int, i
     return left, top, size - right, size - bottom
 
 
-def _grey_hash(thumbnail: np.ndarray) -> int:
-    """Bit i: whether the i-th low-frequency AC coefficient of the windowed grey thumbnail is above their median."""
+def _grey_hashes(thumbnail: np.ndarray) -> tuple[int, int]:
+    """(the grey hash, the detail hash) of the windowed grey thumbnail: bit i of the first, whether the i-th
+    low-frequency AC coefficient is above the median of the first CANDIDATE_BITS; of the second, the same for
+    the next CANDIDATE_BITS coefficients and their median."""
     centred = thumbnail * thumbnail.size - thumbnail.sum()
     first_pass = (_DCT @ (centred * _WINDOW)) >> _SHIFT_BETWEEN_PASSES
-    coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS]
-    ordered = np.sort(coefficients)
+    coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS].reshape(2, CANDIDATE_BITS)
+    ordered = np.sort(coefficients, axis=1)
     middle = CANDIDATE_BITS // 2
     # Above the median <=> twice the value above the sum of the two middle ones: integers, no halves.
-    bits = 2 * coefficients > ordered[middle - 1] + ordered[middle]
-    return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+    bits = 2 * coefficients > (ordered[:, middle - 1] + ordered[:, middle])[:, None]
+    packed = np.packbits(bits, axis=1, bitorder="little")
+    return tuple(int.from_bytes(row.tobytes(), "little") for row in packed)
 
 
 def _colour_layout(rgb: np.ndarray) -> int:
@@ -349,6 +371,8 @@ class _Fields(NamedTuple):
     inner_variance: int  # count * sum of squares - sum^2
     low_information: bool
     flat_object: bool
+    detail: int  # the detail hash
+    mirrored_detail: int
 
 
 def _field_bytes(value: int, shift: int, count: int) -> bytes:
@@ -396,6 +420,8 @@ def _fields(value: int) -> _Fields:
         inner_variance=len(inner) * sum(map(operator.mul, inner, inner)) - inner_sum * inner_sum,
         low_information=bool(value >> _LOW_INFORMATION_BIT & 1),
         flat_object=bool(value >> _FLAT_OBJECT_BIT & 1),
+        detail=(value >> _DETAIL_SHIFT) & _GREY_MASK,
+        mirrored_detail=(value >> _MIRRORED_DETAIL_SHIFT) & _GREY_MASK,
     )
 
 
@@ -409,12 +435,16 @@ def _total_difference(first, second) -> int:
 
 def objects_agree(a: int, b: int, mirrored: bool = False) -> bool:
     """Whether two objects on a background (both framed: their borders trimmed) have the same proportions,
-    within ASPECT_TOLERANCE_PER_MILLE; true when either is not such an object. (Mirroring a content box
-    keeps its proportions and whether it is an object: `mirrored` changes nothing here.)"""
+    within ASPECT_TOLERANCE_PER_MILLE, and detail hashes within DETAIL_MAX_DISTANCE (b's mirrored one when
+    `mirrored`); true when either is not such an object. (Mirroring a content box keeps its proportions and
+    whether it is an object.)"""
     fields_a, fields_b = _fields(a), _fields(b)
     if fields_a.is_object and fields_b.is_object:
         aspect_a, aspect_b = fields_a.aspect, fields_b.aspect
         if 1000 * abs(aspect_a - aspect_b) > ASPECT_TOLERANCE_PER_MILLE * min(aspect_a, aspect_b):
+            return False
+        detail_b = fields_b.mirrored_detail if mirrored else fields_b.detail
+        if (fields_a.detail ^ detail_b).bit_count() > DETAIL_MAX_DISTANCE:
             return False
     return True
 

@@ -20,13 +20,16 @@ from preprocess.near_duplicates.signature import (
     _CHECK_VALUES,
     _COLOUR_SHIFT,
     _COLOUR_VALUES,
+    _DETAIL_SHIFT,
     _FLAT_OBJECT_BIT,
     _FRAME_SHIFT,
     _LOW_INFORMATION_BIT,
     _MIRROR_SHIFT,
+    _MIRRORED_DETAIL_SHIFT,
     CANDIDATE_BITS,
     DEFAULT_MAX_DISTANCE,
     MAX_COLOUR_CHECKED_DISTANCE,
+    SIGNATURE_BITS,
 )
 
 # About a second; `compare(200_000)` was run once by hand (benchmarks/RESULTS.md, issue 30).
@@ -34,7 +37,8 @@ PAIRS = 8_000
 
 
 class _Reference:
-    """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants."""
+    """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants; with
+    version 6's detail hashes of two objects on a background."""
 
     grid, cells = 4, 16
 
@@ -59,6 +63,10 @@ class _Reference:
             if 1000 * abs(aspect_a - aspect_b) > signature.ASPECT_TOLERANCE_PER_MILLE * min(
                 aspect_a, aspect_b
             ):
+                return False
+            mask = (1 << CANDIDATE_BITS) - 1
+            detail_b = b >> (_MIRRORED_DETAIL_SHIFT if mirrored else _DETAIL_SHIFT) & mask
+            if ((a >> _DETAIL_SHIFT & mask) ^ detail_b).bit_count() > signature.DETAIL_MAX_DISTANCE:
                 return False
         return True
 
@@ -154,7 +162,9 @@ class _Reference:
         return grey if cls.near(a, b, grey) is not None else signature.COLOUR_MISMATCH
 
 
-def _pack(grey, mirror, colours, thumbnail, low_information, frame, aspect, flat_object) -> int:
+def _pack(
+    grey, mirror, colours, thumbnail, low_information, frame, aspect, flat_object, detail, mirrored_detail
+) -> int:
     return (
         grey
         | mirror << _MIRROR_SHIFT
@@ -164,6 +174,8 @@ def _pack(grey, mirror, colours, thumbnail, low_information, frame, aspect, flat
         | int.from_bytes(bytes(frame), "little") << _FRAME_SHIFT
         | aspect << _ASPECT_SHIFT
         | int(flat_object) << _FLAT_OBJECT_BIT
+        | detail << _DETAIL_SHIFT
+        | mirrored_detail << _MIRRORED_DETAIL_SHIFT
     )
 
 
@@ -187,6 +199,8 @@ def _original(rng: random.Random) -> dict:
         else rng.choice(((0, 0, 128, 128), (0, 12, 128, 116))),
         aspect=rng.randrange(300, 3000),
         flat_object=rng.random() < 0.1,
+        detail=rng.getrandbits(CANDIDATE_BITS),
+        mirrored_detail=rng.getrandbits(CANDIDATE_BITS),
     )
 
 
@@ -195,8 +209,12 @@ def _copy(rng: random.Random, fields: dict) -> dict:
     copy = dict(fields)
     flips = rng.sample(range(CANDIDATE_BITS), rng.choice((0, 1, 2, 3, 4, 6, 8, 10, 14, 20)))
     grey = fields["grey"] ^ sum(1 << bit for bit in flips)
+    detail_flips = rng.sample(range(CANDIDATE_BITS), rng.choice((0, 4, 12, 16, 17, 24)))
+    detail = fields["detail"] ^ sum(1 << bit for bit in detail_flips)
+    copy["detail"] = detail
     if rng.random() < 0.25:  # a mirrored copy: its mirror hash is near the original's grey hash
         copy["grey"], copy["mirror"] = fields["mirror"], grey
+        copy["detail"], copy["mirrored_detail"] = fields["mirrored_detail"], detail
         copy["thumbnail"] = [v for row in range(8) for v in fields["thumbnail"][row * 8 : row * 8 + 8][::-1]]
         colours = fields["colours"]
         order = [r * 4 + c for r in range(4) for c in (3, 2, 1, 0)]
@@ -234,7 +252,15 @@ def compare(count: int, seed: int = 30) -> dict:
             pairs.append((signatures[index], _pack(**_copy(rng, originals[index]))))
         else:
             pairs.append((signatures[index], rng.choice(signatures)))
-    met = {"near": 0, "not near": 0, "mirrored": 0, "recoloured": 0, "low information": 0, "flat object": 0}
+    met = {
+        "near": 0,
+        "not near": 0,
+        "mirrored": 0,
+        "recoloured": 0,
+        "low information": 0,
+        "flat object": 0,
+        "objects, detail too far": 0,
+    }
     for a, b in pairs:
         for max_distance in (DEFAULT_MAX_DISTANCE, DEFAULT_MAX_DISTANCE + 3):
             found = signature.near(a, b, max_distance)
@@ -248,6 +274,13 @@ def compare(count: int, seed: int = 30) -> dict:
         assert signature.grey_distance(a, b) == _Reference.grey_distance(a, b)
         grey, mirrored = signature.grey_distance(a, b)
         met["near" if found is not None else "not near"] += 1
+        met["objects, detail too far"] += not signature.objects_agree(
+            a, b, mirrored
+        ) and _Reference.objects_agree(
+            a & ~((1 << SIGNATURE_BITS) - (1 << _DETAIL_SHIFT)),
+            b & ~((1 << SIGNATURE_BITS) - (1 << _DETAIL_SHIFT)),
+            mirrored,
+        )
         if found is not None:
             met["mirrored"] += mirrored
             met["recoloured"] += signature.colour_difference(a, b, mirrored) > signature.COLOUR_TOLERANCE
