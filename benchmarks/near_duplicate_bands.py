@@ -1,6 +1,6 @@
 """How uniform the grouping's signature bands are on real images, and what that does at 1M and 10M images.
 
-    python -m benchmarks.near_duplicate_bands                 # ~3 min on the shared 2-core machine
+    python -m benchmarks.near_duplicate_bands                 # ~10 min on the shared 2-core machine
     python -m benchmarks.near_duplicate_bands --images 4000   # quicker, coarser
 
 Three corpora of distinct images, signed as stage 1 signs them (signature.source_signature):
