@@ -69,6 +69,16 @@ MIN_OBJECT_PIXELS = 16
 # average and the second in any cell.
 FLAT_OBJECT_TOLERANCE = 2
 FLAT_OBJECT_MAX_DIFFERENCE = 32
+# Or a brighter or darker copy of a coloured flat object: the same content box (within the first, in base
+# pixels, per side), and whole 8x8 thumbnails that correlate at least the second, the one's cells an affine
+# function of the other's with a slope within FLAT_OBJECT_GAIN (numerator, denominator) and its inverse. Not
+# for a grey one (every colour value within GREY_CHROMA of neutral): a brighter grey disc is another grey disc,
+# lighter (tried for every flat object, dbc18d1: images in false groups grew with the corpus, 0.17% -> 0.28%
+# and 0.065% -> 0.36% at 20,000); a coloured object keeps its chromaticity when brightened, which the colour
+# check compares.
+FLAT_OBJECT_FRAME_TOLERANCE = 1
+FLAT_OBJECT_MIN_CORRELATION_PER_MILLE = 985
+FLAT_OBJECT_GAIN = (5, 3)
 # Two objects on a background (both trimmed on all four sides: product photos on white) are near only when
 # their detail hashes are within this many bits too: two pieces of one texture, or two objects of one outline,
 # agree in the low frequencies and the 8x8 thumbnail, not in the mid frequencies
@@ -373,6 +383,10 @@ class _Fields(NamedTuple):
     flat_object: bool
     detail: int  # the detail hash
     mirrored_detail: int
+    frame: tuple[int, int, int, int]  # the content box (left, top, right, bottom) in the base square
+    mirrored_frame: tuple[int, int, int, int]
+    thumbnail_sum: int  # the whole check thumbnail's (the mirrored one's too)
+    thumbnail_variance: int  # count * sum of squares - sum^2
 
 
 def _field_bytes(value: int, shift: int, count: int) -> bytes:
@@ -406,6 +420,8 @@ def _fields(value: int) -> _Fields:
 
     inner = inner_cells(thumbnail)
     inner_sum = sum(inner)
+    left, top, right, bottom = ((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")
+    thumbnail_sum = sum(thumbnail)
     return _Fields(
         is_object=_is_object(((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")),
         aspect=value >> _ASPECT_SHIFT & 0xFFFF,
@@ -422,6 +438,10 @@ def _fields(value: int) -> _Fields:
         flat_object=bool(value >> _FLAT_OBJECT_BIT & 1),
         detail=(value >> _DETAIL_SHIFT) & _GREY_MASK,
         mirrored_detail=(value >> _MIRRORED_DETAIL_SHIFT) & _GREY_MASK,
+        frame=(left, top, right, bottom),
+        mirrored_frame=(BASE_SIZE - right, top, BASE_SIZE - left, bottom),
+        thumbnail_sum=thumbnail_sum,
+        thumbnail_variance=_CHECK_VALUES * sum(map(operator.mul, thumbnail, thumbnail)) - thumbnail_sum**2,
     )
 
 
@@ -482,7 +502,9 @@ def thumbnails_agree(
 ) -> bool:
     """The strict check: the 8x8 thumbnails' inner 6x6 cells correlate (at least `min_per_mille` / 1000; the outer
     ring, which captions and crops change most, is left out), or, when either image has low information,
-    all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE."""
+    all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE; when either is a flat object, the whole
+    thumbnails are near-equal, or, both coloured, one is a brighter or darker copy of the other in the same
+    box."""
     fields_a, fields_b = _fields(a), _fields(b)
     first = fields_a.thumbnail
     second = fields_b.mirrored_thumbnail if mirrored else fields_b.thumbnail
@@ -491,10 +513,18 @@ def thumbnails_agree(
     if fields_a.flat_object or fields_b.flat_object:
         # Its outline, colour and place are all a flat object shows: every cell of the whole image is
         # compared, with room for its edge to move by a pixel or so (a resize, a JPEG's ringing).
-        return (
+        if (
             _total_difference(first, second) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
             and _largest_difference(first, second) <= FLAT_OBJECT_MAX_DIFFERENCE
-        )
+        ):
+            return True
+        # Or a brighter or darker copy of a coloured one: the same box, the same cells but for a gain.
+        if fields_a.grey_layout or fields_b.grey_layout:
+            return False
+        frame_b = fields_b.mirrored_frame if mirrored else fields_b.frame
+        return _largest_difference(
+            fields_a.frame, frame_b
+        ) <= FLAT_OBJECT_FRAME_TOLERANCE and _brighter_or_darker(fields_a, fields_b, first, second)
     first, second = fields_a.inner, fields_b.mirrored_inner if mirrored else fields_b.inner
     variance_a, variance_b = fields_a.inner_variance, fields_b.inner_variance
     if variance_a == 0 or variance_b == 0:
@@ -502,6 +532,28 @@ def thumbnails_agree(
     # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
     covariance = len(first) * sum(map(operator.mul, first, second)) - fields_a.inner_sum * fields_b.inner_sum
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
+
+
+def _brighter_or_darker(fields_a: _Fields, fields_b: _Fields, first: bytes, second: bytes) -> bool:
+    """Whether the whole thumbnail `second` is a brighter or darker copy of `first`: they correlate at least
+    FLAT_OBJECT_MIN_CORRELATION_PER_MILLE / 1000, the slope of the one on the other within FLAT_OBJECT_GAIN.
+    (Integers: cov / sqrt(var_a var_b) >= p / 1000, and slope = cov / var_a; a mirrored thumbnail has the
+    same sum and variance.)"""
+    variance_a, variance_b = fields_a.thumbnail_variance, fields_b.thumbnail_variance
+    if variance_a == 0 or variance_b == 0:
+        return False
+    covariance = (
+        _CHECK_VALUES * sum(map(operator.mul, first, second))
+        - fields_a.thumbnail_sum * fields_b.thumbnail_sum
+    )
+    most, least = FLAT_OBJECT_GAIN
+    minimum = FLAT_OBJECT_MIN_CORRELATION_PER_MILLE
+    return (
+        covariance > 0
+        and 1000**2 * covariance * covariance >= minimum**2 * variance_a * variance_b
+        and least * variance_a <= most * covariance
+        and least * covariance <= most * variance_a
+    )
 
 
 def grey_hashes(value: int) -> tuple[int, int]:

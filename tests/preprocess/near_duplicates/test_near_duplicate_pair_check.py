@@ -38,7 +38,7 @@ PAIRS = 8_000
 
 class _Reference:
     """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants; with
-    version 6's detail hashes of two objects on a background."""
+    version 6's detail hashes of two objects on a background, and brighter copies of coloured flat objects."""
 
     grid, cells = 4, 16
 
@@ -118,9 +118,31 @@ class _Reference:
             return int(np.abs(first - second).max()) <= signature.LOW_INFORMATION_TOLERANCE
         if signature.is_flat_object(a) or signature.is_flat_object(b):
             difference = np.abs(first - second)
-            return (
+            if (
                 int(difference.sum()) <= signature.FLAT_OBJECT_TOLERANCE * 64
                 and int(difference.max()) <= signature.FLAT_OBJECT_MAX_DIFFERENCE
+            ):
+                return True
+            # A brighter or darker copy of a coloured one: the same box, whole thumbnails correlated, the
+            # slope within the gain.
+            if any(np.abs(cls.colours(value)).max() <= signature.GREY_CHROMA for value in (a, b)):
+                return False
+            box_a, box_b = np.array(cls.frame(a)), np.array(cls.frame(b, mirrored))
+            if int(np.abs(box_a - box_b).max()) > signature.FLAT_OBJECT_FRAME_TOLERANCE:
+                return False
+            x, y = first.reshape(-1), second.reshape(-1)
+            count = x.size
+            covariance = count * int((x * y).sum()) - int(x.sum()) * int(y.sum())
+            variance_a = count * int((x * x).sum()) - int(x.sum()) ** 2
+            variance_b = count * int((y * y).sum()) - int(y.sum()) ** 2
+            if variance_a == 0 or variance_b == 0 or covariance <= 0:
+                return False
+            most, least = signature.FLAT_OBJECT_GAIN
+            correlation = signature.FLAT_OBJECT_MIN_CORRELATION_PER_MILLE
+            return (
+                1000**2 * covariance**2 >= correlation**2 * variance_a * variance_b
+                and least * variance_a <= most * covariance
+                and least * covariance <= most * variance_a
             )
         first, second = first[1:-1, 1:-1], second[1:-1, 1:-1]
         count = first.size
@@ -216,6 +238,8 @@ def _copy(rng: random.Random, fields: dict) -> dict:
         copy["grey"], copy["mirror"] = fields["mirror"], grey
         copy["detail"], copy["mirrored_detail"] = fields["mirrored_detail"], detail
         copy["thumbnail"] = [v for row in range(8) for v in fields["thumbnail"][row * 8 : row * 8 + 8][::-1]]
+        left, top, right, bottom = fields["frame"]
+        copy["frame"] = (signature.BASE_SIZE - right, top, signature.BASE_SIZE - left, bottom)
         colours = fields["colours"]
         order = [r * 4 + c for r in range(4) for c in (3, 2, 1, 0)]
         copy["colours"] = [colours[i] for i in order] + [colours[16 + i] for i in order]
@@ -228,6 +252,9 @@ def _copy(rng: random.Random, fields: dict) -> dict:
         copy["colours"] = [_clip(128 + rng.randint(-2, 2)) for _ in range(32)]
     elif kind < 0.5:  # other colours
         copy["colours"] = [_clip(128 + rng.randint(-12, 12)) for _ in range(32)]
+    if rng.random() < 0.2:  # brighter or darker: each cell's distance from white scaled
+        gain = rng.choice((0.5, 0.7, 0.85, 1.2, 1.5, 2.0))
+        copy["thumbnail"] = [_clip(round(255 - (255 - v) * gain)) for v in copy["thumbnail"]]
     jitter = rng.choice((0, 1, 3, 6, 10, 40))
     copy["thumbnail"] = [_clip(v + rng.randint(-jitter, jitter)) for v in copy["thumbnail"]]
     if rng.random() < 0.1:
@@ -259,6 +286,7 @@ def compare(count: int, seed: int = 30) -> dict:
         "recoloured": 0,
         "low information": 0,
         "flat object": 0,
+        "flat object, brighter": 0,
         "objects, detail too far": 0,
     }
     for a, b in pairs:
@@ -285,7 +313,15 @@ def compare(count: int, seed: int = 30) -> dict:
             met["mirrored"] += mirrored
             met["recoloured"] += signature.colour_difference(a, b, mirrored) > signature.COLOUR_TOLERANCE
             met["low information"] += signature.is_low_information(a) or signature.is_low_information(b)
-            met["flat object"] += signature.is_flat_object(a) or signature.is_flat_object(b)
+            flat = signature.is_flat_object(a) or signature.is_flat_object(b)
+            met["flat object"] += flat
+            if flat and not (signature.is_low_information(a) or signature.is_low_information(b)):
+                first, second = _Reference.check_thumbnail(a), _Reference.check_thumbnail(b)
+                if mirrored:
+                    second = second[:, ::-1]
+                met["flat object, brighter"] += (
+                    int(np.abs(first - second).sum()) > signature.FLAT_OBJECT_TOLERANCE * 64
+                )
     return met
 
 

@@ -504,3 +504,22 @@ def test_distinct_flat_objects_on_white_rarely_share_a_band():
     )
     uniform = len(signed) * (len(signed) - 1) / 2 * len(masks) / 2**16  # 2.7
     assert sharing <= 3 * uniform, sharing  # 6
+
+
+def test_a_brighter_or_darker_copy_of_a_coloured_flat_object_is_near_and_a_lighter_grey_one_is_not():
+    # A plain object on white is near-equal only to itself (its outline is all it shows); a brighter or
+    # darker copy of a coloured one keeps its box, its chromaticity and its cells but for a gain, and is near
+    # too (version 5 missed it). A lighter grey disc in the place of a grey disc is another disc: not near.
+    navy = Image.new("RGB", (8, 8), (30, 50, 110))
+    product = _on_white(navy, (40, 60, 200, 170))
+    flat = image_signature(product)
+    assert signature.is_flat_object(flat)
+    for factor in (1.2, 0.8):
+        copy = np.asarray(ImageEnhance.Brightness(Image.fromarray(product)).enhance(factor))
+        assert near(flat, image_signature(_jpeg_copy(copy, scale=1.0)), DEFAULT_MAX_DISTANCE) is not None
+    # The same colour elsewhere (its box moved by 8 px).
+    assert near(flat, image_signature(_on_white(navy, (48, 60, 208, 170))), DEFAULT_MAX_DISTANCE) is None
+    grey = Image.new("RGB", (8, 8), (90, 90, 90))
+    grey_disc = _on_white(grey, (40, 60, 200, 170))
+    lighter = np.asarray(ImageEnhance.Brightness(Image.fromarray(grey_disc)).enhance(1.2))
+    assert near(image_signature(grey_disc), image_signature(lighter), DEFAULT_MAX_DISTANCE) is None
