@@ -11,9 +11,9 @@ Three corpora of distinct images, signed as stage 1 signs them (signature.source
 - `products`: product-style images: one object (a textured piece of one of
   those photographs, cut as a box, a disc or a rounded tile, with a soft
   shadow) on white, at a random size and place, as catalogue photos are;
-- `second`: a second product generator no threshold was chosen on
-  (`second_product_image`, below); its collisions are reported, it is not in
-  the emulated population.
+- `second`: a second product generator (`second_product_image`, below;
+  of the thresholds, only signature.DETAIL_MAX_DISTANCE was chosen looking
+  at it); its collisions are reported, it is not in the emulated population.
 
 Per band, two schemes: `contiguous` (bits 16b..16b+15, the signature's
 lowest frequencies in band 0: the grouping before issue 30) and
@@ -39,8 +39,8 @@ Then the product-style images go through the real FindNearDuplicateGroups
 when two of its members are not the same picture (pieces of different
 photos, or non-overlapping pieces of one: the generator draws pieces at
 random, so some repeat a region, and those are copies); no false group may
-grow with the corpus. The same for a second generator no threshold was chosen
-on (`second_product_image`: polygons, discs and boxes on off-white or light
+grow with the corpus. The same for the second generator
+(`second_product_image`: polygons, discs and boxes on off-white or light
 grey, a third of them flat colours, no shadow, other proportions, its own seed).
 
 First (and alone with --copies-only), what the products' signature costs in
@@ -126,7 +126,7 @@ def product_image(rng: random.Random, photos, source: int, size: int = 256, piec
 def second_product_image(
     rng: random.Random, photos, source: int, size: int = 320, pieces=None
 ) -> Image.Image:
-    """Another generator, which no threshold was tuned on: a polygon, a disc or a box on an off-white or
+    """Another generator, which no threshold but signature.DETAIL_MAX_DISTANCE was tuned on: a polygon, a disc or a box on an off-white or
     light grey background, filled with a piece of a photograph (two thirds of them) or a flat colour
     with a faint gradient, no shadow, at a random place; not square. `pieces` as for product_image (a flat
     object's piece is (-1 - its colour index, its box on the canvas): two are the same picture only when
@@ -417,7 +417,7 @@ def main(argv=None):
     made = {
         "photos": photo_crops(args.images),
         "products": products(args.images, pieces=pieces),
-        # The second generator (second_product_image, its own seed): no threshold was chosen on it.
+        # The second generator (second_product_image, its own seed).
         "second": products(args.images, seed=11, pieces=second_pieces, generator=second_product_image),
     }
     corpora = {name: signed for name, (signed, _) in made.items()}
