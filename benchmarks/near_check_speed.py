@@ -21,6 +21,12 @@ in turns with the current one, its bucket check as VerifyBucketFn did it then
 checks that both give the same answers.
 
     python -m benchmarks.near_check_speed --images 5000 --before 2f440fe
+
+`--signature-cost` times `source_signature` instead (with `--before`, that commit's too, in turns): CPU
+milliseconds per image over the 21 photographs at their own size and over 300 product-style images (256 px,
+benchmarks/near_duplicate_bands.py), the best and the median of `--repeats` runs.
+
+    python -m benchmarks.near_check_speed --signature-cost --repeats 7 --before a5b3142~1
 """
 
 import argparse
@@ -124,12 +130,57 @@ def signature_module_at(commit: str):
     return module
 
 
+def signature_cost(contenders: dict, repeats: int) -> dict:
+    """{corpus: {name: (best, median) CPU ms per image of `source_signature`}}, the contenders in turns (the
+    order flipped every run)."""
+    import random  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+
+    from benchmarks import near_duplicate_bands, near_duplicate_quality  # noqa: PLC0415
+
+    photos = [
+        Image.open(path).convert("RGB") for _, path in sorted(near_duplicate_quality.photo_paths().items())
+    ]
+    rng = random.Random(3)
+    products = [
+        near_duplicate_bands.product_image(rng, photos, rng.randrange(len(photos))) for _ in range(300)
+    ]
+    result = {}
+    for corpus, images in (("photos at their own size", photos * 5), ("product-style images", products)):
+        runs = {name: [] for name in contenders}
+        for repeat in range(repeats):
+            for name in sorted(contenders, reverse=bool(repeat % 2)):
+                started = time.process_time()
+                for image in images:
+                    contenders[name].source_signature(image)
+                runs[name].append(1000 * (time.process_time() - started) / len(images))
+        result[corpus] = {
+            name: (round(min(values), 3), round(sorted(values)[len(values) // 2], 3))
+            for name, values in runs.items()
+        }
+    return result
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", help="a commit whose signature.py is timed too, in turns with this one")
+    parser.add_argument(
+        "--signature-cost", action="store_true", help="time source_signature instead of the pair check"
+    )
     args = parser.parse_args(argv)
+    if args.signature_cost:
+        contenders = {"now": signature_lib}
+        if args.before:
+            contenders["before"] = signature_module_at(args.before)
+        result = {
+            "ms_per_image_best_median": signature_cost(contenders, args.repeats),
+            "load_average": [round(value, 2) for value in os.getloadavg()],
+        }
+        print(json.dumps(result))
+        return result
     held_buckets = buckets(args.images)
     pairs = candidate_pairs(held_buckets)
     contenders = {"now": signature_lib}

@@ -1,16 +1,19 @@
 """How uniform the grouping's signature bands are on real images, and what that does at 1M and 10M images.
 
-    python -m benchmarks.near_duplicate_bands                 # ~3 min on the shared 2-core machine
+    python -m benchmarks.near_duplicate_bands                 # ~10 min on the shared 2-core machine
     python -m benchmarks.near_duplicate_bands --images 4000   # quicker, coarser
 
-Two corpora of distinct images, signed as stage 1 signs them (signature.source_signature):
+Three corpora of distinct images, signed as stage 1 signs them (signature.source_signature):
 
 - `photos`: random square crops (64-512 px, anywhere) of the 21 photographs
   scikit-image and matplotlib ship (benchmarks/near_duplicate_quality.py);
   crops without structure are left out;
 - `products`: product-style images: one object (a textured piece of one of
   those photographs, cut as a box, a disc or a rounded tile, with a soft
-  shadow) on white, at a random size and place, as catalogue photos are.
+  shadow) on white, at a random size and place, as catalogue photos are;
+- `second`: a second product generator (`second_product_image`, below;
+  of the thresholds, only signature.DETAIL_MAX_DISTANCE was chosen looking
+  at it); its collisions are reported, it is not in the emulated population.
 
 Per band, two schemes: `contiguous` (bits 16b..16b+15, the signature's
 lowest frequencies in band 0: the grouping before issue 30) and
@@ -36,8 +39,8 @@ Then the product-style images go through the real FindNearDuplicateGroups
 when two of its members are not the same picture (pieces of different
 photos, or non-overlapping pieces of one: the generator draws pieces at
 random, so some repeat a region, and those are copies); no false group may
-grow with the corpus. The same for a second generator no threshold was chosen
-on (`second_product_image`: polygons, discs and boxes on off-white or light
+grow with the corpus. The same for the second generator
+(`second_product_image`: polygons, discs and boxes on off-white or light
 grey, a third of them flat colours, no shadow, other proportions, its own seed).
 
 First (and alone with --copies-only), what the products' signature costs in
@@ -123,7 +126,7 @@ def product_image(rng: random.Random, photos, source: int, size: int = 256, piec
 def second_product_image(
     rng: random.Random, photos, source: int, size: int = 320, pieces=None
 ) -> Image.Image:
-    """Another generator, which no threshold was tuned on: a polygon, a disc or a box on an off-white or
+    """Another generator, which no threshold but signature.DETAIL_MAX_DISTANCE was tuned on: a polygon, a disc or a box on an off-white or
     light grey background, filled with a piece of a photograph (two thirds of them) or a flat colour
     with a faint gradient, no shadow, at a random place; not square. `pieces` as for product_image (a flat
     object's piece is (-1 - its colour index, its box on the canvas): two are the same picture only when
@@ -410,10 +413,15 @@ def main(argv=None):
             with open(args.json, "w") as handle:
                 json.dump({"product_copies": copies}, handle, indent=1)
         return {"product_copies": copies}
-    pieces = []
-    made = {"photos": photo_crops(args.images), "products": products(args.images, pieces=pieces)}
+    pieces, second_pieces = [], []
+    made = {
+        "photos": photo_crops(args.images),
+        "products": products(args.images, pieces=pieces),
+        # The second generator (second_product_image, its own seed).
+        "second": products(args.images, seed=11, pieces=second_pieces, generator=second_product_image),
+    }
     corpora = {name: signed for name, (signed, _) in made.items()}
-    print(f"signed {2 * args.images:,} distinct images in {time.perf_counter() - start:.0f} s")
+    print(f"signed {3 * args.images:,} distinct images in {time.perf_counter() - start:.0f} s")
     report = {"images": args.images, "collisions": {}, "emulated": {}, "product_copies": copies}
     print(
         "\ncollision rate per band of the grey hash, as a multiple of uniform (1 / 65,536): all pairs / pairs "
@@ -432,6 +440,7 @@ def main(argv=None):
             )
     pairs = planted_pairs(args.tiny)
     population = corpora["photos"] + corpora["products"]
+    second = corpora.pop("second")
     print(
         f"\nemulated scale: {len(population):,} distinct images as the population, {len(pairs):,} planted pairs"
     )
@@ -446,9 +455,6 @@ def main(argv=None):
             report["emulated"][f"{scheme}/{scale}"] = {"left_out": left_out, "recall": recall}
             print(f"{scheme:<12} {scale:>11,} {left_out:>9.4f} {recall:>7.3f}")
     sizes = (args.images // 4, args.images)
-    # The second generator (second_product_image, its own seed): no threshold was chosen on it.
-    second_pieces = []
-    second, _ = products(args.images, seed=11, pieces=second_pieces, generator=second_product_image)
     report["product_groups"], report["second_product_groups"] = {}, {}
     with tempfile.TemporaryDirectory(prefix="near-duplicate-bands-") as workdir:
         report["product_groups"] = product_groups(corpora["products"], pieces, sizes, workdir)

@@ -16,7 +16,7 @@ from PIL import Image
 # The grey DCT hash: the low bits, which the grouping's candidate bands are cut from.
 # Recorded in the manifest (near_duplicates.signature_version): a re-run carries a published image's
 # signature over from its ledger only when this is the version that took it (preprocess/reuse/previous.py).
-SIGNATURE_VERSION = 5
+SIGNATURE_VERSION = 6
 CANDIDATE_BITS = 64
 _GREY_MASK = (1 << CANDIDATE_BITS) - 1
 # The colour layout: a 4x4 grid of cells, two opponent chromaticities each, one byte each.
@@ -37,7 +37,10 @@ _ASPECT_SHIFT = _FRAME_SHIFT + 32
 _ASPECT_UNIT = 1024
 # A flat object on a background (signed whole: its outline and place are all it shows).
 _FLAT_OBJECT_BIT = _ASPECT_SHIFT + 16
-SIGNATURE_BITS = _FLAT_OBJECT_BIT + 1
+# The detail hash: the next CANDIDATE_BITS AC coefficients (mid frequencies), and the same of the mirror.
+_DETAIL_SHIFT = _FLAT_OBJECT_BIT + 1
+_MIRRORED_DETAIL_SHIFT = _DETAIL_SHIFT + CANDIDATE_BITS
+SIGNATURE_BITS = _MIRRORED_DETAIL_SHIFT + CANDIDATE_BITS
 # Chosen by benchmarks/near_duplicate_quality.py on half of its source photos
 # (the other half reports the figures): see benchmarks/RESULTS.md.
 DEFAULT_MAX_DISTANCE = 8
@@ -66,6 +69,22 @@ MIN_OBJECT_PIXELS = 16
 # average and the second in any cell.
 FLAT_OBJECT_TOLERANCE = 2
 FLAT_OBJECT_MAX_DIFFERENCE = 32
+# Or a brighter or darker copy of a coloured flat object: the same content box (within the first, in base
+# pixels, per side), and whole 8x8 thumbnails that correlate at least the second, the one's cells an affine
+# function of the other's with a slope within FLAT_OBJECT_GAIN (numerator, denominator) and its inverse. Not
+# for a grey one (every colour value within GREY_CHROMA of neutral): a brighter grey disc is another grey disc,
+# lighter (tried for every flat object, dbc18d1: images in false groups grew with the corpus, 0.17% -> 0.28%
+# and 0.065% -> 0.36% at 20,000); a coloured object keeps its chromaticity when brightened, which the colour
+# check compares.
+FLAT_OBJECT_FRAME_TOLERANCE = 1
+FLAT_OBJECT_MIN_CORRELATION_PER_MILLE = 985
+FLAT_OBJECT_GAIN = (5, 3)
+# Two objects on a background (both trimmed on all four sides: product photos on white) are near only when
+# their detail hashes are within this many bits too: two pieces of one texture, or two objects of one outline,
+# agree in the low frequencies and the 8x8 thumbnail, not in the mid frequencies
+# (benchmarks/near_duplicate_bands.py: the false pairs of product-style images fall 37 -> 10 and 17 -> 4 at
+# 20,000 images; their altered copies lose 0.7-1.2%).
+DETAIL_MAX_DISTANCE = 16
 # What `distance` returns when the pair is not near whatever the grey distance: above any grey Hamming distance.
 COLOUR_MISMATCH = CANDIDATE_BITS + 1
 # --near-duplicate-distance is at most this (version 1's precision at 16 was 0.65 on the benchmark); pairs
@@ -88,8 +107,9 @@ MIN_CONTENT = 0.125
 _THUMBNAIL_SIZE = 32
 # A tenth of each side is left out: borders are what crops cut and captions cover.
 _MARGIN_DIVISOR = 10
-# AC coefficients in zigzag order (by u + v, then u): the first 64 lie on the diagonals u + v <= 10.
-_HIGHEST_DIAGONAL = 10
+# AC coefficients in zigzag order (by u + v, then u): the first 64 (the grey hash) lie on the diagonals
+# u + v <= 10, the next 64 (the detail hash) on u + v <= 15.
+_HIGHEST_DIAGONAL = 15
 # Integer scales: see version 2 (the window by 2**8 per axis, the DCT by 2**12; all exact in int64).
 _WINDOW_SCALE_BITS = 8
 _DCT_SCALE_BITS = 12
@@ -131,7 +151,7 @@ def _zigzag_ac(count: int) -> tuple[np.ndarray, np.ndarray]:
 
 _DCT = _dct_table(_THUMBNAIL_SIZE, _HIGHEST_DIAGONAL + 1)
 _WINDOW = _sine_window(_THUMBNAIL_SIZE)
-_ROWS, _COLS = _zigzag_ac(CANDIDATE_BITS)
+_ROWS, _COLS = _zigzag_ac(2 * CANDIDATE_BITS)
 
 
 def source_signature(image: Image.Image, source_size: tuple[int, int] | None = None) -> int:
@@ -165,15 +185,24 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
         rgb, thumbnail, check = _region(base, (4, 4, BASE_SIZE - 4, BASE_SIZE - 4))
     low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
     aspect = min((1 << 16) - 1, (right - left) * width * _ASPECT_UNIT // ((bottom - top) * height))
+    grey, detail = _grey_hashes(thumbnail)
+    mirrored_grey, mirrored_detail = _grey_hashes(thumbnail[:, ::-1])
+    if flat_object:
+        # A flat object's low frequencies are its place and size, which many other objects share (their bands
+        # collided 13-16x as often as uniform bits); its outline's detail tells it apart (1.7-2.3x), and a
+        # copy of it, near-equal pixels, keeps that detail within the distance.
+        grey, mirrored_grey = detail, mirrored_detail
     return (
-        _grey_hash(thumbnail)
-        | _grey_hash(thumbnail[:, ::-1]) << _MIRROR_SHIFT
+        grey
+        | mirrored_grey << _MIRROR_SHIFT
         | _colour_layout(rgb) << _COLOUR_SHIFT
         | int.from_bytes(check.tobytes(), "little") << _CHECK_SHIFT
         | int(low_information) << _LOW_INFORMATION_BIT
         | int.from_bytes(bytes((left, top, right, bottom)), "little") << _FRAME_SHIFT
         | aspect << _ASPECT_SHIFT
         | int(flat_object) << _FLAT_OBJECT_BIT
+        | detail << _DETAIL_SHIFT
+        | mirrored_detail << _MIRRORED_DETAIL_SHIFT
     )
 
 
@@ -278,16 +307,19 @@ def _content_box(base: np.ndarray, light: int = _TRIM_TOLERANCE) -> tuple[int, i
     return left, top, size - right, size - bottom
 
 
-def _grey_hash(thumbnail: np.ndarray) -> int:
-    """Bit i: whether the i-th low-frequency AC coefficient of the windowed grey thumbnail is above their median."""
+def _grey_hashes(thumbnail: np.ndarray) -> tuple[int, int]:
+    """(the grey hash, the detail hash) of the windowed grey thumbnail: bit i of the first, whether the i-th
+    low-frequency AC coefficient is above the median of the first CANDIDATE_BITS; of the second, the same for
+    the next CANDIDATE_BITS coefficients and their median."""
     centred = thumbnail * thumbnail.size - thumbnail.sum()
     first_pass = (_DCT @ (centred * _WINDOW)) >> _SHIFT_BETWEEN_PASSES
-    coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS]
-    ordered = np.sort(coefficients)
+    coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS].reshape(2, CANDIDATE_BITS)
+    ordered = np.sort(coefficients, axis=1)
     middle = CANDIDATE_BITS // 2
     # Above the median <=> twice the value above the sum of the two middle ones: integers, no halves.
-    bits = 2 * coefficients > ordered[middle - 1] + ordered[middle]
-    return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+    bits = 2 * coefficients > (ordered[:, middle - 1] + ordered[:, middle])[:, None]
+    packed = np.packbits(bits, axis=1, bitorder="little")
+    return tuple(int.from_bytes(row.tobytes(), "little") for row in packed)
 
 
 def _colour_layout(rgb: np.ndarray) -> int:
@@ -349,6 +381,12 @@ class _Fields(NamedTuple):
     inner_variance: int  # count * sum of squares - sum^2
     low_information: bool
     flat_object: bool
+    detail: int  # the detail hash
+    mirrored_detail: int
+    frame: tuple[int, int, int, int]  # the content box (left, top, right, bottom) in the base square
+    mirrored_frame: tuple[int, int, int, int]
+    thumbnail_sum: int  # the whole check thumbnail's (the mirrored one's too)
+    thumbnail_variance: int  # count * sum of squares - sum^2
 
 
 def _field_bytes(value: int, shift: int, count: int) -> bytes:
@@ -382,6 +420,8 @@ def _fields(value: int) -> _Fields:
 
     inner = inner_cells(thumbnail)
     inner_sum = sum(inner)
+    left, top, right, bottom = ((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")
+    thumbnail_sum = sum(thumbnail)
     return _Fields(
         is_object=_is_object(((value >> _FRAME_SHIFT) & 0xFFFFFFFF).to_bytes(4, "little")),
         aspect=value >> _ASPECT_SHIFT & 0xFFFF,
@@ -396,6 +436,12 @@ def _fields(value: int) -> _Fields:
         inner_variance=len(inner) * sum(map(operator.mul, inner, inner)) - inner_sum * inner_sum,
         low_information=bool(value >> _LOW_INFORMATION_BIT & 1),
         flat_object=bool(value >> _FLAT_OBJECT_BIT & 1),
+        detail=(value >> _DETAIL_SHIFT) & _GREY_MASK,
+        mirrored_detail=(value >> _MIRRORED_DETAIL_SHIFT) & _GREY_MASK,
+        frame=(left, top, right, bottom),
+        mirrored_frame=(BASE_SIZE - right, top, BASE_SIZE - left, bottom),
+        thumbnail_sum=thumbnail_sum,
+        thumbnail_variance=_CHECK_VALUES * sum(map(operator.mul, thumbnail, thumbnail)) - thumbnail_sum**2,
     )
 
 
@@ -409,12 +455,16 @@ def _total_difference(first, second) -> int:
 
 def objects_agree(a: int, b: int, mirrored: bool = False) -> bool:
     """Whether two objects on a background (both framed: their borders trimmed) have the same proportions,
-    within ASPECT_TOLERANCE_PER_MILLE; true when either is not such an object. (Mirroring a content box
-    keeps its proportions and whether it is an object: `mirrored` changes nothing here.)"""
+    within ASPECT_TOLERANCE_PER_MILLE, and detail hashes within DETAIL_MAX_DISTANCE (b's mirrored one when
+    `mirrored`); true when either is not such an object. (Mirroring a content box keeps its proportions and
+    whether it is an object.)"""
     fields_a, fields_b = _fields(a), _fields(b)
     if fields_a.is_object and fields_b.is_object:
         aspect_a, aspect_b = fields_a.aspect, fields_b.aspect
         if 1000 * abs(aspect_a - aspect_b) > ASPECT_TOLERANCE_PER_MILLE * min(aspect_a, aspect_b):
+            return False
+        detail_b = fields_b.mirrored_detail if mirrored else fields_b.detail
+        if (fields_a.detail ^ detail_b).bit_count() > DETAIL_MAX_DISTANCE:
             return False
     return True
 
@@ -452,7 +502,9 @@ def thumbnails_agree(
 ) -> bool:
     """The strict check: the 8x8 thumbnails' inner 6x6 cells correlate (at least `min_per_mille` / 1000; the outer
     ring, which captions and crops change most, is left out), or, when either image has low information,
-    all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE."""
+    all 8x8 cells are equal within LOW_INFORMATION_TOLERANCE; when either is a flat object, the whole
+    thumbnails are near-equal, or, both coloured, one is a brighter or darker copy of the other in the same
+    box."""
     fields_a, fields_b = _fields(a), _fields(b)
     first = fields_a.thumbnail
     second = fields_b.mirrored_thumbnail if mirrored else fields_b.thumbnail
@@ -461,10 +513,18 @@ def thumbnails_agree(
     if fields_a.flat_object or fields_b.flat_object:
         # Its outline, colour and place are all a flat object shows: every cell of the whole image is
         # compared, with room for its edge to move by a pixel or so (a resize, a JPEG's ringing).
-        return (
+        if (
             _total_difference(first, second) <= FLAT_OBJECT_TOLERANCE * _CHECK_VALUES
             and _largest_difference(first, second) <= FLAT_OBJECT_MAX_DIFFERENCE
-        )
+        ):
+            return True
+        # Or a brighter or darker copy of a coloured one: the same box, the same cells but for a gain.
+        if fields_a.grey_layout or fields_b.grey_layout:
+            return False
+        frame_b = fields_b.mirrored_frame if mirrored else fields_b.frame
+        return _largest_difference(
+            fields_a.frame, frame_b
+        ) <= FLAT_OBJECT_FRAME_TOLERANCE and _brighter_or_darker(fields_a, fields_b, first, second)
     first, second = fields_a.inner, fields_b.mirrored_inner if mirrored else fields_b.inner
     variance_a, variance_b = fields_a.inner_variance, fields_b.inner_variance
     if variance_a == 0 or variance_b == 0:
@@ -472,6 +532,28 @@ def thumbnails_agree(
     # Integer correlation: cov / sqrt(var_a var_b) >= p / 1000 <=> 1000^2 cov^2 >= p^2 var_a var_b, cov > 0.
     covariance = len(first) * sum(map(operator.mul, first, second)) - fields_a.inner_sum * fields_b.inner_sum
     return covariance > 0 and 1000**2 * covariance * covariance >= min_per_mille**2 * variance_a * variance_b
+
+
+def _brighter_or_darker(fields_a: _Fields, fields_b: _Fields, first: bytes, second: bytes) -> bool:
+    """Whether the whole thumbnail `second` is a brighter or darker copy of `first`: they correlate at least
+    FLAT_OBJECT_MIN_CORRELATION_PER_MILLE / 1000, the slope of the one on the other within FLAT_OBJECT_GAIN.
+    (Integers: cov / sqrt(var_a var_b) >= p / 1000, and slope = cov / var_a; a mirrored thumbnail has the
+    same sum and variance.)"""
+    variance_a, variance_b = fields_a.thumbnail_variance, fields_b.thumbnail_variance
+    if variance_a == 0 or variance_b == 0:
+        return False
+    covariance = (
+        _CHECK_VALUES * sum(map(operator.mul, first, second))
+        - fields_a.thumbnail_sum * fields_b.thumbnail_sum
+    )
+    most, least = FLAT_OBJECT_GAIN
+    minimum = FLAT_OBJECT_MIN_CORRELATION_PER_MILLE
+    return (
+        covariance > 0
+        and 1000**2 * covariance * covariance >= minimum**2 * variance_a * variance_b
+        and least * variance_a <= most * covariance
+        and least * covariance <= most * variance_a
+    )
 
 
 def grey_hashes(value: int) -> tuple[int, int]:

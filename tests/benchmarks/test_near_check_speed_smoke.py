@@ -26,3 +26,10 @@ def _has_history() -> bool:
 def test_near_check_speed_compares_with_a_commit():
     result = near_check_speed.main(["--images", "300", "--repeats", "1", "--before", "HEAD"])
     assert result["near_same_answers"] and result["bucket_same_answers"]
+
+
+@pytest.mark.skipif(not _has_history(), reason="needs the repository's git history")
+def test_near_check_speed_times_the_signature_against_a_commit():
+    result = near_check_speed.main(["--signature-cost", "--repeats", "1", "--before", "HEAD"])
+    for corpus in result["ms_per_image_best_median"].values():
+        assert set(corpus) == {"now", "before"} and all(best > 0 for best, _ in corpus.values())

@@ -1,5 +1,5 @@
-"""benchmarks/near_duplicate_bands.py runs at a tiny size: both corpora are signed, every band of both
-schemes has a collision rate, and the emulation reports a left-out share and a recall per scheme and scale.
+"""benchmarks/near_duplicate_bands.py runs at a tiny size: the corpora are signed, every band of both
+schemes has a collision rate (the second product generator too), and the emulation reports a left-out share and a recall per scheme and scale.
 No figure is asserted beyond what any corpus must give: the full-size ones are in benchmarks/RESULTS.md."""
 
 import pytest
@@ -14,7 +14,9 @@ def test_near_duplicate_bands_runs_at_tiny_size(capsys):
         assert set(found) == set(near_duplicate_bands.PRODUCT_COPY_KINDS)
         assert all(0 <= share <= 1 for share in found.values())
     assert set(report["collisions"]) == {
-        f"{corpus}/{scheme}" for corpus in ("photos", "products") for scheme in near_duplicate_bands.SCHEMES
+        f"{corpus}/{scheme}"
+        for corpus in ("photos", "products", "second")
+        for scheme in near_duplicate_bands.SCHEMES
     }
     assert all(len(rates) == near_duplicate_bands.BANDS for rates in report["collisions"].values())
     assert set(report["emulated"]) == {

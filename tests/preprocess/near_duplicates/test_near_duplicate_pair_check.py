@@ -20,13 +20,16 @@ from preprocess.near_duplicates.signature import (
     _CHECK_VALUES,
     _COLOUR_SHIFT,
     _COLOUR_VALUES,
+    _DETAIL_SHIFT,
     _FLAT_OBJECT_BIT,
     _FRAME_SHIFT,
     _LOW_INFORMATION_BIT,
     _MIRROR_SHIFT,
+    _MIRRORED_DETAIL_SHIFT,
     CANDIDATE_BITS,
     DEFAULT_MAX_DISTANCE,
     MAX_COLOUR_CHECKED_DISTANCE,
+    SIGNATURE_BITS,
 )
 
 # About a second; `compare(200_000)` was run once by hand (benchmarks/RESULTS.md, issue 30).
@@ -34,7 +37,8 @@ PAIRS = 8_000
 
 
 class _Reference:
-    """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants."""
+    """The pair check before the fields were cached (signature.py at 2f440fe), on the same constants; with
+    version 6's detail hashes of two objects on a background, and brighter copies of coloured flat objects."""
 
     grid, cells = 4, 16
 
@@ -59,6 +63,10 @@ class _Reference:
             if 1000 * abs(aspect_a - aspect_b) > signature.ASPECT_TOLERANCE_PER_MILLE * min(
                 aspect_a, aspect_b
             ):
+                return False
+            mask = (1 << CANDIDATE_BITS) - 1
+            detail_b = b >> (_MIRRORED_DETAIL_SHIFT if mirrored else _DETAIL_SHIFT) & mask
+            if ((a >> _DETAIL_SHIFT & mask) ^ detail_b).bit_count() > signature.DETAIL_MAX_DISTANCE:
                 return False
         return True
 
@@ -110,9 +118,31 @@ class _Reference:
             return int(np.abs(first - second).max()) <= signature.LOW_INFORMATION_TOLERANCE
         if signature.is_flat_object(a) or signature.is_flat_object(b):
             difference = np.abs(first - second)
-            return (
+            if (
                 int(difference.sum()) <= signature.FLAT_OBJECT_TOLERANCE * 64
                 and int(difference.max()) <= signature.FLAT_OBJECT_MAX_DIFFERENCE
+            ):
+                return True
+            # A brighter or darker copy of a coloured one: the same box, whole thumbnails correlated, the
+            # slope within the gain.
+            if any(np.abs(cls.colours(value)).max() <= signature.GREY_CHROMA for value in (a, b)):
+                return False
+            box_a, box_b = np.array(cls.frame(a)), np.array(cls.frame(b, mirrored))
+            if int(np.abs(box_a - box_b).max()) > signature.FLAT_OBJECT_FRAME_TOLERANCE:
+                return False
+            x, y = first.reshape(-1), second.reshape(-1)
+            count = x.size
+            covariance = count * int((x * y).sum()) - int(x.sum()) * int(y.sum())
+            variance_a = count * int((x * x).sum()) - int(x.sum()) ** 2
+            variance_b = count * int((y * y).sum()) - int(y.sum()) ** 2
+            if variance_a == 0 or variance_b == 0 or covariance <= 0:
+                return False
+            most, least = signature.FLAT_OBJECT_GAIN
+            correlation = signature.FLAT_OBJECT_MIN_CORRELATION_PER_MILLE
+            return (
+                1000**2 * covariance**2 >= correlation**2 * variance_a * variance_b
+                and least * variance_a <= most * covariance
+                and least * covariance <= most * variance_a
             )
         first, second = first[1:-1, 1:-1], second[1:-1, 1:-1]
         count = first.size
@@ -154,7 +184,9 @@ class _Reference:
         return grey if cls.near(a, b, grey) is not None else signature.COLOUR_MISMATCH
 
 
-def _pack(grey, mirror, colours, thumbnail, low_information, frame, aspect, flat_object) -> int:
+def _pack(
+    grey, mirror, colours, thumbnail, low_information, frame, aspect, flat_object, detail, mirrored_detail
+) -> int:
     return (
         grey
         | mirror << _MIRROR_SHIFT
@@ -164,6 +196,8 @@ def _pack(grey, mirror, colours, thumbnail, low_information, frame, aspect, flat
         | int.from_bytes(bytes(frame), "little") << _FRAME_SHIFT
         | aspect << _ASPECT_SHIFT
         | int(flat_object) << _FLAT_OBJECT_BIT
+        | detail << _DETAIL_SHIFT
+        | mirrored_detail << _MIRRORED_DETAIL_SHIFT
     )
 
 
@@ -187,6 +221,8 @@ def _original(rng: random.Random) -> dict:
         else rng.choice(((0, 0, 128, 128), (0, 12, 128, 116))),
         aspect=rng.randrange(300, 3000),
         flat_object=rng.random() < 0.1,
+        detail=rng.getrandbits(CANDIDATE_BITS),
+        mirrored_detail=rng.getrandbits(CANDIDATE_BITS),
     )
 
 
@@ -195,9 +231,15 @@ def _copy(rng: random.Random, fields: dict) -> dict:
     copy = dict(fields)
     flips = rng.sample(range(CANDIDATE_BITS), rng.choice((0, 1, 2, 3, 4, 6, 8, 10, 14, 20)))
     grey = fields["grey"] ^ sum(1 << bit for bit in flips)
+    detail_flips = rng.sample(range(CANDIDATE_BITS), rng.choice((0, 4, 12, 16, 17, 24)))
+    detail = fields["detail"] ^ sum(1 << bit for bit in detail_flips)
+    copy["detail"] = detail
     if rng.random() < 0.25:  # a mirrored copy: its mirror hash is near the original's grey hash
         copy["grey"], copy["mirror"] = fields["mirror"], grey
+        copy["detail"], copy["mirrored_detail"] = fields["mirrored_detail"], detail
         copy["thumbnail"] = [v for row in range(8) for v in fields["thumbnail"][row * 8 : row * 8 + 8][::-1]]
+        left, top, right, bottom = fields["frame"]
+        copy["frame"] = (signature.BASE_SIZE - right, top, signature.BASE_SIZE - left, bottom)
         colours = fields["colours"]
         order = [r * 4 + c for r in range(4) for c in (3, 2, 1, 0)]
         copy["colours"] = [colours[i] for i in order] + [colours[16 + i] for i in order]
@@ -210,6 +252,9 @@ def _copy(rng: random.Random, fields: dict) -> dict:
         copy["colours"] = [_clip(128 + rng.randint(-2, 2)) for _ in range(32)]
     elif kind < 0.5:  # other colours
         copy["colours"] = [_clip(128 + rng.randint(-12, 12)) for _ in range(32)]
+    if rng.random() < 0.2:  # brighter or darker: each cell's distance from white scaled
+        gain = rng.choice((0.5, 0.7, 0.85, 1.2, 1.5, 2.0))
+        copy["thumbnail"] = [_clip(round(255 - (255 - v) * gain)) for v in copy["thumbnail"]]
     jitter = rng.choice((0, 1, 3, 6, 10, 40))
     copy["thumbnail"] = [_clip(v + rng.randint(-jitter, jitter)) for v in copy["thumbnail"]]
     if rng.random() < 0.1:
@@ -234,7 +279,16 @@ def compare(count: int, seed: int = 30) -> dict:
             pairs.append((signatures[index], _pack(**_copy(rng, originals[index]))))
         else:
             pairs.append((signatures[index], rng.choice(signatures)))
-    met = {"near": 0, "not near": 0, "mirrored": 0, "recoloured": 0, "low information": 0, "flat object": 0}
+    met = {
+        "near": 0,
+        "not near": 0,
+        "mirrored": 0,
+        "recoloured": 0,
+        "low information": 0,
+        "flat object": 0,
+        "flat object, brighter": 0,
+        "objects, detail too far": 0,
+    }
     for a, b in pairs:
         for max_distance in (DEFAULT_MAX_DISTANCE, DEFAULT_MAX_DISTANCE + 3):
             found = signature.near(a, b, max_distance)
@@ -248,11 +302,26 @@ def compare(count: int, seed: int = 30) -> dict:
         assert signature.grey_distance(a, b) == _Reference.grey_distance(a, b)
         grey, mirrored = signature.grey_distance(a, b)
         met["near" if found is not None else "not near"] += 1
+        met["objects, detail too far"] += not signature.objects_agree(
+            a, b, mirrored
+        ) and _Reference.objects_agree(
+            a & ~((1 << SIGNATURE_BITS) - (1 << _DETAIL_SHIFT)),
+            b & ~((1 << SIGNATURE_BITS) - (1 << _DETAIL_SHIFT)),
+            mirrored,
+        )
         if found is not None:
             met["mirrored"] += mirrored
             met["recoloured"] += signature.colour_difference(a, b, mirrored) > signature.COLOUR_TOLERANCE
             met["low information"] += signature.is_low_information(a) or signature.is_low_information(b)
-            met["flat object"] += signature.is_flat_object(a) or signature.is_flat_object(b)
+            flat = signature.is_flat_object(a) or signature.is_flat_object(b)
+            met["flat object"] += flat
+            if flat and not (signature.is_low_information(a) or signature.is_low_information(b)):
+                first, second = _Reference.check_thumbnail(a), _Reference.check_thumbnail(b)
+                if mirrored:
+                    second = second[:, ::-1]
+                met["flat object, brighter"] += (
+                    int(np.abs(first - second).sum()) > signature.FLAT_OBJECT_TOLERANCE * 64
+                )
     return met
 
 
