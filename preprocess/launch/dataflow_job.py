@@ -1,11 +1,15 @@
 """The launcher's side of a job that runs elsewhere (Dataflow): its identity, attaching, Ctrl-C."""
 
+import functools
 import hashlib
 import json
 import re
+import types
 
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 from apache_beam.runners.runner import PipelineState
+
+from preprocess.launch.progress import runner_name
 
 # Dataflow job names: [a-z]([-a-z0-9]{0,1022}[a-z0-9])?; labels: lowercase letters, digits, '-' and '_'.
 _JOB_NAME_PREFIX = "preprocess-"
@@ -24,8 +28,7 @@ class JobContinuesError(Exception):
 
 def runs_remotely(options: PipelineOptions) -> bool:
     """Whether --runner is Dataflow's (the job runs on, whatever happens to this process)."""
-    runner = options.view_as(StandardOptions).runner or ""
-    return runner.split(".")[-1].lower() in ("dataflowrunner", "dataflow")
+    return runner_name(options) in ("dataflowrunner", "dataflow")
 
 
 def is_remote_job(result) -> bool:
@@ -60,34 +63,19 @@ def continues_message(result, options: PipelineOptions) -> str:
     )
 
 
-def fingerprint(config: dict, beam_args: list[str]) -> str:
-    """A digest of what the job is asked to do (its settings and Beam flags): two launches with the same one
-    are one request made twice."""
-    request = {"config": config, "beam_args": sorted(beam_args)}
-    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-
-
 def request_digest(output_dir: str, config: dict, beam_args: list[str]) -> str:
-    """20 hex digits: the same for every launch of the same request into the same output directory,
-    whatever its --job_name and --labels."""
-    request = fingerprint(config, _without_identity_args(beam_args))
+    """20 hex digits: the same for every launch of the same request (its settings and Beam flags) into the
+    same output directory, whatever its --job_name and --labels (they differ between two launches of one
+    request without changing what it does)."""
+    identity = ("--job_name", "--labels")
+    kept = [
+        arg
+        for index, arg in enumerate(beam_args)
+        if arg.split("=", 1)[0] not in identity and (index == 0 or beam_args[index - 1] not in identity)
+    ]
+    request = json.dumps({"config": config, "beam_args": sorted(kept)}, sort_keys=True, default=str)
+    request = hashlib.sha256(request.encode("utf-8")).hexdigest()
     return hashlib.sha256(f"{output_dir}\n{request}".encode()).hexdigest()[:_NAME_FINGERPRINT_CHARS]
-
-
-def _without_identity_args(beam_args: list[str]) -> list[str]:
-    # Flags that differ between two launches of one request without changing what it does.
-    dropped = ("--job_name", "--labels")
-    kept, skip = [], False
-    for arg in beam_args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in dropped:
-            skip = "=" not in arg
-            continue
-        kept.append(arg)
-    return kept
 
 
 def set_job_identity(
@@ -128,14 +116,6 @@ def _application_client(options: PipelineOptions):
     return DataflowApplicationClient(options)
 
 
-class _AttachedRunner:
-    """What DataflowPipelineResult asks of its runner: a client, and the polling loop."""
-
-    def __init__(self, client):
-        self.dataflow_client = client
-        self.last_error_msg = None
-
-
 def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=None):
     """(PipelineResult of the running job that holds this job's name, its labels), from Dataflow's refusal
     `exc`, which names the job's id; `client`: a Dataflow client (None: made from the options)."""
@@ -151,7 +131,9 @@ def attach_to_job(options: PipelineOptions, job_id: str, client=None):
 
     client = client or _application_client(options)
     job = client.get_job(job_id)
-    return DataflowPipelineResult(job, _AttachedRunner(client), options), dict(job.labels or {})
+    # What DataflowPipelineResult asks of its runner: a client, and the polling loop's last error.
+    runner = types.SimpleNamespace(dataflow_client=client, last_error_msg=None)
+    return DataflowPipelineResult(job, runner, options), dict(job.labels or {})
 
 
 def _state_name(state) -> str:
@@ -163,12 +145,10 @@ def _state_name(state) -> str:
 def recorded_job_state(options: PipelineOptions, client=None):
     """job_record.claim's `job_state`: asks Dataflow about a recorded launch's job, by id once it has
     one, else by name (running jobs only); the client is made at the first question."""
-    made = []
+    make_client = functools.cache(lambda: client or _application_client(options))
 
     def state(record) -> tuple[str | None, str | None]:
-        if not made:
-            made.append(client or _application_client(options))
-        dataflow = made[0]
+        dataflow = make_client()
         if record.job_id:
             return record.job_id, _state_name(dataflow.get_job(record.job_id).current_state)
         try:

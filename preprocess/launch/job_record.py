@@ -51,7 +51,7 @@ class JobRecord:
 
     @property
     def path(self) -> str:
-        return record_path(self.output_dir, self.request, self.attempt)
+        return manifest_lib.join(self.output_dir, _record_name(self.request, self.attempt))
 
     @property
     def age_seconds(self) -> float:
@@ -61,10 +61,6 @@ class JobRecord:
 
 def _record_name(request: str, attempt: int, job: bool = False) -> str:
     return f"{LAUNCHES_DIR}/{request}.{attempt:04d}{'.job' if job else ''}.json"
-
-
-def record_path(output_dir: str, request: str, attempt: int, job: bool = False) -> str:
-    return manifest_lib.join(output_dir, _record_name(request, attempt, job))
 
 
 def _create(record: JobRecord, content: dict, job: bool = False) -> bool:
@@ -93,12 +89,8 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
         attempt = int(found.group("attempt"))
         if found.group("job"):
             job_ids[attempt] = content.get("job_id")
-        else:
-            fields = {key: content.get(key) for key in _FIELDS}
-            if fields["job_name"] and fields["created_at"]:
-                records[attempt] = JobRecord(
-                    output_dir=output_dir, request=request, attempt=attempt, **fields
-                )
+        elif content.get("job_name") and content.get("created_at"):
+            records[attempt] = JobRecord(output_dir, request, attempt, *(content.get(key) for key in _FIELDS))
     for attempt, job_id in job_ids.items():
         if attempt in records:
             records[attempt].job_id = job_id
@@ -150,7 +142,7 @@ def record_job_id(record: JobRecord, job_id: str) -> None:
     try:
         _create(record, {"job_id": job_id}, job=True)
     except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
-        path = record_path(record.output_dir, record.request, record.attempt, job=True)
+        path = manifest_lib.join(record.output_dir, _record_name(record.request, record.attempt, job=True))
         log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
 
 

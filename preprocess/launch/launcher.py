@@ -94,10 +94,9 @@ def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | Non
     """The run's failure as one of errors.INPUT_FAULTS (recognized by class name in the runner's wrapping
     error), with a message for a person; None if it is none."""
     text = f"{type(exc).__name__}: {exc}"
-    if TooManyFailuresError.__name__ in text:
-        return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
-    if errors.RebuildNeededError.__name__ in text:
-        return errors.RebuildNeededError(_fault_message(text, errors.RebuildNeededError.__name__))
+    for fault in (TooManyFailuresError, errors.RebuildNeededError):
+        if fault.__name__ in text:
+            return fault(_fault_message(text, fault.__name__))
     if EmptyTrainSplitError.__name__ not in text:
         return None
     counts, examples = failures_by_reason(output_dir, run_id)
@@ -176,17 +175,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
             ),
             stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
         ):
+            labels = None
             if attached is not None:
-                result, _ = dataflow_job.attach_to_job(options, attached.job_id)
-                run_id, build_id = attached.run_id or run_id, attached.build_id or build_id
-                logging.warning(
-                    "Dataflow job %s (%s, run %s) is already running this request (recorded in %s): waiting "
-                    "for it instead of starting a second job",
-                    attached.job_id,
-                    attached.job_name,
-                    run_id,
-                    attached.path,
-                )
+                result, labels = dataflow_job.attach_to_job(options, attached.job_id)
             else:
                 try:
                     result = pipeline.run()
@@ -196,16 +187,18 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
                             job_record.abandon(claimed)  # no job: the next launch need not wait for one
                         raise
                     result, labels = dataflow_job.attach_to_running_job(options, exc)
-                    run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
-                    build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
-                    logging.warning(
-                        "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
-                        "starting a second job",
-                        result.job_id(),
-                        run_id,
-                    )
                 if claimed is not None and dataflow_job.is_remote_job(result):
                     job_record.record_job_id(claimed, result.job_id())
+            if labels is not None:
+                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                logging.warning(
+                    "Dataflow job %s (run %s) is already running this request%s: waiting for it instead of "
+                    "starting a second job",
+                    result.job_id(),
+                    run_id,
+                    f" (recorded in {attached.path})" if attached is not None else "",
+                )
             state = result.wait_until_finish()
     except KeyboardInterrupt as interrupt:
         if not dataflow_job.is_finished(result):
