@@ -89,6 +89,10 @@ class ErrorLogSample:
     bytes_read: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
 
+    def uris(self) -> dict[str, list[str]]:
+        """The examples' URIs, by reason."""
+        return {reason: [record.uri for record in records] for reason, records in self.examples.items()}
+
 
 def read_error_log(
     paths: list[str], per_reason: int = 3, wanted: dict | None = None, max_bytes: int | None = None
@@ -107,7 +111,7 @@ def read_error_log(
     for path in paths:
         if complete():
             break
-        if not filesystem.exists(path):
+        if not filesystem.FileSystems.exists(path):
             sample.notes.append(f"error file {path} is missing")
             continue
         with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:

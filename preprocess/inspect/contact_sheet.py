@@ -302,18 +302,14 @@ def build_parser() -> CommandParser:
     parser.add_argument("--per-class", type=int, default=8, help="Examples per class (default 8).")
     parser.add_argument(
         "--out",
-        default=None,
         help="Where to write the PNG, local or gs:// (default ./contact_sheet_<split>.png).",
     )
     parser.add_argument(
         "--classes",
         type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
-        default=None,
         help=f"Comma-separated class names to show (default: all, at most the first {MAX_DEFAULT_CLASSES}).",
     )
-    parser.add_argument(
-        "--cell-size", type=int, default=None, help="Cell size in pixels (default: from the image size)."
-    )
+    parser.add_argument("--cell-size", type=int, help="Cell size in pixels (default: from the image size).")
     parser.add_argument(
         "--max-read-mb",
         type=int,
@@ -324,7 +320,6 @@ def build_parser() -> CommandParser:
     )
     parser.add_argument(
         "--report",
-        default=None,
         metavar="PATH",
         help="Write a self-contained HTML report (local or gs://): examples per split and class, failures, "
         "source image sizes, a contact sheet per class of --split, the near-duplicate groups. The PNG sheet "
@@ -344,7 +339,6 @@ def build_parser() -> CommandParser:
         "--diff",
         nargs="?",
         const="",
-        default=None,
         metavar="RUN",
         help="Print what changed between two published versions instead of the summary and the sheet: the "
         "images added, removed, relabelled and moved to another split, with counts and up to --limit files "
@@ -458,7 +452,7 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
     write_file(args.report, page.render(data).encode("utf-8"))
     groups = data.groups
     print(
-        f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "
+        f"\nreport: {args.report} ({len(sample.examples)} classes of {args.split}, "
         f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups"
         + (f", the changes since version {data.changes.old.sequence}" if data.changes is not None else "")
         + ")"

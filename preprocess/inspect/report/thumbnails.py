@@ -46,26 +46,17 @@ class ReadBudget:
 def data_uri(image: Image.Image) -> str:
     """An RGB image as a data: URI: PNG when small (exact pixels), JPEG otherwise (small files)."""
     buffer = io.BytesIO()
-    if max(image.size) <= _EXACT_UP_TO:
-        image.save(buffer, format="PNG")
-        mime = "image/png"
-    else:
-        image.save(buffer, format="JPEG", quality=_JPEG_QUALITY)
-        mime = "image/jpeg"
-    return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
-
-
-def shrink(image: Image.Image, size: int = THUMBNAIL_SIZE) -> Image.Image:
-    """At most `size` on the longest side, aspect kept; smaller images unchanged."""
-    if max(image.size) > size:
-        image = image.copy()
-        image.thumbnail((size, size), Image.Resampling.BILINEAR)
-    return image
+    exact = max(image.size) <= _EXACT_UP_TO
+    image.save(buffer, format="PNG" if exact else "JPEG", **({} if exact else {"quality": _JPEG_QUALITY}))
+    return f"data:image/{'png' if exact else 'jpeg'};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
 def pixels_thumbnail(pixels: np.ndarray) -> Thumbnail:
-    """uint8 [height, width, 3] pixels (a stored example, de-normalized) -> a thumbnail."""
-    return Thumbnail(data_uri=data_uri(shrink(Image.fromarray(pixels, "RGB"))))
+    """uint8 [height, width, 3] pixels (a stored example, de-normalized) -> a thumbnail, at most
+    THUMBNAIL_SIZE on its longest side (aspect kept; a smaller image as it is)."""
+    image = Image.fromarray(pixels, "RGB")
+    image.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE), Image.Resampling.BILINEAR)
+    return Thumbnail(data_uri=data_uri(image))
 
 
 def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
