@@ -53,16 +53,6 @@ def tensor_adapter_config() -> "tfxio.TensorAdapterConfig":
     return source.TensorAdapterConfig()
 
 
-# Column names of the raw record batches, and the raw example dict key each is taken from.
-_COLUMN_SOURCES = {
-    IMAGE_RAW: "image_raw",
-    IMAGE_MOMENTS: "moments",
-    features.CLASS_NAME: "label",
-    features.SHA256: "sha256",
-    features.URI: "uri",
-}
-
-
 @functools.cache
 def _arrow_schema() -> pa.Schema:
     """The Arrow schema TFXIO expects for raw_feature_spec() (its column order, its types)."""
@@ -116,18 +106,20 @@ def analysis_example(example: dict) -> dict:
 
 def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
     """A batch of raw example dicts (from DecodeImagesFn, or carried over) as one Arrow record batch."""
+    columns = {
+        IMAGE_RAW: [example["image_raw"] for example in examples],
+        IMAGE_MOMENTS: [moments_of(example) for example in examples],
+        **{
+            name: [example[key].encode("utf-8") for example in examples]
+            for name, key in (
+                (features.CLASS_NAME, "label"),
+                (features.SHA256, "sha256"),
+                (features.URI, "uri"),
+            )
+        },
+    }
     schema = _arrow_schema()
-    columns = []
-    for name in schema.names:
-        key = _COLUMN_SOURCES[name]
-        if key == "moments":
-            values = [moments_of(example) for example in examples]
-        elif key == "image_raw":
-            values = [example[key] for example in examples]
-        else:
-            values = [example[key].encode("utf-8") for example in examples]
-        columns.append(_binary_column(values))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays([_binary_column(columns[name]) for name in schema.names], schema=schema)
 
 
 class ToRecordBatches(beam.PTransform):

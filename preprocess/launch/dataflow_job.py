@@ -116,10 +116,10 @@ def _application_client(options: PipelineOptions):
     return DataflowApplicationClient(options)
 
 
-def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=None):
+def attach_to_running_job(options: PipelineOptions, exc: BaseException):
     """(PipelineResult of the running job that holds this job's name, its labels), from Dataflow's refusal
-    `exc`, which names the job's id; `client`: a Dataflow client (None: made from the options)."""
-    client = client or _application_client(options)
+    `exc`, which names the job's id."""
+    client = _application_client(options)
     found = _ALREADY_EXISTS_ID.search(str(exc))
     job_id = found.group(1) if found else client.job_id_for_name(options.view_as(GoogleCloudOptions).job_name)
     return attach_to_job(options, job_id, client)
@@ -142,10 +142,10 @@ def _state_name(state) -> str:
     return name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
 
 
-def recorded_job_state(options: PipelineOptions, client=None):
+def recorded_job_state(options: PipelineOptions):
     """job_record.claim's `job_state`: asks Dataflow about a recorded launch's job, by id once it has
     one, else by name (running jobs only); the client is made at the first question."""
-    make_client = functools.cache(lambda: client or _application_client(options))
+    make_client = functools.cache(lambda: _application_client(options))
 
     def state(record) -> tuple[str | None, str | None]:
         dataflow = make_client()
