@@ -61,6 +61,12 @@ class ErrorRecord:
         return json.dumps({"uri": self.uri, "reason": self.reason, "detail": self.detail}, sort_keys=True)
 
 
+def first_line(error, limit: int = 300) -> str:
+    """An error's (or a text's) first line, for a one-line message; its class name if it has no text."""
+    text = str(error).strip().splitlines()
+    return text[0][:limit] if text else type(error).__name__
+
+
 class TooManyFailuresError(ValueError):
     """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
 

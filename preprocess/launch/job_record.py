@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
+from preprocess.errors import first_line
 from preprocess.publish import store as dataset_store
 
 LAUNCHES_DIR = "launches"
@@ -160,11 +161,10 @@ def abandon(record: JobRecord) -> None:
 
 
 def _refusal(record: JobRecord, exc: BaseException) -> str:
-    reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     return (
         f"a launch of this same request is recorded in {record.path} (Dataflow job {record.job_name}"
         f"{f', id {record.job_id}' if record.job_id else ''}, run {record.run_id}, {record.created_at}), "
-        f"and Dataflow cannot be asked whether it still runs ({reason}).\n"
+        f"and Dataflow cannot be asked whether it still runs ({first_line(exc)}).\n"
         f"  if it runs, wait for it: gcloud dataflow jobs list --filter=name={record.job_name}\n"
         "  to start anew once it has ended: launch again with the permission to view Dataflow jobs "
         f"(roles/dataflow.viewer), or remove {record.path}"

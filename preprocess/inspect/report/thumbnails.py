@@ -75,7 +75,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
             return spent
         return Thumbnail(problem=f"larger than {MAX_SOURCE_BYTES >> 20} MB: not read for a thumbnail")
     except Exception as exc:  # noqa: BLE001 - a source failing after the client's retries costs its thumbnail, not the page
-        return Thumbnail(problem=f"cannot read the source: {type(exc).__name__}: {_first_line(exc)}")
+        return Thumbnail(problem=f"cannot read the source: {type(exc).__name__}: {errors.first_line(exc)}")
     budget.spend(len(data))
     try:
         pixels = image_decode.decode_image(
@@ -85,7 +85,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
             max_pixels=image_errors.DEFAULT_MAX_PIXELS,
         )
     except errors.ImageError as exc:
-        return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {_first_line(exc.detail)}")
+        return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {errors.first_line(exc.detail)}")
     return pixels_thumbnail(pixels)
 
 
@@ -96,9 +96,4 @@ def _why_unreadable(error: errors.ImageError) -> str:
         return "not found"
     if isinstance(cause, PermissionError) or type(cause).__name__ == "Forbidden":
         return "access denied"
-    return _first_line(error.detail)
-
-
-def _first_line(error) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
+    return errors.first_line(error.detail)
