@@ -110,17 +110,13 @@ def sample_examples(
                 example = tf.train.Example.FromString(record)
                 label = _feature(example, features.LABEL)
                 if label in wanted and len(sample.examples[label]) < wanted[label]:
-                    uri = _feature(example, features.URI) or b"?"
-                    class_name = _feature(example, features.CLASS_NAME) or b"?"
-                    stored = verification.decode_image(_feature(example, features.IMAGE), manifest["image"])
-                    sample.examples[label].append(
-                        SheetExample(
-                            uri.decode("utf-8", "replace"),
-                            label,
-                            class_name.decode("utf-8", "replace"),
-                            to_pixels(stored, manifest),
-                        )
+                    uri, class_name = (
+                        (_feature(example, key) or b"?").decode("utf-8", "replace")
+                        for key in (features.URI, features.CLASS_NAME)
                     )
+                    stored = verification.decode_image(_feature(example, features.IMAGE), manifest["image"])
+                    pixels = to_pixels(stored, manifest)
+                    sample.examples[label].append(SheetExample(uri, label, class_name, pixels))
                     missing -= 1
                 if not missing or sample.num_bytes >= max_bytes:
                     break
