@@ -231,8 +231,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
             # run did its work, and a newer run has published since.
             newer = published_run_id(read_published_manifest(output_dir))
             raise PublishedThenSuperseded(
-                f"run published, then superseded by a newer run: run {run_id} published into {output_dir}, but run {newer}, which started later, has "
-                f"published since and is the dataset there now. This run succeeded: nothing to retry"
+                f"run published, then superseded by a newer run: run {run_id} published into {output_dir}, but "
+                f"run {newer}, which started later, has published since and is the dataset there now. This run "
+                "succeeded: nothing to retry"
             ) from exc
         raise
     if manifest is None:
