@@ -27,13 +27,8 @@ def raw_feature_spec() -> dict:
     """Raw features, all scalar strings: the resized uint8 pixels and the metadata."""
     import tensorflow as tf
 
-    return {
-        IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
-        IMAGE_MOMENTS: tf.io.FixedLenFeature([], tf.string),
-        features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
-        features.SHA256: tf.io.FixedLenFeature([], tf.string),
-        features.URI: tf.io.FixedLenFeature([], tf.string),
-    }
+    names = (IMAGE_RAW, IMAGE_MOMENTS, features.CLASS_NAME, features.SHA256, features.URI)
+    return {name: tf.io.FixedLenFeature([], tf.string) for name in names}
 
 
 # A std below this (a constant colour channel over the whole train split)
