@@ -27,12 +27,12 @@ def gcs_io(path: str):
     the options or STORAGE_EMULATOR_HOST change)."""
     filesystem = FileSystems.get_filesystem(path)
     options = filesystem._pipeline_options  # noqa: SLF001 - the options Beam builds its own GcsIO from
-    key = (options, os.environ.get("STORAGE_EMULATOR_HOST"))
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
     cached = getattr(_per_thread, "gcs", None)
-    if cached is None or cached[0][0] is not key[0] or cached[0][1] != key[1]:
-        cached = (key, filesystem._gcsIO())  # noqa: SLF001 - Beam's own construction (credentials, options)
-        _per_thread.gcs = cached
-    return cached[1]
+    if cached is None or cached[0] is not options or cached[1] != host:
+        # Beam's own construction (credentials, options).
+        cached = _per_thread.gcs = (options, host, filesystem._gcsIO())  # noqa: SLF001
+    return cached[2]
 
 
 def is_local(path: str) -> bool:
