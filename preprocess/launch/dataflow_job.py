@@ -89,12 +89,10 @@ def set_job_identity(
         cloud.job_name = _JOB_NAME_PREFIX + digest
     ids = {REQUEST_LABEL: digest, **ids}
     labels = [label for label in (cloud.labels or []) if label.split("=", 1)[0] not in ids]
-    cloud.labels = labels + [f"{key}={_label_value(value)}" for key, value in ids.items()]
+    cloud.labels = labels + [
+        f"{key}={re.sub(r'[^a-z0-9_-]', '_', value.lower())[:63]}" for key, value in ids.items()
+    ]
     return cloud.job_name
-
-
-def _label_value(value: str) -> str:
-    return re.sub(r"[^a-z0-9_-]", "_", value.lower())[:63]
 
 
 def label_to_run_id(value: str | None) -> str | None:
@@ -103,11 +101,6 @@ def label_to_run_id(value: str | None) -> str | None:
         return None
     match = re.fullmatch(r"(\d{8})t(\d{12})z-([0-9a-f]{8})", value)
     return f"{match.group(1)}T{match.group(2)}Z-{match.group(3)}" if match else None
-
-
-def is_already_exists(exc: BaseException) -> bool:
-    """Whether `exc` is Dataflow refusing a job whose name a running job holds."""
-    return type(exc).__name__ == "DataflowJobAlreadyExistsError"
 
 
 def _application_client(options: PipelineOptions):
@@ -136,12 +129,6 @@ def attach_to_job(options: PipelineOptions, job_id: str, client=None):
     return DataflowPipelineResult(job, runner, options), dict(job.labels or {})
 
 
-def _state_name(state) -> str:
-    """`RUNNING` for JobState.JOB_STATE_RUNNING (an enum member, or its name)."""
-    name = getattr(state, "name", None) or str(state)
-    return name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
-
-
 def recorded_job_state(options: PipelineOptions):
     """job_record.claim's `job_state`: asks Dataflow about a recorded launch's job, by id once it has
     one, else by name (running jobs only); the client is made at the first question."""
@@ -150,7 +137,10 @@ def recorded_job_state(options: PipelineOptions):
     def state(record) -> tuple[str | None, str | None]:
         dataflow = make_client()
         if record.job_id:
-            return record.job_id, _state_name(dataflow.get_job(record.job_id).current_state)
+            # JobState.JOB_STATE_RUNNING (an enum member, or its name) -> RUNNING
+            state = dataflow.get_job(record.job_id).current_state
+            name = getattr(state, "name", None) or str(state)
+            return record.job_id, name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
         try:
             job_id = dataflow.job_id_for_name(record.job_name)
         except ValueError:  # Beam's client: no running job of that name

@@ -173,7 +173,8 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
                 try:
                     result = pipeline.run()
                 except Exception as exc:
-                    if not dataflow_job.is_already_exists(exc):
+                    # Unless Dataflow refuses a job whose name a running job holds:
+                    if type(exc).__name__ != "DataflowJobAlreadyExistsError":
                         if claimed is not None:
                             job_record.abandon(claimed)  # no job: the next launch need not wait for one
                         raise

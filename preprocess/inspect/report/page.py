@@ -341,10 +341,11 @@ def render(data) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     # A file of this package: setup.py's package_data puts it in the wheel and the sdist.
     css = resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
+    examples_per_split = {split: info["num_examples"] for split, info in data.manifest["splits"].items()}
     body = "".join(
         [
             _overview(data),
-            _section("splits", figures.examples_per_split(data.manifest)),
+            _section("splits", figures.split_bars(examples_per_split, ("split", "examples"))),
             _section("classes", figures.examples_per_class(data.manifest)),
             _failures(data),
             _sizes(data),
