@@ -46,69 +46,57 @@ def parse_split_fractions(text: str) -> dict[str, float]:
     return dict(zip(manifest_lib.SPLITS, values, strict=True))
 
 
-def _number(text: str, convert, like: str, ok, expected: str):
-    """`text` as a number (`convert`) that `ok` accepts; argparse's error saying what was expected else."""
-    try:
-        value = convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {like}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
-    return value
+def _number(convert, like: str, *checks):
+    """A flag's parser: its text as a number (`convert`) that passes each (ok, expected) of `checks`;
+    argparse's error saying what was expected else."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {like}, got {text!r}") from None
+        for ok, expected in checks:
+            if not ok(value):
+                raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    return _number(text, int, "a positive integer", lambda value: value > 0, "a positive integer")
+_NOT_NEGATIVE = (lambda value: value >= 0, "a number >= 0")
+_WHOLE = (lambda value: value >= 0, "a whole number >= 0")
+_positive_int = _number(int, "a positive integer", (lambda value: value > 0, "a positive integer"))
+_near_duplicate_distance = _number(
+    int,
+    "a whole number",
+    _WHOLE,
+    (
+        lambda value: value <= signature.MAX_COLOUR_CHECKED_DISTANCE,
+        f"at most {signature.MAX_COLOUR_CHECKED_DISTANCE} (of the {signature.CANDIDATE_BITS} grey bits; "
+        "farther pairs are not near at any useful threshold)",
+    ),
+)
+_group_size = _number(
+    int, "a whole number", _WHOLE, (lambda value: value >= 2, "at least 2 (a group has two images or more)")
+)
+_positive_megabytes = _number(
+    float, "a number of MB like 256", (lambda value: value > 0, "a positive number of MB")
+)
+_crop_margin = _number(
+    float, "a number like 0.14", (lambda value: 0 <= value <= 1, "a fraction between 0 and 1")
+)
+_non_negative_float = _number(float, "a number", _NOT_NEGATIVE)
+_fraction = _number(
+    float, "a number", _NOT_NEGATIVE, (lambda value: value <= 1, "a fraction between 0 and 1")
+)
 
 
 def image_size(text: str) -> int:
     """--image-size, of every command that runs stage 1: a whole number of pixels up to MAX_IMAGE_SIZE."""
-    value = _number(text, int, "a whole number of pixels like 224", lambda value: True, "")
+    value = _number(int, "a whole number of pixels like 224")(text)
     problem = geometry.image_size_problem(value)
     if problem:
         raise argparse.ArgumentTypeError(problem)
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    return _number(text, int, "a whole number", lambda value: value >= 0, "a whole number >= 0")
-
-
-def _near_duplicate_distance(text: str) -> int:
-    value = _non_negative_int(text)
-    if value > signature.MAX_COLOUR_CHECKED_DISTANCE:
-        raise argparse.ArgumentTypeError(
-            f"expected at most {signature.MAX_COLOUR_CHECKED_DISTANCE} (of the {signature.CANDIDATE_BITS} grey "
-            f"bits; farther pairs are not near at any useful threshold), got {value}"
-        )
-    return value
-
-
-def _group_size(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected at least 2 (a group has two images or more), got {value}")
-    return value
-
-
-def _positive_megabytes(text: str) -> float:
-    return _number(text, float, "a number of MB like 256", lambda value: value > 0, "a positive number of MB")
-
-
-def _crop_margin(text: str) -> float:
-    return _number(
-        text, float, "a number like 0.14", lambda value: 0 <= value <= 1, "a fraction between 0 and 1"
-    )
-
-
-def _non_negative_float(text: str) -> float:
-    return _number(text, float, "a number", lambda value: value >= 0, "a number >= 0")
-
-
-def _fraction(text: str) -> float:
-    value = _non_negative_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text}")
     return value
 
 

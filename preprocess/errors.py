@@ -61,6 +61,12 @@ class ErrorRecord:
         return json.dumps({"uri": self.uri, "reason": self.reason, "detail": self.detail}, sort_keys=True)
 
 
+def first_line(error, limit: int = 300) -> str:
+    """An error's (or a text's) first line, for a one-line message; its class name if it has no text."""
+    text = str(error).strip().splitlines()
+    return text[0][:limit] if text else type(error).__name__
+
+
 class TooManyFailuresError(ValueError):
     """More of the run's inputs failed than --max-failed-fraction allows: nothing is published."""
 
@@ -89,6 +95,10 @@ class ErrorLogSample:
     bytes_read: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
 
+    def uris(self) -> dict[str, list[str]]:
+        """The examples' URIs, by reason."""
+        return {reason: [record.uri for record in records] for reason, records in self.examples.items()}
+
 
 def read_error_log(
     paths: list[str], per_reason: int = 3, wanted: dict | None = None, max_bytes: int | None = None
@@ -107,7 +117,7 @@ def read_error_log(
     for path in paths:
         if complete():
             break
-        if not filesystem.exists(path):
+        if not filesystem.FileSystems.exists(path):
             sample.notes.append(f"error file {path} is missing")
             continue
         with filesystem.FileSystems.open(path, compression_type="uncompressed") as handle:

@@ -27,12 +27,12 @@ def gcs_io(path: str):
     the options or STORAGE_EMULATOR_HOST change)."""
     filesystem = FileSystems.get_filesystem(path)
     options = filesystem._pipeline_options  # noqa: SLF001 - the options Beam builds its own GcsIO from
-    key = (options, os.environ.get("STORAGE_EMULATOR_HOST"))
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
     cached = getattr(_per_thread, "gcs", None)
-    if cached is None or cached[0][0] is not key[0] or cached[0][1] != key[1]:
-        cached = (key, filesystem._gcsIO())  # noqa: SLF001 - Beam's own construction (credentials, options)
-        _per_thread.gcs = cached
-    return cached[1]
+    if cached is None or cached[0] is not options or cached[1] != host:
+        # Beam's own construction (credentials, options).
+        cached = _per_thread.gcs = (options, host, filesystem._gcsIO())  # noqa: SLF001
+    return cached[2]
 
 
 def is_local(path: str) -> bool:
@@ -51,10 +51,6 @@ def list_files(directory: str) -> list[FileMetadata]:
         for metadata in FileSystems.match([pattern])[0].metadata_list
         if not metadata.path.endswith("/")
     ]
-
-
-def exists(path: str) -> bool:
-    return FileSystems.exists(path)
 
 
 def match(pattern: str) -> list[FileMetadata]:
@@ -199,28 +195,24 @@ def write_concatenation(
     if expected_bytes is not None and _is_gcs(destination):
         found = _gcs_object_checksum(destination)
         if found is not None and found[0] == expected_bytes:
-            sha256, md5, num_bytes = hashlib.sha256(), hashlib.md5(), 0  # noqa: S324 - GCS's checksum
-            for chunk in _chunks_of(sources):
-                sha256.update(chunk)
-                md5.update(chunk)
-                num_bytes += len(chunk)
+            md5 = hashlib.md5()  # noqa: S324 - GCS's checksum
+            num_bytes, sha256 = _copy_chunks(sources, md5.update)
             if already_written(destination, num_bytes, _md5_base64(md5)):
-                return num_bytes, sha256.hexdigest()
-    sha256, num_bytes = hashlib.sha256(), 0
+                return num_bytes, sha256
     with write_atomically(destination, tmp_dir=tmp_dir) as out:
-        for chunk in _chunks_of(sources):
-            sha256.update(chunk)
-            out.write(chunk)
-            num_bytes += len(chunk)
-    return num_bytes, sha256.hexdigest()
+        return _copy_chunks(sources, out.write)
 
 
-def _chunks_of(sources):
-    """The bytes of `sources`, one after the other, a chunk at a time."""
+def _copy_chunks(sources, write) -> tuple[int, str]:
+    """Hands the bytes of `sources`, one after the other, a chunk at a time, to `write`; (size, hex sha256)."""
+    sha256, num_bytes = hashlib.sha256(), 0
     for source in sources:
         with FileSystems.open(source) as handle:
             while chunk := handle.read(_COPY_CHUNK_BYTES):
-                yield chunk
+                sha256.update(chunk)
+                write(chunk)
+                num_bytes += len(chunk)
+    return num_bytes, sha256.hexdigest()
 
 
 def read_bytes(path: str) -> bytes:
@@ -237,25 +229,20 @@ def copy_file(source: str, destination: str, tmp_dir: str | None = None):
                 return
         FileSystems.copy([source], [destination])
         return
-    with FileSystems.open(source) as reader, write_atomically(destination, tmp_dir) as writer:
-        while chunk := reader.read(_COPY_CHUNK_BYTES):
-            writer.write(chunk)
-
-
-def _gcs_delete_batch(paths: list[str]):
-    # GcsIO.delete_batch sends up to 100 deletes per HTTP request and treats
-    # 404 as done; the filesystem object carries the job's pipeline options.
-    gcs = FileSystems.get_filesystem(paths[0])._gcsIO()  # noqa: SLF001 - no public batch delete
-    failed = {path: code for path, code in gcs.delete_batch(paths) if code is not None}
-    if failed:
-        raise BeamIOError("Delete operation failed", failed)
+    with write_atomically(destination, tmp_dir) as writer:
+        _copy_chunks([source], writer.write)
 
 
 def delete_files(paths: list[str]):
     """Delete files; those already gone are fine. Raises BeamIOError if one could not be deleted."""
     gcs = [path for path in paths if _is_gcs(path)]
     if gcs:
-        _gcs_delete_batch(gcs)
+        # GcsIO.delete_batch sends up to 100 deletes per HTTP request and treats 404 as done; the filesystem
+        # object carries the job's pipeline options.
+        batch = FileSystems.get_filesystem(gcs[0])._gcsIO().delete_batch(gcs)  # noqa: SLF001 - no public batch delete
+        failed = {path: code for path, code in batch if code is not None}
+        if failed:
+            raise BeamIOError("Delete operation failed", failed)
     for path in (path for path in paths if not _is_gcs(path)):
         try:
             FileSystems.delete([path])

@@ -27,13 +27,8 @@ def raw_feature_spec() -> dict:
     """Raw features, all scalar strings: the resized uint8 pixels and the metadata."""
     import tensorflow as tf
 
-    return {
-        IMAGE_RAW: tf.io.FixedLenFeature([], tf.string),
-        IMAGE_MOMENTS: tf.io.FixedLenFeature([], tf.string),
-        features.CLASS_NAME: tf.io.FixedLenFeature([], tf.string),
-        features.SHA256: tf.io.FixedLenFeature([], tf.string),
-        features.URI: tf.io.FixedLenFeature([], tf.string),
-    }
+    names = (IMAGE_RAW, IMAGE_MOMENTS, features.CLASS_NAME, features.SHA256, features.URI)
+    return {name: tf.io.FixedLenFeature([], tf.string) for name in names}
 
 
 # A std below this (a constant colour channel over the whole train split)
@@ -51,16 +46,6 @@ def tensor_adapter_config() -> "tfxio.TensorAdapterConfig":
         physical_format="inmem", telemetry_descriptors=["preprocess"], schema=schema
     )
     return source.TensorAdapterConfig()
-
-
-# Column names of the raw record batches, and the raw example dict key each is taken from.
-_COLUMN_SOURCES = {
-    IMAGE_RAW: "image_raw",
-    IMAGE_MOMENTS: "moments",
-    features.CLASS_NAME: "label",
-    features.SHA256: "sha256",
-    features.URI: "uri",
-}
 
 
 @functools.cache
@@ -116,18 +101,20 @@ def analysis_example(example: dict) -> dict:
 
 def to_record_batch(examples: list[dict]) -> pa.RecordBatch:
     """A batch of raw example dicts (from DecodeImagesFn, or carried over) as one Arrow record batch."""
+    columns = {
+        IMAGE_RAW: [example["image_raw"] for example in examples],
+        IMAGE_MOMENTS: [moments_of(example) for example in examples],
+        **{
+            name: [example[key].encode("utf-8") for example in examples]
+            for name, key in (
+                (features.CLASS_NAME, "label"),
+                (features.SHA256, "sha256"),
+                (features.URI, "uri"),
+            )
+        },
+    }
     schema = _arrow_schema()
-    columns = []
-    for name in schema.names:
-        key = _COLUMN_SOURCES[name]
-        if key == "moments":
-            values = [moments_of(example) for example in examples]
-        elif key == "image_raw":
-            values = [example[key] for example in examples]
-        else:
-            values = [example[key].encode("utf-8") for example in examples]
-        columns.append(_binary_column(values))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays([_binary_column(columns[name]) for name in schema.names], schema=schema)
 
 
 class ToRecordBatches(beam.PTransform):

@@ -110,17 +110,13 @@ def sample_examples(
                 example = tf.train.Example.FromString(record)
                 label = _feature(example, features.LABEL)
                 if label in wanted and len(sample.examples[label]) < wanted[label]:
-                    uri = _feature(example, features.URI) or b"?"
-                    class_name = _feature(example, features.CLASS_NAME) or b"?"
-                    stored = verification.decode_image(_feature(example, features.IMAGE), manifest["image"])
-                    sample.examples[label].append(
-                        SheetExample(
-                            uri.decode("utf-8", "replace"),
-                            label,
-                            class_name.decode("utf-8", "replace"),
-                            to_pixels(stored, manifest),
-                        )
+                    uri, class_name = (
+                        (_feature(example, key) or b"?").decode("utf-8", "replace")
+                        for key in (features.URI, features.CLASS_NAME)
                     )
+                    stored = verification.decode_image(_feature(example, features.IMAGE), manifest["image"])
+                    pixels = to_pixels(stored, manifest)
+                    sample.examples[label].append(SheetExample(uri, label, class_name, pixels))
                     missing -= 1
                 if not missing or sample.num_bytes >= max_bytes:
                     break
@@ -302,18 +298,14 @@ def build_parser() -> CommandParser:
     parser.add_argument("--per-class", type=int, default=8, help="Examples per class (default 8).")
     parser.add_argument(
         "--out",
-        default=None,
         help="Where to write the PNG, local or gs:// (default ./contact_sheet_<split>.png).",
     )
     parser.add_argument(
         "--classes",
         type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
-        default=None,
         help=f"Comma-separated class names to show (default: all, at most the first {MAX_DEFAULT_CLASSES}).",
     )
-    parser.add_argument(
-        "--cell-size", type=int, default=None, help="Cell size in pixels (default: from the image size)."
-    )
+    parser.add_argument("--cell-size", type=int, help="Cell size in pixels (default: from the image size).")
     parser.add_argument(
         "--max-read-mb",
         type=int,
@@ -324,7 +316,6 @@ def build_parser() -> CommandParser:
     )
     parser.add_argument(
         "--report",
-        default=None,
         metavar="PATH",
         help="Write a self-contained HTML report (local or gs://): examples per split and class, failures, "
         "source image sizes, a contact sheet per class of --split, the near-duplicate groups. The PNG sheet "
@@ -344,7 +335,6 @@ def build_parser() -> CommandParser:
         "--diff",
         nargs="?",
         const="",
-        default=None,
         metavar="RUN",
         help="Print what changed between two published versions instead of the summary and the sheet: the "
         "images added, removed, relabelled and moved to another split, with counts and up to --limit files "
@@ -458,7 +448,7 @@ def write_report(args, data_dir: str, manifest: dict, changes=None) -> int:
     write_file(args.report, page.render(data).encode("utf-8"))
     groups = data.groups
     print(
-        f"\nreport: {args.report} ({len(data.sheet_rows)} classes of {args.split}, "
+        f"\nreport: {args.report} ({len(sample.examples)} classes of {args.split}, "
         f"{len(groups.groups)} of {groups.total_groups} near-duplicate groups"
         + (f", the changes since version {data.changes.old.sequence}" if data.changes is not None else "")
         + ")"

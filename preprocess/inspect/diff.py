@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from dataset_contract import commit_log, verification
 from dataset_contract import manifest as manifest_lib
-from preprocess.inspect.summary import format_bytes
+from preprocess.inspect.summary import format_bytes, plural
 from preprocess.reuse import ledger as ledger_lib
 
 DEFAULT_LIMIT = 20
@@ -112,12 +112,6 @@ def _older_versions(commits: list[tuple[int, str]], files):
             yield version
 
 
-def _run_of(text: str) -> str:
-    """A RUN as users may give it: its id, or its directory (`runs/<id>/`)."""
-    text = text.strip().rstrip("/")
-    return text.rsplit("/", 1)[-1]
-
-
 def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Version]:
     """(older, newest) of `data_dir`'s commit log: the version before the newest, or the one `run` names
     (a run id, its `runs/<id>` directory or a version number). DiffRefused when there is no such pair."""
@@ -151,7 +145,7 @@ def choose_versions(data_dir: str, run: str | None = None) -> tuple[Version, Ver
         if previous is not None:
             return previous, newest
         raise DiffRefused(f"{data_dir}: the versions before version {newest.sequence} were removed meanwhile")
-    wanted = _run_of(run)
+    wanted = run.strip().rstrip("/").rsplit("/", 1)[-1]  # a run id, or its directory (`runs/<id>/`)
     if wanted in (newest.run_id, str(newest.sequence)):
         raise DiffRefused(
             f"{run} is the newest version ({newest.describe()}): give an older run to compare it with, "
@@ -190,15 +184,11 @@ def sources(data_dir: str, manifest: dict) -> list[Source]:
     ]
 
 
-def read_bytes(data_dir: str, versions: tuple[Version, Version]) -> int:
-    """What comparing the two versions reads, in bytes (from their manifests: ledger or shard sizes)."""
-    return sum(source.num_bytes for version in versions for source in sources(data_dir, version.manifest))
-
-
-def source_counts(data_dir: str, versions: tuple[Version, Version]) -> tuple[int, int]:
-    """(ledger files, shards) that comparing the two versions reads."""
-    read = [source.split for version in versions for source in sources(data_dir, version.manifest)]
-    return read.count(None), len(read) - read.count(None)
+def read_cost(data_dir: str, versions: tuple[Version, Version]) -> tuple[int, int, int]:
+    """(ledger files, shards, bytes) that comparing the two versions reads (from their manifests)."""
+    read = [source for version in versions for source in sources(data_dir, version.manifest)]
+    ledgers = sum(source.split is None for source in read)
+    return ledgers, len(read) - ledgers, sum(source.num_bytes for source in read)
 
 
 def _rows(source: Source):
@@ -270,8 +260,7 @@ def diff_versions(data_dir: str, old: Version, new: Version, limit: int = DEFAUL
         len(old_images),
         len(new_images),
         *diff_images(old_images, new_images, limit),
-        *source_counts(data_dir, (old, new)),
-        read_bytes(data_dir, (old, new)),
+        *read_cost(data_dir, (old, new)),
     )
 
 
@@ -289,14 +278,10 @@ CATEGORIES = (
 )
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" + ("" if number == 1 else "s")
-
-
 def describe_files(ledger_files: int, shards: int) -> str:
     """Files a diff reads, for a person: "2 ledger files", "9 shards", or both."""
-    parts = [_count(ledger_files, "ledger file")] if ledger_files else []
-    parts += [_count(shards, "shard")] if shards or not parts else []
+    parts = [plural(ledger_files, "ledger file")] if ledger_files else []
+    parts += [plural(shards, "shard")] if shards or not parts else []
     return " and ".join(parts)
 
 

@@ -14,11 +14,13 @@ _MAX_CLASS_ROWS = 20
 
 def format_bytes(num_bytes: float) -> str:
     """1536 -> '1.5 KB' (powers of 1024)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if num_bytes < 1024 or unit == "TB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+    if num_bytes < 1024:
+        return f"{num_bytes:.0f} B"
+    for unit in ("KB", "MB", "GB"):
         num_bytes /= 1024
-    raise AssertionError("unreachable")
+        if num_bytes < 1024:
+            return f"{num_bytes:.1f} {unit}"
+    return f"{num_bytes / 1024:.1f} TB"
 
 
 def read_manifest_or_explain(data_dir: str) -> dict | None:
@@ -36,8 +38,17 @@ def read_error_examples(data_dir: str, manifest: dict, per_reason: int = 3) -> d
     if not wanted:
         return {}
     paths = [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)]
-    sample = errors.read_error_log(paths, per_reason, wanted=wanted)
-    return {reason: [record.uri for record in records] for reason, records in sample.examples.items()}
+    return errors.read_error_log(paths, per_reason, wanted=wanted).uris()
+
+
+def failure_lines(counts: dict[str, int], examples: dict[str, list[str]], indent: str) -> list[str]:
+    """A line per failure reason of `counts`, in its order: the count and the first URIs of `examples`."""
+    lines = []
+    for reason, count in counts.items():
+        shown = examples.get(reason, [])
+        more = ", ..." if shown and count > len(shown) else ""
+        lines.append(f"{indent}{reason} {count}" + (f": {', '.join(shown)}{more}" if shown else ""))
+    return lines
 
 
 def _class_table(manifest: dict) -> list[str]:
@@ -82,8 +93,9 @@ def format_skipped(inputs: dict) -> str | None:
     return f"skipped, not inputs: {'; '.join(parts)}" if parts else None
 
 
-def _plural(count: int, word: str, plural: str | None = None) -> str:
-    return f"{count} {word if count == 1 else (plural or word + 's')}"
+def plural(count: int, word: str) -> str:
+    """'1 group', '2 groups'."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
@@ -100,7 +112,7 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     if not groups:
         return [head + "none found"]
     head += (
-        f"{_plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
+        f"{plural(groups, 'group')}, {near.get('images_in_groups', 0)} images in them, the largest "
         f"{near.get('largest_group', 0)}"
     )
     if near.get("changes_withheld"):
@@ -119,23 +131,23 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     where = (
         "each group is in one split"
         if not across and not oversized
-        else f"{_plural(across + oversized, 'group')} across splits"
+        else f"{plural(across + oversized, 'group')} across splits"
     )
     lines = [f"{head}; {near.get('split_changes', 0)} moved between splits; {where}"]
     several = near.get("groups_with_several_labels", 0)
     if several:
         lines.append(
-            f"    {_plural(several, 'group')} with more than one label: likely label errors, look at them"
+            f"    {plural(several, 'group')} with more than one label: likely label errors, look at them"
         )
     if across:
         lines.append(
-            f"    {_plural(across, 'group')} across splits: members named by the input (a manifest's split "
+            f"    {plural(across, 'group')} across splits: members named by the input (a manifest's split "
             "column, a pre-split tree's folders) or published (the previous version) in different splits; "
             "no one was moved"
         )
     if oversized:
         lines.append(
-            f"    {_plural(oversized, 'group')} larger than --near-duplicate-max-group "
+            f"    {plural(oversized, 'group')} larger than --near-duplicate-max-group "
             f"({near.get('images_in_oversized_groups', 0)} images): more likely similar images than copies; "
             "listed, no one was moved"
         )
@@ -147,11 +159,11 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
         whole = near.get("groups_kept_whole", 0)
         published = near.get("groups_kept_whole_published", 0)
         if whole and not published:
-            lines.append(f"    kept whole: {_plural(whole, 'group')} whose labels have no majority")
+            lines.append(f"    kept whole: {plural(whole, 'group')} whose labels have no majority")
         elif whole:
             # An incremental run's: a carried (published) image is never dropped, so its group stays whole.
             lines.append(
-                f"    kept whole: {_plural(whole, 'group')}: {whole - published} whose labels have no majority, "
+                f"    kept whole: {plural(whole, 'group')}: {whole - published} whose labels have no majority, "
                 f"{published} because they hold an image carried over from the published version (never "
                 "dropped) whose label its new copies outvote"
             )
@@ -165,7 +177,7 @@ def format_near_duplicates(manifest: dict, output_dir: str = "") -> list[str]:
     if too_large:
         lines.append(
             f"    left alone: {near.get('images_in_components_too_large', 0)} images in "
-            f"{_plural(too_large, 'cluster')} of similar images too large to cut into groups"
+            f"{plural(too_large, 'cluster')} of similar images too large to cut into groups"
         )
     return lines + _split_fraction_lines(manifest, near) + _group_file_lines(manifest, output_dir)
 
@@ -262,28 +274,23 @@ def format_summary(
         f"  classes: {len(manifest['labels'])}",
     ]
     lines += [f"    {row}" for row in _class_table(manifest)]
-    total_bytes = total_shards = 0
     lines.append("  shards:")
-    for split, info in manifest["splits"].items():
-        sizes = [shard["num_bytes"] for shard in info["shards"]]
-        total_bytes += sum(sizes)
-        total_shards += len(sizes)
-        if sizes:
-            lines.append(
-                f"    {split}: {len(sizes)} shards, {format_bytes(sum(sizes))}"
-                f" ({format_bytes(min(sizes))} - {format_bytes(max(sizes))} each)"
-            )
-        else:
-            lines.append(f"    {split}: none")
-    lines.append(f"  total size: {format_bytes(total_bytes)} in {total_shards} shards")
+    sizes = {
+        split: [shard["num_bytes"] for shard in info["shards"]] for split, info in manifest["splits"].items()
+    }
+    lines += [
+        f"    {split}: {len(of)} shards, {format_bytes(sum(of))} ({format_bytes(min(of))} - {format_bytes(max(of))} each)"
+        if of
+        else f"    {split}: none"
+        for split, of in sizes.items()
+    ]
+    every = [size for of in sizes.values() for size in of]
+    lines.append(f"  total size: {format_bytes(sum(every))} in {len(every)} shards")
     if inputs.get("failures_by_reason"):
         lines.append(
             f"  failures by reason (details: {manifest_lib.describe_error_files(manifest, output_dir)}):"
         )
-        for reason, count in inputs["failures_by_reason"].items():
-            examples = (error_examples or {}).get(reason, [])
-            more = ", ..." if examples and count > len(examples) else ""
-            lines.append(f"    {reason} {count}" + (f": {', '.join(examples)}{more}" if examples else ""))
+        lines += failure_lines(inputs["failures_by_reason"], error_examples or {}, "    ")
     lines += format_near_duplicates(manifest, output_dir)
     # The runs this one superseded whose files stay for their readers (preprocess/publish/commit.py).
     for entry in manifest.get("retained_runs", []):

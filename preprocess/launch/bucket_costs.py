@@ -76,6 +76,7 @@ def read_settings(output_dir: str) -> tuple[BucketSettings | None, str | None]:
     from apache_beam.io.gcp.gcsio import parse_gcs_path  # noqa: PLC0415 - GCS only
 
     from preprocess import filesystem  # noqa: PLC0415 - Beam's GCS client
+    from preprocess.errors import first_line  # noqa: PLC0415
 
     bucket_name, _ = parse_gcs_path(output_dir.rstrip("/") + "/")
     try:
@@ -83,11 +84,9 @@ def read_settings(output_dir: str) -> tuple[BucketSettings | None, str | None]:
         bucket.reload()
         return BucketSettings.from_bucket(bucket), None
     except Exception as exc:  # noqa: BLE001 - unreadable settings are a line, never an error
-        code = getattr(exc, "code", None)
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        if code == 403:
-            reason = "403: this account lacks storage.buckets.get on it"
-        return None, reason
+        if getattr(exc, "code", None) == 403:
+            return None, "403: this account lacks storage.buckets.get on it"
+        return None, first_line(exc, 200)
 
 
 def dataset_gigabytes(manifest: dict | None) -> float | None:

@@ -72,10 +72,6 @@ def _run_and_report(config, beam_args: list[str]) -> None:
 
     try:
         manifest = launcher.run(config, beam_args)
-    except launcher.PublishedThenSuperseded as exc:
-        # This run did its job (an orchestrator must not retry it): exit 0, saying what happened.
-        print(f"preprocess: run published, then superseded by a newer run: {exc}")
-        return
     except job_record.RelaunchRefused as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -84,8 +80,9 @@ def _run_and_report(config, beam_args: list[str]) -> None:
         print(f"preprocess: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except SupersededRunError as exc:
-        # Not a failure: a run that started later published, and its dataset is there, complete. An
-        # orchestrator must not retry this run: exit 0, with that line.
+        # Not a failure (launcher.PublishedThenSuperseded too: this run did its job): a run that started
+        # later published, and its dataset is there, complete. An orchestrator must not retry this run:
+        # exit 0, with that line.
         print(f"preprocess: {exc}")
         return
     except INPUT_FAULTS as exc:

@@ -1,11 +1,15 @@
 """The launcher's side of a job that runs elsewhere (Dataflow): its identity, attaching, Ctrl-C."""
 
+import functools
 import hashlib
 import json
 import re
+import types
 
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 from apache_beam.runners.runner import PipelineState
+
+from preprocess.launch.progress import runner_name
 
 # Dataflow job names: [a-z]([-a-z0-9]{0,1022}[a-z0-9])?; labels: lowercase letters, digits, '-' and '_'.
 _JOB_NAME_PREFIX = "preprocess-"
@@ -24,8 +28,7 @@ class JobContinuesError(Exception):
 
 def runs_remotely(options: PipelineOptions) -> bool:
     """Whether --runner is Dataflow's (the job runs on, whatever happens to this process)."""
-    runner = options.view_as(StandardOptions).runner or ""
-    return runner.split(".")[-1].lower() in ("dataflowrunner", "dataflow")
+    return runner_name(options) in ("dataflowrunner", "dataflow")
 
 
 def is_remote_job(result) -> bool:
@@ -60,34 +63,19 @@ def continues_message(result, options: PipelineOptions) -> str:
     )
 
 
-def fingerprint(config: dict, beam_args: list[str]) -> str:
-    """A digest of what the job is asked to do (its settings and Beam flags): two launches with the same one
-    are one request made twice."""
-    request = {"config": config, "beam_args": sorted(beam_args)}
-    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-
-
 def request_digest(output_dir: str, config: dict, beam_args: list[str]) -> str:
-    """20 hex digits: the same for every launch of the same request into the same output directory,
-    whatever its --job_name and --labels."""
-    request = fingerprint(config, _without_identity_args(beam_args))
+    """20 hex digits: the same for every launch of the same request (its settings and Beam flags) into the
+    same output directory, whatever its --job_name and --labels (they differ between two launches of one
+    request without changing what it does)."""
+    identity = ("--job_name", "--labels")
+    kept = [
+        arg
+        for index, arg in enumerate(beam_args)
+        if arg.split("=", 1)[0] not in identity and (index == 0 or beam_args[index - 1] not in identity)
+    ]
+    request = json.dumps({"config": config, "beam_args": sorted(kept)}, sort_keys=True, default=str)
+    request = hashlib.sha256(request.encode("utf-8")).hexdigest()
     return hashlib.sha256(f"{output_dir}\n{request}".encode()).hexdigest()[:_NAME_FINGERPRINT_CHARS]
-
-
-def _without_identity_args(beam_args: list[str]) -> list[str]:
-    # Flags that differ between two launches of one request without changing what it does.
-    dropped = ("--job_name", "--labels")
-    kept, skip = [], False
-    for arg in beam_args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in dropped:
-            skip = "=" not in arg
-            continue
-        kept.append(arg)
-    return kept
 
 
 def set_job_identity(
@@ -101,12 +89,10 @@ def set_job_identity(
         cloud.job_name = _JOB_NAME_PREFIX + digest
     ids = {REQUEST_LABEL: digest, **ids}
     labels = [label for label in (cloud.labels or []) if label.split("=", 1)[0] not in ids]
-    cloud.labels = labels + [f"{key}={_label_value(value)}" for key, value in ids.items()]
+    cloud.labels = labels + [
+        f"{key}={re.sub(r'[^a-z0-9_-]', '_', value.lower())[:63]}" for key, value in ids.items()
+    ]
     return cloud.job_name
-
-
-def _label_value(value: str) -> str:
-    return re.sub(r"[^a-z0-9_-]", "_", value.lower())[:63]
 
 
 def label_to_run_id(value: str | None) -> str | None:
@@ -117,29 +103,16 @@ def label_to_run_id(value: str | None) -> str | None:
     return f"{match.group(1)}T{match.group(2)}Z-{match.group(3)}" if match else None
 
 
-def is_already_exists(exc: BaseException) -> bool:
-    """Whether `exc` is Dataflow refusing a job whose name a running job holds."""
-    return type(exc).__name__ == "DataflowJobAlreadyExistsError"
-
-
 def _application_client(options: PipelineOptions):
     from apache_beam.runners.dataflow.internal.apiclient import DataflowApplicationClient
 
     return DataflowApplicationClient(options)
 
 
-class _AttachedRunner:
-    """What DataflowPipelineResult asks of its runner: a client, and the polling loop."""
-
-    def __init__(self, client):
-        self.dataflow_client = client
-        self.last_error_msg = None
-
-
-def attach_to_running_job(options: PipelineOptions, exc: BaseException, client=None):
+def attach_to_running_job(options: PipelineOptions, exc: BaseException):
     """(PipelineResult of the running job that holds this job's name, its labels), from Dataflow's refusal
-    `exc`, which names the job's id; `client`: a Dataflow client (None: made from the options)."""
-    client = client or _application_client(options)
+    `exc`, which names the job's id."""
+    client = _application_client(options)
     found = _ALREADY_EXISTS_ID.search(str(exc))
     job_id = found.group(1) if found else client.job_id_for_name(options.view_as(GoogleCloudOptions).job_name)
     return attach_to_job(options, job_id, client)
@@ -151,26 +124,23 @@ def attach_to_job(options: PipelineOptions, job_id: str, client=None):
 
     client = client or _application_client(options)
     job = client.get_job(job_id)
-    return DataflowPipelineResult(job, _AttachedRunner(client), options), dict(job.labels or {})
+    # What DataflowPipelineResult asks of its runner: a client, and the polling loop's last error.
+    runner = types.SimpleNamespace(dataflow_client=client, last_error_msg=None)
+    return DataflowPipelineResult(job, runner, options), dict(job.labels or {})
 
 
-def _state_name(state) -> str:
-    """`RUNNING` for JobState.JOB_STATE_RUNNING (an enum member, or its name)."""
-    name = getattr(state, "name", None) or str(state)
-    return name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
-
-
-def recorded_job_state(options: PipelineOptions, client=None):
+def recorded_job_state(options: PipelineOptions):
     """job_record.claim's `job_state`: asks Dataflow about a recorded launch's job, by id once it has
     one, else by name (running jobs only); the client is made at the first question."""
-    made = []
+    make_client = functools.cache(lambda: _application_client(options))
 
     def state(record) -> tuple[str | None, str | None]:
-        if not made:
-            made.append(client or _application_client(options))
-        dataflow = made[0]
+        dataflow = make_client()
         if record.job_id:
-            return record.job_id, _state_name(dataflow.get_job(record.job_id).current_state)
+            # JobState.JOB_STATE_RUNNING (an enum member, or its name) -> RUNNING
+            state = dataflow.get_job(record.job_id).current_state
+            name = getattr(state, "name", None) or str(state)
+            return record.job_id, name.rsplit(".", 1)[-1].removeprefix("JOB_STATE_")
         try:
             job_id = dataflow.job_id_for_name(record.job_name)
         except ValueError:  # Beam's client: no running job of that name

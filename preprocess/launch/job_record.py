@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from dataset_contract import manifest as manifest_lib
 from preprocess import filesystem
+from preprocess.errors import first_line
 from preprocess.publish import store as dataset_store
 
 LAUNCHES_DIR = "launches"
@@ -51,7 +52,7 @@ class JobRecord:
 
     @property
     def path(self) -> str:
-        return record_path(self.output_dir, self.request, self.attempt)
+        return manifest_lib.join(self.output_dir, _record_name(self.request, self.attempt))
 
     @property
     def age_seconds(self) -> float:
@@ -61,10 +62,6 @@ class JobRecord:
 
 def _record_name(request: str, attempt: int, job: bool = False) -> str:
     return f"{LAUNCHES_DIR}/{request}.{attempt:04d}{'.job' if job else ''}.json"
-
-
-def record_path(output_dir: str, request: str, attempt: int, job: bool = False) -> str:
-    return manifest_lib.join(output_dir, _record_name(request, attempt, job))
 
 
 def _create(record: JobRecord, content: dict, job: bool = False) -> bool:
@@ -93,12 +90,8 @@ def read_records(output_dir: str, request: str) -> dict[int, JobRecord]:
         attempt = int(found.group("attempt"))
         if found.group("job"):
             job_ids[attempt] = content.get("job_id")
-        else:
-            fields = {key: content.get(key) for key in _FIELDS}
-            if fields["job_name"] and fields["created_at"]:
-                records[attempt] = JobRecord(
-                    output_dir=output_dir, request=request, attempt=attempt, **fields
-                )
+        elif content.get("job_name") and content.get("created_at"):
+            records[attempt] = JobRecord(output_dir, request, attempt, *(content.get(key) for key in _FIELDS))
     for attempt, job_id in job_ids.items():
         if attempt in records:
             records[attempt].job_id = job_id
@@ -150,7 +143,7 @@ def record_job_id(record: JobRecord, job_id: str) -> None:
     try:
         _create(record, {"job_id": job_id}, job=True)
     except Exception as exc:  # noqa: BLE001 - a relaunch finds the job by its name all the same
-        path = record_path(record.output_dir, record.request, record.attempt, job=True)
+        path = manifest_lib.join(record.output_dir, _record_name(record.request, record.attempt, job=True))
         log.warning("could not record the id of Dataflow job %s in %s (%s)", job_id, path, exc)
 
 
@@ -168,11 +161,10 @@ def abandon(record: JobRecord) -> None:
 
 
 def _refusal(record: JobRecord, exc: BaseException) -> str:
-    reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     return (
         f"a launch of this same request is recorded in {record.path} (Dataflow job {record.job_name}"
         f"{f', id {record.job_id}' if record.job_id else ''}, run {record.run_id}, {record.created_at}), "
-        f"and Dataflow cannot be asked whether it still runs ({reason}).\n"
+        f"and Dataflow cannot be asked whether it still runs ({first_line(exc)}).\n"
         f"  if it runs, wait for it: gcloud dataflow jobs list --filter=name={record.job_name}\n"
         "  to start anew once it has ended: launch again with the permission to view Dataflow jobs "
         f"(roles/dataflow.viewer), or remove {record.path}"

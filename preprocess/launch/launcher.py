@@ -16,6 +16,7 @@ from dataset_contract import manifest as manifest_lib
 from preprocess import errors, filesystem
 from preprocess.config import Stage1Config
 from preprocess.errors import EmptyTrainSplitError, TooManyFailuresError
+from preprocess.inspect.summary import failure_lines, format_bytes
 from preprocess.launch import bucket_costs, dataflow_job, job_record, local_runner, progress, worker_image
 from preprocess.pipeline import build_pipeline, job_config, output_dir_of
 from preprocess.publish.commit import SupersededRunError, superseded_message
@@ -78,39 +79,28 @@ def _fault_message(text: str, name: str) -> str:
     return message.split(" [while running", 1)[0].splitlines()[0].strip()
 
 
-def failures_by_reason(output_dir: str, run_id: str, per_reason: int = 3) -> tuple[dict, dict]:
-    """({reason: count}, {reason: first URIs}) from the error log files run `run_id` has written so far."""
-    try:
-        paths = sorted(m.path for m in filesystem.match(RunPaths(output_dir, run_id).final("errors-*.jsonl")))
-    except Exception:  # noqa: BLE001 - no log yet
-        return {}, {}
-    sample = errors.read_error_log(paths, per_reason)
-    return sample.counts, {
-        reason: [record.uri for record in records] for reason, records in sample.examples.items()
-    }
-
-
 def input_fault(exc: Exception, output_dir: str, run_id: str) -> Exception | None:
     """The run's failure as one of errors.INPUT_FAULTS (recognized by class name in the runner's wrapping
     error), with a message for a person; None if it is none."""
     text = f"{type(exc).__name__}: {exc}"
-    if TooManyFailuresError.__name__ in text:
-        return TooManyFailuresError(_fault_message(text, TooManyFailuresError.__name__))
-    if errors.RebuildNeededError.__name__ in text:
-        return errors.RebuildNeededError(_fault_message(text, errors.RebuildNeededError.__name__))
+    for fault in (TooManyFailuresError, errors.RebuildNeededError):
+        if fault.__name__ in text:
+            return fault(_fault_message(text, fault.__name__))
     if EmptyTrainSplitError.__name__ not in text:
         return None
-    counts, examples = failures_by_reason(output_dir, run_id)
+    try:  # the error log files the run has written so far
+        paths = sorted(m.path for m in filesystem.match(RunPaths(output_dir, run_id).final("errors-*.jsonl")))
+    except Exception:  # noqa: BLE001 - no log yet
+        paths = []
+    failures = errors.read_error_log(paths)
+    counts = dict(sorted(failures.counts.items(), key=lambda item: -item[1]))
     lines = [
         f"run {run_id}: no image reached the train split, so there is nothing to learn from; nothing was "
         "published (the published dataset is unchanged)."
     ]
     if counts:
         lines.append(f"{sum(counts.values())} inputs failed, by reason:")
-        lines += [
-            f"  {reason} {count}: {', '.join(examples[reason])}{', ...' if count > len(examples[reason]) else ''}"
-            for reason, count in sorted(counts.items(), key=lambda item: -item[1])
-        ]
+        lines += failure_lines(counts, failures.uris(), "  ")
         lines.append(
             f"Every failure, with its detail: {RunPaths(output_dir, run_id).final('errors-*.jsonl')}"
         )
@@ -176,36 +166,31 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
             ),
             stop_at_ctrl_c(output_dir, enabled=local and not args.verbose),
         ):
+            labels = None
             if attached is not None:
-                result, _ = dataflow_job.attach_to_job(options, attached.job_id)
-                run_id, build_id = attached.run_id or run_id, attached.build_id or build_id
-                logging.warning(
-                    "Dataflow job %s (%s, run %s) is already running this request (recorded in %s): waiting "
-                    "for it instead of starting a second job",
-                    attached.job_id,
-                    attached.job_name,
-                    run_id,
-                    attached.path,
-                )
+                result, labels = dataflow_job.attach_to_job(options, attached.job_id)
             else:
                 try:
                     result = pipeline.run()
                 except Exception as exc:
-                    if not dataflow_job.is_already_exists(exc):
+                    # Unless Dataflow refuses a job whose name a running job holds:
+                    if type(exc).__name__ != "DataflowJobAlreadyExistsError":
                         if claimed is not None:
                             job_record.abandon(claimed)  # no job: the next launch need not wait for one
                         raise
                     result, labels = dataflow_job.attach_to_running_job(options, exc)
-                    run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
-                    build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
-                    logging.warning(
-                        "Dataflow job %s (run %s) is already running this request: waiting for it instead of "
-                        "starting a second job",
-                        result.job_id(),
-                        run_id,
-                    )
                 if claimed is not None and dataflow_job.is_remote_job(result):
                     job_record.record_job_id(claimed, result.job_id())
+            if labels is not None:
+                run_id = dataflow_job.label_to_run_id(labels.get(dataflow_job.RUN_ID_LABEL)) or run_id
+                build_id = labels.get(dataflow_job.BUILD_ID_LABEL) or build_id
+                logging.warning(
+                    "Dataflow job %s (run %s) is already running this request%s: waiting for it instead of "
+                    "starting a second job",
+                    result.job_id(),
+                    run_id,
+                    f" (recorded in {attached.path})" if attached is not None else "",
+                )
             state = result.wait_until_finish()
     except KeyboardInterrupt as interrupt:
         if not dataflow_job.is_finished(result):
@@ -247,8 +232,9 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
             # run did its work, and a newer run has published since.
             newer = published_run_id(read_published_manifest(output_dir))
             raise PublishedThenSuperseded(
-                f"run {run_id} published into {output_dir}, but run {newer}, which started later, has "
-                f"published since and is the dataset there now. This run succeeded: nothing to retry"
+                f"run published, then superseded by a newer run: run {run_id} published into {output_dir}, but "
+                f"run {newer}, which started later, has published since and is the dataset there now. This run "
+                "succeeded: nothing to retry"
             ) from exc
         raise
     if manifest is None:
@@ -308,7 +294,6 @@ def _interrupted_message(output_dir: str) -> str:
     message = f"preprocess: interrupted, nothing published: the published dataset of {output_dir} {state}"
     try:
         num_bytes, folders = _leftovers(output_dir, published)
-        from preprocess.inspect.summary import format_bytes  # noqa: PLC0415 - TensorFlow, loaded by a run already
     except Exception:  # noqa: BLE001 - a listing that fails must not hide the first line
         return message
     if not num_bytes:

@@ -6,24 +6,17 @@ import shlex
 import sys
 
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
 from preprocess.inputs import listing as inputs
-from preprocess.launch import logs
+from preprocess.launch import logs, progress
 
 IN_MEMORY = "in_memory"
-
-_DIRECT_RUNNER_NAMES = {"directrunner", "direct", "switchingdirectrunner"}
 
 
 def uses_direct_runner(options: PipelineOptions) -> bool:
     """True when the user named no runner or the DirectRunner."""
-    runner = options.view_as(StandardOptions).runner
-    if runner is None:
-        return True
-    if not isinstance(runner, str):
-        return False
-    return runner.rsplit(".", 1)[-1].lower() in _DIRECT_RUNNER_NAMES
+    return progress.runner_name(options) in progress.DIRECT_RUNNERS
 
 
 def runs_in_this_process(options: PipelineOptions) -> bool:
@@ -66,22 +59,14 @@ def runner_for(options: PipelineOptions, verbose: bool = False):
     return fn_api_runner(options, verbose) if uses_direct_runner(options) else None
 
 
-def _manifest_lines(path: str):
-    with FileSystems.open(path) as handle:
-        for line in handle:
-            if line.strip():
-                yield line
-
-
 def count_inputs_up_to(spec: str, limit: int) -> int | None:
     """How many inputs `spec` lists, counting no further than `limit` (a manifest: its non-blank lines);
     None if it cannot be listed here."""
     try:
         if inputs.input_kind(spec) == inputs.DIRECTORY:
-            listing = inputs.list_directory_tree(spec)
-        else:
-            listing = _manifest_lines(spec)
-        return sum(1 for _ in itertools.islice(listing, limit))
+            return sum(1 for _ in itertools.islice(inputs.list_directory_tree(spec), limit))
+        with FileSystems.open(spec) as handle:
+            return sum(1 for _ in itertools.islice(filter(bytes.strip, handle), limit))
     except Exception:  # noqa: BLE001 - a missing or unreadable input is the job's to report, with its message
         return None
 

@@ -84,29 +84,27 @@ def _names_a_fault(text: str) -> bool:
     return any(name in text for name in INPUT_FAULT_NAMES)
 
 
-class DropInputFaultsFilter(logging.Filter):
-    """Drops a log record about an input's fault (by its exception's class, or its text naming one)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[0] is not None:
-            if record.exc_info[0].__name__ in INPUT_FAULT_NAMES:
-                return False
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
-            return True
-        return not _names_a_fault(text + (record.exc_text or ""))
-
-
-_FILTER = DropInputFaultsFilter()
+def _not_an_input_fault(record: logging.LogRecord) -> bool:
+    """A log filter: drops a record about an input's fault (by its exception's class, or its text naming one)."""
+    if (
+        record.exc_info
+        and record.exc_info[0] is not None
+        and record.exc_info[0].__name__ in INPUT_FAULT_NAMES
+    ):
+        return False
+    try:
+        text = record.getMessage()
+    except Exception:  # noqa: BLE001 - a record that cannot be formatted is not ours to judge
+        return True
+    return not _names_a_fault(text + (record.exc_text or ""))
 
 
 def quiet_input_faults() -> None:
     """Installs the filter on the handlers this process logs through (and Python's last-resort one), and
     asks the local worker processes started from here to do the same."""
     for handler in [*logging.getLogger().handlers, logging.lastResort]:
-        if handler is not None and _FILTER not in handler.filters:
-            handler.addFilter(_FILTER)
+        if handler is not None and _not_an_input_fault not in handler.filters:
+            handler.addFilter(_not_an_input_fault)
     os.environ[QUIET_INPUT_FAULTS_ENV_VAR] = "1"
 
 

@@ -20,15 +20,9 @@ SETTLE_LIMIT_SECONDS = 2.0
 RATE_STAGES = ("hashed", "decoded", "encoded")
 COUNT_STAGES = ("failed", "duplicates")
 
-_LOCAL_RUNNERS = {
-    "directrunner",
-    "direct",
-    "switchingdirectrunner",
-    "bundlebaseddirectrunner",
-    "fnapirunner",
-    "prismrunner",
-    "prism",
-}
+# Beam's names of the DirectRunner, and of the other runners whose workers share this machine.
+DIRECT_RUNNERS = {"directrunner", "direct", "switchingdirectrunner"}
+_LOCAL_RUNNERS = DIRECT_RUNNERS | {"bundlebaseddirectrunner", "fnapirunner", "prismrunner", "prism"}
 _FILE_SUFFIX = ".json"
 
 
@@ -139,25 +133,28 @@ def _clock(seconds: float) -> str:
 def format_progress(totals: dict, rates: dict, elapsed: float, final: bool = False) -> str:
     """One progress line: the count of each stage, and its rate (items/s) where known."""
     others = sorted(set(totals) - set(RATE_STAGES) - set(COUNT_STAGES))
-    parts = []
-    for stage in (*RATE_STAGES, *others):
-        parts.append(
-            f"{stage} {totals.get(stage, 0)} ({rates.get(stage, 0.0):.1f}/s{' avg' if final else ''})"
-        )
+    average = " avg" if final else ""
+    parts = [
+        f"{stage} {totals.get(stage, 0)} ({rates.get(stage, 0.0):.1f}/s{average})"
+        for stage in (*RATE_STAGES, *others)
+    ]
     parts += [f"{stage} {totals[stage]}" for stage in COUNT_STAGES if totals.get(stage)]
     prefix = f"[{_clock(elapsed)}] " + ("done: " if final else "")
     return prefix + " | ".join(parts)
 
 
-def runs_locally(options) -> bool:
-    """True for the runners whose workers share this machine (DirectRunner, Prism); not Dataflow."""
+def runner_name(options) -> str:
+    """--runner, lowercased, without its module ('directrunner' when none is named)."""
     from apache_beam.options.pipeline_options import StandardOptions
 
-    runner = options.view_as(StandardOptions).runner
-    if runner is None:
-        return True
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
     name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1].lower() in _LOCAL_RUNNERS
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def runs_locally(options) -> bool:
+    """True for the runners whose workers share this machine (DirectRunner, Prism); not Dataflow."""
+    return runner_name(options) in _LOCAL_RUNNERS
 
 
 class ProgressReporter:

@@ -1,28 +1,22 @@
 """The Dataflow worker image built from the repository's Dockerfile, and the launcher Python it needs."""
 
-import argparse
 import sys
 
+from dataset_contract.cli_help import flag_value
+
 IMAGE_PYTHON = (3, 11)
-# Beam's flag for the worker image, and its deprecated name.
-_IMAGE_FLAGS = ("--sdk_container_image", "--worker_harness_container_image")
 
 
 class LauncherPythonError(ValueError):
     """The launcher's Python differs from the worker image's: the message says which Python to use."""
 
 
-def requested_image(beam_args: list[str]) -> str | None:
-    """The worker image that Beam's flags `beam_args` name, if any."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument(*_IMAGE_FLAGS, dest="image", default=None)
-    known, _ = parser.parse_known_args(beam_args)
-    return known.image
-
-
 def check_launcher_python(beam_args: list[str], version_info=sys.version_info) -> None:
     """Raises LauncherPythonError if `beam_args` name a worker image and this Python is not the image's."""
-    image = requested_image(beam_args)
+    # Beam's flag for the worker image, or its deprecated name.
+    image = flag_value(beam_args, "--sdk_container_image") or flag_value(
+        beam_args, "--worker_harness_container_image"
+    )
     if image is None or tuple(version_info[:2]) == IMAGE_PYTHON:
         return
     wanted = ".".join(map(str, IMAGE_PYTHON))

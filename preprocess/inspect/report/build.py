@@ -9,20 +9,6 @@ from preprocess.inspect.report import near_duplicate_groups, thumbnails
 from preprocess.inspect.summary import format_bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class SheetCell:
-    uri: str
-    thumbnail: thumbnails.Thumbnail
-
-
-@dataclasses.dataclass(frozen=True)
-class SheetRow:
-    label: int
-    class_name: str
-    num_in_split: int
-    cells: list[SheetCell]
-
-
 @dataclasses.dataclass
 class ReportData:
     """Everything the page shows; `page.render` turns it into HTML."""
@@ -30,8 +16,7 @@ class ReportData:
     data_dir: str
     manifest: dict
     split: str
-    sheet_rows: list[SheetRow]
-    sample: object  # contact_sheet.Sample: what the sheet's records cost, and its notes
+    sample: object  # contact_sheet.Sample: the sheet's examples by label, what their records cost, its notes
     failures: errors.ErrorLogSample
     groups: near_duplicate_groups.GroupSelection
     group_thumbnails: list[list[thumbnails.Thumbnail]]  # parallel to groups.groups and their members
@@ -44,25 +29,14 @@ class ReportData:
     changes_note: str = ""
 
 
-def sheet_rows(manifest: dict, split: str, sample) -> list[SheetRow]:
-    """The contact sheet's rows from an `inspect.Sample`: one per sampled class, in label order."""
-    counts = manifest["splits"].get(split, {}).get("num_examples_per_class", {})
-    rows = []
-    for label, examples in sorted(sample.examples.items()):
-        name = manifest["labels"][label]
-        cells = [SheetCell(example.uri, thumbnails.pixels_thumbnail(example.pixels)) for example in examples]
-        rows.append(SheetRow(label, name, int(counts.get(name, 0)), cells))
-    return rows
-
-
 def gather_changes(data_dir: str, max_read_bytes: int, limit: int) -> tuple[diff.VersionDiff | None, str]:
     """(the diff of the newest version against the one before, or None; why not, "" when the directory holds
     one version). Both versions' ledgers (shards, before ledgers) are read only within `max_read_bytes`."""
     try:
         old, new = diff.choose_versions(data_dir)
-        cost = diff.read_bytes(data_dir, (old, new))
+        ledger_files, shards, cost = diff.read_cost(data_dir, (old, new))
         if cost > max_read_bytes:
-            files = diff.describe_files(*diff.source_counts(data_dir, (old, new)))
+            files = diff.describe_files(ledger_files, shards)
             return (
                 None,
                 f"Not compared: the two versions' {files} are {format_bytes(cost)}, over --max-read-mb. "
@@ -104,7 +78,6 @@ def gather(
         data_dir=data_dir,
         manifest=manifest,
         split=split,
-        sheet_rows=sheet_rows(manifest, split, sample),
         sample=sample,
         failures=errors.read_error_log(
             [manifest_lib.join(data_dir, relative) for relative in manifest_lib.error_file_paths(manifest)],

@@ -49,12 +49,6 @@ def split_bars(counts: dict, head: tuple[str, str]) -> str:
     return bar_table(rows, head=head, kind_of=lambda split: "split-" + split)
 
 
-def examples_per_split(manifest: dict) -> str:
-    return split_bars(
-        {split: info["num_examples"] for split, info in manifest["splits"].items()}, ("split", "examples")
-    )
-
-
 def shown_classes(manifest: dict) -> tuple[list[str], str | None]:
     """The classes the per-class figure shows (all, or the smallest and largest), and a note if not all."""
     labels = list(manifest["labels"])

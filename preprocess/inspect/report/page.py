@@ -5,7 +5,7 @@ import posixpath
 from importlib import resources
 
 from preprocess.inspect import diff
-from preprocess.inspect.report import figures, near_duplicate_groups
+from preprocess.inspect.report import figures, near_duplicate_groups, thumbnails
 from preprocess.inspect.report.figures import escape
 from preprocess.inspect.summary import format_bytes, split_fractions
 
@@ -99,16 +99,23 @@ def _sizes(data) -> str:
 
 
 def _sheet(data) -> str:
-    if not data.sheet_rows:
+    """The contact sheet: a row per sampled class, in label order."""
+    if not data.sample.examples:
         return _missing("sheet", f"Split {escape(data.split)} has no examples to show.")
+    counts = data.manifest["splits"].get(data.split, {}).get("num_examples_per_class", {})
     rows = []
-    for row in data.sheet_rows:
-        images = "".join(_img(cell.thumbnail.data_uri, cell.uri) for cell in row.cells)
-        if not row.cells:
-            images = '<span class="missing">none in this split</span>'
+    for label, examples in sorted(data.sample.examples.items()):
+        name = data.manifest["labels"][label]
+        images = (
+            "".join(
+                _img(thumbnails.pixels_thumbnail(example.pixels).data_uri, example.uri)
+                for example in examples
+            )
+            or '<span class="missing">none in this split</span>'
+        )
         rows.append(
-            f'<div class="sheet-row"><div class="sheet-label"><span class="label-id">{row.label}</span> '
-            f"{escape(row.class_name)}<small>{row.num_in_split:,} in {escape(data.split)}</small></div>"
+            f'<div class="sheet-row"><div class="sheet-label"><span class="label-id">{label}</span> '
+            f"{escape(name)}<small>{int(counts.get(name, 0)):,} in {escape(data.split)}</small></div>"
             f'<div class="thumbs">{images}</div></div>'
         )
     intro = (
@@ -334,10 +341,11 @@ def render(data) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     # A file of this package: setup.py's package_data puts it in the wheel and the sdist.
     css = resources.files(__package__).joinpath("report.css").read_text(encoding="utf-8")
+    examples_per_split = {split: info["num_examples"] for split, info in data.manifest["splits"].items()}
     body = "".join(
         [
             _overview(data),
-            _section("splits", figures.examples_per_split(data.manifest)),
+            _section("splits", figures.split_bars(examples_per_split, ("split", "examples"))),
             _section("classes", figures.examples_per_class(data.manifest)),
             _failures(data),
             _sizes(data),

@@ -46,26 +46,17 @@ class ReadBudget:
 def data_uri(image: Image.Image) -> str:
     """An RGB image as a data: URI: PNG when small (exact pixels), JPEG otherwise (small files)."""
     buffer = io.BytesIO()
-    if max(image.size) <= _EXACT_UP_TO:
-        image.save(buffer, format="PNG")
-        mime = "image/png"
-    else:
-        image.save(buffer, format="JPEG", quality=_JPEG_QUALITY)
-        mime = "image/jpeg"
-    return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
-
-
-def shrink(image: Image.Image, size: int = THUMBNAIL_SIZE) -> Image.Image:
-    """At most `size` on the longest side, aspect kept; smaller images unchanged."""
-    if max(image.size) > size:
-        image = image.copy()
-        image.thumbnail((size, size), Image.Resampling.BILINEAR)
-    return image
+    exact = max(image.size) <= _EXACT_UP_TO
+    image.save(buffer, format="PNG" if exact else "JPEG", **({} if exact else {"quality": _JPEG_QUALITY}))
+    return f"data:image/{'png' if exact else 'jpeg'};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
 def pixels_thumbnail(pixels: np.ndarray) -> Thumbnail:
-    """uint8 [height, width, 3] pixels (a stored example, de-normalized) -> a thumbnail."""
-    return Thumbnail(data_uri=data_uri(shrink(Image.fromarray(pixels, "RGB"))))
+    """uint8 [height, width, 3] pixels (a stored example, de-normalized) -> a thumbnail, at most
+    THUMBNAIL_SIZE on its longest side (aspect kept; a smaller image as it is)."""
+    image = Image.fromarray(pixels, "RGB")
+    image.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE), Image.Resampling.BILINEAR)
+    return Thumbnail(data_uri=data_uri(image))
 
 
 def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
@@ -84,7 +75,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
             return spent
         return Thumbnail(problem=f"larger than {MAX_SOURCE_BYTES >> 20} MB: not read for a thumbnail")
     except Exception as exc:  # noqa: BLE001 - a source failing after the client's retries costs its thumbnail, not the page
-        return Thumbnail(problem=f"cannot read the source: {type(exc).__name__}: {_first_line(exc)}")
+        return Thumbnail(problem=f"cannot read the source: {type(exc).__name__}: {errors.first_line(exc)}")
     budget.spend(len(data))
     try:
         pixels = image_decode.decode_image(
@@ -94,7 +85,7 @@ def source_thumbnail(uri: str, budget: ReadBudget) -> Thumbnail:
             max_pixels=image_errors.DEFAULT_MAX_PIXELS,
         )
     except errors.ImageError as exc:
-        return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {_first_line(exc.detail)}")
+        return Thumbnail(problem=f"cannot decode the source: {exc.reason}: {errors.first_line(exc.detail)}")
     return pixels_thumbnail(pixels)
 
 
@@ -105,9 +96,4 @@ def _why_unreadable(error: errors.ImageError) -> str:
         return "not found"
     if isinstance(cause, PermissionError) or type(cause).__name__ == "Forbidden":
         return "access denied"
-    return _first_line(error.detail)
-
-
-def _first_line(error) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
+    return errors.first_line(error.detail)
