@@ -11,6 +11,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from typing import NamedTuple
 
 from dataset_contract.cli_help import flag_value
@@ -216,14 +217,29 @@ def start_script(
         f"if test -e {STOPPED_FILE}; then\n"
         f'  echo "training ended for good ($(cat {STOPPED_FILE})); not starting it again"; exit 0\n'
         "fi\n"
-        f"if test -f {PID_FILE} && grep -q train.tools.supervisor /proc/$(cat {PID_FILE})/cmdline 2>/dev/null; then\n"
+        # running_supervisor's check: a live pid whose cmdline reads empty is mid-exec, read again (1 s at most).
+        "running_supervisor() {\n"
+        "  local pid cmdline stat tries=100\n"
+        f"  pid=$(cat {PID_FILE} 2>/dev/null) || return 1\n"
+        '  case "$pid" in ""|*[!0-9]*) return 1 ;; esac\n'
+        "  while cmdline=$(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null); do\n"
+        '    case "$cmdline" in *train.tools.supervisor*) return 0 ;; ?*) return 1 ;; esac\n'
+        "    stat=$(cat /proc/$pid/stat 2>/dev/null) || return 1\n"
+        '    case "${stat##*) }" in Z*|X*) return 1 ;; esac  # a zombie: its cmdline stays empty\n'
+        "    tries=$((tries - 1)); test $tries -gt 0 || return 1\n"
+        "    sleep 0.01\n"
+        "  done\n"
+        "  return 1\n"
+        "}\n"
+        "if running_supervisor; then\n"
         f'  echo "training is already running under train.tools.supervisor (pid $(cat {PID_FILE}))"; exit 0\n'
         "fi\n"
         f"{wait}"
         f"export {exports}\n"
         f"{{ setsid nohup {supervised} >> {LOG_FILE} 2>&1 < /dev/null & }} 9>&-\n"
         f'pid=$!; echo "$pid" > {PID_FILE}\n'
-        # Until the forked shell has exec'd setsid, its cmdline is start.sh's, which the next run's check rejects.
+        # Until the forked shell has exec'd setsid, its cmdline is start.sh's, which the next run's check rejects;
+        # from then on the check sees setsid, nohup or the supervisor, or an exec between them (an empty cmdline).
         "until grep -q train.tools.supervisor /proc/$pid/cmdline 2>/dev/null || ! kill -0 $pid 2>/dev/null; do\n"
         "  sleep 0.01\n"
         "done\n"
@@ -241,15 +257,35 @@ def supervised_launch_command(*args, **kwargs) -> str:
     )
 
 
+# How long a check waits out an empty /proc/<pid>/cmdline; an exec is done in well under a millisecond.
+EXEC_SETTLE_SECONDS = 1.0
+
+
 def running_supervisor(pid_file: str) -> int | None:
-    """The pid in `pid_file` while it names a live train.tools.supervisor (start.sh's check), else None."""
+    """The pid in `pid_file` while it names a live train.tools.supervisor (start.sh's check), else None.
+
+    The pid file names the supervisor from the moment its exec begins (Popen returns then; start.sh's setsid
+    and nohup exec in turn), and until the kernel has set up the new program's arguments its cmdline reads
+    empty: a live pid with an empty cmdline is read again, up to EXEC_SETTLE_SECONDS. A zombie's reads
+    empty for good: it is no supervisor."""
     try:
         with open(pid_file) as handle:
             pid = int(handle.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read()
     except (OSError, ValueError):
         return None
+    deadline = time.monotonic() + EXEC_SETTLE_SECONDS
+    while True:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            if cmdline or time.monotonic() > deadline:
+                break
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rpartition(b") ")[2][:1] in (b"Z", b"X"):  # the state, after the (name)
+                    return None
+        except OSError:
+            return None
+        time.sleep(0.001)
     return pid if b"train.tools.supervisor" in cmdline else None
 
 
@@ -313,8 +349,8 @@ def start_detached(
                 env=env,
                 start_new_session=True,
             )
-        # Popen returns once the child has exec'd the supervisor, so the next start's check sees it running
-        # (the supervisor writes the same pid there itself, later).
+        # Popen returns once the child has begun its exec, so the next start's check sees it running, or
+        # mid-exec, which it waits out (running_supervisor). The supervisor writes the same pid there later.
         with open(pid_file, "w") as handle:
             handle.write(f"{process.pid}\n")
     return DetachedStart(process.pid, log_path, started=True)

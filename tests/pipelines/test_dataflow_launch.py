@@ -291,6 +291,23 @@ def test_two_start_detached_at_once_start_one_supervisor_and_the_second_says_it_
                 os.killpg(pid, signal.SIGKILL)  # a session leader: its group is its training too
 
 
+def test_a_start_right_after_another_sees_its_supervisor_running_while_it_is_mid_exec(tmp_path, monkeypatch):
+    # Popen returns once the child has begun its exec, with the pid file written at once; until the kernel has
+    # set up the new program's arguments, /proc/<pid>/cmdline reads empty (4 reads in 5 right after Popen, on
+    # a 2-core machine). A second start in that instant must see it running, not start a second supervisor.
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    for attempt in range(30):
+        run_dir = str(tmp_path / str(attempt))
+        # multi_host: the same start without the libtpu lookup, one Python run fewer per start.
+        first = tpu_launch.start_detached(["--epochs", "0"], run_dir, multi_host=True)
+        second = tpu_launch.start_detached(["--epochs", "0"], run_dir, multi_host=True)
+        for pid in {first.pid, second.pid}:
+            os.killpg(pid, signal.SIGKILL)  # before it gets far: a session leader, its group is its own
+            os.waitpid(pid, 0)
+        assert first.started and second == (first.pid, first.log_path, False), (attempt, first, second)
+        time.sleep(0.02)  # the attempts spread over 0.6 s: how the two processes share the cores varies
+
+
 def test_the_remote_launch_command_starts_the_supervisor_detached_for_real(tmp_path):
     # The same shell text the ssh command runs, in a real shell in a scratch home, with python3 on PATH.
     command = tpu_launch.supervised_launch_command(

@@ -214,6 +214,46 @@ def test_two_start_sh_runs_at_once_start_one_supervisor(scratch_home):
     assert (home / tpu_launch.LOG_FILE).read_text().count("run 1:") == 1
 
 
+def test_start_sh_and_running_supervisor_agree_on_a_supervisor_a_zombie_and_another_process(scratch_home):
+    # Both wait out an empty cmdline (a process mid-exec) but not a zombie's, which stays empty: an exited
+    # supervisor its launcher has not reaped yet is no supervisor, at once rather than after the 1 s bound.
+    home, env = scratch_home
+    script = tpu_launch.start_script(["--data", str(home)], False)
+    check = script[script.index("running_supervisor() {") : script.index("if running_supervisor; then")]
+    (home / tpu_launch.RUN_DIR).mkdir()
+    pid_file = home / tpu_launch.PID_FILE
+    marked = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))"]
+    supervisor, other, zombie = (
+        subprocess.Popen([*marked, seconds, name])
+        for seconds, name in (
+            ("60", "train.tools.supervisor"),
+            ("60", "other"),
+            ("0", "train.tools.supervisor"),
+        )
+    )
+    try:
+        while not open(f"/proc/{zombie.pid}/stat").read().rpartition(") ")[2].startswith("Z"):
+            time.sleep(0.01)
+        for process, running in ((supervisor, True), (zombie, False), (other, False)):
+            while not open(f"/proc/{process.pid}/cmdline", "rb").read() and process is not zombie:
+                time.sleep(0.01)  # past its own exec: this test is not about that instant
+            pid_file.write_text(f"{process.pid}\n")
+            # Each answers within the 1 s it would wait out an empty cmdline (both take milliseconds here).
+            started = time.monotonic()
+            assert (tpu_launch.running_supervisor(str(pid_file)) == process.pid) is running, process.args
+            assert time.monotonic() - started < tpu_launch.EXEC_SETTLE_SECONDS
+            started = time.monotonic()
+            shell = subprocess.run(
+                ["bash", "-c", f"{check}running_supervisor"], cwd=home, env=env, timeout=60
+            )
+            assert (shell.returncode == 0) is running, process.args
+            assert time.monotonic() - started < tpu_launch.EXEC_SETTLE_SECONDS
+    finally:
+        for process in (supervisor, other, zombie):
+            process.kill()
+            process.wait()
+
+
 def test_start_sh_finds_libtpu_or_says_in_one_line_that_it_is_missing(scratch_home):
     # start.sh's export line, in a real bash whose python3 has no libtpu (this test machine's), then one that has.
     home, env = scratch_home
