@@ -44,7 +44,8 @@ def _outputs(carried):
         # Evaluation split, no signature (the audit was off), a file keyed too soon after a change (no mtime),
         # a ledger from before source sizes.
         (
-            {k: v for k, v in ENTRY.items() if k not in ("signature", "source_size")} | {"split": "validation"},
+            {k: v for k, v in ENTRY.items() if k not in ("signature", "source_size")}
+            | {"split": "validation"},
             {"split": "validation", "mtime_ns": None},
         ),
         # The file touched since (same content): its new size and mtime go into the line.
