@@ -1,24 +1,6 @@
-"""A version's ledger: one JSON line per image it wrote, what the next version reuses without decoding.
-
-    {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
-     "signature": the perceptual signature (absent when the audit was off),
-     "shard": the shard that holds its record, relative to the dataset directory (absent in ledgers
-              written before records were carried by reference, and for bfloat16/float32 versions),
-     "size", "mtime_ns": the local file's, when it was keyed (the next re-run's quick check; absent on GCS,
-              and for a file modified within seconds of its listing),
-     "source_size": [width, height] of the source image (the manifest's source_image_sizes count it)}
-
-`key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
-its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
-shards; `split` is the split the image was published in, which it keeps (splits never move);
-`moments` are its share of the statistics (transform.image_moments), exact, so that carried images
-count without their pixels (and `source_size` in the source sizes); `shard` lets the next version reference a shard whose every record is
-unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
-the manifest lists the files in `ledger_files`.
-
-An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
-"detail", "decoder"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it
-again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
+"""A version's ledger: one JSON line per image it wrote (and per input whose bytes failed), what the next
+version reuses without decoding; and the quick check's index of it (KnownKeys). Its lines, field by field:
+docs/internals.md, `preprocess/reuse/`.
 """
 
 import contextlib

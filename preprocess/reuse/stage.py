@@ -1,19 +1,6 @@
 """The reuse steps of an incremental run: match the inputs to the previous version's ledger, then carry over
-the records of the unchanged ones, by reference to the previous version's shards where a whole shard is
-unchanged, else copied from them.
-
-    unique inputs (content key) + ledger (content key) -> SortByPublishedFn:
-        unchanged (same content, same label) -> carry   (never read nor decoded)
-        new, relabelled                      -> decode  (a published one keeps its split)
-        a published image a named split moves -> moved  (counted and named by the summary)
-        failed in the previous version (its bytes) -> failed (the same error record; never read)
-    carry, counted per previous shard (the ledger's `shard`) -> IntactShards: the shards whose every record
-        is carried as it was (same split, URI, label index): referenced by the new manifest, never opened
-    the other carried (sha256) + the records of the other previous shards (sha256) -> FindRecordFn:
-        the record as it was (its label index and URI rewritten where they changed), or, if the previous
-        version's shards lack it, the input back to decoding
-
-Why by reference: docs/preprocessing.md, "Re-runs".
+the records of the unchanged ones, by reference to the previous shards where a whole shard is unchanged, else
+copied from them. The flow, and why by reference: docs/internals.md, `preprocess/reuse/`.
 """
 
 import dataclasses
