@@ -200,3 +200,23 @@ def test_a_worker_killed_while_it_downloads_the_index_leaves_no_copy_that_anothe
     ledger._known.clear()
     held.close()
     assert _indexes(scratch) == []
+
+
+def test_a_machine_copy_no_process_holds_is_removed_by_the_next_job_on_that_machine(tmp_path, monkeypatch):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    for job in ("ended", "running"):  # copies of two earlier jobs, as their worker processes left them
+        (scratch / f"quick-check-job-{job}.sqlite").write_bytes(b"index")
+        (scratch / f"quick-check-job-{job}.lock").write_bytes(b"")
+    held = shared_index.hold(str(scratch / "quick-check-job-running.sqlite"))  # a process still reads it
+    job = shared_index.HeldIndex([ledger_file])
+    path, source = job.shared.machine_copy()
+    assert source == f"/proc/{os.getpid()}/fd/{job.shared.fd}"
+    assert sorted(os.listdir(scratch)) == sorted(
+        [f"quick-check-job-{name}.{end}" for name in ("running", job.token) for end in ("lock", "sqlite")]
+    )
+    held.close()
+    job.close()  # the job ends: its launcher removes its machine's copy
+    assert sorted(os.listdir(scratch)) == ["quick-check-job-running.lock", "quick-check-job-running.sqlite"]
