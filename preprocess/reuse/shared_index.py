@@ -70,9 +70,10 @@ class SharedIndex:
     def machine_copy(self):
         """(path, where from) of this machine's copy of the index: made by the first process to ask, under the
         job's lock (a download, once per machine, not per process), opened by the rest (where from: MACHINE).
-        None: neither source can be read here; build it. A process killed while it copies leaves only its
-        partial file, never under the copy's name (a rename makes that), and the lock (freed with it)."""
-        path, lock_path = machine_paths(self.token)
+        None: neither source can be read here; build it. Only the lock's holder writes the partial copy (a
+        process killed while it copies leaves it, and frees the lock: the next holder writes it anew), and
+        only a rename puts it under the name the others open."""
+        path, lock_path, partial = machine_paths(self.token)
         if os.path.exists(path):
             return path, MACHINE
         with open(lock_path, "ab") as lock:
@@ -80,15 +81,10 @@ class SharedIndex:
             if os.path.exists(path):
                 return path, MACHINE  # another process of this machine made it while this one waited
             remove_unused_copies()
-            directory = ledger.index_directory()  # removed by the next process if this one is killed
-            try:
-                partial = os.path.join(directory, "known.sqlite")
-                source = self.copy_to(partial)
-                if source is not None:
-                    os.rename(partial, path)
-                    return path, source
-            finally:
-                shutil.rmtree(directory, ignore_errors=True)
+            source = self.copy_to(partial)
+            if source is not None:
+                os.rename(partial, path)
+                return path, source
         return None
 
 
@@ -97,10 +93,20 @@ MACHINE = "this machine's copy"
 _COPY_PREFIX = "quick-check-job-"
 
 
-def machine_paths(token: str) -> tuple[str, str]:
-    """This machine's copy of the index of the job `token`, and its lock file."""
-    base = os.path.join(tempfile.gettempdir(), f"{_COPY_PREFIX}{token}")
-    return f"{base}.sqlite", f"{base}.lock"
+def machine_directory() -> str:
+    """Where a machine's copies go: a Beam SDK container's semi-persistent directory where its boot names one
+    (on Dataflow a directory of the VM that its SDK containers share, where /tmp is each container's own),
+    else the temporary directory."""
+    directory = os.environ.get("SEMI_PERSISTENT_DIRECTORY")
+    if directory and os.path.isdir(directory) and os.access(directory, os.W_OK):
+        return directory
+    return tempfile.gettempdir()
+
+
+def machine_paths(token: str) -> tuple[str, str, str]:
+    """This machine's copy of the index of the job `token`, its lock file, and its partial copy."""
+    base = os.path.join(machine_directory(), f"{_COPY_PREFIX}{token}")
+    return f"{base}.sqlite", f"{base}.lock", f"{base}.partial"
 
 
 def hold(path: str):
@@ -112,21 +118,24 @@ def hold(path: str):
 
 
 def remove_unused_copies() -> None:
-    """Removes the copies of other jobs on this machine that no process holds (hold) any more: the job ended
-    (a Dataflow VM ends with its job; a launcher on this machine removes its own, release)."""
-    scratch = tempfile.gettempdir()
-    for name in os.listdir(scratch):
-        if not (name.startswith(_COPY_PREFIX) and name.endswith(".sqlite")):
+    """Removes the copies of other jobs on this machine that no process copies (its lock) or holds (hold) any
+    more, and their partial copies: the job ended (a Dataflow VM ends with its job; a launcher on this
+    machine removes its own, release). The caller's own job is skipped: it holds its lock."""
+    directory = machine_directory()
+    for name in os.listdir(directory):
+        if not (name.startswith(_COPY_PREFIX) and name.endswith(".lock")):
             continue
-        path = os.path.join(scratch, name)
+        paths = machine_paths(name.removeprefix(_COPY_PREFIX).removesuffix(".lock"))
         try:
-            with open(path, "rb") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                for unused in (path, path.removesuffix(".sqlite") + ".lock"):
+            with open(paths[1], "rb") as lock, contextlib.ExitStack() as held:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no process copying it
+                if os.path.exists(paths[0]):
+                    fcntl.flock(held.enter_context(open(paths[0], "rb")), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                for unused in paths:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(unused)
         except OSError:
-            pass  # held by a process still reading it, or gone
+            pass  # copied or read by a process now, or gone
 
 
 def _token(path: str) -> str | None:

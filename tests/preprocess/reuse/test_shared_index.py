@@ -133,11 +133,11 @@ print(json.dumps({"copied_from": index.copied_from, "entry": index.get(sys.argv[
 """
 
 
-def _worker(shared, uri, scratch, env, mode="open"):
+def _worker(shared, uri, scratch, env, mode="open", **more_env):
     fields = json.dumps(dataclasses.asdict(shared))
     return subprocess.Popen(
         [sys.executable, "-c", WORKER, fields, mode, uri],
-        env={**env, "TMPDIR": str(scratch), "PYTHONPATH": os.getcwd()},
+        env={**env, "TMPDIR": str(scratch), "PYTHONPATH": os.getcwd(), **more_env},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -158,9 +158,19 @@ def test_the_worker_processes_of_a_dataflow_vm_download_the_index_once(gcs_dir, 
     records, ledger_file = _inputs_and_ledger(tmp_path)
     held = shared_index.HeldIndex([ledger_file], upload_dir=f"{gcs_dir}/temp")
     elsewhere = dataclasses.replace(held.shared, machine="another-worker/boot")
-    scratch = tmp_path / "vm-tmp"
-    scratch.mkdir()
-    workers = [_worker(elsewhere, records[1].uri, scratch, gcs_read_faults.env) for _ in range(2)]
+    # Two SDK containers of one VM, as on Dataflow: each its own /tmp, the VM's semi-persistent directory shared.
+    shared_dir, containers = (
+        tmp_path / "semi-persistent",
+        [tmp_path / "container-1", tmp_path / "container-2"],
+    )
+    for directory in (shared_dir, *containers):
+        directory.mkdir()
+    workers = [
+        _worker(
+            elsewhere, records[1].uri, tmp, gcs_read_faults.env, SEMI_PERSISTENT_DIRECTORY=str(shared_dir)
+        )
+        for tmp in containers
+    ]
     said = [json.loads(worker.communicate(timeout=120)[0]) for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0]
     assert all(process["entry"] == [11, OLD_NS, f"{1:064x}"] for process in said)
@@ -168,7 +178,7 @@ def test_the_worker_processes_of_a_dataflow_vm_download_the_index_once(gcs_dir, 
     assert by_workers == _reads_of_a_download(gcs_read_faults, elsewhere, held, tmp_path)  # one per VM
     assert sorted(process["copied_from"] for process in said) == sorted([shared_index.MACHINE, held.uploaded])
     # One file on the VM, named by the job, and its lock; no partial copy.
-    assert sorted(os.listdir(scratch)) == [
+    assert sorted(os.listdir(shared_dir)) == [
         f"quick-check-job-{held.token}.{end}" for end in ("lock", "sqlite")
     ]
     held.close()
@@ -186,15 +196,15 @@ def test_a_worker_killed_while_it_downloads_the_index_leaves_no_copy_that_anothe
     assert dying.stdout.readline() == "copied\n"  # downloaded, under the lock, not yet renamed into place
     dying.kill()  # kill -9: the lock is freed with the process, its partial file stays
     dying.wait()
-    # Its partial copy is in its own directory, never under the name the other processes open.
-    assert _indexes(scratch) != [] and not (scratch / f"quick-check-job-{held.token}.sqlite").exists()
+    # Its partial copy, never under the name the other processes open.
+    assert sorted(_indexes(scratch)) == [f"quick-check-job-{held.token}.{end}" for end in ("lock", "partial")]
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     ledger._known.clear()
     index = ledger.known_keys(elsewhere)  # the next worker process of that VM downloads it again
     assert index.copied_from == held.uploaded and index.get(records[2].uri) == (12, OLD_NS, f"{2:064x}")
     by_workers = _reads(gcs_read_faults, held)
     assert by_workers == 2 * _reads_of_a_download(gcs_read_faults, elsewhere, held, tmp_path)
-    # The dead process's partial file removed; the copy, its lock.
+    # The partial copy written anew and renamed: the copy, its lock.
     assert sorted(_indexes(scratch)) == [f"quick-check-job-{held.token}.{end}" for end in ("lock", "sqlite")]
     index.remove()
     ledger._known.clear()
@@ -210,6 +220,8 @@ def test_a_machine_copy_no_process_holds_is_removed_by_the_next_job_on_that_mach
     for job in ("ended", "running"):  # copies of two earlier jobs, as their worker processes left them
         (scratch / f"quick-check-job-{job}.sqlite").write_bytes(b"index")
         (scratch / f"quick-check-job-{job}.lock").write_bytes(b"")
+    (scratch / "quick-check-job-killed.lock").write_bytes(b"")  # a job whose only copier was killed
+    (scratch / "quick-check-job-killed.partial").write_bytes(b"ind")
     held = shared_index.hold(str(scratch / "quick-check-job-running.sqlite"))  # a process still reads it
     job = shared_index.HeldIndex([ledger_file])
     path, source = job.shared.machine_copy()
