@@ -28,7 +28,7 @@ from preprocess.publish.runs import MakeRunId, tft_temp_dir
 from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse import shared_index
 from preprocess.reuse import stage as reuse
-from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, entry_of, failure_entry
+from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, failure_entry
 from preprocess.reuse.previous import ReusePlan, plan_reuse
 from preprocess.transform import (
     ToRecordBatches,
@@ -203,7 +203,7 @@ def carried_in_audit(carried) -> dict:
     return {"carried_images": sorted_.signed, "carried_counts": sorted_.counts}
 
 
-def analysis_input(examples, carried_examples, referenced, incremental: bool):
+def analysis_input(examples, carried_examples, referenced_analysis, incremental: bool):
     """The train split's examples as the analysis reads them: moments and metadata, no pixels
     (transform.analysis_example).
 
@@ -211,16 +211,19 @@ def analysis_input(examples, carried_examples, referenced, incremental: bool):
     them. A Flatten of inputs made in several stages would end that stage: the local runner would
     hold every decoded example, pixels and all, until the analysis's own stage ran, and memory would
     grow with the corpus (benchmarks/RESULTS.md, issue 30's cost). So the carried-over examples of an
-    incremental run are flattened in only then, and only after the pixels are dropped."""
+    incremental run are flattened in only then, and only after the pixels are dropped. Those of the
+    referenced shards come as the analysis reads them (reuse.ReferencedFn)."""
     sources = {"Decoded": examples}
     if incremental:
-        sources.update({"Carried": carried_examples, "Referenced": referenced})
+        sources["Carried"] = carried_examples
     train = [
         collection
         | f"Train{name}" >> beam.Filter(lambda example: example["split"] == manifest_lib.TRAIN)
         | f"ForAnalysis{name}" >> beam.Map(analysis_example)
         for name, collection in sources.items()
     ]
+    if incremental:
+        train.append(referenced_analysis)
     if len(train) == 1:
         return train[0]
     return train | "TrainDecodedAndCarried" >> beam.Flatten()
@@ -236,7 +239,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
       version references as it is, "referenced_shards": a singleton set of those shards (relative paths)
     - "moved": {uri, from, to} of published images a named split moved
     - "published": (sha256, split) of the published images decoded again
-    - "carried_sizes": (width, height) of the source image of each one carried over (the ledger's)
+    - "carried_sizes": (width, height) of the source image of each one carried over by copy (the ledger's)
     - "failed": the ErrorRecords of the inputs whose bytes failed in the published version, carried over
 
     Without a version to reuse (a first run, a full rebuild), everything is decoded and the rest is empty.
@@ -270,15 +273,10 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
     )
     found = by_reference[1] | "FindCarried" >> reuse.FindCarriedRecords(plan.shard_paths(), intact)
     decode = (sorted_[reuse.DECODE], found["missing"]) | "ToDecode" >> beam.Flatten()
-    # The source sizes of the images carried over (not those sent back to decoding: they count as decoded).
-    carried_sizes = (
-        (
-            found["found"] | "FoundImages" >> beam.MapTuple(lambda carried, _: carried),
-            by_reference[0] | "ReferencedCarried" >> beam.MapTuple(lambda _, carried: carried),
-        )
-        | "CarriedForSizes" >> beam.Flatten()
-        | "CarriedSourceSizes"
-        >> beam.FlatMap(lambda carried: [carried.source_size] if carried.source_size else [])
+    # The source sizes of the images carried over by copy (not those sent back to decoding: they count as
+    # decoded; those of the referenced shards: reuse.ReferencedFn).
+    carried_sizes = found["found"] | "CarriedSourceSizes" >> beam.FlatMapTuple(
+        lambda carried, _: [carried.source_size] if carried.source_size else []
     )
     return {
         "decode": decode,
@@ -340,6 +338,11 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     )
     unique = deduplicated["unique"]
     reused = reuse_published(unique, plan)
+    # The carried images whose previous shard is referenced as it is: no record read, none written; their
+    # ledger line, their share of the statistics and of the counts, in one step (reuse.ReferencedFn).
+    referenced = reused["referenced"] | "Referenced" >> beam.ParDo(reuse.ReferencedFn()).with_outputs(
+        reuse.ANALYSIS, reuse.SIZES, reuse.OUTCOMES, main="ledger"
+    )
     audit = args.near_duplicates != NEAR_DUPLICATES_OFF
     # Without the audit, decoding, encoding and writing must run in one fused stage, so that no decoded
     # image ever crosses a stage boundary (the local runner would hold every one in memory). The
@@ -380,6 +383,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         (
             decoded.examples | "SourceSizes" >> beam.Map(source_size),
             reused["carried_sizes"],
+            referenced[reuse.SIZES],
         )
         | "AllSourceSizes" >> beam.Flatten()
         | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
@@ -412,14 +416,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         reuse.RelabelRecordFn(), beam.pvalue.AsSingleton(vocabulary)
     ).with_outputs("examples", "errors", main="records")
     error_collections.append(carried.errors)
-    # The carried images whose previous shard is referenced as it is: no record read, none written; their
-    # example (moments, ledger fields, the shard) counts in the statistics and the ledger.
-    referenced_images = reused["referenced"] | "ReferencedImages" >> beam.MapTuple(lambda _, image: image)
-    referenced = referenced_images | "ReferencedExamples" >> beam.Map(lambda image: image.example())
 
     with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
         transform_fn = (
-            analysis_input(examples, carried.examples, referenced, plan.incremental)
+            analysis_input(examples, carried.examples, referenced[reuse.ANALYSIS], plan.incremental)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.stored_size, args.encoding))
@@ -490,15 +490,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # one's keeps its shard. bfloat16 and float32 versions are never carried over (previous.py): no shard.
     if one_pass:
         ledger_lines = (
-            (
-                written["ledger"],
-                referenced_images
-                | "ReferencedEntries"
-                >> beam.Map(lambda image: entry_of({**image.example(), "shard": image.shard})),
-            )
-            | "LedgerEntries" >> beam.Flatten()
-            | "LedgerLines" >> beam.Map(entry_bytes)
-        )
+            written["ledger"] | "LedgerLines" >> beam.Map(entry_bytes),
+            referenced.ledger,
+        ) | "LedgerEntries" >> beam.Flatten()
     else:
         ledger_lines = (
             examples
@@ -528,12 +522,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         encoded_examples | "Written" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
         carried.records
         | "WrittenCarried" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
-        referenced
-        | "WrittenReferenced"
-        >> beam.Map(lambda example: outcomes.written(example["split"], example["label"])),
+        referenced[reuse.OUTCOMES],
         reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
         carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
-        referenced | "ReusedByReference" >> beam.Map(lambda _: outcomes.REUSED),
         reused["failed"] | "ReusedFailed" >> beam.Map(lambda _: outcomes.REUSED),
     ]
     if dropped is not None:

@@ -71,7 +71,7 @@ class KeyContentFn(beam.DoFn):
         self._fractions = fractions
         self._max_file_bytes = max_file_bytes
         # The previous version's ledger files, or the job's index of them (shared_index.SharedIndex): their
-        # (uri -> size, mtime, key) index, copied (or built) once per process.
+        # (uri -> size, mtime, key) index, opened (or built) once per process, copied once per machine.
         self._known_keys = known_keys if hasattr(known_keys, "copy_to") else tuple(known_keys)
         self._trusted = Metrics.counter("preprocess", "keys_trusted_by_stat")
         self._keyed = Metrics.counter("preprocess", "keyed")

@@ -1,24 +1,6 @@
-"""A version's ledger: one JSON line per image it wrote, what the next version reuses without decoding.
-
-    {"key": content key, "sha256": of the file, "uri", "label", "split", "moments": [6 floats],
-     "signature": the perceptual signature (absent when the audit was off),
-     "shard": the shard that holds its record, relative to the dataset directory (absent in ledgers
-              written before records were carried by reference, and for bfloat16/float32 versions),
-     "size", "mtime_ns": the local file's, when it was keyed (the next re-run's quick check; absent on GCS,
-              and for a file modified within seconds of its listing),
-     "source_size": [width, height] of the source image (the manifest's source_image_sizes count it)}
-
-`key` is the content key a listing gives (content.KeyContentFn: from the MD5), so a re-run matches
-its inputs to the ledger before reading any of them; `sha256` finds the record in the version's
-shards; `split` is the split the image was published in, which it keeps (splits never move);
-`moments` are its share of the statistics (transform.image_moments), exact, so that carried images
-count without their pixels (and `source_size` in the source sizes); `shard` lets the next version reference a shard whose every record is
-unchanged instead of copying it. Written as the error log is (shards.WriteErrorLog, prefix `ledger`);
-the manifest lists the files in `ledger_files`.
-
-An input whose bytes failed to decode has a line too, `{"key", "uri", "label", "failed": {"reason",
-"detail", "decoder"}, "size", "mtime_ns"}`: the next version carries the failure over without reading it
-again while its content, --max-pixels and the decoder (`decoder_version`) stay. `read_entries` yields the images only.
+"""A version's ledger: one JSON line per image it wrote (and per input whose bytes failed), what the next
+version reuses without decoding; and the quick check's index of it (KnownKeys). Its lines, field by field:
+docs/internals.md, `preprocess/reuse/`.
 """
 
 import contextlib
@@ -192,34 +174,71 @@ class KnownKeys:
     worker holds nothing that grows with the corpus (the dict took 384 MiB of RSS per million files; this
     index 3 MiB and its page cache, about 104 bytes a file on disk: benchmarks/RESULTS.md, issue 32).
 
-    `shared`: the job's index, built once by the launcher (shared_index.SharedIndex): this process copies it
-    (`copied_from` says from where) instead of building it from `paths`, unless it cannot be read here.
+    `shared`: the job's index, built once by the launcher (shared_index.SharedIndex): this process opens its
+    machine's copy of it (made by the first process of the machine; `copied_from` says from where) instead of
+    building it from `paths`, unless it cannot be read here.
     """
 
     # SQLite's page cache per connection (KiB): the index's pages beyond it are the OS's file cache.
     CACHE_KIB = 2048
 
     def __init__(self, paths, shared=None):
+        self._lock = threading.Lock()
+        self._held = self._connection = None
+        self.copied_from = None
+        if shared is not None and self._open_machine_copy(shared):
+            return
         directory = index_directory()
         path = os.path.join(directory, "known.sqlite")
         try:
-            self.copied_from = None if shared is None else shared.copy_to(path)
-            if self.copied_from is None:
-                write_index(paths, path)
-            self.bytes_on_disk = os.path.getsize(path)
-            # One read-only connection, shared by the runner's threads under a lock. The file is unlinked as
-            # soon as it is open: the OS frees it when the process ends, however it ends (a Beam worker
-            # subprocess exits without running atexit hooks, which left indexes behind in /tmp).
-            self._connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-            self._connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
+            write_index(paths, path)
+            # The file is unlinked as soon as it is open: the OS frees it when the process ends, however it
+            # ends (a Beam worker subprocess exits without running atexit hooks, which left indexes in /tmp).
+            self._open(path)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-        self._lock = threading.Lock()
+
+    def _open(self, path: str, immutable: bool = False):
+        # One read-only connection, shared by the runner's threads under a lock.
+        self.bytes_on_disk = os.path.getsize(path)
+        mode = "mode=ro&immutable=1" if immutable else "mode=ro"
+        self._connection = sqlite3.connect(f"file:{path}?{mode}", uri=True, check_same_thread=False)
+        self._connection.execute(f"PRAGMA cache_size = -{self.CACHE_KIB}")
+
+    def _open_machine_copy(self, shared) -> bool:
+        """Opens this machine's copy of the job's index (shared_index.py), made by this process or another of
+        this machine, and holds it; False when there is none to be had (then it is built)."""
+        from preprocess.reuse import shared_index  # noqa: PLC0415 - it imports this module
+
+        made = shared.machine_copy()
+        if made is None:
+            return False
+        path, self.copied_from = made
+        try:
+            self._held = shared_index.hold(path)
+            # Never written again once renamed into place: SQLite need not lock it.
+            self._open(path, immutable=True)
+        except (OSError, sqlite3.Error):
+            # Removed meanwhile (its job had ended: remove_unused_copies); build it.
+            self.remove()
+            self._held, self.copied_from = None, None
+            return False
+        return True
 
     @property
     def built(self) -> bool:
         """Whether this process built it from the ledger files (not copied from the launcher's)."""
         return self.copied_from is None
+
+    @property
+    def outcome(self) -> str:
+        """How this process came by it, as the job's metrics count it: built from the ledger, copied (this
+        machine's copy, made by this process), or shared (that copy, made by another process)."""
+        if self.copied_from is None:
+            return "built"
+        from preprocess.reuse import shared_index  # noqa: PLC0415
+
+        return "shared" if self.copied_from == shared_index.MACHINE else "copied"
 
     def get(self, uri: str):
         """(size, mtime_ns, content key) recorded for `uri`, or None."""
@@ -230,7 +249,10 @@ class KnownKeys:
         return None if row is None else (row[0], row[1], row[2].hex())
 
     def remove(self):
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
+        if self._held is not None:
+            self._held.close()
 
 
 def _known_rows(entries):
@@ -245,9 +267,9 @@ _known: dict = {}
 
 def known_keys(source) -> KnownKeys:
     """The KnownKeys of `source`, once per process: the ledger files (a tuple of paths), or the job's shared
-    index (a shared_index.SharedIndex, copied from the launcher's). The last one asked for is kept; its
-    connection is closed when another replaces it; its file was unlinked when it was opened. Counted in the
-    job's metrics (`quick_check_index_built`, `quick_check_index_copied`): per process, not per bundle."""
+    index (a shared_index.SharedIndex, copied from the launcher's once per machine). The last one asked for is
+    kept; its connection is closed when another replaces it. Counted in the job's metrics, per process, not per
+    bundle: `quick_check_index_built`, `_copied` (made its machine's copy), `_shared` (opened that copy)."""
     paths, shared = (source.ledger_files, source) if hasattr(source, "copy_to") else (tuple(source), None)
     with _known_lock:  # the runner's threads share one index, built by the first to ask
         if source not in _known:
@@ -255,6 +277,5 @@ def known_keys(source) -> KnownKeys:
                 index.remove()
             _known.clear()
             index = _known[source] = KnownKeys(paths, shared)
-            outcome = "built" if index.built else "copied"
-            Metrics.counter("preprocess", f"quick_check_index_{outcome}").inc()
+            Metrics.counter("preprocess", f"quick_check_index_{index.outcome}").inc()
         return _known[source]

@@ -1,24 +1,16 @@
-"""The quick check's index, built once per job: the launcher builds it (ledger.write_index) before the
-pipeline starts, and each worker process copies it instead of building it from the ledger (19 s per
-million inputs per process before; a copy of its 104 bytes an input: benchmarks/RESULTS.md, issue 32).
-
-    launcher: builds the file in a temporary directory, keeps it open, unlinks it (nothing to remove
-        however the launcher ends); on Dataflow, also uploads it to --temp_location, removed after the job
-    a worker process on the launcher's machine: copies /proc/<launcher pid>/fd/<fd>, once per process
-    a worker elsewhere (Dataflow): copies the uploaded file, once per process
-    neither readable, or not this job's (its token differs): builds it from the ledger files, as before
-
-Each worker opens its own copy, not the launcher's file: SQLite resolves a path's symbolic links, and
-/proc/<pid>/fd/<fd> links to the deleted name, which it cannot open. The copy is then opened and unlinked
-as a built one was (ledger.KnownKeys).
+"""The quick check's index, built once per job by the launcher (ledger.write_index), and made once per machine
+by copying it: the first worker process of a machine copies it, under a lock named by the job's token, the
+others of that machine open that copy. How, and why: docs/internals.md (inputs/content.py, the quick check).
 """
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import socket
 import sqlite3
+import tempfile
 import uuid
 import weakref
 
@@ -75,6 +67,76 @@ class SharedIndex:
                 os.unlink(path)
         return None
 
+    def machine_copy(self):
+        """(path, where from) of this machine's copy of the index: made by the first process to ask, under the
+        job's lock (a download, once per machine, not per process), opened by the rest (where from: MACHINE).
+        None: neither source can be read here; build it. Only the lock's holder writes the partial copy (a
+        process killed while it copies leaves it, and frees the lock: the next holder writes it anew), and
+        only a rename puts it under the name the others open."""
+        path, lock_path, partial = machine_paths(self.token)
+        if os.path.exists(path):
+            return path, MACHINE
+        with open(lock_path, "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # freed when closed, or when this process dies
+            if os.path.exists(path):
+                return path, MACHINE  # another process of this machine made it while this one waited
+            remove_unused_copies()
+            source = self.copy_to(partial)
+            if source is not None:
+                os.rename(partial, path)
+                return path, source
+        return None
+
+
+# Where from, for a process that opened the copy another process of its machine made.
+MACHINE = "this machine's copy"
+_COPY_PREFIX = "quick-check-job-"
+
+
+def machine_directory() -> str:
+    """Where a machine's copies go: a Beam SDK container's semi-persistent directory where its boot names one
+    (on Dataflow a directory of the VM that its SDK containers share, where /tmp is each container's own),
+    else the temporary directory."""
+    directory = os.environ.get("SEMI_PERSISTENT_DIRECTORY")
+    if directory and os.path.isdir(directory) and os.access(directory, os.W_OK):
+        return directory
+    return tempfile.gettempdir()
+
+
+def machine_paths(token: str) -> tuple[str, str, str]:
+    """This machine's copy of the index of the job `token`, its lock file, and its partial copy."""
+    base = os.path.join(machine_directory(), f"{_COPY_PREFIX}{token}")
+    return f"{base}.sqlite", f"{base}.lock", f"{base}.partial"
+
+
+def hold(path: str):
+    """`path` opened and held with a shared lock while this process reads the copy: remove_unused_copies
+    leaves it alone."""
+    handle = open(path, "rb")  # noqa: SIM115 - held as long as the index is open (KnownKeys.remove)
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    return handle
+
+
+def remove_unused_copies() -> None:
+    """Removes the copies of other jobs on this machine that no process copies (its lock) or holds (hold) any
+    more, and their partial copies: the job ended (a Dataflow VM ends with its job; a launcher on this
+    machine removes its own, release). The caller's own job is skipped: it holds its lock."""
+    directory = machine_directory()
+    for name in os.listdir(directory):
+        if not (name.startswith(_COPY_PREFIX) and name.endswith(".lock")):
+            continue
+        paths = machine_paths(name.removeprefix(_COPY_PREFIX).removesuffix(".lock"))
+        try:
+            with open(paths[1], "rb") as lock, contextlib.ExitStack() as held:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no process copying it
+                if os.path.exists(paths[0]):
+                    fcntl.flock(held.enter_context(open(paths[0], "rb")), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                for unused in paths:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(unused)
+        except OSError:
+            pass  # copied or read by a process now, or gone
+
 
 def _token(path: str) -> str | None:
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
@@ -114,6 +176,9 @@ class HeldIndex:
         """Ends the sharing: the file is freed; its uploaded copy removed (a worker that starts later
         builds the index itself)."""
         self._file.close()
+        for path in machine_paths(self.token):  # the copy this machine's worker processes made
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         if self.uploaded:
             with contextlib.suppress(Exception):
                 FileSystems.delete([self.uploaded])

@@ -1,19 +1,6 @@
 """The reuse steps of an incremental run: match the inputs to the previous version's ledger, then carry over
-the records of the unchanged ones, by reference to the previous version's shards where a whole shard is
-unchanged, else copied from them.
-
-    unique inputs (content key) + ledger (content key) -> SortByPublishedFn:
-        unchanged (same content, same label) -> carry   (never read nor decoded)
-        new, relabelled                      -> decode  (a published one keeps its split)
-        a published image a named split moves -> moved  (counted and named by the summary)
-        failed in the previous version (its bytes) -> failed (the same error record; never read)
-    carry, counted per previous shard (the ledger's `shard`) -> IntactShards: the shards whose every record
-        is carried as it was (same split, URI, label index): referenced by the new manifest, never opened
-    the other carried (sha256) + the records of the other previous shards (sha256) -> FindRecordFn:
-        the record as it was (its label index and URI rewritten where they changed), or, if the previous
-        version's shards lack it, the input back to decoding
-
-Why by reference: docs/preprocessing.md, "Re-runs".
+the records of the unchanged ones, by reference to the previous shards where a whole shard is unchanged, else
+copied from them. The flow, and why by reference: docs/internals.md, `preprocess/reuse/`.
 """
 
 import dataclasses
@@ -22,15 +9,19 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
 from preprocess import errors
+from preprocess.decode import outcomes
 from preprocess.reuse.ledger import (
     ReadLedger,
     decoder_version,
+    entry_bytes,
     entry_of,
     input_facts,
     is_failure,
     moments_bytes,
 )
+from preprocess.transform import analysis_example
 from preprocess.write.encode import label_not_in_train
 
 DECODE, CARRY, MOVED, PUBLISHED, FAILED = "decode", "carry", "moved", "published", "failed"
@@ -75,6 +66,22 @@ class CarriedImage:
             example["signature"] = self.entry["signature"]
         return example
 
+    def ledger_entry(self) -> dict:
+        """Its entry in the new ledger: as ledger.entry_of(self.example() and its shard) gives it, built from the
+        previous entry without the example's round trips (moments through numpy, facts through JSON)."""
+        image, before = self.image, self.entry
+        entry = {"key": image.key, "sha256": before["sha256"], "uri": image.uri, "label": image.label}
+        entry.update(split=image.split, moments=before["moments"])
+        if before.get("signature") not in (None, ""):
+            entry["signature"] = int(before["signature"])
+        if self.shard:
+            entry["shard"] = self.shard
+        if image.mtime_ns is not None and image.size is not None:
+            entry["size"], entry["mtime_ns"] = int(image.size), int(image.mtime_ns)
+        if self.source_size is not None:
+            entry["source_size"] = [int(side) for side in self.source_size]
+        return entry
+
     def signed(self):
         """As near-duplicate grouping takes it (a SignedImage): held in its split, with no part to route;
         None when the previous version kept no signature (its audit was off)."""
@@ -93,6 +100,32 @@ class CarriedImage:
             published_split=self.image.split,
             carried=True,
         )
+
+
+# ReferencedFn's outputs beside the ledger lines (main).
+ANALYSIS, SIZES, OUTCOMES = "analysis", "sizes", "outcomes"
+
+
+class ReferencedFn(beam.DoFn):
+    """(sha256, CarriedImage) of an image whose record stays in a previous shard the new version references ->
+    what the rest of the job takes of it, in one step rather than a step each (the per-image cost of a re-run
+    is in such steps: benchmarks/RESULTS.md, issue 32): its ledger line (main); ANALYSIS: its example as the
+    statistics' analysis reads it (train only: moments, no pixels); SIZES: its source image's (width, height);
+    OUTCOMES: written in its split and class, and reused."""
+
+    def process(self, element):
+        _, carried = element
+        image = carried.image
+        yield entry_bytes(carried.ledger_entry())
+        if image.split == manifest_lib.TRAIN:
+            analysed = {"moments": moments_bytes(carried.entry), "sha256": carried.entry["sha256"]}
+            yield beam.pvalue.TaggedOutput(
+                ANALYSIS, analysis_example({**analysed, "uri": image.uri, "label": image.label})
+            )
+        if carried.source_size is not None:
+            yield beam.pvalue.TaggedOutput(SIZES, carried.source_size)
+        yield beam.pvalue.TaggedOutput(OUTCOMES, outcomes.written(image.split, image.label))
+        yield beam.pvalue.TaggedOutput(OUTCOMES, outcomes.REUSED)
 
 
 class SortByPublishedFn(beam.DoFn):
@@ -133,7 +166,8 @@ class SortByPublishedFn(beam.DoFn):
         if split != entry["split"]:
             # A split the input names wins, even over the published one; the summary says so.
             yield beam.pvalue.TaggedOutput(MOVED, {"uri": image.uri, "from": entry["split"], "to": split})
-        image = dataclasses.replace(image, split=split)
+        if split != image.split:
+            image = dataclasses.replace(image, split=split)
         if image.label != entry["label"]:
             # Relabelled: written again with its new label, in the split it was published in.
             yield beam.pvalue.TaggedOutput(PUBLISHED, (entry["sha256"], split))

@@ -1,7 +1,9 @@
 """The quick check's index is built once per job (reuse/shared_index.py): the launcher builds it, each worker
-process copies it instead of building it from the ledger (a real Beam run with two worker processes; a
-worker elsewhere copies the upload, on the GCS emulator); a worker that cannot read the launcher's (it has
-ended) builds it as before; nothing is left in /tmp, and a file left by a killed process is removed."""
+process opens its machine's copy instead of building it from the ledger (a real Beam run with two worker
+processes; a worker elsewhere copies the upload, on the GCS emulator); the worker processes of one Dataflow VM
+download it once, and one killed as it downloads leaves nothing the others open; a worker that cannot read
+the launcher's (it has ended) builds it as before; nothing is left in /tmp, and a file left by a killed
+process is removed."""
 
 import dataclasses
 import json
@@ -111,3 +113,122 @@ def test_a_copy_left_by_a_worker_killed_while_writing_it_is_removed_by_the_next(
     held = shared_index.HeldIndex([ledger_file])
     held.close()
     assert sorted(os.listdir(scratch)) == [f"quick-check-{os.getpid()}-def", "quick-check-other"]
+
+
+# A worker process on a Dataflow VM: it opens its machine's copy of the index (`json` of the SharedIndex in
+# argv[1]), then prints where it came from; with argv[2] == "die", it stops as the copy is complete, before it
+# is renamed into place, and waits to be killed.
+WORKER = """
+import json, os, sys, time
+from preprocess.reuse import ledger, shared_index
+fields = json.loads(sys.argv[1])
+shared = shared_index.SharedIndex(**{**fields, "ledger_files": tuple(fields["ledger_files"])})
+if sys.argv[2] == "die":
+    def rename(*_):
+        print("copied", flush=True)
+        time.sleep(600)
+    os.rename = rename
+index = ledger.known_keys(shared)
+print(json.dumps({"copied_from": index.copied_from, "entry": index.get(sys.argv[3])}), flush=True)
+"""
+
+
+def _worker(shared, uri, scratch, env, mode="open", **more_env):
+    fields = json.dumps(dataclasses.asdict(shared))
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, fields, mode, uri],
+        env={**env, "TMPDIR": str(scratch), "PYTHONPATH": os.getcwd(), **more_env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _reads(faults, held):
+    """The reads of the index's upload (a download is more than one: Beam's reader reads on past the end)."""
+    return sum(1 for read in faults.forwarded_reads if read.name == held.uploaded.split("/", 3)[3])
+
+
+def _reads_of_a_download(faults, shared, held, tmp_path):
+    before = _reads(faults, held)
+    assert shared.copy_to(str(tmp_path / "one-download.sqlite")) == held.uploaded
+    return _reads(faults, held) - before
+
+
+def test_the_worker_processes_of_a_dataflow_vm_download_the_index_once(gcs_dir, gcs_read_faults, tmp_path):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    held = shared_index.HeldIndex([ledger_file], upload_dir=f"{gcs_dir}/temp")
+    elsewhere = dataclasses.replace(held.shared, machine="another-worker/boot")
+    # Two SDK containers of one VM, as on Dataflow: each its own /tmp, the VM's semi-persistent directory shared.
+    shared_dir, containers = (
+        tmp_path / "semi-persistent",
+        [tmp_path / "container-1", tmp_path / "container-2"],
+    )
+    for directory in (shared_dir, *containers):
+        directory.mkdir()
+    workers = [
+        _worker(
+            elsewhere, records[1].uri, tmp, gcs_read_faults.env, SEMI_PERSISTENT_DIRECTORY=str(shared_dir)
+        )
+        for tmp in containers
+    ]
+    said = [json.loads(worker.communicate(timeout=120)[0]) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0]
+    assert all(process["entry"] == [11, OLD_NS, f"{1:064x}"] for process in said)
+    by_workers = _reads(gcs_read_faults, held)
+    assert by_workers == _reads_of_a_download(gcs_read_faults, elsewhere, held, tmp_path)  # one per VM
+    assert sorted(process["copied_from"] for process in said) == sorted([shared_index.MACHINE, held.uploaded])
+    # One file on the VM, named by the job, and its lock; no partial copy.
+    assert sorted(os.listdir(shared_dir)) == [
+        f"quick-check-job-{held.token}.{end}" for end in ("lock", "sqlite")
+    ]
+    held.close()
+
+
+def test_a_worker_killed_while_it_downloads_the_index_leaves_no_copy_that_another_opens(
+    gcs_dir, gcs_read_faults, tmp_path, monkeypatch
+):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    held = shared_index.HeldIndex([ledger_file], upload_dir=f"{gcs_dir}/temp")
+    elsewhere = dataclasses.replace(held.shared, machine="another-worker/boot")
+    scratch = tmp_path / "vm-tmp"
+    scratch.mkdir()
+    dying = _worker(elsewhere, records[1].uri, scratch, gcs_read_faults.env, mode="die")
+    assert dying.stdout.readline() == "copied\n"  # downloaded, under the lock, not yet renamed into place
+    dying.kill()  # kill -9: the lock is freed with the process, its partial file stays
+    dying.wait()
+    # Its partial copy, never under the name the other processes open.
+    assert sorted(_indexes(scratch)) == [f"quick-check-job-{held.token}.{end}" for end in ("lock", "partial")]
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    ledger._known.clear()
+    index = ledger.known_keys(elsewhere)  # the next worker process of that VM downloads it again
+    assert index.copied_from == held.uploaded and index.get(records[2].uri) == (12, OLD_NS, f"{2:064x}")
+    by_workers = _reads(gcs_read_faults, held)
+    assert by_workers == 2 * _reads_of_a_download(gcs_read_faults, elsewhere, held, tmp_path)
+    # The partial copy written anew and renamed: the copy, its lock.
+    assert sorted(_indexes(scratch)) == [f"quick-check-job-{held.token}.{end}" for end in ("lock", "sqlite")]
+    index.remove()
+    ledger._known.clear()
+    held.close()
+    assert _indexes(scratch) == []
+
+
+def test_a_machine_copy_no_process_holds_is_removed_by_the_next_job_on_that_machine(tmp_path, monkeypatch):
+    records, ledger_file = _inputs_and_ledger(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    for job in ("ended", "running"):  # copies of two earlier jobs, as their worker processes left them
+        (scratch / f"quick-check-job-{job}.sqlite").write_bytes(b"index")
+        (scratch / f"quick-check-job-{job}.lock").write_bytes(b"")
+    (scratch / "quick-check-job-killed.lock").write_bytes(b"")  # a job whose only copier was killed
+    (scratch / "quick-check-job-killed.partial").write_bytes(b"ind")
+    held = shared_index.hold(str(scratch / "quick-check-job-running.sqlite"))  # a process still reads it
+    job = shared_index.HeldIndex([ledger_file])
+    path, source = job.shared.machine_copy()
+    assert source == f"/proc/{os.getpid()}/fd/{job.shared.fd}"
+    assert sorted(os.listdir(scratch)) == sorted(
+        [f"quick-check-job-{name}.{end}" for name in ("running", job.token) for end in ("lock", "sqlite")]
+    )
+    held.close()
+    job.close()  # the job ends: its launcher removes its machine's copy
+    assert sorted(os.listdir(scratch)) == ["quick-check-job-running.lock", "quick-check-job-running.sqlite"]
