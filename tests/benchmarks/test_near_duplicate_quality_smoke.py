@@ -1,6 +1,6 @@
 """benchmarks/near_duplicate_quality.py runs at a tiny size: every kind is scored, the threshold is chosen on
 the tuning half, the held-out half goes through FindNearDuplicateGroups, and the sample shape corpus's
-distinct images are checked for false pairs. No figure is asserted beyond
+distinct images and scikit-learn's digits are checked for false pairs. No figure is asserted beyond
 what a tiny corpus must give: the full-size ones are in benchmarks/RESULTS.md."""
 
 import pytest
@@ -30,5 +30,11 @@ def test_near_duplicate_quality_runs_at_tiny_size(capsys):
     shapes = report["shape_corpus"]
     assert shapes["images"] == 100 and shapes["pairs"] == 100 * 99 // 2
     assert shapes["false_pairs"] == 0, shapes["listed"]
+    # scikit-learn's digits: distinct scans, some with grey hashes within the default, none near.
+    digits = report["digits"]
+    assert digits["images"] == digits["distinct_scans"] == near_duplicate_quality.TINY_DIGITS
+    assert digits["false_pairs"] == 0
+    assert 0 < digits["pairs_grey_only"] <= digits["pairs_grey_or_mirrored"]
     out = capsys.readouterr().out
     assert "signature / load" in out and "FindNearDuplicateGroups" in out and "sample shape corpus" in out
+    assert "scikit-learn's digits" in out
