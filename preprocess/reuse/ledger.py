@@ -4,6 +4,7 @@ docs/internals.md, `preprocess/reuse/`.
 """
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -22,6 +23,9 @@ from preprocess import errors
 LEDGER = "ledger"
 # Failures of the bytes themselves (not of the path, nor of a size that may have changed since): the same
 # content fails the same way under the same --max-pixels, so a re-run carries them over.
+# Where from, for a process that opened the machine's copy of the index another process of it made.
+MACHINE = "this machine's copy"
+
 CARRIED_FAILURES = (errors.NOT_AN_IMAGE, errors.TRUNCATED, errors.DECODE_ERROR, errors.TOO_MANY_PIXELS)
 
 
@@ -208,14 +212,12 @@ class KnownKeys:
     def _open_machine_copy(self, shared) -> bool:
         """Opens this machine's copy of the job's index (shared_index.py), made by this process or another of
         this machine, and holds it; False when there is none to be had (then it is built)."""
-        from preprocess.reuse import shared_index  # noqa: PLC0415 - it imports this module
-
         made = shared.machine_copy()
         if made is None:
             return False
         path, self.copied_from = made
         try:
-            self._held = shared_index.hold(path)
+            self._held = hold(path)
             # Never written again once renamed into place: SQLite need not lock it.
             self._open(path, immutable=True)
         except (OSError, sqlite3.Error):
@@ -236,9 +238,7 @@ class KnownKeys:
         machine's copy, made by this process), or shared (that copy, made by another process)."""
         if self.copied_from is None:
             return "built"
-        from preprocess.reuse import shared_index  # noqa: PLC0415
-
-        return "shared" if self.copied_from == shared_index.MACHINE else "copied"
+        return "shared" if self.copied_from == MACHINE else "copied"
 
     def get(self, uri: str):
         """(size, mtime_ns, content key) recorded for `uri`, or None."""
@@ -279,3 +279,11 @@ def known_keys(source) -> KnownKeys:
             index = _known[source] = KnownKeys(paths, shared)
             Metrics.counter("preprocess", f"quick_check_index_{index.outcome}").inc()
         return _known[source]
+
+
+def hold(path: str):
+    """`path` opened and held with a shared lock while this process reads the copy: remove_unused_copies
+    leaves it alone."""
+    handle = open(path, "rb")  # noqa: SIM115 - held as long as the index is open (KnownKeys.remove)
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    return handle

@@ -69,17 +69,17 @@ class SharedIndex:
 
     def machine_copy(self):
         """(path, where from) of this machine's copy of the index: made by the first process to ask, under the
-        job's lock (a download, once per machine, not per process), opened by the rest (where from: MACHINE).
+        job's lock (a download, once per machine, not per process), opened by the rest (where from: ledger.MACHINE).
         None: neither source can be read here; build it. Only the lock's holder writes the partial copy (a
         process killed while it copies leaves it, and frees the lock: the next holder writes it anew), and
         only a rename puts it under the name the others open."""
         path, lock_path, partial = machine_paths(self.token)
         if os.path.exists(path):
-            return path, MACHINE
+            return path, ledger.MACHINE
         with open(lock_path, "ab") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # freed when closed, or when this process dies
             if os.path.exists(path):
-                return path, MACHINE  # another process of this machine made it while this one waited
+                return path, ledger.MACHINE  # another process of this machine made it while this one waited
             remove_unused_copies()
             source = self.copy_to(partial)
             if source is not None:
@@ -88,8 +88,6 @@ class SharedIndex:
         return None
 
 
-# Where from, for a process that opened the copy another process of its machine made.
-MACHINE = "this machine's copy"
 _COPY_PREFIX = "quick-check-job-"
 
 
@@ -109,16 +107,8 @@ def machine_paths(token: str) -> tuple[str, str, str]:
     return f"{base}.sqlite", f"{base}.lock", f"{base}.partial"
 
 
-def hold(path: str):
-    """`path` opened and held with a shared lock while this process reads the copy: remove_unused_copies
-    leaves it alone."""
-    handle = open(path, "rb")  # noqa: SIM115 - held as long as the index is open (KnownKeys.remove)
-    fcntl.flock(handle, fcntl.LOCK_SH)
-    return handle
-
-
 def remove_unused_copies() -> None:
-    """Removes the copies of other jobs on this machine that no process copies (its lock) or holds (hold) any
+    """Removes the copies of other jobs on this machine that no process copies (its lock) or holds (ledger.hold) any
     more, and their partial copies: the job ended (a Dataflow VM ends with its job; a launcher on this
     machine removes its own, release). The caller's own job is skipped: it holds its lock."""
     directory = machine_directory()

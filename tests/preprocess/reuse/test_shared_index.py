@@ -176,7 +176,7 @@ def test_the_worker_processes_of_a_dataflow_vm_download_the_index_once(gcs_dir, 
     assert all(process["entry"] == [11, OLD_NS, f"{1:064x}"] for process in said)
     by_workers = _reads(gcs_read_faults, held)
     assert by_workers == _reads_of_a_download(gcs_read_faults, elsewhere, held, tmp_path)  # one per VM
-    assert sorted(process["copied_from"] for process in said) == sorted([shared_index.MACHINE, held.uploaded])
+    assert sorted(process["copied_from"] for process in said) == sorted([ledger.MACHINE, held.uploaded])
     # One file on the VM, named by the job, and its lock; no partial copy.
     assert sorted(os.listdir(shared_dir)) == [
         f"quick-check-job-{held.token}.{end}" for end in ("lock", "sqlite")
@@ -222,7 +222,7 @@ def test_a_machine_copy_no_process_holds_is_removed_by_the_next_job_on_that_mach
         (scratch / f"quick-check-job-{job}.lock").write_bytes(b"")
     (scratch / "quick-check-job-killed.lock").write_bytes(b"")  # a job whose only copier was killed
     (scratch / "quick-check-job-killed.partial").write_bytes(b"ind")
-    held = shared_index.hold(str(scratch / "quick-check-job-running.sqlite"))  # a process still reads it
+    held = ledger.hold(str(scratch / "quick-check-job-running.sqlite"))  # a process still reads it
     job = shared_index.HeldIndex([ledger_file])
     path, source = job.shared.machine_copy()
     assert source == f"/proc/{os.getpid()}/fd/{job.shared.fd}"
