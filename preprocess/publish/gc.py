@@ -123,24 +123,21 @@ class _Collector:
     # ---------------------------------------------------------------- the log
 
     def head(self):
-        """(sequence, run id, retained entries, commits listed) of the published dataset."""
-        commits = [
-            (commit_log.commit_sequence(item.name), item)
-            for item in self.store.list(f"{manifest_lib.MANIFESTS_DIR}/", delimiter=True).objects
-        ]
-        commits = sorted((sequence, item) for sequence, item in commits if sequence is not None)
-        if commits:
-            data = self.store.read(commits[-1][1].name)
-            sequence = commits[-1][0]
-        else:
-            data, sequence = self.store.read(commit_log.HINT_FILE), 0
+        """(sequence, manifest, commits listed) of the published dataset (dataset_contract.commit_log's reader;
+        the commits are its listing's objects, with their update times)."""
+        files = protocol.StoreFiles(self.store)
         try:
-            manifest = json.loads(data.decode("utf-8")) if data is not None else None
-        except ValueError:
-            manifest = None
-        if commit_log.is_hint(manifest):
-            manifest = None
-        return sequence, manifest, commits
+            published = commit_log.read_published(self.store.root, files)
+        except manifest_lib.ManifestError:  # format 3's pointer to an empty log, or a head that vanished
+            published = None
+        commits = sorted(
+            (sequence, item)
+            for item in files.listed
+            if (sequence := commit_log.commit_sequence(item.name)) is not None
+        )
+        if published is None:
+            return (commits[-1][0] if commits else 0), None, commits
+        return published.sequence, published.manifest(), commits
 
     def remove_old_commits(self, commits):
         """Commits below the head whose successor is older than the grace period."""
