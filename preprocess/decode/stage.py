@@ -8,7 +8,7 @@ from apache_beam.metrics import Metrics
 
 from preprocess import errors
 from preprocess.decode.failure_budget import FailureBudget
-from preprocess.decode.image import load_image_with_source
+from preprocess.decode.image import load_image_and_source_size, load_image_with_source
 from preprocess.inputs.content import UniqueInput
 from preprocess.inputs.reading import read_file_bytes
 from preprocess.launch.progress import ProgressCounter
@@ -58,13 +58,16 @@ class DecodeImagesFn(beam.DoFn):
     def _load(self, data: bytes | bytearray):
         """(resized pixels, source (width, height), the perceptual signature of the source or None)."""
         try:
-            pixels, size, source = load_image_with_source(
-                data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
-            )
             if not self._signatures:
+                pixels, size = load_image_and_source_size(
+                    data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
+                )
                 return pixels, size, None
             from preprocess.near_duplicates.signature import source_signature  # noqa: PLC0415 - only when on
 
+            pixels, size, source = load_image_with_source(
+                data, size=self._image_size, method=self._resize_method, max_pixels=self._max_pixels
+            )
             return pixels, size, source_signature(source, size)
         except (errors.ImageError, MemoryError):
             raise
