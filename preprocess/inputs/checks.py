@@ -82,15 +82,11 @@ def check_output_outside_input(input_spec: str, output: str, output_flag: str = 
 
 def _local_folder_has_image(folder: str) -> bool | None:
     """True if an image is anywhere below `folder`, False if none is, None if SURVEY_LIMIT names showed none."""
-    seen = 0
-    for _, subdirectories, names in os.walk(folder):
-        subdirectories[:] = [name for name in subdirectories if inputs.is_input_name(name)]
-        for name in names:
-            if inputs.is_image_name(name) and inputs.is_input_name(name):
-                return True
-            seen += 1
-            if seen >= SURVEY_LIMIT:
-                return None
+    for seen, (_, name) in enumerate(inputs.walk_files(folder), 1):
+        if inputs.is_image_name(name) and inputs.is_input_name(name):
+            return True
+        if seen >= SURVEY_LIMIT:
+            return None
     return False
 
 

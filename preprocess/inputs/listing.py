@@ -33,6 +33,7 @@ from preprocess.inputs.rules import (  # noqa: F401 - some re-exported: the list
     parse_manifest_line,
     parse_manifest_rows,
     tree_splits,
+    walk_files,
 )
 
 _GCS_PREFIX = "gs://"
@@ -204,11 +205,8 @@ def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str, split: str | 
 
 def _list_local_subtree(folder: str, label: str, split: str | None = None):
     """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
-    for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
-        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
-        yield from _local_items(
-            ((os.path.join(directory, name), name) for name in names if is_input_name(name)), label, split
-        )
+    files = ((path, name) for path, name in walk_files(folder) if is_input_name(name))
+    yield from _local_items(files, label, split)
 
 
 def list_range(listing_range: ListingRange):

@@ -320,6 +320,15 @@ def _list_gcs_level(folder: str, start: str | None = None, end: str | None = Non
     return listing, prefix, bucket
 
 
+def walk_files(folder: str):
+    """(path, name) of every file below a local folder, at any depth, hidden folders and debris left out (not
+    its files: the caller filters, and counts); not through symlinked folders (os.walk)."""
+    for directory, subdirectories, names in os.walk(folder):
+        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
+        for name in sorted(names):
+            yield os.path.join(directory, name), name
+
+
 def list_level(folder: str) -> tuple[list[tuple[str, str]], list[str]]:
     """(sorted (name, path) of the folders, sorted names of the files) directly below `folder`, hidden names
     and OS debris left out; locally not through a symlink, as Beam's local match (os.walk) never was."""

@@ -22,11 +22,9 @@ _BYTES_PER_PIXEL = {features.UINT8: 3.0, features.BFLOAT16: 6.0, features.FLOAT3
 
 def _image_names(folder: str):
     """Image files below a local folder, hidden ones left out, in walk order."""
-    for directory, subdirectories, names in os.walk(folder):
-        subdirectories[:] = sorted(name for name in subdirectories if input_rules.is_input_name(name))
-        for name in sorted(names):
-            if input_rules.is_input_name(name) and input_rules.is_image_name(name):
-                yield os.path.join(directory, name)
+    for path, name in input_rules.walk_files(folder):
+        if input_rules.is_input_name(name) and input_rules.is_image_name(name):
+            yield path
 
 
 def _local_tree_images(root: str):
