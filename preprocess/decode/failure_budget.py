@@ -18,26 +18,18 @@ class KnownOutcomesFn(beam.CombineFn):
     """(kind, reason) items -> {"found": n, "unique": n, "failed": {reason: n}}: what is settled before decoding."""
 
     def create_accumulator(self):
-        return {FOUND: 0, UNIQUE: 0, FAILED: collections.Counter()}
+        return collections.Counter()
 
     def add_input(self, accumulator, item):
-        kind, reason = item
-        if kind == FAILED:
-            accumulator[FAILED][reason] += 1
-        else:
-            accumulator[kind] += 1
+        accumulator[tuple(item)] += 1
         return accumulator
 
     def merge_accumulators(self, accumulators):
-        merged = self.create_accumulator()
-        for accumulator in accumulators:
-            merged[FOUND] += accumulator[FOUND]
-            merged[UNIQUE] += accumulator[UNIQUE]
-            merged[FAILED].update(accumulator[FAILED])
-        return merged
+        return sum(accumulators, collections.Counter())
 
     def extract_output(self, accumulator):
-        return {FOUND: accumulator[FOUND], UNIQUE: accumulator[UNIQUE], FAILED: dict(accumulator[FAILED])}
+        failed = {reason: count for (kind, reason), count in accumulator.items() if kind == FAILED}
+        return {FOUND: accumulator[(FOUND, None)], UNIQUE: accumulator[(UNIQUE, None)], FAILED: failed}
 
 
 class FailureBudget:

@@ -15,9 +15,15 @@ BMP = "bmp"
 WEBP = "webp"
 FORMATS = (JPEG, PNG, GIF, BMP, WEBP)
 
-# PIL's plugin names: opening with only the sniffed plugin means a file is
-# never parsed by a decoder it was not meant for.
-_PIL_FORMAT = {JPEG: "JPEG", PNG: "PNG", GIF: "GIF", BMP: "BMP", WEBP: "WEBP"}
+# (offset, magic bytes) of each format's content; WebP's RIFF header also needs "WEBP" at 8.
+_MAGIC = (
+    (JPEG, 0, b"\xff\xd8\xff"),
+    (PNG, 0, b"\x89PNG\r\n\x1a\n"),
+    (GIF, 0, b"GIF87a"),
+    (GIF, 0, b"GIF89a"),
+    (BMP, 0, b"BM"),
+    (WEBP, 8, b"WEBP"),
+)
 
 # Raise it when a change here may accept bytes it rejected before (or reject others): a re-run then reads
 # again the inputs whose decoding failed, instead of carrying their failure over (reuse/ledger.py).
@@ -46,16 +52,9 @@ _WHOLE_RESIZE_MAX_WINDOWS = 4
 
 def sniff_format(data: bytes) -> str | None:
     """The image format by content (magic bytes), whatever the file is named."""
-    if data[:3] == b"\xff\xd8\xff":
-        return JPEG
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return PNG
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return GIF
-    if data[:2] == b"BM":
-        return BMP
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return WEBP
+    for image_format, offset, magic in _MAGIC:
+        if data[offset : offset + len(magic)] == magic and (image_format != WEBP or data[:4] == b"RIFF"):
+            return image_format
     return None
 
 
@@ -86,12 +85,7 @@ def load_image_and_source_size(
     data: bytes, *, size: int, method: str, max_pixels: int
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """As `load_image`, plus the upright source image's (width, height), from the same decode."""
-    image, (height, width) = _decode(data, size, method, max_pixels)
-    # The geometry comes from the full-resolution size, not the DCT-scaled one
-    # (whose sides are rounded up to whole pixels), so it is the same with or
-    # without scaling, and the same as the serving signature computes.
-    target_shape = geometry.resized_shape(height, width, size, method)
-    return _resize_to_target(image, target_shape, size, method), (width, height)
+    return load_image_with_source(data, size=size, method=method, max_pixels=max_pixels)[:2]
 
 
 def load_image_with_source(
@@ -100,6 +94,8 @@ def load_image_with_source(
     """As `load_image_and_source_size`, plus the decoded upright RGB source image itself (possibly at a
     JPEG DCT scale): the near-duplicate signature is taken from it, not from the resized pixels."""
     image, (height, width) = _decode(data, size, method, max_pixels)
+    # From the full-resolution size, not the DCT-scaled one (its sides rounded up): the same geometry with
+    # or without scaling, and the serving signature's.
     target_shape = geometry.resized_shape(height, width, size, method)
     return _resize_to_target(image, target_shape, size, method), (width, height), image
 
@@ -129,7 +125,8 @@ def _decode(data: bytes, target_size: int | None, method: str, max_pixels: int):
 
     reader = _ShortReadTrackingBytesIO(data)
     try:
-        image = Image.open(reader, formats=[_PIL_FORMAT[image_format]])
+        # Only the sniffed plugin (PIL's name is the upper case): never a decoder the file was not meant for.
+        image = Image.open(reader, formats=[image_format.upper()])
     except Image.DecompressionBombError as error:
         raise errors.ImageError(errors.TOO_MANY_PIXELS, str(error)) from None
     except MemoryError:
@@ -225,16 +222,12 @@ def _decode_failure(error: Exception, image_format: str, data: bytes, *, header_
         or header_hit_end
         # libwebp only says "could not create decoder object"; the RIFF header
         # says how long the file should be.
-        or (image_format == WEBP and _riff_declared_length(data) > len(data))
+        or (image_format == WEBP and 8 + int.from_bytes(data[4:8], "little") > len(data))
     )
     reason = errors.TRUNCATED if truncated else errors.DECODE_ERROR
     if isinstance(error, UnidentifiedImageError):
         message = f"not a valid {image_format} header"
     return errors.ImageError(reason, f"{image_format}: {message}")
-
-
-def _riff_declared_length(data: bytes) -> int:
-    return 8 + int.from_bytes(data[4:8], "little")
 
 
 class _ShortReadTrackingBytesIO(io.RawIOBase):

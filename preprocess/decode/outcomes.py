@@ -26,41 +26,33 @@ def skipped(item) -> tuple:
     return (_SKIPPED, item.extension, bool(item.at_root))
 
 
+# The outcomes counted as they are, by the count's key.
+_COUNT_KEYS = {
+    FOUND: "num_found",
+    DUPLICATE: "num_duplicates",
+    NEAR_DUPLICATE: "num_near_duplicates",
+    DECODED: "num_decoded",
+    REUSED: "num_reused",
+}
+
+
 def tally(outcome_counts) -> dict:
     """(outcome, count) pairs -> finalize.build_manifest's counts (num_found, num_duplicates, failures,
     class_counts, skipped_by_extension, ...); an outcome nothing had counts 0."""
-    num_found = num_duplicates = num_near_duplicates = skipped_at_root = num_decoded = num_reused = 0
-    failures, class_counts, skipped_by_extension = {}, [], {}
+    counts = dict.fromkeys(_COUNT_KEYS.values(), 0)
+    counts.update(failures={}, class_counts=[], skipped_by_extension={}, skipped_at_root=0)
     for outcome, count in outcome_counts:
-        if outcome == FOUND:
-            num_found += count
-        elif outcome == DUPLICATE:
-            num_duplicates += count
-        elif outcome == NEAR_DUPLICATE:
-            num_near_duplicates += count
-        elif outcome == DECODED:
-            num_decoded += count
-        elif outcome == REUSED:
-            num_reused += count
+        if outcome in _COUNT_KEYS:
+            counts[_COUNT_KEYS[outcome]] += count
         elif outcome[0] == _FAILED:
-            failures[outcome[1]] = failures.get(outcome[1], 0) + count
+            counts["failures"][outcome[1]] = counts["failures"].get(outcome[1], 0) + count
         elif outcome[0] == _WRITTEN:
-            class_counts.append(((outcome[1], outcome[2]), count))
+            counts["class_counts"].append(((outcome[1], outcome[2]), count))
+        elif outcome[0] == _SKIPPED and outcome[2]:
+            counts["skipped_at_root"] += count
         elif outcome[0] == _SKIPPED:
-            if outcome[2]:
-                skipped_at_root += count
-            else:
-                skipped_by_extension[outcome[1]] = skipped_by_extension.get(outcome[1], 0) + count
+            by_extension = counts["skipped_by_extension"]
+            by_extension[outcome[1]] = by_extension.get(outcome[1], 0) + count
         else:
             raise ValueError(f"unknown outcome {outcome!r}")
-    return {
-        "num_found": num_found,
-        "num_duplicates": num_duplicates,
-        "num_near_duplicates": num_near_duplicates,
-        "num_decoded": num_decoded,
-        "num_reused": num_reused,
-        "failures": failures,
-        "class_counts": class_counts,
-        "skipped_by_extension": skipped_by_extension,
-        "skipped_at_root": skipped_at_root,
-    }
+    return counts

@@ -1,5 +1,7 @@
 """The manifest's `source_image_sizes`: how large the decoded source images were, before resizing."""
 
+import bisect
+
 import apache_beam as beam
 
 # Upper bounds (inclusive) of the longest-side bins; None: larger than the last.
@@ -8,17 +10,16 @@ LONGEST_SIDE_BINS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, None)
 
 def longest_side_bin(width: int, height: int) -> int:
     """The index in LONGEST_SIDE_BINS of an image's longest side."""
-    side = max(width, height)
-    for index, upto in enumerate(LONGEST_SIDE_BINS[:-1]):
-        if side <= upto:
-            return index
-    return len(LONGEST_SIDE_BINS) - 1
+    return bisect.bisect_left(LONGEST_SIDE_BINS[:-1], max(width, height))
 
 
-def _order(size):
-    # By pixels, then by width: the same smallest and largest whatever order images come in.
-    width, height = size
-    return width * height, width, height
+def _pick(size, other, sign: int):
+    """Of two sizes (either None), the smaller (sign 1) or larger (-1) by pixels, then width, then height:
+    the same smallest and largest whatever order images come in."""
+    if size is None or other is None:
+        return size or other
+    order = [(sign * w * h, sign * w, sign * h) for w, h in (size, other)]
+    return other if order[1] < order[0] else size
 
 
 class SourceImageSizesFn(beam.CombineFn):
@@ -31,19 +32,14 @@ class SourceImageSizesFn(beam.CombineFn):
         count, smallest, largest, bins = accumulator
         size = (int(size[0]), int(size[1]))
         bins[longest_side_bin(*size)] += 1
-        smallest = size if smallest is None or _order(size) < _order(smallest) else smallest
-        largest = size if largest is None or _order(size) > _order(largest) else largest
-        return count + 1, smallest, largest, bins
+        return count + 1, _pick(smallest, size, 1), _pick(largest, size, -1), bins
 
     def merge_accumulators(self, accumulators):
         count, smallest, largest, bins = self.create_accumulator()
         for other_count, other_smallest, other_largest, other_bins in accumulators:
             count += other_count
             bins = [a + b for a, b in zip(bins, other_bins, strict=True)]
-            if other_smallest is not None and (smallest is None or _order(other_smallest) < _order(smallest)):
-                smallest = other_smallest
-            if other_largest is not None and (largest is None or _order(other_largest) > _order(largest)):
-                largest = other_largest
+            smallest, largest = _pick(smallest, other_smallest, 1), _pick(largest, other_largest, -1)
         return count, smallest, largest, bins
 
     def extract_output(self, accumulator):

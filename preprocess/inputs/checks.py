@@ -1,5 +1,6 @@
 """What is checked about --input and --output before a job starts, so that a mistake costs seconds, not a run."""
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -81,15 +82,11 @@ def check_output_outside_input(input_spec: str, output: str, output_flag: str = 
 
 def _local_folder_has_image(folder: str) -> bool | None:
     """True if an image is anywhere below `folder`, False if none is, None if SURVEY_LIMIT names showed none."""
-    seen = 0
-    for _, subdirectories, names in os.walk(folder):
-        subdirectories[:] = [name for name in subdirectories if inputs.is_input_name(name)]
-        for name in names:
-            if inputs.is_image_name(name) and inputs.is_input_name(name):
-                return True
-            seen += 1
-            if seen >= SURVEY_LIMIT:
-                return None
+    for seen, (_, name) in enumerate(inputs.walk_files(folder), 1):
+        if inputs.is_image_name(name) and inputs.is_input_name(name):
+            return True
+        if seen >= SURVEY_LIMIT:
+            return None
     return False
 
 
@@ -176,12 +173,8 @@ def survey_directory(root: str, labels=None) -> InputSurvey:
             found = list(pool.map(_gcs_folder_has_image, [path for _, path in folders]))
     else:
         found = [_local_folder_has_image(path) for _, path in folders]
-
-    def class_of(name):  # a pre-split tree's "split/class" -> "class"
-        return name.rsplit("/", 1)[-1]
-
-    classes = sorted(
-        {class_of(name) for (name, _), has in zip(folders, found, strict=True) if has is not False}
+    classes = sorted(  # a pre-split tree's "split/class" -> "class"
+        {name.rsplit("/", 1)[-1] for (name, _), has in zip(folders, found, strict=True) if has is not False}
     )
     empty = [name for (name, _), has in zip(folders, found, strict=True) if has is False]
     if labels:
@@ -273,8 +266,7 @@ def survey_manifest(path: str, labels=None) -> InputSurvey:
             "folder of class folders."
         )
     lines, complete = manifest_sample(path)
-    layout = inputs.detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
-    items = [item for line in lines for item in inputs.parse_manifest_line(line, kind, path, layout)]
+    items = list(inputs.parse_manifest_rows(lines, kind, path))
     if labels:
         items = list(inputs.filter_labels(items, labels))
     records = [item for item in items if isinstance(item, inputs.InputRecord)]
@@ -283,9 +275,7 @@ def survey_manifest(path: str, labels=None) -> InputSurvey:
     if not items:
         raise InputError(f"--input {path}: the manifest lists no image (it is empty, or only a header).")
     if not records:
-        by_reason = {}
-        for failure in failures:
-            by_reason[failure.reason] = by_reason.get(failure.reason, 0) + 1
+        by_reason = collections.Counter(failure.reason for failure in failures)
         counts = ", ".join(f"{reason} {count}" for reason, count in sorted(by_reason.items()))
         columns = (
             "a header naming the columns (uri/path/filename/file/image, label/class/category, split)"

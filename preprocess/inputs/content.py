@@ -18,10 +18,7 @@ from preprocess.reuse.ledger import known_keys
 
 @dataclasses.dataclass(frozen=True)
 class UniqueInput:
-    """One distinct image: where to read it, its class and its split.
-
-    Its sha256 is computed by the read that decodes it (preprocess/decode/stage.py).
-    """
+    """One distinct image: where to read it, its class and its split (its sha256: taken by the decode's read)."""
 
     uri: str
     label: str
@@ -39,16 +36,8 @@ class UniqueInput:
 
     @classmethod
     def of(cls, copy) -> "UniqueInput":
-        """The UniqueInput of one keyed copy of an image (a record whose content key is known)."""
-        return cls(
-            uri=copy.uri,
-            label=copy.label,
-            split=copy.split,
-            size=copy.size,
-            split_given=copy.split_given,
-            key=copy.key,
-            mtime_ns=copy.mtime_ns,
-        )
+        """The UniqueInput of one keyed copy of an image (an InputRecord whose content key is known)."""
+        return cls(**{field.name: getattr(copy, field.name) for field in dataclasses.fields(cls)})
 
 
 def _digest_or_error(read, record: InputRecord):
@@ -375,13 +364,9 @@ class SeparateSharedKeysFn(beam.DoFn):
 
 
 class DeduplicateByContent(beam.PTransform):
-    """InputRecords -> UniqueInputs (main), plus 'errors' and 'duplicates' outputs (see the module docstring).
-
-    `max_file_bytes`: files larger than this are `too_large` errors, never read (None: no limit).
-    `known_keys`: the previous version's ledger files, or the job's index of them (shared_index.share); a
-    local file whose size and mtime are those recorded there is keyed by the recorded key, without being read
-    (trusted_key). Empty: every file is keyed from its bytes (or GCS's MD5).
-    """
+    """InputRecords -> {"unique": UniqueInputs, "errors", "duplicates"}. `max_file_bytes`: larger files are
+    `too_large` errors, never read (None: no limit). `known_keys`: the previous version's ledger files or
+    their index (shared_index.share), whose keys a local file of the recorded size and mtime takes unread."""
 
     def __init__(self, fractions: dict[str, float], max_file_bytes: int | None = None, known_keys=()):
         super().__init__()

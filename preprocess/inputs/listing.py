@@ -14,17 +14,15 @@ from apache_beam.metrics import Metrics
 from preprocess import errors, filesystem
 from preprocess.inputs.listing_plan import plan_boundaries
 from preprocess.inputs.reading import md5_hex
-from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's rules, for its callers
+from preprocess.inputs.rules import (  # noqa: F401 - some re-exported: the listing's rules, for its callers
     CSV,
     DIRECTORY,
-    IMAGE_EXTENSIONS,
     JSONL,
     InputRecord,
     ManifestLayout,
     MixedTreeError,
     SkippedFile,
     _list_gcs_level,
-    _split_gcs,
     detect_manifest_layout,
     extension_of,
     filter_labels,
@@ -34,8 +32,8 @@ from preprocess.inputs.rules import (  # noqa: F401 - re-exported: the listing's
     list_level,
     parse_manifest_line,
     parse_manifest_rows,
-    split_name,
     tree_splits,
+    walk_files,
 )
 
 _GCS_PREFIX = "gs://"
@@ -43,21 +41,10 @@ _GCS_PREFIX = "gs://"
 # ----------------------------------------------------------------------------- a class-per-folder tree
 
 
-def _gcs_client(uri: str):
-    # Beam's own GCS client, built from the job's options (credentials, impersonation, the emulator in
-    # tests), one per thread and reused: a large folder's planning sends hundreds of small listings.
-    return filesystem.gcs_io(uri).client
-
-
-def _top_folders(root: str):
-    """(name, folder uri) for every folder directly below `root`, hidden ones left out."""
-    return list_level(root)[0]
-
-
 def tree_roots(root: str) -> list[tuple[str | None, str]]:
     """(split, folder) of the folders whose sub-folders are the classes: [(None, root)] for a class tree,
     one per split folder for a pre-split tree (input_rules.tree_splits; MixedTreeError for a mix)."""
-    folders = list(_top_folders(root))
+    folders = list_level(root)[0]
     splits = tree_splits(name for name, _ in folders)
     if splits is None:
         return [(None, root.rstrip("/"))]
@@ -76,7 +63,7 @@ def list_class_folders(root: str):
     """A ClassFolder for every class folder of the tree at `root` (below it, or below each split folder of a
     pre-split tree), in no particular order."""
     for split, top in tree_roots(root):
-        for name, folder in _top_folders(top):
+        for name, folder in list_level(top)[0]:
             yield ClassFolder(name, folder, split)
 
 
@@ -186,38 +173,40 @@ def _file_item(uri: str, name: str, label: str, size, md5: str | None = None, sp
     return SkippedFile(uri, extension_of(name))
 
 
+def _blob_item(bucket: str, blob, name: str, label: str, split: str | None):
+    """_file_item of a listed GCS object (its size and MD5 from the listing)."""
+    return _file_item(
+        f"{_GCS_PREFIX}{bucket}/{blob.name}", name, label, blob.size, md5_hex(blob.md5_hash), split
+    )
+
+
+def _local_items(paths, label: str, split: str | None):
+    """_file_item of each (path, name) of local files, stat'ed (through a link to a file: the file's)."""
+    for path, name in paths:
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            continue  # a dangling link, as Beam's local match skipped it; or a file gone since
+        yield _file_item(path, name, label, size, split=split)
+
+
 def _list_gcs_subtree(folder_prefix: str, bucket: str, label: str, split: str | None = None):
     """Every file below gs://bucket/folder_prefix, at any depth (one listing without a delimiter)."""
-    listing = _gcs_client(f"{_GCS_PREFIX}{bucket}").list_blobs(
+    # Beam's own GCS client, built from the job's options (credentials, the emulator in tests), per thread.
+    listing = filesystem.gcs_io(f"{_GCS_PREFIX}{bucket}").client.list_blobs(
         bucket, prefix=folder_prefix, fields="items(name,size,md5Hash),nextPageToken"
     )
     for blob in listing:
         relative = blob.name[len(folder_prefix) :]
         # A name ending in "/" is a folder's placeholder object; a hidden folder's files are passed over.
         if relative and not relative.endswith("/") and all(map(is_input_name, relative.split("/"))):
-            yield _file_item(
-                f"{_GCS_PREFIX}{bucket}/{blob.name}",
-                relative,
-                label,
-                blob.size,
-                md5_hex(blob.md5_hash),
-                split,
-            )
+            yield _blob_item(bucket, blob, relative, label, split)
 
 
 def _list_local_subtree(folder: str, label: str, split: str | None = None):
     """Every file below a local sub-folder of a class folder, at any depth, hidden folders left out."""
-    for directory, subdirectories, names in os.walk(folder):  # not through symlinked folders
-        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
-        for name in names:
-            if not is_input_name(name):
-                continue
-            path = os.path.join(directory, name)
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                continue  # a dangling link, or a file gone since
-            yield _file_item(path, name, label, size, split=split)
+    files = ((path, name) for path, name in walk_files(folder) if is_input_name(name))
+    yield from _local_items(files, label, split)
 
 
 def list_range(listing_range: ListingRange):
@@ -232,14 +221,7 @@ def list_range(listing_range: ListingRange):
             # "" is the folder's own placeholder object. `holds`: GCS bounds the listing already; the
             # check keeps a server that ignores the offsets (the tests' emulator) from listing a file twice.
             if is_input_name(name) and listing_range.holds(name):
-                yield _file_item(
-                    f"{_GCS_PREFIX}{bucket}/{blob.name}",
-                    name,
-                    label,
-                    blob.size,
-                    md5_hex(blob.md5_hash),
-                    split,
-                )
+                yield _blob_item(bucket, blob, name, label, split)
         for subfolder in sorted(listing.prefixes):  # complete once the items are consumed
             name = subfolder[len(prefix) :].rstrip("/")
             if is_input_name(name) and listing_range.holds(name):
@@ -251,14 +233,8 @@ def list_range(listing_range: ListingRange):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 yield from _list_local_subtree(entry.path, label, split)
-                continue
-            if entry.is_dir():
-                continue  # a link to a folder: not followed, as os.walk does not
-            try:
-                size = entry.stat().st_size  # through a link to a file: the file's
-            except FileNotFoundError:
-                continue  # a dangling link, as Beam's local match skipped it; or a file gone since
-            yield _file_item(os.path.join(folder, entry.name), entry.name, label, size, split=split)
+            elif not entry.is_dir():  # a link to a folder is not followed, as os.walk does not
+                yield from _local_items([(os.path.join(folder, entry.name), entry.name)], label, split)
 
 
 def list_class_files(class_folder):
@@ -271,8 +247,7 @@ def list_class_files(class_folder):
 
 
 def list_directory_tree(root: str):
-    """Every image at `root/<class>/.../<file>` (or `root/<split>/<class>/...`), the class taken from the
-    folder name (one process, streamed)."""
+    """Every image of the tree at `root` (list_class_files of each class folder), in one process, streamed."""
     for class_folder in list_class_folders(root):
         yield from list_class_files(class_folder)
 

@@ -2,6 +2,7 @@
 
 import base64
 import contextlib
+import functools
 import hashlib
 import os
 
@@ -15,15 +16,13 @@ _GCS_PREFIX = "gs://"
 _LOCAL_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-def _gcs_deterministic_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from google.api_core import exceptions as api_exceptions
-    except ImportError:  # Beam without its [gcp] extra: no gs:// paths either
-        return ()
-    return (api_exceptions.NotFound, api_exceptions.Forbidden)
+try:
+    from google.api_core import exceptions as _api_exceptions
 
-
-_DETERMINISTIC_READ_ERRORS = _LOCAL_PATH_ERRORS + _gcs_deterministic_errors() + (NotImplementedError,)
+    _GCS_PATH_ERRORS = (_api_exceptions.NotFound, _api_exceptions.Forbidden)
+except ImportError:  # Beam without its [gcp] extra: no gs:// paths either
+    _GCS_PATH_ERRORS = ()
+_DETERMINISTIC_READ_ERRORS = _LOCAL_PATH_ERRORS + _GCS_PATH_ERRORS + (NotImplementedError,)
 
 
 def is_deterministic_read_failure(exc: BaseException) -> bool:
@@ -173,45 +172,26 @@ def _gcs_whole(uri: str, limit: int | None, size: int | None = None) -> bytearra
     return buffer.finished()
 
 
-def _gcs_chunks(uri: str, limit: int | None):
-    """A GCS object's bytes in ranged downloads of _READ_CHUNK_BYTES, up to `limit` bytes in all."""
-    offset = 0
-    while limit is None or offset < limit:
-        length = _READ_CHUNK_BYTES if limit is None else min(_READ_CHUNK_BYTES, limit - offset)
-        chunk = _gcs_range(uri, offset, length)
-        if chunk:
-            yield chunk
-        offset += len(chunk)
-        if len(chunk) < length:
-            return
-
-
 def hash_file(uri: str, max_bytes: int | None = None, algorithm: str = "sha256") -> tuple[str, int]:
     """(hex digest, size in bytes) of a file, read in chunks; failures as for `read_file_bytes`."""
     digest = hashlib.new(algorithm)
     size = 0
     limit = None if max_bytes is None else max_bytes + 1
-    with _unreadable_if_deterministic():
-        if _is_gcs(uri):
-            chunks = _gcs_chunks(uri, limit)
+    with _unreadable_if_deterministic(), contextlib.ExitStack() as stack:
+        if _is_gcs(uri):  # ranged downloads of _READ_CHUNK_BYTES
+            read = functools.partial(_gcs_range, uri)
         else:
-            chunks = _local_chunks(uri, limit)
-        for chunk in chunks:
+            handle = stack.enter_context(_open(uri))
+            read = lambda _, length: handle.read(length)  # noqa: E731 - the local read, as _gcs_range's
+        while limit is None or size < limit:
+            length = _READ_CHUNK_BYTES if limit is None else min(_READ_CHUNK_BYTES, limit - size)
+            chunk = read(size, length)
             digest.update(chunk)
             size += len(chunk)
+            if len(chunk) < length:
+                break
     _check_size(uri, size, max_bytes)
     return digest.hexdigest(), size
-
-
-def _local_chunks(uri: str, limit: int | None):
-    with _open(uri) as handle:
-        read = 0
-        while limit is None or read < limit:
-            chunk = handle.read(_READ_CHUNK_BYTES if limit is None else min(_READ_CHUNK_BYTES, limit - read))
-            if not chunk:
-                return
-            read += len(chunk)
-            yield chunk
 
 
 def content_key(

@@ -231,12 +231,10 @@ def parse_manifest_line(line: str, kind: str, manifest_path: str, layout: Manife
     yield _record_from_fields(fields, line, manifest_path)
 
 
-def parse_manifest_rows(text: str, kind: str, manifest_path: str, layout: ManifestLayout | None = None):
-    """InputRecord or ErrorRecord for each line of a manifest held in memory (small manifests, tools).
-
-    Without `layout`, the first line gives it (detect_manifest_layout).
-    """
-    lines = text.splitlines()
+def parse_manifest_rows(text, kind: str, manifest_path: str, layout: ManifestLayout | None = None):
+    """InputRecord or ErrorRecord for each line of a manifest held in memory (its text, or its lines); without
+    `layout`, the first line gives it (detect_manifest_layout)."""
+    lines = text.splitlines() if isinstance(text, str) else text
     if layout is None:
         layout = detect_manifest_layout(next((line for line in lines if line.strip()), None), kind)
     for line in lines:
@@ -244,15 +242,11 @@ def parse_manifest_rows(text: str, kind: str, manifest_path: str, layout: Manife
 
 
 def _record_from_row(row, layout: ManifestLayout, line: str, manifest_path: str):
-    """A CSV row, its columns picked by `layout`."""
+    """A CSV row, its columns picked by `layout` (without a header or an index column: uri,label[,split])."""
     expected = layout.num_columns
-    if expected is None and (len(row) < 2 or len(row) > 3):
-        return errors.ErrorRecord(
-            manifest_path,
-            errors.BAD_MANIFEST_ROW,
-            f"expected 'uri,label[,split]', got {len(row)} fields: {_quoted(line)}",
-        )
-    if expected is not None and not max(layout.uri, layout.label) < len(row) <= expected:
+    if expected is None:
+        return _record_from_fields(row, line, manifest_path)
+    if not max(layout.uri, layout.label) < len(row) <= expected:
         return errors.ErrorRecord(
             manifest_path,
             errors.BAD_MANIFEST_ROW,
@@ -324,6 +318,15 @@ def _list_gcs_level(folder: str, start: str | None = None, end: str | None = Non
         fields=_LEVEL_FIELDS,
     )
     return listing, prefix, bucket
+
+
+def walk_files(folder: str):
+    """(path, name) of every file below a local folder, at any depth, hidden folders and debris left out (not
+    its files: the caller filters, and counts); not through symlinked folders (os.walk)."""
+    for directory, subdirectories, names in os.walk(folder):
+        subdirectories[:] = sorted(name for name in subdirectories if is_input_name(name))
+        for name in sorted(names):
+            yield os.path.join(directory, name), name
 
 
 def list_level(folder: str) -> tuple[list[tuple[str, str]], list[str]]:

@@ -22,40 +22,27 @@ _BYTES_PER_PIXEL = {features.UINT8: 3.0, features.BFLOAT16: 6.0, features.FLOAT3
 
 def _image_names(folder: str):
     """Image files below a local folder, hidden ones left out, in walk order."""
-    for directory, subdirectories, names in os.walk(folder):
-        subdirectories[:] = sorted(name for name in subdirectories if input_rules.is_input_name(name))
-        for name in sorted(names):
-            if input_rules.is_input_name(name) and input_rules.is_image_name(name):
-                yield os.path.join(directory, name)
+    for path, name in input_rules.walk_files(folder):
+        if input_rules.is_input_name(name) and input_rules.is_image_name(name):
+            yield path
 
 
 def _local_tree_images(root: str):
     """(a few images of each class folder, round robin up to SAMPLE_IMAGES; a count of all up to COUNT_LIMIT)."""
-    class_folders = []
-    for top in sorted(os.scandir(root), key=lambda entry: entry.name):
-        if not (top.is_dir(follow_symlinks=False) and input_rules.is_input_name(top.name)):
-            continue
-        if top.name.lower() in input_rules.SPLIT_FOLDER_NAMES:  # a pre-split tree: the classes are inside
-            class_folders += [
-                entry.path
-                for entry in sorted(os.scandir(top.path), key=lambda entry: entry.name)
-                if entry.is_dir(follow_symlinks=False) and input_rules.is_input_name(entry.name)
-            ]
-        else:
-            class_folders.append(top.path)
+    class_folders = [
+        folder
+        for name, top in input_rules.list_level(root)[0]
+        # A pre-split tree's split folder: the classes are inside.
+        for folder in (
+            [path for _, path in input_rules.list_level(top)[0]]
+            if name.lower() in input_rules.SPLIT_FOLDER_NAMES
+            else [top]
+        )
+    ]
     firsts = [list(itertools.islice(_image_names(folder), SAMPLE_IMAGES)) for folder in class_folders]
     sample = [uri for row in itertools.zip_longest(*firsts) for uri in row if uri][:SAMPLE_IMAGES]
     count = sum(1 for _ in itertools.islice(itertools.chain(*map(_image_names, class_folders)), COUNT_LIMIT))
     return sample, count
-
-
-def _manifest_images(path: str, records: list):
-    """(the first SAMPLE_IMAGES records' URIs, a count of the manifest's rows up to COUNT_LIMIT)."""
-    count = None
-    if not path.startswith("gs://"):
-        with open(path, "rb") as handle:
-            count = sum(1 for line in itertools.islice(handle, COUNT_LIMIT) if line.strip())
-    return [record.uri for record in records[:SAMPLE_IMAGES]], count
 
 
 def _source_size(uri: str) -> tuple[int, int] | None:
@@ -72,11 +59,6 @@ def _source_size(uri: str) -> tuple[int, int] | None:
             return image.size
     except Exception:  # noqa: BLE001 - a broken source is the job's to report, with its reason
         return None
-
-
-def _needed_side(size: tuple[int, int], resize_method: str) -> int:
-    # crop scales the short side to the square; pad scales the long side.
-    return min(size) if resize_method == geometry.CROP else max(size)
 
 
 def estimated_bytes(num_images: int, stored_size: int, encoding: str) -> float:
@@ -103,7 +85,8 @@ def upscale_warning(
     sizes = [size for size in map(_source_size, uris) if size]
     if not sizes:
         return None
-    sides = sorted(_needed_side(size, resize_method) for size in sizes)
+    # crop scales the short side to the square; pad scales the long side.
+    sides = sorted(min(size) if resize_method == geometry.CROP else max(size) for size in sizes)
     smaller = sum(side < stored_size for side in sides)
     if smaller * 2 <= len(sides):
         return None
@@ -150,16 +133,15 @@ def check_image_size(
 
         lines, _ = input_checks.manifest_sample(input_spec)
         kind = input_rules.input_kind(input_spec)
-        layout = input_rules.detect_manifest_layout(
-            next((line for line in lines if line.strip()), None), kind
-        )
-        records = [
-            item
-            for line in lines
-            for item in input_rules.parse_manifest_line(line, kind, input_spec, layout)
+        uris = [
+            item.uri
+            for item in input_rules.parse_manifest_rows(lines, kind, input_spec)
             if isinstance(item, input_rules.InputRecord) and (not labels or item.label in labels)
-        ]
-        uris, count = _manifest_images(input_spec, records)
+        ][:SAMPLE_IMAGES]
+        count = None  # the manifest's rows, up to COUNT_LIMIT (local ones only)
+        if not input_spec.startswith("gs://"):
+            with open(input_spec, "rb") as handle:
+                count = sum(1 for line in itertools.islice(handle, COUNT_LIMIT) if line.strip())
     return upscale_warning(uris, count, stored_size, crop_size, resize_method, encoding)
 
 

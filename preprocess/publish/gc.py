@@ -1,10 +1,6 @@
-"""Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs.
-
-A run's directory goes whole, and only once no version kept (the newest, a retained one, a leased one)
-names a file in it: an incremental version references earlier runs' shards (protocol.referenced_runs).
-
-The command is `python -m preprocess.gc` (preprocess/gc.py); publishing calls `collect_garbage` too.
-"""
+"""Garbage collection of a dataset directory: remove what no commit, retention promise or live lease needs
+(a run's directory whole, once no kept version names a file in it). `python -m preprocess.gc` runs it;
+publishing calls `collect_garbage` too."""
 
 import dataclasses
 import datetime
@@ -68,7 +64,7 @@ class Report:
             until = (
                 "their hold is released"
                 if self.waiting_until == dataset_store.NEVER
-                else _timestamp(self.waiting_until)
+                else _utc(self.waiting_until).strftime("%Y-%m-%dT%H:%M:%SZ")
             )
             lines.append(
                 f"  {self.waiting} objects wait for the bucket's retention (until {until} at the latest); a "
@@ -82,10 +78,6 @@ class Report:
         if self.more:
             lines.append("  more to do than this call's budget: run it again")
         return lines
-
-
-def _timestamp(seconds: float) -> str:
-    return _utc(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Collector:
@@ -123,34 +115,21 @@ class _Collector:
     # ---------------------------------------------------------------- the log
 
     def head(self):
-        """(sequence, run id, retained entries, commits listed) of the published dataset."""
-        commits = [
-            (commit_log.commit_sequence(item.name), item)
-            for item in self.store.list(f"{manifest_lib.MANIFESTS_DIR}/", delimiter=True).objects
-        ]
-        commits = sorted((sequence, item) for sequence, item in commits if sequence is not None)
-        if commits:
-            data = self.store.read(commits[-1][1].name)
-            sequence = commits[-1][0]
-        else:
-            data, sequence = self.store.read(commit_log.HINT_FILE), 0
+        """(sequence, manifest, commits listed) of the published dataset (dataset_contract.commit_log's reader;
+        the commits are its listing's objects, with their update times)."""
+        files = protocol.StoreFiles(self.store)
         try:
-            manifest = json.loads(data.decode("utf-8")) if data is not None else None
-        except ValueError:
-            manifest = None
-        if commit_log.is_hint(manifest):
-            manifest = None
-        return sequence, manifest, commits
-
-    def remove_old_commits(self, commits):
-        """Commits below the head whose successor is older than the grace period."""
-        old = [
-            stored
-            for (_, stored), (_, successor) in zip(commits, commits[1:], strict=False)
-            if self.now - successor.updated > COMMIT_GRACE_SECONDS
-        ]
-        if old:
-            self.delete(old)
+            published = commit_log.read_published(self.store.root, files)
+        except manifest_lib.ManifestError:  # format 3's pointer to an empty log, or a head that vanished
+            published = None
+        commits = sorted(
+            (sequence, item)
+            for item in files.listed
+            if (sequence := commit_log.commit_sequence(item.name)) is not None
+        )
+        if published is None:
+            return (commits[-1][0] if commits else 0), None, commits
+        return published.sequence, published.manifest(), commits
 
     # ---------------------------------------------------------------- runs
 
@@ -164,10 +143,7 @@ class _Collector:
         with_files = {prefix.split("/")[1] for prefix in runs.prefixes}
         with_staging = {prefix.split("/")[1] for prefix in staging.prefixes}
         with_leases = {prefix.split("/")[1] for prefix in leased.prefixes}
-        markers = {}
-        for stored in runs.objects:
-            owner, _, kind = stored.name.split("/")[-1].partition(".")
-            markers.setdefault(owner, []).append((kind.split(".")[0], stored))
+        markers = _markers(runs.objects)
         run_ids = sorted(
             run_id for run_id in with_files | with_staging | with_leases | set(markers) if is_run_id(run_id)
         )
@@ -198,7 +174,14 @@ class _Collector:
         self.remove_temporary(staging)
         if manifest is not None:
             self.remove_format1_files(manifest)
-        self.remove_old_commits(commits)
+        # Commits below the head whose successor is older than the grace period.
+        old = [
+            stored
+            for (_, stored), (_, successor) in zip(commits, commits[1:], strict=False)
+            if self.now - successor.updated > COMMIT_GRACE_SECONDS
+        ]
+        if old:
+            self.delete(old)
         if not self.dry_run and commits:
             try:
                 protocol.copy_head_to_dataset_json(self.store)
@@ -249,10 +232,7 @@ class _Collector:
         if run_id > head_run:
             # A run that started before the head can never commit (commit.py): only a later one may be
             # publishing now, and only its markers count.
-            if any(
-                kind == PUBLISHING_MARKER and protocol.marker_is_live(stored, self.now)
-                for kind, stored in markers
-            ):
+            if self.publishing(markers):
                 return f"run {run_id}: it is publishing"
             started = datetime.datetime.strptime(run_id.split("Z-")[0], "%Y%m%dT%H%M%S%f")
             age = self.now - started.replace(tzinfo=datetime.timezone.utc).timestamp()
@@ -261,6 +241,13 @@ class _Collector:
         if self.live_lease(run_id):
             return f"run {run_id}: a training job holds a live lease on it ({leases.LEASES_DIR}/{run_id}/)"
         return None
+
+    def publishing(self, markers) -> bool:
+        """Whether a live publishing marker is among a run's `markers` ((kind, stored) pairs)."""
+        return any(
+            kind == PUBLISHING_MARKER and protocol.marker_is_live(stored, self.now)
+            for kind, stored in markers
+        )
 
     def lease_names(self, run_id) -> list:
         return self.store.list(leases.run_leases_dir(run_id) + "/").objects
@@ -336,18 +323,19 @@ class _Collector:
         if leases.live_holders(names, now):
             self.report.kept.append(f"run {run_id}: a training job took a lease on it just now")
             return False
-        if may_publish:
-            publishing = self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.{PUBLISHING_MARKER}.").objects
-            if any(protocol.marker_is_live(stored, self.now) for stored in publishing):
-                self.report.kept.append(f"run {run_id}: it is publishing")
-                return False
-        if self.head()[0] != sequence:
+        if may_publish and self.publishing(
+            _markers(self.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects).get(run_id, [])
+        ):
+            self.report.kept.append(f"run {run_id}: it is publishing")
+            return False
+        head_sequence, head_manifest, _ = self.head()
+        if head_sequence != sequence:
             self.report.kept.append(f"run {run_id}: a commit was made meanwhile (a later call decides)")
             return False
         # Looked at after the marker too: a run publishing now may reference this run's shards (its publish
         # step looks for this marker after writing its own: one of the two sees the other). Only a run that
         # started after the head can still commit (commit.py).
-        head_run = protocol.published_run_id(self.head()[1])
+        head_run = protocol.published_run_id(head_manifest)
         publishing = [
             stored
             for stored in self.store.list(f"{manifest_lib.RUNS_DIR}/", delimiter=True).objects
@@ -428,6 +416,15 @@ class _Collector:
             self.delete(stale)
 
 
+def _markers(objects) -> dict:
+    """{run id: [(kind, stored)]} of the markers among `objects` (runs/<run id>.<kind>.<...>)."""
+    markers = {}
+    for stored in objects:
+        owner, _, kind = stored.name.split("/")[-1].partition(".")
+        markers.setdefault(owner, []).append((kind.split(".")[0], stored))
+    return markers
+
+
 def _utc(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
 
@@ -445,14 +442,8 @@ def remove_run(output_dir: str, run_id: str) -> bool:
     head_run = protocol.published_run_id(manifest)
     if run_id == head_run or collector.live_lease(run_id) or run_id in protocol.referenced_runs(manifest):
         return False
-    markers = [
-        (stored.name.split("/")[-1].split(".")[1], stored)
-        for stored in collector.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects
-    ]
-    if run_id > head_run and any(
-        kind == PUBLISHING_MARKER and protocol.marker_is_live(stored, collector.now)
-        for kind, stored in markers
-    ):
+    markers = _markers(collector.store.list(f"{manifest_lib.RUNS_DIR}/{run_id}.").objects).get(run_id, [])
+    if run_id > head_run and collector.publishing(markers):
         return False
     collector.remove_run(run_id, sequence, markers, run_id > head_run)
     return run_id in collector.report.removed_runs

@@ -48,7 +48,10 @@ def pause_point(name: str, run_id: str):
 
 
 class StoreFiles:
-    """dataset_contract.commit_log's `Files` over a dataset_store (whose names are relative to its root)."""
+    """dataset_contract.commit_log's `Files` over a dataset_store (whose names are relative to its root);
+    `listed`: the objects of its last listing."""
+
+    listed = ()
 
     def __init__(self, store):
         self._store = store
@@ -59,8 +62,8 @@ class StoreFiles:
 
     def list_names(self, directory: str) -> list[str]:
         prefix = self._relative(directory).rstrip("/") + "/"
-        listing = self._store.list(prefix, delimiter=True)
-        return [item.name[len(prefix) :] for item in listing.objects]
+        self.listed = self._store.list(prefix, delimiter=True).objects
+        return [item.name[len(prefix) :] for item in self.listed]
 
     def read(self, path: str) -> bytes | None:
         return self._store.read(self._relative(path))

@@ -20,10 +20,6 @@ _STORAGE_DTYPES = {
 }
 
 
-def _column_values(batch, name) -> list:
-    return batch.column(name).flatten().to_pylist()
-
-
 def encode_jpeg(pixels: bytes, image_size: int, quality: int) -> bytes:
     image = Image.frombuffer("RGB", (image_size, image_size), pixels, "raw", "RGB", 0, 1)
     out = io.BytesIO()
@@ -37,21 +33,17 @@ def serialize_example(payload: bytes, label: int, class_name: bytes, sha256: byt
     """One record of the dataset (docs/dataset_format.md), serialized."""
     import tensorflow as tf  # already loaded after the first record: a dictionary lookup
 
-    def bytes_feature(value: bytes) -> tf.train.Feature:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    example = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                features.IMAGE: bytes_feature(payload),
-                features.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                features.CLASS_NAME: bytes_feature(class_name),
-                features.SHA256: bytes_feature(sha256),
-                features.URI: bytes_feature(uri),
-            }
+    feature = {
+        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        for name, value in (
+            (features.IMAGE, payload),
+            (features.CLASS_NAME, class_name),
+            (features.SHA256, sha256),
+            (features.URI, uri),
         )
-    )
-    return example.SerializeToString()
+    }
+    feature[features.LABEL] = tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def label_not_in_train(uri: str, class_name: str, split: str) -> errors.ErrorRecord:
@@ -76,13 +68,8 @@ def image_payloads(batch, encoding: str, image_size: int, jpeg_quality: int) -> 
 
 
 class EncodeExamplesFn(beam.DoFn):
-    """(RecordBatch, passthrough) of one split -> EncodedExample tuples.
-
-    Main output: (split, serialized example, class name). 'errors': rows whose class
-    has no training example (the vocabulary is learned on train, so such a row
-    has label -1 and nothing to learn it from). The manifest's statistics are
-    read from the transform graph itself (transform_output.read_normalization).
-    """
+    """(RecordBatch, passthrough) of one split -> (split, serialized example, class name); 'errors': rows
+    whose class has no train example (label -1: the vocabulary is learned on train)."""
 
     def __init__(self, split: str, encoding: str, image_size: int, jpeg_quality: int):
         self._split = split
@@ -97,14 +84,10 @@ class EncodeExamplesFn(beam.DoFn):
         batch = element[0] if isinstance(element, tuple) else element
         if batch.num_rows == 0:
             return
-        labels = _column_values(batch, features.LABEL)
-        class_names = _column_values(batch, features.CLASS_NAME)
-        hashes = _column_values(batch, features.SHA256)
-        uris = _column_values(batch, features.URI)
+        columns = (features.LABEL, features.CLASS_NAME, features.SHA256, features.URI)
+        values = [batch.column(name).flatten().to_pylist() for name in columns]
         payloads = image_payloads(batch, self._encoding, self._image_size, self._jpeg_quality)
-        for label, class_name, sha256, uri, payload in zip(
-            labels, class_names, hashes, uris, payloads, strict=True
-        ):
+        for label, class_name, sha256, uri, payload in zip(*values, payloads, strict=True):
             if label < 0:
                 self._progress_failed.inc()
                 yield beam.pvalue.TaggedOutput(
@@ -118,14 +101,8 @@ class EncodeExamplesFn(beam.DoFn):
 
 class EncodeDecodedFn(beam.DoFn):
     """Raw example dict (DecodeImagesFn) -> (split, serialized example, class name, ledger entry), for uint8
-    and jpeg: the entry (preprocess/reuse/ledger.py) goes with the record to the shard writer, which says
-    which shard holds it.
-
-    `vocabulary` (a side input) is the sorted class names of the train
-    split's inputs, known once duplicates are resolved, before any image is
-    decoded; a label's index is its position. A validation or test image of
-    a class that has no train input goes to 'errors' (label_not_in_train).
-    """
+    and jpeg. `vocabulary` (a side input): the train split's sorted class names, a label's index its
+    position; an image of a class without a train input goes to 'errors' (label_not_in_train)."""
 
     def __init__(self, encoding: str, image_size: int, jpeg_quality: int):
         if encoding in features.NORMALIZED_ENCODINGS:
@@ -151,11 +128,9 @@ class EncodeDecodedFn(beam.DoFn):
             self._progress_failed.inc()
             yield beam.pvalue.TaggedOutput("errors", label_not_in_train(example["uri"], class_name, split))
             return
-        pixels = example["image_raw"]
+        payload = example["image_raw"]
         if self._encoding == features.JPEG:
-            payload = encode_jpeg(pixels, self._image_size, self._jpeg_quality)
-        else:
-            payload = pixels
+            payload = encode_jpeg(payload, self._image_size, self._jpeg_quality)
         if split not in self._encoded:
             self._encoded[split] = Metrics.counter("preprocess", f"encoded_{split}")
         self._encoded[split].inc()

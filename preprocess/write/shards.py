@@ -39,10 +39,8 @@ class WrittenFile:
 
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
-    """One file of the run: `name` in runs/<run id>/, made of `sources` in order.
-
-    A plan of one source already at that name is a shard kept as it was written.
-    """
+    """One file of the run: `name` in runs/<run id>/, made of `sources` in order (one source already at that
+    name: a shard kept as it was written)."""
 
     split: str
     name: str
@@ -68,19 +66,6 @@ def file_target_bytes(estimated_split_bytes: int, shard_size_bytes: int, min_sha
     """The size a writer's files stay within: a shard, or 1/min_shards of a small split."""
     least = split_min_shards(estimated_split_bytes, min_shards)
     return max(1, min(shard_size_bytes, estimated_split_bytes // max(least, 1)))
-
-
-def file_targets(estimated_bytes: dict, shard_size_bytes: int, min_shards: int | None) -> dict:
-    """{split: estimated bytes} -> {split: file target bytes}."""
-    return {
-        split: file_target_bytes(estimate, shard_size_bytes, min_shards)
-        for split, estimate in estimated_bytes.items()
-    }
-
-
-def new_attempt_id() -> str:
-    """A bundle attempt's id in its files' names: a full uuid4, 32 hex digits (122 random bits)."""
-    return uuid.uuid4().hex
 
 
 class _HashingFile:
@@ -113,12 +98,9 @@ PLACED = "placed"
 
 
 class WriteShardFilesFn(beam.DoFn):
-    """(split, record bytes[, ledger entry]) -> WrittenFile entries of files holding them, one open file per
-    split; with an entry, (the file's path, the entry) on PLACED, so the ledger can say which shard holds it.
-
-    The files go into the run's directory (TFRecord shards, or with framing
-    LINES the error log's JSON lines).
-    """
+    """(split, record bytes[, ledger entry]) -> WrittenFile entries of files in the run's directory holding
+    them (TFRecord, or LINES: JSON lines), one open file per split; with an entry, (the file's path, the
+    entry) on PLACED, so the ledger can say which shard holds it."""
 
     def __init__(self, output_dir: str, framing: str = TFRECORD):
         self._output_dir = output_dir
@@ -130,7 +112,7 @@ class WriteShardFilesFn(beam.DoFn):
         self._abort_open()
         # Fresh per attempt, a whole uuid4 (122 random bits): a file is never overwritten, so an attempt the
         # runner discarded (or one still running) cannot spoil the committed one, among millions of attempts.
-        self._attempt = new_attempt_id()
+        self._attempt = uuid.uuid4().hex
         self._open: dict[str, _HashingFile] = {}
         self._count: dict[str, int] = {}
 
@@ -144,12 +126,6 @@ class WriteShardFilesFn(beam.DoFn):
 
     def teardown(self):
         self._abort_open()
-
-    def _new_file(self, split: str, run_id: str) -> _HashingFile:
-        index = self._count.get(split, 0)
-        self._count[split] = index + 1
-        name = f"{split}-{self._attempt}-{index:04d}{_SUFFIX[self._framing]}"
-        return _HashingFile(split, RunPaths(self._output_dir, run_id).final(name))
 
     def process(self, element, target_bytes: dict, run_id: str):
         try:
@@ -175,7 +151,9 @@ class WriteShardFilesFn(beam.DoFn):
             yield self._open.pop(split).close()
             handle = None
         if handle is None:
-            handle = self._open[split] = self._new_file(split, run_id)
+            index = self._count[split] = self._count.get(split, -1) + 1
+            name = f"{split}-{self._attempt}-{index:04d}{_SUFFIX[self._framing]}"
+            handle = self._open[split] = _HashingFile(split, RunPaths(self._output_dir, run_id).final(name))
         if self._framing == TFRECORD:
             # write_record makes one write() of the framed record: the hash sees the bytes on disk.
             _TFRecordUtil.write_record(handle, record)
@@ -190,11 +168,6 @@ class WriteShardFilesFn(beam.DoFn):
             yield GlobalWindows.windowed_value(self._open.pop(split).close())
 
 
-def _packed_name(split: str, sources: list[WrittenFile], suffix: str) -> str:
-    digest = hashlib.sha256("\n".join(posixpath.basename(source.path) for source in sources).encode())
-    return f"{split}-packed-{digest.hexdigest()[:12]}{suffix}"
-
-
 def plan_split(
     split: str,
     files: list[WrittenFile],
@@ -203,16 +176,9 @@ def plan_split(
     max_sources: int | None = None,
     suffix: str = manifest_lib.SHARD_SUFFIX,
 ) -> list[ShardPlan]:
-    """The shards of one split: full files kept as they are, the small ones packed.
-
-    A file of at least half `target_bytes` is a shard. The others are packed
-    (largest first onto the lightest shard) into shards of about
-    `target_bytes`, as many as it takes to make `min_shards` in all if there
-    are files enough, and with `max_sources`, enough that none packs more
-    files than that (each packed shard is one element's copy: this bounds its
-    work); a packed shard of one file is that file, kept. Never an empty
-    shard. Deterministic: the same files in any order give the same plans.
-    """
+    """The shards of one split: a file of at least half `target_bytes` kept as it is, the others packed (largest
+    first onto the lightest) into at least `min_shards` in all if there are files enough, none of more than
+    `max_sources` files; never an empty shard; the same plans for the same files in any order."""
     files = sorted((file for file in files if file.num_examples > 0), key=lambda file: file.path)
     full = [file for file in files if 2 * file.num_bytes >= target_bytes]
     small = [file for file in files if 2 * file.num_bytes < target_bytes]
@@ -233,15 +199,11 @@ def plan_split(
             assigned.append(file)
             heapq.heappush(loads, (load + file.num_bytes, index, assigned))
         groups += [assigned for _, _, assigned in loads]
-    groups = [sorted(group, key=lambda file: file.path) for group in groups]
-    plans = [
-        ShardPlan(
-            split,
-            posixpath.basename(group[0].path) if len(group) == 1 else _packed_name(split, group, suffix),
-            tuple(group),
-        )
-        for group in groups
-    ]
+    plans = []
+    for group in (sorted(group, key=lambda file: file.path) for group in groups):
+        names = [posixpath.basename(file.path) for file in group]
+        packed = f"{split}-packed-{hashlib.sha256(chr(10).join(names).encode()).hexdigest()[:12]}{suffix}"
+        plans.append(ShardPlan(split, names[0] if len(group) == 1 else packed, tuple(group)))
     return sorted(plans, key=lambda plan: plan.name)
 
 
@@ -271,10 +233,7 @@ MAX_SOURCES_PER_ERROR_FILE = 32
 
 
 def plan_error_files(files: list[WrittenFile], prefix: str = ERRORS) -> list[ShardPlan]:
-    """The error log's files (plan_split): the bundle attempts' error files, the small ones packed by up to 32.
-
-    No file when nothing failed. `prefix`: the files' name prefix (their `split`), ERRORS or NEAR_DUPLICATES.
-    """
+    """The files of a JSON-line log (plan_split; none when it has no line); `prefix`: their `split`."""
     return plan_split(
         prefix,
         files,
@@ -309,7 +268,13 @@ class WriteShardFn(beam.DoFn):
             (kept,) = plan.sources
             num_bytes, sha256 = kept.num_bytes, kept.sha256
         else:
-            num_bytes, sha256 = self._concatenate(plan.sources, destination, paths.tmp_dir)
+            # Skipped when a retried bundle finds the same bytes there (filesystem.write_concatenation).
+            num_bytes, sha256 = filesystem.write_concatenation(
+                [source.path for source in plan.sources],
+                destination,
+                paths.tmp_dir,
+                expected_bytes=sum(source.num_bytes for source in plan.sources),
+            )
         yield {
             "split": plan.split,
             "path": paths.relative(plan.name),
@@ -318,40 +283,11 @@ class WriteShardFn(beam.DoFn):
             "sha256": sha256,
         }
 
-    @staticmethod
-    def _concatenate(sources, destination: str, tmp_dir: str) -> tuple[int, str]:
-        # Skipped when a retried bundle finds the same bytes there (filesystem.write_concatenation).
-        return filesystem.write_concatenation(
-            [source.path for source in sources],
-            destination,
-            tmp_dir,
-            expected_bytes=sum(source.num_bytes for source in sources),
-        )
-
-
-def shards_of_files(plan: ShardPlan, output_dir: str, run_id: str) -> list[tuple[str, str]]:
-    """(a written file's path, the shard that holds its records, relative to the output) of one plan."""
-    shard = RunPaths(output_dir, run_id).relative(plan.name)
-    return [(source.path, shard) for source in plan.sources]
-
-
-def with_shard(placed: tuple, shards: dict) -> dict:
-    """(file path, ledger entry) -> the entry with the `shard` that holds its record."""
-    path, entry = placed
-    return {**entry, "shard": shards[path]}
-
 
 class WriteShards(beam.PTransform):
-    """(split, serialized example[, ledger entry]) of every split -> {"shards": shard manifest entries
-    (dicts), "ledger": the ledger entries given, each with its `shard` (preprocess/reuse/ledger.py)};
-    several PCollections of them (a tuple) are written as one.
-
-    `estimated_bytes` is a singleton PCollection of {split: estimated bytes of
-    its records} (record count times the bytes a record takes, or an estimate
-    for jpeg): it sets the size at which writers roll over, not the shards'
-    sizes, which come from the bytes written. `run_id` is the singleton of
-    preprocess.publish.runs.MakeRunId.
-    """
+    """(split, serialized example[, ledger entry]) of every split (one PCollection or a tuple of them) ->
+    {"shards": shard manifest entries, "ledger": the ledger entries given, each with its `shard`}.
+    `estimated_bytes`: a singleton {split: estimated bytes}, where writers roll over; `run_id`: a singleton."""
 
     def __init__(self, output_dir, shard_size_bytes, min_shards, estimated_bytes, run_id):
         super().__init__()
@@ -362,10 +298,13 @@ class WriteShards(beam.PTransform):
         self._run_id = run_id
 
     def expand(self, records):
+        size, least = self._shard_size_bytes, self._min_shards
         targets = beam.pvalue.AsSingleton(
             self._estimated_bytes
             | "FileTargets"
-            >> beam.Map(file_targets, shard_size_bytes=self._shard_size_bytes, min_shards=self._min_shards)
+            >> beam.Map(
+                lambda estimated: {k: file_target_bytes(v, size, least) for k, v in estimated.items()}
+            )
         )
         run_id = beam.pvalue.AsSingleton(self._run_id)
         # Several inputs (an incremental run's decoded records and carried ones) are written each by a
@@ -387,48 +326,30 @@ class WriteShards(beam.PTransform):
             | "AllFiles" >> beam.combiners.ToList()
             | "Plan" >> beam.FlatMap(plan_shards, targets, min_shards=self._min_shards)
         )
+        output_dir = self._output_dir
         shard_of_file = plans | "ShardOfFile" >> beam.FlatMap(
-            shards_of_files, output_dir=self._output_dir, run_id=run_id
+            lambda plan, run_id: [
+                (file.path, RunPaths(output_dir, run_id).relative(plan.name)) for file in plan.sources
+            ],
+            run_id=run_id,
         )
         return {
             "shards": plans
             | "Spread" >> beam.Reshuffle()
-            | "WriteShard" >> beam.ParDo(WriteShardFn(self._output_dir), run_id),
-            "ledger": placed | "LedgerShard" >> beam.Map(with_shard, beam.pvalue.AsDict(shard_of_file)),
+            | "WriteShard" >> beam.ParDo(WriteShardFn(output_dir), run_id),
+            "ledger": placed
+            | "LedgerShard"
+            >> beam.Map(
+                lambda placed, shards: {**placed[1], "shard": shards[placed[0]]},
+                beam.pvalue.AsDict(shard_of_file),
+            ),
         }
 
 
-def plan_log_files(files: list[WrittenFile], prefixes) -> list[ShardPlan]:
-    """plan_error_files for each log of `prefixes` (a file's `split` is its log's prefix)."""
-    by_prefix = {prefix: [] for prefix in prefixes}
-    for file in files:
-        by_prefix[file.split].append(file)
-    return [
-        plan for prefix in sorted(by_prefix) for plan in plan_error_files(by_prefix[prefix], prefix=prefix)
-    ]
-
-
-def entries_by_log(entries: list[tuple[str, dict]], prefixes) -> dict[str, list[dict]]:
-    """(prefix, manifest entry) of every packed file -> {prefix: its entries sorted by path} for each prefix."""
-    by_prefix = {prefix: [] for prefix in prefixes}
-    for prefix, entry in entries:
-        by_prefix[prefix].append(entry)
-    return {prefix: sorted(found, key=lambda entry: entry["path"]) for prefix, found in by_prefix.items()}
-
-
 class WriteJsonLogs(beam.PTransform):
-    """(prefix, JSON line bytes) -> the files of each log in runs/<run id>/; outputs a singleton
-    {prefix: the list of that log's manifest entries (sorted by path; empty when it has no line)}.
-
-    `count_keys`: {prefix: the manifest entries' count key}, one per log: the error log (ERRORS,
-    "num_errors"), the near-duplicate groups (NEAR_DUPLICATES, "num_groups"), the ledger. Written as
-    shards are (WriteShardFilesFn, then plan_error_files): each bundle attempt writes each log's lines to
-    files of its own in the run's directory, and the small ones are packed, up to 32 a file, in parallel
-    (one element per packed file). The manifest lists the files; nothing is concatenated into one file, so
-    no step does work proportional to the number of lines. Several logs share one writer: its three
-    shuffles (the files listed, spread, the entries listed) and their stages are paid once per job, not
-    once per log (benchmarks/RESULTS.md, issue 30's cost).
-    """
+    """(prefix, JSON line bytes) -> the files of each log in runs/<run id>/, written as shards are; outputs a
+    singleton {prefix: that log's manifest entries, sorted by path}. `count_keys`: {prefix: the entries'
+    count key}, one per log. Why several logs share one writer: docs/internals.md."""
 
     def __init__(self, output_dir, run_id, count_keys: dict[str, str]):
         super().__init__()
@@ -440,28 +361,40 @@ class WriteJsonLogs(beam.PTransform):
         run_id = beam.pvalue.AsSingleton(self._run_id)
         writer = WriteShardFilesFn(self._output_dir, framing=LINES)
         count_keys = self._count_keys
+
+        def by_log(items, key):  # {prefix: the `key(item)` == prefix items}, for every log
+            return {prefix: [item for item in items if key(item) == prefix] for prefix in sorted(count_keys)}
+
         return (
             keyed_lines
             | "WriteFiles" >> beam.ParDo(writer, dict.fromkeys(count_keys, ERROR_FILE_BYTES), run_id)
             | "AllFiles" >> beam.combiners.ToList()
-            | "Plan" >> beam.FlatMap(plan_log_files, prefixes=sorted(count_keys))
+            | "Plan"
+            >> beam.FlatMap(
+                lambda files: [
+                    plan
+                    for prefix, found in by_log(files, lambda file: file.split).items()
+                    for plan in plan_error_files(found, prefix)
+                ]
+            )
             | "Spread" >> beam.Reshuffle()
             | "Pack" >> beam.ParDo(WriteShardFn(self._output_dir), run_id)
             | "ManifestEntry"
             >> beam.Map(lambda entry: (entry["split"], error_file_entry(entry, count_keys[entry["split"]])))
             | "AllEntries" >> beam.combiners.ToList()
-            | "ByLog" >> beam.Map(entries_by_log, prefixes=sorted(count_keys))
+            | "ByLog"
+            >> beam.Map(
+                lambda entries: {
+                    prefix: sorted((entry for _, entry in found), key=lambda entry: entry["path"])
+                    for prefix, found in by_log(entries, lambda item: item[0]).items()
+                }
+            )
         )
 
 
 class WriteErrorLog(beam.PTransform):
-    """JSON lines (bytes) -> one log's files in runs/<run id>/ (WriteJsonLogs); outputs the singleton list of
-    their manifest entries (sorted by path; empty when nothing failed).
-
-    The error log by default; other JSON-line logs are written the same way under another file `prefix`
-    and manifest `count_key` (the ledger: preprocess/reuse/ledger.py). Logs that a job writes anyway should
-    share one WriteJsonLogs instead (pipeline.py writes the errors and the near-duplicate groups so).
-    """
+    """JSON lines (bytes) -> one log's files (WriteJsonLogs, the error log by default; the ledger with its own
+    `prefix` and `count_key`); outputs the singleton list of their manifest entries, sorted by path."""
 
     def __init__(self, output_dir, run_id, prefix: str = ERRORS, count_key: str = "num_errors"):
         super().__init__()

@@ -49,18 +49,9 @@ def write_transformed_metadata(metadata, output_dir: str, run_id: str, asset_map
     return destination
 
 
-def _copy_after_metadata(saved_model_dir, output_dir, run_id, metadata_written):
-    del metadata_written  # a side input only to order the copy after the metadata
-    return copy_transform_fn(saved_model_dir, output_dir, run_id)
-
-
 class WriteTransformOutput(beam.PTransform):
-    """tf.Transform's transform_fn -> a PCollection of one path: the run's copy of the SavedModel.
-
-    The path, `<output>/runs/<run id>/transform_fn`, is produced only after
-    the metadata is written too, so whatever waits on it waits on both. With
-    the metadata, it is a transform_fn for tft_beam.TransformDataset.
-    """
+    """tf.Transform's transform_fn -> a PCollection of one path, `<output>/runs/<run id>/transform_fn`, made
+    once the metadata is written too (whatever waits on it waits on both)."""
 
     def __init__(self, output_dir: str, run_id):
         super().__init__()
@@ -80,13 +71,15 @@ class WriteTransformOutput(beam.PTransform):
             run_id=run_id,
             asset_map=getattr(metadata, "asset_map", None) or {},
         )
-        copied = saved_model_dir | "CopyTransformFn" >> beam.Map(
-            _copy_after_metadata,
+        # `written`: a side input only to order the copy after the metadata.
+        return saved_model_dir | "CopyTransformFn" >> beam.Map(
+            lambda saved_model, output_dir, run_id, written: copy_transform_fn(
+                saved_model, output_dir, run_id
+            ),
             output_dir=self._output_dir,
             run_id=run_id,
-            metadata_written=beam.pvalue.AsList(metadata_written),
+            written=beam.pvalue.AsList(metadata_written),
         )
-        return copied
 
 
 def read_label_vocabulary(transform_fn_dir: str) -> list[str]:
@@ -97,12 +90,8 @@ def read_label_vocabulary(transform_fn_dir: str) -> list[str]:
 
 
 def read_normalization(transform_fn_dir: str, image_size: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The per-channel (mean, std) the transform graph applies, read by running it.
-
-    The statistics are constants inside the graph (tf.Transform replaced its
-    analyzers by their results); running the graph on one black image is how
-    `TFTransformOutput` gives them back, the same way a trainer would see them.
-    """
+    """The per-channel (mean, std) the transform graph applies, read by running it on one black image (the
+    statistics are constants inside the graph), as a trainer would see them."""
     import tensorflow as tf
     from tensorflow_transform.output_wrapper import TFTransformOutput
 
