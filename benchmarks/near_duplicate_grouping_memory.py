@@ -155,7 +155,7 @@ def run_grouping(num_images: int, output: str, workers: int, contender: str = GR
         )
 
 
-def measure(num_images: int, contender: str, args, workdir: str, log_name: str) -> dict:
+def measure(num_images: int, contender: str, args, workdir: str, log_name: str, workers: int) -> dict:
     output = os.path.join(workdir, f"stats-{num_images}.json")
     argv = python_module(
         "benchmarks.near_duplicate_grouping_memory",
@@ -166,7 +166,7 @@ def measure(num_images: int, contender: str, args, workdir: str, log_name: str) 
         "--output",
         output,
         "--workers",
-        str(args.workers),
+        str(workers),
     )
     # The benchmarks package is not installed: the child and its workers find it in this checkout.
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,6 +177,7 @@ def measure(num_images: int, contender: str, args, workdir: str, log_name: str) 
         stats = json.loads(handle.read())
     return {
         "images": num_images,
+        "workers": workers,
         "seconds": result.wall_seconds,
         "peak_rss_sdk_worker_bytes": result.peak_rss_sdk_worker_bytes,
         "peak_rss_main_bytes": result.peak_rss_main_bytes,
@@ -192,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", type=int, default=20_000, help="The 1x corpus.")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--scale-workers",
+        action="store_true",
+        help="Run the factor x corpus on factor x the workers: each worker's bundle of a stage (this runner "
+        "gives each worker one bundle, its share of the stage's input) is then the same at both sizes, as "
+        "on Dataflow, where bundles are streamed; what still grows is what the grouping holds.",
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.25, help="Seconds between memory samples.")
     parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
@@ -222,8 +230,10 @@ def main(argv=None) -> dict | None:
     sizes = {1: args.images, args.factor: args.images * args.factor}
     contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
     print(f"machine: {machine_description()}; {machine_load()}")
+    workers = {factor: args.workers * (factor if args.scale_workers else 1) for factor in sizes}
     print(
-        f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; {args.workers} SDK workers",
+        f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; "
+        f"{' and '.join(str(count) for count in workers.values())} SDK workers",
         flush=True,
     )
     runs = []
@@ -236,12 +246,13 @@ def main(argv=None) -> dict | None:
                     "repeat": repeat,
                     "factor": factor,
                     "contender": contender,
-                    **measure(sizes[factor], contender, args, workdir, log),
+                    **measure(sizes[factor], contender, args, workdir, log, workers[factor]),
                 }
                 runs.append(run)
                 stats = run["stats"]
                 print(
-                    f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
+                    f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images, {run['workers']} workers, "
+                    f"in {run['seconds']:.0f} s; largest SDK "
                     f"worker {mib(run['peak_rss_sdk_worker_bytes'])} MiB, main process "
                     f"{mib(run['peak_rss_main_bytes'])} MiB; {stats['groups']:,} groups, "
                     f"{stats['hot_bucket_entries']:,} entries in {stats['hot_buckets']} hot buckets",
