@@ -19,8 +19,13 @@ The figure is the largest peak RSS of one SDK worker process: what each SDK
 process of a Dataflow worker needs for the same work. The local runner keeps
 every PCollection that crosses a stage in its own (main) process, so the
 main process grows with the corpus where a Dataflow worker does not (its
-shuffle is a service): its peak is printed for information. The target
-(issue 24): peak RSS of a worker (factor x corpus) / (1x corpus) <= 1.1.
+shuffle is a service): its peak is printed for information. The runner also
+gives each worker one bundle per stage, its share of the stage's whole input,
+so a worker's bundles grow with the corpus too: `--scale-workers` runs the
+factor x corpus on factor x the workers, so that each worker's bundle is the
+same at both sizes, as a Dataflow worker's are. `--bundle-heap` reports the
+largest worker's Python heap (tracemalloc, bundle_heap_worker.py). The target
+(issues 24, 30): peak RSS of a worker (factor x corpus) / (1x corpus) <= 1.1.
 """
 
 import argparse
