@@ -123,7 +123,8 @@ def _cpu_seconds_and_name(pid: int) -> tuple[float, str] | None:
 
 
 def _role(pid: int, root_pid: int) -> str:
-    """From the command line: 'main', 'sdk worker' (Beam's harness, or preprocess/launch/local_worker.py), 'pool worker' or 'other'."""
+    """From the command line: 'main', 'sdk worker' (Beam's harness, preprocess/launch/local_worker.py or
+    benchmarks/bundle_heap_worker.py), 'pool worker' or 'other'."""
     if pid == root_pid:
         return "main"
     try:
@@ -131,7 +132,10 @@ def _role(pid: int, root_pid: int) -> str:
             cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "other"
-    if "sdk_worker_main" in cmdline or "preprocess.launch.local_worker" in cmdline:
+    if any(
+        name in cmdline
+        for name in ("sdk_worker_main", "preprocess.launch.local_worker", "bundle_heap_worker")
+    ):
         return "sdk worker"
     if "multiprocessing" in cmdline:
         return "pool worker"

@@ -19,8 +19,13 @@ The figure is the largest peak RSS of one SDK worker process: what each SDK
 process of a Dataflow worker needs for the same work. The local runner keeps
 every PCollection that crosses a stage in its own (main) process, so the
 main process grows with the corpus where a Dataflow worker does not (its
-shuffle is a service): its peak is printed for information. The target
-(issue 24): peak RSS of a worker (factor x corpus) / (1x corpus) <= 1.1.
+shuffle is a service): its peak is printed for information. The runner also
+gives each worker one bundle per stage, its share of the stage's whole input,
+so a worker's bundles grow with the corpus too: `--scale-workers` runs the
+factor x corpus on factor x the workers, so that each worker's bundle is the
+same at both sizes, as a Dataflow worker's are. `--bundle-heap` reports the
+largest worker's Python heap (tracemalloc, bundle_heap_worker.py). The target
+(issues 24, 30): peak RSS of a worker (factor x corpus) / (1x corpus) <= 1.1.
 """
 
 import argparse
@@ -120,18 +125,26 @@ def _bare_shuffle(images):
     )
 
 
-def run_grouping(num_images: int, output: str, workers: int, contender: str = GROUPING) -> None:
-    """In this process: `contender` over `num_images` synthetic images, on the local runner's worker processes."""
+def run_grouping(
+    num_images: int, output: str, workers: int, contender: str = GROUPING, bundle_heap_dir: str | None = None
+) -> None:
+    """In this process: `contender` over `num_images` synthetic images, on the local runner's worker processes
+    (under tracemalloc, writing each bundle's heap to `bundle_heap_dir`, if given: bundle_heap_worker.py)."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from preprocess.launch.local_runner import fn_api_runner
+    from benchmarks import bundle_heap_worker
+    from preprocess.launch.local_runner import LOCAL_WORKER, fn_api_runner
     from preprocess.near_duplicates.grouping import FindNearDuplicateGroups
     from preprocess.near_duplicates.signature import DEFAULT_MAX_DISTANCE
 
     options = PipelineOptions(["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"])
     sizes = [min(CHUNK, num_images - start) for start in range(0, num_images, CHUNK)]
-    with beam.Pipeline(runner=fn_api_runner(options), options=options) as pipeline:
+    worker = LOCAL_WORKER
+    if bundle_heap_dir is not None:
+        os.environ[bundle_heap_worker.DIR_ENV_VAR] = bundle_heap_dir
+        worker = "benchmarks.bundle_heap_worker"
+    with beam.Pipeline(runner=fn_api_runner(options, worker_module=worker), options=options) as pipeline:
         images = (
             pipeline
             | "Chunks" >> beam.Create(list(enumerate(sizes)))
@@ -155,7 +168,7 @@ def run_grouping(num_images: int, output: str, workers: int, contender: str = GR
         )
 
 
-def measure(num_images: int, contender: str, args, workdir: str, log_name: str) -> dict:
+def measure(num_images: int, contender: str, args, workdir: str, log_name: str, workers: int) -> dict:
     output = os.path.join(workdir, f"stats-{num_images}.json")
     argv = python_module(
         "benchmarks.near_duplicate_grouping_memory",
@@ -166,8 +179,13 @@ def measure(num_images: int, contender: str, args, workdir: str, log_name: str) 
         "--output",
         output,
         "--workers",
-        str(args.workers),
+        str(workers),
     )
+    heap_dir = None
+    if args.bundle_heap:
+        heap_dir = os.path.join(workdir, log_name + ".heap")
+        os.makedirs(heap_dir)
+        argv += ["--bundle-heap-dir", heap_dir]
     # The benchmarks package is not installed: the child and its workers find it in this checkout.
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pythonpath = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
@@ -177,12 +195,33 @@ def measure(num_images: int, contender: str, args, workdir: str, log_name: str) 
         stats = json.loads(handle.read())
     return {
         "images": num_images,
+        "workers": workers,
         "seconds": result.wall_seconds,
         "peak_rss_sdk_worker_bytes": result.peak_rss_sdk_worker_bytes,
         "peak_rss_main_bytes": result.peak_rss_main_bytes,
         "peak_rss_bytes": result.peak_rss_bytes,
         "stats": stats,
+        **({} if heap_dir is None else bundle_heaps(heap_dir)),
     }
+
+
+def bundle_heaps(heap_dir: str) -> dict:
+    """The largest worker's Python heap from bundle_heap_worker.py's lines: its peak in any bundle (and that
+    bundle's transforms), the most it held between bundles, and the least (its imports)."""
+    workers = []
+    for name in sorted(os.listdir(heap_dir)):
+        with open(os.path.join(heap_dir, name)) as handle:
+            bundles = [json.loads(line) for line in handle]
+        top = max(bundles, key=lambda bundle: bundle["heap_at_start"] + bundle["peak_over_start"])
+        workers.append(
+            {
+                "heap_peak_bytes": top["heap_at_start"] + top["peak_over_start"],
+                "heap_peak_transforms": top["transforms"],
+                "heap_between_bundles_bytes": max(bundle["heap_at_start"] for bundle in bundles),
+                "heap_imports_bytes": min(bundle["heap_at_start"] for bundle in bundles),
+            }
+        )
+    return max(workers, key=lambda worker: worker["heap_peak_bytes"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", type=int, default=20_000, help="The 1x corpus.")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--scale-workers",
+        action="store_true",
+        help="Run the factor x corpus on factor x the workers: each worker's bundle of a stage (this runner "
+        "gives each worker one bundle, its share of the stage's input) is then the same at both sizes, as "
+        "on Dataflow, where bundles are streamed; what still grows is what the grouping holds.",
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.25, help="Seconds between memory samples.")
     parser.add_argument("--json", default=None, help="Also write every figure to this JSON file.")
@@ -200,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-grouping", type=int, default=None, help=argparse.SUPPRESS
     )  # the measured child
     parser.add_argument("--output", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bundle-heap-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--bundle-heap",
+        action="store_true",
+        help="Run the workers under tracemalloc (benchmarks/bundle_heap_worker.py) and report the largest "
+        "worker's Python heap: its peak in a bundle, and the most it held between bundles (what the grouping "
+        "keeps across elements). 2-4x slower; the RSS figures of such a run are not the ones to report.",
+    )
     parser.add_argument(
         "--contenders",
         default=",".join(CONTENDERS),
@@ -215,15 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict | None:
     args = build_parser().parse_args(argv)
     if args.run_grouping is not None:
-        run_grouping(args.run_grouping, args.output, args.workers, args.contender)
+        run_grouping(args.run_grouping, args.output, args.workers, args.contender, args.bundle_heap_dir)
         return None
     if args.tiny:
         args.images, args.factor, args.repeats = 300, 2, 1
     sizes = {1: args.images, args.factor: args.images * args.factor}
     contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
     print(f"machine: {machine_description()}; {machine_load()}")
+    workers = {factor: args.workers * (factor if args.scale_workers else 1) for factor in sizes}
     print(
-        f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; {args.workers} SDK workers",
+        f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; "
+        f"{' and '.join(str(count) for count in workers.values())} SDK workers",
         flush=True,
     )
     runs = []
@@ -236,17 +292,25 @@ def main(argv=None) -> dict | None:
                     "repeat": repeat,
                     "factor": factor,
                     "contender": contender,
-                    **measure(sizes[factor], contender, args, workdir, log),
+                    **measure(sizes[factor], contender, args, workdir, log, workers[factor]),
                 }
                 runs.append(run)
                 stats = run["stats"]
                 print(
-                    f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images in {run['seconds']:.0f} s; largest SDK "
+                    f"  repeat {repeat} {factor}x {contender}: {run['images']:,} images, {run['workers']} workers, "
+                    f"in {run['seconds']:.0f} s; largest SDK "
                     f"worker {mib(run['peak_rss_sdk_worker_bytes'])} MiB, main process "
                     f"{mib(run['peak_rss_main_bytes'])} MiB; {stats['groups']:,} groups, "
                     f"{stats['hot_bucket_entries']:,} entries in {stats['hot_buckets']} hot buckets",
                     flush=True,
                 )
+                if "heap_peak_bytes" in run:
+                    print(
+                        f"    the largest worker's Python heap: peak {mib(run['heap_peak_bytes'])} MiB (in "
+                        f"{', '.join(run['heap_peak_transforms'])}), at most {mib(run['heap_between_bundles_bytes'])} "
+                        f"MiB between bundles, {mib(run['heap_imports_bytes'])} MiB at its least (the imports)",
+                        flush=True,
+                    )
 
     def figure(contender, factor, name):
         return median(run[name] for run in runs if run["factor"] == factor and run["contender"] == contender)

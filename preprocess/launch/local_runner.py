@@ -24,15 +24,18 @@ def runs_in_this_process(options: PipelineOptions) -> bool:
     return uses_direct_runner(options) and options.view_as(DirectOptions).direct_running_mode == IN_MEMORY
 
 
-def worker_command() -> str:
+LOCAL_WORKER = "preprocess.launch.local_worker"
+
+
+def worker_command(module: str = LOCAL_WORKER) -> str:
     """The command line of the local runner's worker processes (local_worker.py), `exec`ed by Beam's shell so
     that a Ctrl-C reaches the worker, not the shell."""
-    return "exec " + shlex.join([sys.executable, "-m", "preprocess.launch.local_worker"])
+    return "exec " + shlex.join([sys.executable, "-m", module])
 
 
-def fn_api_runner(options: PipelineOptions, verbose: bool = False):
+def fn_api_runner(options: PipelineOptions, verbose: bool = False, worker_module: str = LOCAL_WORKER):
     """An FnApiRunner set up as the DirectRunner sets it up: its workers (local_worker.py) receive the job's
-    options, and log at WARNING unless `verbose`."""
+    options, and log at WARNING unless `verbose`. `worker_module`: a benchmark's wrapper of local_worker.py."""
     from apache_beam.portability import python_urns
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
@@ -43,7 +46,7 @@ def fn_api_runner(options: PipelineOptions, verbose: bool = False):
             # run_pipeline has just named Beam's own worker command in the subprocess environment.
             for environment in pipeline_proto.components.environments.values():
                 if environment.urn == python_urns.SUBPROCESS_SDK:
-                    environment.payload = worker_command().encode("utf-8")
+                    environment.payload = worker_command(worker_module).encode("utf-8")
             return super().run_via_runner_api(pipeline_proto, options)
 
     worker_options = logs.worker_log_options(options.get_all_options(), verbose)
