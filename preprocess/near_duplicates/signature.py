@@ -154,6 +154,13 @@ _WINDOW = _sine_window(_THUMBNAIL_SIZE)
 _ROWS, _COLS = _zigzag_ac(2 * CANDIDATE_BITS)
 # A horizontal mirror flips the sign of every coefficient of odd horizontal frequency (_grey_hashes).
 _MIRROR_SIGNS = np.where(_COLS % 2 == 0, 1, -1).reshape(2, CANDIDATE_BITS)
+# What makes that exact, held on every machine as the rounding is (_rounded): were either table off by one
+# entry, the mirrored hashes would differ from those of the mirrored thumbnail.
+if not (
+    np.array_equal(_DCT[:, ::-1], _DCT * np.where(np.arange(len(_DCT)) % 2 == 0, 1, -1)[:, None])
+    and np.array_equal(_WINDOW, _WINDOW[:, ::-1])
+):
+    raise AssertionError("the DCT table is not antisymmetric in its odd rows, or the window not symmetric")
 
 
 def source_signature(image: Image.Image, source_size: tuple[int, int] | None = None) -> int:
@@ -315,8 +322,9 @@ def _grey_hashes(thumbnail: np.ndarray) -> tuple[int, int, int, int]:
 
     The mirrored image's coefficients are these with the sign of every odd horizontal frequency flipped,
     exactly: the integer DCT table is antisymmetric in its odd rows (T[v, n - 1 - x] = (-1)**v T[v, x], its
-    entries rounded away from .5) and the window symmetric, and the first pass's shift acts on each column
-    alone. One transform instead of two, the same bits (tests/preprocess/near_duplicates/test_signature.py).
+    entries rounded away from .5; checked at import) and the window symmetric, and the first pass's shift acts
+    on each value alone. One transform instead of two, the same bits
+    (tests/preprocess/near_duplicates/test_near_duplicate_signature.py).
     """
     centred = thumbnail * thumbnail.size - thumbnail.sum()
     first_pass = (_DCT @ (centred * _WINDOW)) >> _SHIFT_BETWEEN_PASSES
