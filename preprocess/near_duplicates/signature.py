@@ -152,6 +152,15 @@ def _zigzag_ac(count: int) -> tuple[np.ndarray, np.ndarray]:
 _DCT = _dct_table(_THUMBNAIL_SIZE, _HIGHEST_DIAGONAL + 1)
 _WINDOW = _sine_window(_THUMBNAIL_SIZE)
 _ROWS, _COLS = _zigzag_ac(2 * CANDIDATE_BITS)
+# A horizontal mirror flips the sign of every coefficient of odd horizontal frequency (_grey_hashes).
+_MIRROR_SIGNS = np.where(_COLS % 2 == 0, 1, -1).reshape(2, CANDIDATE_BITS)
+# What makes that exact, held on every machine as the rounding is (_rounded): were either table off by one
+# entry, the mirrored hashes would differ from those of the mirrored thumbnail.
+if not (
+    np.array_equal(_DCT[:, ::-1], _DCT * np.where(np.arange(len(_DCT)) % 2 == 0, 1, -1)[:, None])
+    and np.array_equal(_WINDOW, _WINDOW[:, ::-1])
+):
+    raise AssertionError("the DCT table is not antisymmetric in its odd rows, or the window not symmetric")
 
 
 def source_signature(image: Image.Image, source_size: tuple[int, int] | None = None) -> int:
@@ -176,7 +185,7 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
         if narrow != frame:
             left, top, right, bottom = frame = narrow
             rgb, thumbnail, check = _region(base, frame)
-    flat_object = _is_object(frame) and _flat_object(rgb, thumbnail, check, _corner_colour(base))
+    flat_object = _is_object(frame) and _flat_object(rgb, thumbnail, check, _corner_colour(pixels))
     if flat_object:
         # A flat object on a background (a plain disc on white) shows only its outline, and trimmed to it
         # its hash is noise: it is signed whole, where it lies, and only near-equal pixels of the whole image
@@ -185,8 +194,7 @@ def source_signature(image: Image.Image, source_size: tuple[int, int] | None = N
         rgb, thumbnail, check = _region(base, (4, 4, BASE_SIZE - 4, BASE_SIZE - 4))
     low_information = min(width, height) < TINY_SOURCE_SIDE or _spread(thumbnail) < FLAT_SPREAD
     aspect = min((1 << 16) - 1, (right - left) * width * _ASPECT_UNIT // ((bottom - top) * height))
-    grey, detail = _grey_hashes(thumbnail)
-    mirrored_grey, mirrored_detail = _grey_hashes(thumbnail[:, ::-1])
+    grey, detail, mirrored_grey, mirrored_detail = _grey_hashes(thumbnail)
     if flat_object:
         # A flat object's low frequencies are its place and size, which many other objects share (their bands
         # collided 13-16x as often as uniform bits); its outline's detail tells it apart (1.7-2.3x), and a
@@ -247,8 +255,8 @@ def _background_tolerance(background: np.ndarray, light: int = _TRIM_TOLERANCE) 
     return _TRIM_TOLERANCE + int(background.max()) * light // 255
 
 
-def _corner_colour(base: Image.Image) -> np.ndarray:
-    corners = np.asarray(base, dtype=np.int64)[[0, 0, -1, -1], [0, -1, 0, -1]]
+def _corner_colour(base: np.ndarray) -> np.ndarray:
+    corners = base[[0, 0, -1, -1], [0, -1, 0, -1]].astype(np.int64)
     return corners.min(axis=0) + (corners.max(axis=0) - corners.min(axis=0)) // 2
 
 
@@ -307,13 +315,22 @@ def _content_box(base: np.ndarray, light: int = _TRIM_TOLERANCE) -> tuple[int, i
     return left, top, size - right, size - bottom
 
 
-def _grey_hashes(thumbnail: np.ndarray) -> tuple[int, int]:
-    """(the grey hash, the detail hash) of the windowed grey thumbnail: bit i of the first, whether the i-th
-    low-frequency AC coefficient is above the median of the first CANDIDATE_BITS; of the second, the same for
-    the next CANDIDATE_BITS coefficients and their median."""
+def _grey_hashes(thumbnail: np.ndarray) -> tuple[int, int, int, int]:
+    """(the grey hash, the detail hash, the same two of the mirrored thumbnail) of the windowed grey thumbnail:
+    bit i of the grey hash, whether the i-th low-frequency AC coefficient is above the median of the first
+    CANDIDATE_BITS; of the detail hash, the same for the next CANDIDATE_BITS coefficients and their median.
+
+    The mirrored image's coefficients are these with the sign of every odd horizontal frequency flipped,
+    exactly: the integer DCT table is antisymmetric in its odd rows (T[v, n - 1 - x] = (-1)**v T[v, x], its
+    entries rounded away from .5; checked at import) and the window symmetric, and the first pass's shift acts
+    on each value alone. One transform instead of two, the same bits
+    (tests/preprocess/near_duplicates/test_near_duplicate_signature.py).
+    """
     centred = thumbnail * thumbnail.size - thumbnail.sum()
     first_pass = (_DCT @ (centred * _WINDOW)) >> _SHIFT_BETWEEN_PASSES
     coefficients = (first_pass @ _DCT.T)[_ROWS, _COLS].reshape(2, CANDIDATE_BITS)
+    # Rows: the grey and detail coefficients, then the mirrored image's.
+    coefficients = np.concatenate([coefficients, coefficients * _MIRROR_SIGNS])
     ordered = np.sort(coefficients, axis=1)
     middle = CANDIDATE_BITS // 2
     # Above the median <=> twice the value above the sum of the two middle ones: integers, no halves.

@@ -327,6 +327,22 @@ def test_a_table_entry_at_a_rounding_boundary_is_refused():
     assert signature._rounded(np.array([0.25, 2.4 / 4096]), 12).tolist() == [1024, 2]
 
 
+def test_the_mirrored_hashes_taken_from_one_transform_are_those_of_the_mirrored_thumbnail(originals):
+    # The mirror's grey and detail hashes come from the image's own coefficients, the odd horizontal
+    # frequencies negated (one DCT instead of two, the audit's cost): the same bits as transforming the
+    # mirrored thumbnail, on noise, flat and two-level thumbnails and the test photos' own.
+    rng = np.random.default_rng(7)
+    thumbnails = [rng.integers(0, 256, (32, 32)) for _ in range(200)]
+    thumbnails += [np.full((32, 32), 17), np.kron(rng.integers(0, 2, (4, 4)) * 255, np.ones((8, 8), int))]
+    for _, decoded in originals.values():
+        base = decoded.resize((signature.BASE_SIZE,) * 2, Image.Resampling.BOX)
+        thumbnails.append(signature._region(base, (0, 0, signature.BASE_SIZE, signature.BASE_SIZE))[1])
+    for thumbnail in thumbnails:
+        thumbnail = thumbnail.astype(np.int64)
+        grey, detail, mirrored_grey, mirrored_detail = signature._grey_hashes(thumbnail)
+        assert signature._grey_hashes(thumbnail[:, ::-1]) == (mirrored_grey, mirrored_detail, grey, detail)
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 3), (8, 8, 3), (16, 16, 3), (224, 100, 3), (2000, 10, 3)])
 def test_any_stored_size_signs(shape):
     # Stage 1 signs what it stores: --image-size and --crop-margin make any square, and the thumbnail is
