@@ -11,34 +11,16 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
-from preprocess import errors, filesystem
+from preprocess import decode, filesystem, inputs, launch, publish, reuse, write
 from preprocess.config import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF
-from preprocess.decode import outcomes
-from preprocess.decode.failure_budget import known_outcomes
-from preprocess.decode.source_sizes import SourceImageSizesFn, source_size
-from preprocess.decode.spill import SpillAndReload
-from preprocess.decode.stage import DecodeImagesFn
-from preprocess.inputs.content import DeduplicateByContent
-from preprocess.inputs.listing import ListInputs, input_kind
-from preprocess.launch.dataflow_job import runs_remotely
-from preprocess.near_duplicates.published import published_shards
-from preprocess.near_duplicates.stage import NearDuplicateAudit
-from preprocess.publish.finalize import finalize_dataset
-from preprocess.publish.runs import MakeRunId, tft_temp_dir
-from preprocess.publish.superseded import StopIfSupersededFn
-from preprocess.reuse import shared_index
-from preprocess.reuse import stage as reuse
-from preprocess.reuse.ledger import LEDGER, entry_bytes, entry_line, failure_entry
-from preprocess.reuse.previous import ReusePlan, plan_reuse
+from preprocess.near_duplicates import NearDuplicateAudit, published_shards
 from preprocess.transform import (
     ToRecordBatches,
     analysis_example,
     make_preprocessing_fn,
     tensor_adapter_config,
 )
-from preprocess.write.encode import EncodeDecodedFn, EncodeExamplesFn
-from preprocess.write.shards import ERRORS, NEAR_DUPLICATES, WriteErrorLog, WriteJsonLogs, WriteShards
-from preprocess.write.transform_output import WriteTransformOutput, read_label_vocabulary, read_normalization
+from preprocess.write import NEAR_DUPLICATES
 
 # Per-record framing and metadata features around the image payload (sha256,
 # uri, class name, proto overhead): used only to size shard files.
@@ -67,7 +49,7 @@ def job_config(args, build_id: str) -> dict:
     return {
         "build_id": build_id,
         "input": args.input,
-        "input_kind": input_kind(args.input),
+        "input_kind": inputs.input_kind(args.input),
         "output": output_dir_of(args),
         "image_size": args.stored_size,
         "crop_size": args.image_size,
@@ -117,44 +99,6 @@ class SummarizeUniqueInputsFn(beam.CombineFn):
 def estimated_split_bytes(summary: dict, record_bytes: int) -> dict:
     """{split: estimated bytes of its records}: sizes the shards before they are written."""
     return {split: summary["per_split"].get(split, 0) * record_bytes for split in manifest_lib.SPLITS}
-
-
-def encode_in_one_pass(decoded, vocabulary, args):
-    """uint8 and jpeg: records encoded as the images are decoded (preprocess/write/encode.py)."""
-    return decoded | "Encode" >> beam.ParDo(
-        EncodeDecodedFn(args.encoding, args.stored_size, args.jpeg_quality),
-        beam.pvalue.AsSingleton(vocabulary),
-    ).with_outputs("errors", main="examples")
-
-
-def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
-    """bfloat16 and float32: the decoded batches are spilled, then transformed with the statistics."""
-    import tensorflow_transform.beam as tft_beam  # not at module level: see build_pipeline
-
-    adapter_config = tensor_adapter_config()
-    by_split = decoded | "PartitionBySplit" >> beam.Partition(
-        lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
-    )
-    examples, errors_out = [], []
-    for index, split in enumerate(manifest_lib.SPLITS):
-        # Decoded once; the transform reads them back from disk (see decoded_cache.py).
-        reloaded = (
-            by_split[index]
-            | f"ToRecordBatches[{split}]" >> ToRecordBatches(args.transform_batch_size)
-            | f"Spill[{split}]" >> SpillAndReload(split, output_dir, run_id)
-        )
-        transformed, _ = ((reloaded, adapter_config), run_transform_fn) | f"Transform[{split}]" >> (
-            tft_beam.TransformDataset(output_record_batches=True)
-        )
-        encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
-            EncodeExamplesFn(split, args.encoding, args.stored_size, args.jpeg_quality)
-        ).with_outputs("errors", main="examples")
-        examples.append(encoded.examples)
-        errors_out.append(encoded.errors)
-    return (
-        examples | "AllEncoded" >> beam.Flatten(),
-        errors_out | "AllEncodeErrors" >> beam.Flatten(),
-    )
 
 
 def audit_near_duplicates(decoded_examples, args, output_dir: str, run_id, published=None, carried=None):
@@ -229,7 +173,7 @@ def analysis_input(examples, carried_examples, referenced_analysis, incremental:
     return train | "TrainDecodedAndCarried" >> beam.Flatten()
 
 
-def reuse_published(unique, plan: ReusePlan) -> dict:
+def reuse_published(unique, plan: reuse.ReusePlan) -> dict:
     """The unique inputs sorted against the published version (preprocess/reuse/):
 
     - "decode": every input to read and decode (new, relabelled, and carried ones whose record is missing)
@@ -295,7 +239,7 @@ def reuse_published(unique, plan: ReusePlan) -> dict:
 def _index_upload_dir(pipeline: beam.Pipeline) -> str | None:
     """Where a Dataflow job's workers fetch the quick check's index (its --temp_location); None for a job on
     this machine, whose workers copy the launcher's."""
-    if not runs_remotely(pipeline.options):
+    if not launch.runs_remotely(pipeline.options):
         return None
     options = pipeline.options.view_as(GoogleCloudOptions)
     return options.temp_location or options.staging_location
@@ -315,16 +259,18 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # What this run reuses of the published version (preprocess/reuse/): said in one line.
     # The runs of a template share this build's tf.Transform directory (runs.tft_temp_dir).
     template = bool(pipeline.options.view_as(GoogleCloudOptions).template_location)
-    plan = plan_reuse(output_dir, config, getattr(args, "rebuild", False), template=template)
+    plan = reuse.plan_reuse(output_dir, config, getattr(args, "rebuild", False), template=template)
     announcement = plan.announcement()
     if announcement:
         print(f"preprocess: {announcement}", flush=True)
     config["built_from"], config["full_rebuild"] = plan.built_from, plan.full_rebuild
     one_pass = args.encoding not in features.NORMALIZED_ENCODINGS
     # Every path a run writes to below runs/ and staging/ is named by this id, a side input.
-    run_id = pipeline | "RunId" >> MakeRunId(output_dir, build_id, shared_build=template, run_id=run_id)
+    run_id = pipeline | "RunId" >> publish.MakeRunId(
+        output_dir, build_id, shared_build=template, run_id=run_id
+    )
     # Listed in parallel, spread over the workers and with the classes mixed (inputs.py).
-    listed = pipeline | "ListInputs" >> ListInputs(args.input, args.labels)
+    listed = pipeline | "ListInputs" >> inputs.ListInputs(args.input, args.labels)
     # A re-run trusts the content key the published version recorded for a local file of unchanged size and
     # mtime (the quick check, inputs/content.py); --checksum (or a full rebuild) reads every one. A gs://
     # input's listing gives the MD5 already: no check, and no shuffle of the listing for it.
@@ -332,8 +278,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     known_keys = plan.ledger_files if local_input and not getattr(args, "checksum", False) else ()
     if known_keys:
         # Its index is built here, once per job, and copied by each worker process (reuse/shared_index.py).
-        known_keys = shared_index.share(pipeline, known_keys, upload_dir=_index_upload_dir(pipeline))
-    deduplicated = listed.records | "Deduplicate" >> DeduplicateByContent(
+        known_keys = reuse.share(pipeline, known_keys, upload_dir=_index_upload_dir(pipeline))
+    deduplicated = listed.records | "Deduplicate" >> inputs.DeduplicateByContent(
         args.split, args.max_file_bytes, known_keys=known_keys
     )
     unique = deduplicated["unique"]
@@ -350,43 +296,20 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     # that made `unique` could not also wait for them: the runner would split decode from encode. The
     # reshuffle (of small metadata) ends the deduplication's stage here; it also spreads the decoding
     # evenly. With the audit, the decoding stage ends in a spill to disk instead (near_duplicates/).
-    known = known_outcomes(
-        listed.records,
-        listed.errors,
+    decoded = decode.decode_images(
+        reused["decode"],
+        listed,
         # The inputs to decode (in an incremental run, not those carried over): what the decoding samples.
         reused["decode_first"],
-        (listed.errors, deduplicated["errors"], reused["failed"]) | "ErrorsBeforeDecoding" >> beam.Flatten(),
-    )
-    decoded = (
-        reused["decode"]
-        | "SpreadDecoding" >> beam.Reshuffle()
-        # A run that a newer one superseded stops here rather than decode for hours (superseded.py).
-        | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
-        | "Decode"
-        >> beam.ParDo(
-            DecodeImagesFn(
-                args.stored_size,
-                args.resize_method,
-                args.max_pixels,
-                args.max_file_bytes,
-                args.max_failed_fraction,
-                signatures=audit,
-            ),
-            # What is settled before decoding: the decoding fails the job early once
-            # --max-failed-fraction is sure to be crossed (failure_budget.py).
-            known=beam.pvalue.AsSingleton(known),
-        ).with_outputs("errors", main="examples")
+        [listed.errors, deduplicated["errors"], reused["failed"]],
+        run_id,
+        output_dir,
+        args,
+        signatures=audit,
     )
     error_collections = [listed.errors, deduplicated["errors"], decoded.errors, reused["failed"]]
-    # Decoded and carried over alike (the ledger keeps a carried image's source size), as a full rebuild counts.
-    source_image_sizes = (
-        (
-            decoded.examples | "SourceSizes" >> beam.Map(source_size),
-            reused["carried_sizes"],
-            referenced[reuse.SIZES],
-        )
-        | "AllSourceSizes" >> beam.Flatten()
-        | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
+    source_image_sizes = decode.source_image_sizes(
+        decoded.examples, reused["carried_sizes"], referenced[reuse.SIZES]
     )
     if audit:
         # Every image in its final split: no group of near-duplicates straddles train and evaluation.
@@ -417,26 +340,28 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     ).with_outputs("examples", "errors", main="records")
     error_collections.append(carried.errors)
 
-    with tft_beam.Context(temp_dir=tft_temp_dir(output_dir, build_id)):
+    with tft_beam.Context(temp_dir=publish.tft_temp_dir(output_dir, build_id)):
         transform_fn = (
             analysis_input(examples, carried.examples, referenced[reuse.ANALYSIS], plan.incremental)
             | "TrainBatches" >> ToRecordBatches(args.transform_batch_size),
             tensor_adapter_config(),
         ) | "AnalyzeTrain" >> tft_beam.AnalyzeDataset(make_preprocessing_fn(args.stored_size, args.encoding))
-        transform_written = transform_fn | "WriteTransformOutput" >> WriteTransformOutput(output_dir, run_id)
+        transform_written = transform_fn | "WriteTransformOutput" >> write.WriteTransformOutput(
+            output_dir, run_id
+        )
         if one_pass:
-            encoded = encode_in_one_pass(examples, vocabulary, args)
+            encoded = write.encode_in_one_pass(examples, vocabulary, args)
             encoded_examples, encode_errors = encoded.examples, encoded.errors
             labels = vocabulary
         else:
             # The transform loads the graph from the run's copy (written once, where it stays).
-            encoded_examples, encode_errors = encode_after_transform(
+            encoded_examples, encode_errors = write.encode_after_transform(
                 examples, (transform_written, transform_fn[1]), args, output_dir, run_id
             )
-            labels = transform_written | "ReadVocabulary" >> beam.Map(read_label_vocabulary)
+            labels = transform_written | "ReadVocabulary" >> beam.Map(write.read_label_vocabulary)
     error_collections.append(encode_errors)
     stats = transform_written | "ReadNormalization" >> beam.Map(
-        read_normalization, image_size=args.stored_size
+        write.read_normalization, image_size=args.stored_size
     )
 
     # Decoded and carried over by copy: every record the version writes, (split, record, class name[, ledger
@@ -445,7 +370,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         encoded_examples | "Records" >> beam.Map(lambda element: (element[0], element[1], *element[3:])),
         carried.records
         | "CarriedSplitRecords" >> beam.Map(lambda element: (element[0], element[1], element[3])),
-    ) | "WriteShards" >> WriteShards(
+    ) | "WriteShards" >> write.WriteShards(
         output_dir,
         args.shard_size_mb * 1_000_000,
         args.min_shards,
@@ -464,33 +389,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
     shards = (written["shards"], referenced_shards) | "AllShards" >> beam.Flatten()
 
     all_errors = error_collections | "AllErrors" >> beam.Flatten()
-    # The error log and the near-duplicate groups share one writer: each log of its own would cost its
-    # three shuffles and their stages again (benchmarks/RESULTS.md, issue 30's cost).
-    log_lines = [
-        all_errors
-        | "ErrorsToJson"
-        >> beam.Map(lambda error: (ERRORS, errors.ErrorRecord.to_json(error).encode("utf-8")))
-    ]
-    count_keys = {ERRORS: "num_errors"}
-    if group_lines is not None:
-        log_lines.append(group_lines)
-        count_keys[NEAR_DUPLICATES] = "num_groups"
-    logs = (
-        log_lines
-        | "AllLogLines" >> beam.Flatten()
-        | "WriteLogs" >> WriteJsonLogs(output_dir, run_id, count_keys)
-    )
-    errors_log = logs | "ErrorFiles" >> beam.Map(lambda logs: logs[ERRORS])
-    if group_lines is not None:
-        near_duplicate_inputs["near_duplicate_files"] = beam.pvalue.AsSingleton(
-            logs | "NearDuplicateFiles" >> beam.Map(lambda logs: logs[NEAR_DUPLICATES])
-        )
+    errors_log, near_duplicate_files = write.write_logs(all_errors, group_lines, output_dir, run_id)
+    if near_duplicate_files is not None:
+        near_duplicate_inputs["near_duplicate_files"] = beam.pvalue.AsSingleton(near_duplicate_files)
     # The version's ledger (preprocess/reuse/ledger.py): what the next version reuses without decoding. uint8
     # and jpeg: each written record's entry says which shard holds it (the shard writer's), a referenced
     # one's keeps its shard. bfloat16 and float32 versions are never carried over (previous.py): no shard.
     if one_pass:
         ledger_lines = (
-            written["ledger"] | "LedgerLines" >> beam.Map(entry_bytes),
+            written["ledger"] | "LedgerLines" >> beam.Map(reuse.entry_bytes),
             referenced.ledger,
         ) | "LedgerEntries" >> beam.Flatten()
     else:
@@ -501,34 +408,35 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
             >> beam.Filter(
                 lambda example, labels: example["label"] in labels, beam.pvalue.AsSingleton(vocabulary)
             )
-            | "LedgerLines" >> beam.Map(entry_line)
+            | "LedgerLines" >> beam.Map(reuse.entry_line)
         )
     # The inputs whose bytes failed (decoded now, or carried over), for the next version to carry over.
-    failed_entries = all_errors | "FailedEntries" >> beam.FlatMap(failure_entry)
+    failed_entries = all_errors | "FailedEntries" >> beam.FlatMap(reuse.failure_entry)
     ledger_lines = (
         ledger_lines,
-        failed_entries | "FailedLines" >> beam.Map(entry_bytes),
+        failed_entries | "FailedLines" >> beam.Map(reuse.entry_bytes),
     ) | "LedgerAndFailed" >> beam.Flatten()
-    ledger = ledger_lines | "WriteLedger" >> WriteErrorLog(
-        output_dir, run_id, prefix=LEDGER, count_key="num_images"
+    ledger = ledger_lines | "WriteLedger" >> write.WriteErrorLog(
+        output_dir, run_id, prefix=reuse.LEDGER, count_key="num_images"
     )
     # Every input's fate, counted in one combine (each global count would add its own stages).
     fates = [
-        listed.records | "Listed" >> beam.Map(lambda _: outcomes.FOUND),
-        listed.errors | "ListingError" >> beam.Map(lambda _: outcomes.FOUND),
-        listed.skipped | "Skipped" >> beam.Map(outcomes.skipped),
-        deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: outcomes.DUPLICATE),
-        all_errors | "Failed" >> beam.Map(outcomes.failed),
-        encoded_examples | "Written" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
+        listed.records | "Listed" >> beam.Map(lambda _: decode.outcomes.FOUND),
+        listed.errors | "ListingError" >> beam.Map(lambda _: decode.outcomes.FOUND),
+        listed.skipped | "Skipped" >> beam.Map(decode.outcomes.skipped),
+        deduplicated["duplicates"] | "Duplicate" >> beam.Map(lambda _: decode.outcomes.DUPLICATE),
+        all_errors | "Failed" >> beam.Map(decode.outcomes.failed),
+        encoded_examples
+        | "Written" >> beam.Map(lambda element: decode.outcomes.written(element[0], element[2])),
         carried.records
-        | "WrittenCarried" >> beam.Map(lambda element: outcomes.written(element[0], element[2])),
+        | "WrittenCarried" >> beam.Map(lambda element: decode.outcomes.written(element[0], element[2])),
         referenced[reuse.OUTCOMES],
-        reused["decode"] | "Decoded" >> beam.Map(lambda _: outcomes.DECODED),
-        carried.records | "Reused" >> beam.Map(lambda _: outcomes.REUSED),
-        reused["failed"] | "ReusedFailed" >> beam.Map(lambda _: outcomes.REUSED),
+        reused["decode"] | "Decoded" >> beam.Map(lambda _: decode.outcomes.DECODED),
+        carried.records | "Reused" >> beam.Map(lambda _: decode.outcomes.REUSED),
+        reused["failed"] | "ReusedFailed" >> beam.Map(lambda _: decode.outcomes.REUSED),
     ]
     if dropped is not None:
-        fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: outcomes.NEAR_DUPLICATE))
+        fates.append(dropped | "NearDuplicate" >> beam.Map(lambda _: decode.outcomes.NEAR_DUPLICATE))
     outcome_counts = (
         fates | "Outcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()
     )
@@ -538,7 +446,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, build_id: str, run_id: str | N
         | "Finalize" >> beam.Create([None])
         | "WriteManifest"
         >> beam.Map(
-            finalize_dataset,
+            publish.finalize_dataset,
             config=config,
             run_id=beam.pvalue.AsSingleton(run_id),
             labels=beam.pvalue.AsSingleton(labels),

@@ -57,3 +57,13 @@ class SourceImageSizesFn(beam.CombineFn):
 def source_size(example: dict) -> tuple[int, int]:
     """A decoded example (DecodeImagesFn) -> its source image's (width, height)."""
     return example["source_width"], example["source_height"]
+
+
+def source_image_sizes(decoded_examples, carried_sizes, referenced_sizes):
+    """The manifest's `source_image_sizes`, a singleton: decoded and carried over alike (the ledger keeps a
+    carried image's source size), as a full rebuild counts."""
+    return (
+        (decoded_examples | "SourceSizes" >> beam.Map(source_size), carried_sizes, referenced_sizes)
+        | "AllSourceSizes" >> beam.Flatten()
+        | "SourceImageSizes" >> beam.CombineGlobally(SourceImageSizesFn())
+    )

@@ -7,11 +7,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from preprocess import errors
-from preprocess.decode.failure_budget import FailureBudget
+from preprocess.decode.failure_budget import FailureBudget, known_outcomes
 from preprocess.decode.image import load_image_and_source_size, load_image_with_source
 from preprocess.inputs.content import UniqueInput
 from preprocess.inputs.reading import read_file_bytes
 from preprocess.launch.progress import ProgressCounter
+from preprocess.publish.superseded import StopIfSupersededFn
 from preprocess.reuse.ledger import input_facts
 from preprocess.transform import image_moments
 
@@ -110,3 +111,37 @@ class DecodeImagesFn(beam.DoFn):
             example["num_bytes"] = len(data)
             example["split_given"] = bool(getattr(item, "split_given", False))
         yield example
+
+
+def decode_images(
+    to_decode, listed, sampled, errors_before_decoding: list, run_id, output_dir: str, args, signatures
+):
+    """The decode step of the graph: `to_decode` (UniqueInputs) -> DecodeImagesFn's outputs, "examples" and
+    "errors". `listed` (ListedInputs), `sampled` (the inputs to decode, in an incremental run not those
+    carried over) and `errors_before_decoding` are what is settled before decoding: the decoding fails the
+    job early once --max-failed-fraction is sure to be crossed (failure_budget.py). `signatures`: with the
+    near-duplicate audit."""
+    known = known_outcomes(
+        listed.records,
+        listed.errors,
+        sampled,
+        errors_before_decoding | "ErrorsBeforeDecoding" >> beam.Flatten(),
+    )
+    return (
+        to_decode
+        | "SpreadDecoding" >> beam.Reshuffle()
+        # A run that a newer one superseded stops here rather than decode for hours (superseded.py).
+        | "StopIfSuperseded" >> beam.ParDo(StopIfSupersededFn(output_dir), beam.pvalue.AsSingleton(run_id))
+        | "Decode"
+        >> beam.ParDo(
+            DecodeImagesFn(
+                args.stored_size,
+                args.resize_method,
+                args.max_pixels,
+                args.max_file_bytes,
+                args.max_failed_fraction,
+                signatures=signatures,
+            ),
+            known=beam.pvalue.AsSingleton(known),
+        ).with_outputs("errors", main="examples")
+    )

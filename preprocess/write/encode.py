@@ -9,9 +9,12 @@ from apache_beam.metrics import Metrics
 from PIL import Image
 
 from dataset_contract import features
+from dataset_contract import manifest as manifest_lib
 from preprocess import errors
+from preprocess.decode.spill import SpillAndReload
 from preprocess.launch.progress import ProgressCounter
 from preprocess.reuse.ledger import entry_of
+from preprocess.transform import ToRecordBatches, tensor_adapter_config
 
 # Little-endian on every host: the reader's decode_raw assumes it.
 _STORAGE_DTYPES = {
@@ -139,3 +142,41 @@ class EncodeDecodedFn(beam.DoFn):
             payload, label, class_name.encode(), example["sha256"].encode(), example["uri"].encode()
         )
         yield split, serialized, class_name, entry_of(example)
+
+
+def encode_in_one_pass(decoded, vocabulary, args):
+    """uint8 and jpeg: records encoded as the images are decoded (EncodeDecodedFn)."""
+    return decoded | "Encode" >> beam.ParDo(
+        EncodeDecodedFn(args.encoding, args.stored_size, args.jpeg_quality),
+        beam.pvalue.AsSingleton(vocabulary),
+    ).with_outputs("errors", main="examples")
+
+
+def encode_after_transform(decoded, run_transform_fn, args, output_dir, run_id):
+    """bfloat16 and float32: the decoded batches are spilled, then transformed with the statistics."""
+    import tensorflow_transform.beam as tft_beam  # not at module level: see pipeline.build_pipeline
+
+    adapter_config = tensor_adapter_config()
+    by_split = decoded | "PartitionBySplit" >> beam.Partition(
+        lambda example, _: manifest_lib.SPLITS.index(example["split"]), len(manifest_lib.SPLITS)
+    )
+    examples, errors_out = [], []
+    for index, split in enumerate(manifest_lib.SPLITS):
+        # Decoded once; the transform reads them back from disk (decode/spill.py).
+        reloaded = (
+            by_split[index]
+            | f"ToRecordBatches[{split}]" >> ToRecordBatches(args.transform_batch_size)
+            | f"Spill[{split}]" >> SpillAndReload(split, output_dir, run_id)
+        )
+        transformed, _ = ((reloaded, adapter_config), run_transform_fn) | f"Transform[{split}]" >> (
+            tft_beam.TransformDataset(output_record_batches=True)
+        )
+        encoded = transformed | f"Encode[{split}]" >> beam.ParDo(
+            EncodeExamplesFn(split, args.encoding, args.stored_size, args.jpeg_quality)
+        ).with_outputs("errors", main="examples")
+        examples.append(encoded.examples)
+        errors_out.append(encoded.errors)
+    return (
+        examples | "AllEncoded" >> beam.Flatten(),
+        errors_out | "AllEncodeErrors" >> beam.Flatten(),
+    )

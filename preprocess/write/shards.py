@@ -13,7 +13,7 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.transforms.window import GlobalWindows
 
 from dataset_contract import manifest as manifest_lib
-from preprocess import filesystem
+from preprocess import errors, filesystem
 from preprocess.publish.runs import RunPaths
 
 _COPY_CHUNK_BYTES = 8 << 20
@@ -411,3 +411,28 @@ class WriteErrorLog(beam.PTransform):
             | "Write" >> WriteJsonLogs(self._output_dir, self._run_id, {prefix: self._count_key})
             | "Entries" >> beam.Map(lambda logs: logs[prefix])
         )
+
+
+def write_logs(all_errors, group_lines, output_dir, run_id):
+    """The error log (ErrorRecords) and the near-duplicate groups ((NEAR_DUPLICATES, JSON line); None without
+    the audit) -> (the error log's manifest entries, the groups' or None), singletons. One writer for both:
+    each log of its own would cost its three shuffles and their stages again (benchmarks/RESULTS.md, issue
+    30's cost)."""
+    log_lines = [
+        all_errors
+        | "ErrorsToJson"
+        >> beam.Map(lambda error: (ERRORS, errors.ErrorRecord.to_json(error).encode("utf-8")))
+    ]
+    count_keys = {ERRORS: "num_errors"}
+    if group_lines is not None:
+        log_lines.append(group_lines)
+        count_keys[NEAR_DUPLICATES] = "num_groups"
+    logs = (
+        log_lines
+        | "AllLogLines" >> beam.Flatten()
+        | "WriteLogs" >> WriteJsonLogs(output_dir, run_id, count_keys)
+    )
+    errors_log = logs | "ErrorFiles" >> beam.Map(lambda logs: logs[ERRORS])
+    if group_lines is None:
+        return errors_log, None
+    return errors_log, logs | "NearDuplicateFiles" >> beam.Map(lambda logs: logs[NEAR_DUPLICATES])
