@@ -1,24 +1,6 @@
-"""Decoded images spilled once, then each routed to the split its near-duplicate group gives it.
-
-Near-duplicate groups are known only once every image is decoded and signed,
-and no runner may hold the decoded images meanwhile (Beam's local runner
-keeps whatever crosses a stage boundary in memory). So the step that decodes
-them writes each decoded example to an Arrow part file in the run's staging
-(`staging/<run id>/decoded/near-<uuid>.arrow`, decode/spill.py's part files),
-and passes on only a small SignedImage whose `locator` is (part path, row).
-
-After grouping, the few images whose split changes, or that drop mode drops,
-become overrides keyed by their part's path; the parts and their overrides
-are grouped by path (CoGroupByKey), and each part is read back once, in one
-element, its rows routed to their final split. What one element holds is a
-part's overrides: bounded by the part's rows, whatever the corpus.
-
-Retry-safe: every bundle attempt writes parts of its own (a uuid in the
-name), committed at the end of the bundle; a SignedImage and a part path are
-outputs of the attempt that wrote the row, so only a committed attempt's
-locators reach the grouping and the routing. Nothing is deleted here: the
-run's staging goes after it has published (preprocess/publish/commit.py).
-"""
+"""Decoded images spilled once, then each routed to the split its near-duplicate group gives it: the
+decode step writes Arrow part files and passes on a small SignedImage; after grouping, each part is read
+back once with its overrides. Design notes: docs/internals.md ("routing.py")."""
 
 import apache_beam as beam
 import pyarrow as pa
