@@ -1,7 +1,8 @@
 """Runs a command (`python -m MODULE ARGS`) in a fresh interpreter and reports which heavy modules it imported.
 
 The report is the last line of stderr: `EXIT <exit status> HEAVY [<imported heavy modules>]`, so a test can
-check that --help or a flag error is answered before TensorFlow or Beam is imported.
+check that --help or a flag error is answered before TensorFlow or Beam is imported. `run_fresh_python`
+runs a test's own script the same way, for what it imports.
 """
 
 import os
@@ -38,4 +39,16 @@ def probe_module(module: str, args, heavy, cwd) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def run_fresh_python(script: str) -> subprocess.CompletedProcess:
+    """`python -c script` in a fresh interpreter (nothing imported yet), from `/` with the repo on the path."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": REPO, "TPU_LOAD_LIBRARY": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
     )

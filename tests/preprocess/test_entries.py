@@ -1,10 +1,6 @@
 """Each folder's entry (its `__init__.py`) names what pipeline.py calls, and imports it only on first use."""
 
-import os
-import subprocess
-import sys
-
-from tests.cli_probe import REPO
+from tests.cli_probe import run_fresh_python
 
 FOLDERS = ("decode", "inputs", "launch", "near_duplicates", "publish", "reuse", "write")
 
@@ -20,13 +16,6 @@ def test_importing_the_folders_loads_no_beam_until_a_name_is_used():
         "        getattr(folder, name)\n"
         "print('apache_beam' in sys.modules, [m for m in ('tensorflow', 'tensorflow_transform') if m in sys.modules])\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": REPO, "TPU_LOAD_LIBRARY": "0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
+    result = run_fresh_python(script)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[:2] == ["False", "True []"]

@@ -25,6 +25,7 @@ from preprocess.inputs.reading import (
     read_file_bytes,
 )
 from tests.gcs_emulator import ReadFaults
+from tests.python_heap import peak_heap_bytes
 
 
 def _jpeg(size=(24, 16)) -> bytes:
@@ -364,28 +365,13 @@ def test_listed_gcs_objects_are_read_by_one_reused_client_without_metadata_reque
 # ------------------------------------------------------------------------------------------------ memory
 
 
-def _peak_bytes(function):
-    """(result, the peak of Python allocations above the start while `function` ran)."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        start, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        result = function()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return result, peak - start
-
-
 def test_a_gcs_object_read_whole_takes_about_its_size_in_memory(gcs_emulator, gcs_dir):
     # Not through the forwarder: it runs in this process and holds each response whole.
     url = f"{gcs_dir}/cat/big.bin"
     data = os.urandom(6 << 20)
     _upload(gcs_emulator, url, data)
     # At the size the listing gave (decode_stage.py passes it).
-    read, peak = _peak_bytes(lambda: read_file_bytes(url, size=len(data)))
+    read, peak = peak_heap_bytes(lambda: read_file_bytes(url, size=len(data)))
     assert read == data
     assert peak <= 1.2 * len(data), f"peak {peak / len(data):.2f}x the file"
 
@@ -394,7 +380,7 @@ def test_opening_an_image_does_not_copy_its_bytes():
     from preprocess.decode.image import _ShortReadTrackingBytesIO
 
     data = bytearray(_jpeg((16, 16)) + bytes(4 << 20))  # a JPEG with 4 MiB of trailing data
-    reader, peak = _peak_bytes(lambda: Image.open(_ShortReadTrackingBytesIO(data), formats=["JPEG"]))
+    reader, peak = peak_heap_bytes(lambda: Image.open(_ShortReadTrackingBytesIO(data), formats=["JPEG"]))
     assert reader.size == (16, 16)
     assert peak < 0.1 * len(data), f"peak {peak / len(data):.2f}x the file"
 
@@ -403,6 +389,6 @@ def test_a_gcs_object_of_unknown_size_read_whole_takes_about_its_size_in_memory(
     url = f"{gcs_dir}/cat/unsized.bin"
     data = os.urandom(12 << 20)  # over one 8 MiB part: parts joined into one bytes took 2x
     _upload(gcs_emulator, url, data)
-    read, peak = _peak_bytes(lambda: read_file_bytes(url))
+    read, peak = peak_heap_bytes(lambda: read_file_bytes(url))
     assert read == data
     assert peak <= 1.2 * len(data), f"peak {peak / len(data):.2f}x the file"

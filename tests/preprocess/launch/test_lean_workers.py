@@ -6,14 +6,10 @@ real pipeline, fused as the local runner fuses them, and loaded in a fresh
 process the way Beam's bundle processor loads them.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from benchmarks.worker_memory import HEAVY_MODULES, LISTING_AND_DEDUP, OTHER_STAGES, measure_worker
-from tests.cli_probe import REPO
+from tests.cli_probe import run_fresh_python
 
 
 @pytest.mark.slow  # builds and fuses the whole pipeline, and a worker-like process imports TensorFlow
@@ -32,13 +28,6 @@ def test_importing_the_pipeline_module_loads_neither_tensorflow_nor_tf_transform
         "import preprocess.pipeline, preprocess.write.encode, preprocess.transform, preprocess.write.transform_output\n"
         f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": REPO, "TPU_LOAD_LIBRARY": "0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
+    result = run_fresh_python(script)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

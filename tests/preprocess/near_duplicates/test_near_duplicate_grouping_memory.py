@@ -7,12 +7,12 @@ not n x n uint64 temporaries (benchmarks/RESULTS.md, row 14). Plain calls, no Be
 
 import hashlib
 import random
-import tracemalloc
 
 import numpy as np
 
 from preprocess.near_duplicates.grouping import VerifyBucketFn, _near_matrix
 from preprocess.near_duplicates.signature import DEFAULT_MAX_DISTANCE, near
+from tests.python_heap import peak_heap_bytes
 
 BITS = 64
 
@@ -24,19 +24,6 @@ def _signature(grey: int) -> int:
     return grey | mirror << BITS
 
 
-def _peak_bytes(call):
-    """(call's result, the most memory Python and numpy held above the start while it ran)."""
-    tracemalloc.start()
-    try:
-        start, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        result = call()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return result, peak - start
-
-
 def test_a_bucket_of_near_entries_is_joined_without_a_list_of_its_pairs():
     # 400 images of one grey hash: 79,800 verified pairs. A list of them peaked at 5.0 MiB; now 0.1.
     signature = _signature(random.Random(0).getrandbits(BITS))
@@ -44,7 +31,7 @@ def test_a_bucket_of_near_entries_is_joined_without_a_list_of_its_pairs():
     verify = VerifyBucketFn(DEFAULT_MAX_DISTANCE, max_bucket_size=2000)
     verify.start_bundle()
 
-    outputs, peak = _peak_bytes(lambda: list(verify.process(((0, 0), points))))
+    outputs, peak = peak_heap_bytes(lambda: list(verify.process(((0, 0), points))))
 
     edges = [output for output in outputs if isinstance(output, tuple)]
     smallest = min(key for key, _ in points)
@@ -60,7 +47,7 @@ def test_a_components_near_matrix_is_prefiltered_a_few_rows_at_a_time():
     greys += [grey ^ 1 << rng.randrange(BITS) for grey in greys[:200]]  # 200 near pairs
     signatures = [_signature(grey) for grey in greys]
 
-    matrix, peak = _peak_bytes(lambda: _near_matrix(signatures, DEFAULT_MAX_DISTANCE))
+    matrix, peak = peak_heap_bytes(lambda: _near_matrix(signatures, DEFAULT_MAX_DISTANCE))
 
     count = len(signatures)
     assert peak < matrix.nbytes + (5 << 20), f"{peak / 2**20:.1f} MiB for a {count} x {count} int16 result"

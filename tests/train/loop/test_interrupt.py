@@ -3,12 +3,12 @@ step boundary and exits 130 with the resume command; a second stops at once. The
 epoch lines with duration and ETA, and no TensorFlow C++ start-up lines, at the default verbosity."""
 
 import signal
-import sys
 import time
 
 import pytest
 
 from tests.train.loop.test_preemption import ENV, STEP_LINE, RunningTraining, checkpoint_steps, resume
+from tests.train.loop.test_preemption import train_command as preemption_train_command
 from train.loop.checkpoints import INTERRUPTED_EXIT_CODE
 
 # The default verbosity, as a user gets it: no TF_CPP_MIN_LOG_LEVEL from the environment.
@@ -20,17 +20,10 @@ TOTAL = EPOCHS * STEPS_PER_EPOCH
 
 
 def train_command(data_dir, model_dir):
-    return [
-        sys.executable, "-m", "train",
-        "--data", data_dir,
-        "--model-dir", str(model_dir),
-        "--epochs", str(EPOCHS),
-        "--steps-per-epoch", str(STEPS_PER_EPOCH),
-        "--global-batch-size", "8",
-        "--log-every", "1",
-        "--checkpoint-every", "epoch",  # the only mid-epoch checkpoint can come from the signal
-        "--no-export",
-    ]  # fmt: skip
+    # The only mid-epoch checkpoint can come from the signal.
+    return preemption_train_command(
+        data_dir, model_dir, "--checkpoint-every", "epoch", epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH
+    )
 
 
 def catches_sigint(pid: int) -> bool:

@@ -31,13 +31,13 @@ def checkpoint_steps(model_dir) -> list[int]:
     return checkpoints.checkpoint_steps(str(model_dir / "checkpoints"))
 
 
-def train_command(data_dir, model_dir, *extra):
+def train_command(data_dir, model_dir, *extra, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH):
     return [
         sys.executable, "-m", "train",
         "--data", data_dir,
         "--model-dir", str(model_dir),
-        "--epochs", str(EPOCHS),
-        "--steps-per-epoch", str(STEPS_PER_EPOCH),
+        "--epochs", str(epochs),
+        "--steps-per-epoch", str(steps_per_epoch),
         "--global-batch-size", "8",
         "--log-every", "1",
         "--no-export",
