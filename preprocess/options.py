@@ -132,10 +132,13 @@ def check_beam_args(beam_args: list[str], parser: CommandParser) -> None:
         parser.refuse(problem)
 
 
-def parse_args(argv, check_beam_flags: bool = True) -> tuple[Stage1Config, list[str]]:
+def parse_args(
+    argv, check_beam_flags: bool = True, parser: CommandParser | None = None
+) -> tuple[Stage1Config, list[str]]:
     """(the Stage1Config of the command line, the rest for Beam's PipelineOptions); a mistake exits 2.
-    `check_beam_flags`: also refuse a flag Beam does not know (imports Beam's options)."""
-    parser = build_parser()
+    `check_beam_flags`: also refuse a flag Beam does not know (imports Beam's options). `parser`: build_parser()'s,
+    for a caller that refuses more with it (the command: launch/command.py)."""
+    parser = parser or build_parser()
     args, beam_args = parser.parse_known_args(argv)
     mixed_up = parser.mixed_up_flags_problem(beam_args)  # ours for certain: said before Beam is imported
     if mixed_up:

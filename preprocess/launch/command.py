@@ -14,14 +14,14 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # --help, a wrong flag, a launcher Python that the worker image cannot load and a wrong --input or
     # --output are answered before TensorFlow and Beam's pipeline code are imported (~8 s, and log noise).
-    config, beam_args = options.parse_args(argv, check_beam_flags=False)
+    parser = options.build_parser()
+    config, beam_args = options.parse_args(argv, check_beam_flags=False, parser=parser)
     log_format.configure()  # the launcher's warnings (input checks) in the one format of every command
     try:
         check_launcher_python(beam_args)
     except LauncherPythonError as exc:
         sys.exit(f"preprocess: {exc}")
     # Beam's options are imported for this (a second or two), only when flags are left for Beam.
-    parser = options.build_parser()
     options.check_beam_args(beam_args, parser)
     # A template may be made before its input exists (input_checks.check_inputs).
     template = any(arg.split("=", 1)[0] == "--template_location" for arg in beam_args)

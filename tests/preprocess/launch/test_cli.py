@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from preprocess import options
+from preprocess.launch import command
 from tests.cli_probe import REPO, probe_module
 
 HEAVY = ("tensorflow", "apache_beam", "tensorflow_transform")
@@ -23,6 +27,19 @@ def test_a_wrong_flag_is_refused_before_tensorflow_or_beam_is_imported(tmp_path)
     result = _probe(tmp_path, "--input", "x", "--output", "y", "--jpeg-quality", "0")
     assert "--jpeg-quality 0: expected 1..100" in result.stderr
     assert "HEAVY []" in result.stderr and "EXIT 0" not in result.stderr, result.stderr[-2000:]
+
+
+def test_the_command_builds_its_parser_once_and_refuses_a_missing_input_with_it(
+    tmp_path, monkeypatch, capsys
+):
+    built = []
+    build_parser = options.build_parser
+    monkeypatch.setattr(options, "build_parser", lambda: built.append(build_parser()) or built[-1])
+    with pytest.raises(SystemExit) as stopped:
+        command.main(["--input", str(tmp_path / "missing"), "--output", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    assert len(built) == 1
+    assert "preprocess: error:" in capsys.readouterr().err
 
 
 def test_the_end_of_a_job_skips_only_the_teardown_exit_handlers_still_run_and_output_is_flushed(tmp_path):
