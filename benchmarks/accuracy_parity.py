@@ -37,7 +37,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_line, median
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from pipelines.sample_corpus import write_sample_corpus
@@ -196,7 +196,7 @@ def main(argv=None) -> dict:
         shutil.rmtree(trees[split], ignore_errors=True)
         build_tree(split_uris(data_dir, manifest, split), trees[split], labels)
     counts = {split: manifest["splits"][split]["num_examples"] for split in trees}
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     print(
         f"corpus: {root}: {num_files} files Keras can read, {args.image_size}x{args.image_size}; "
         f"train {counts['train']}, validation {counts['validation']} (same files on both sides); "

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_line, median
 
 BACKENDS = ("tensorflow", "jax")
 _RUN = """
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     datasets = {name: DATASETS[name](args) for name in args.datasets.split(",")}
     command = "python -m benchmarks.backend_parity " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: {command}\nmachine: {machine_description()}; {machine_load()}", flush=True)
+    print(f"command: {command}\n{machine_line()}", flush=True)
     results = {}
     for name, data_dir in datasets.items():
         for backend in BACKENDS:

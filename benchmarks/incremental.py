@@ -26,10 +26,9 @@ from benchmarks.corpus import photo_pool
 from benchmarks.measure import (
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
-    python_module,
+    machine_line,
     run_measured,
+    stage1_command,
 )
 
 
@@ -47,15 +46,10 @@ def _link_tree(pool: str, files: list[dict], root: str) -> None:
 
 
 def _run(corpus: str, output: str, args, log_path: str, *extra: str) -> dict:
-    argv = python_module(
-        "preprocess",
-        "--input",
+    argv = stage1_command(
         corpus,
-        "--output",
         output,
-        "--image-size",
-        str(args.image_size),
-        "--encoding",
+        args.image_size,
         "uint8",
         "--in-process-below",
         "1000000",
@@ -169,7 +163,7 @@ def report(figures: dict) -> str:
         "with --checksum: CPU s / beyond the fixed cost",
     ]
     return (
-        f"{machine_description()}; {machine_load()}\n"
+        f"{machine_line()}\n"
         f"fixed cost, a full build of 8 photos: {fixed['wall_s']} s wall, {fixed['cpu_s']} CPU s, "
         f"{fixed['bytes_written'] / 1e6:.1f} MB written; an incremental re-run of them with 1 more: "
         f"{fixed_incremental['wall_s']} s wall, {fixed_incremental['cpu_s']} CPU s{_runs(fixed_incremental)} "

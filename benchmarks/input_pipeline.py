@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_line, median
 from dataset_contract import manifest as manifest_lib
 from dataset_contract import verification
 from train.data import dataset as dataset_lib
@@ -138,7 +138,7 @@ def main(argv=None) -> dict:
         megapixels = corpus_lib.TINY_MEGAPIXELS
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     corpus = corpus_lib.photo_corpus(args.cache, args.num_images, unique=args.unique, megapixels=megapixels)
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     print(
         f"corpus: {corpus}: {len(corpus_lib.corpus_files(corpus))} JPEGs; {args.image_size}x{args.image_size}, "
         f"batch {batch}, windows of {args.seconds:g} s x {args.repeats}",

@@ -26,7 +26,7 @@ import time
 
 from benchmarks import corpus as corpus_lib
 from benchmarks import train_throughput
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_description, machine_line, median
 
 RAW, TO_JAX = "raw pipeline", "to JAX"
 
@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
     command = "python -m benchmarks.jax_handoff " + " ".join(sys.argv[1:] if argv is None else argv)
     ratio = median(b / a for a, b in zip(rates[RAW], rates[TO_JAX], strict=True))
     image = manifest["image"]
-    print(f"command: {command}\ndate: {when}; machine: {machine_description()}; {machine_load()}")
+    print(f"command: {command}\ndate: {when}; {machine_line()}")
     print(
         f"jax {jax.__version__}, tensorflow {tf.__version__}, python {platform.python_version()}; {jax.devices()}"
     )

@@ -38,8 +38,7 @@ import sys
 from benchmarks.measure import (
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
+    machine_line,
     median,
     mib,
     reset_peak_rss,
@@ -160,7 +159,7 @@ def main(argv=None) -> dict | None:
     os.makedirs(args.workdir, exist_ok=True)
     sizes = [args.num_files, args.num_files * args.factor]
     trees = {size: make_tree(args.workdir, size) for size in sizes}
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     print(f"trees: {', '.join(f'{size:,} files in {NUM_CLASSES} folders' for size in sizes)}", flush=True)
 
     runs = []

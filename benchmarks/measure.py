@@ -49,6 +49,11 @@ def machine_description() -> str:
     return f"{cores} cores, {mem_gib:.1f} GiB RAM" + (f", {model}" if model else "")
 
 
+def machine_line() -> str:
+    """'machine: <machine_description()>; <machine_load()>', the first line a benchmark prints."""
+    return f"machine: {machine_description()}; {machine_load()}"
+
+
 def machine_load() -> str:
     """The load average, and whether the kernel shares CPU per session (autogroup) rather than per thread.
 
@@ -319,6 +324,16 @@ def run_measured(
 def python_module(module: str, *args: str) -> list[str]:
     """argv running `python -m module args` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def stage1_command(corpus: str, output: str, image_size: int, encoding: str, *args: str) -> list[str]:
+    """argv running stage 1 (`python -m preprocess`) on `corpus` into `output` at one size and encoding, then `args`."""
+    return python_module(
+        "preprocess",
+        *("--input", corpus, "--output", output),
+        *("--image-size", str(image_size), "--encoding", encoding),
+        *args,
+    )
 
 
 def add_stage1_arg_option(parser: argparse.ArgumentParser) -> None:

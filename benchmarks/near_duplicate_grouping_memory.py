@@ -39,8 +39,7 @@ import tempfile
 from benchmarks.measure import (
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
+    machine_line,
     median,
     mib,
     python_module,
@@ -275,7 +274,7 @@ def main(argv=None) -> dict | None:
         args.images, args.factor, args.repeats = 300, 2, 1
     sizes = {1: args.images, args.factor: args.images * args.factor}
     contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     workers = {factor: args.workers * (factor if args.scale_workers else 1) for factor in sizes}
     print(
         f"synthetic SignedImages: {sizes[1]:,} and {sizes[args.factor]:,}; "

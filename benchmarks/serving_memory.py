@@ -37,8 +37,7 @@ from benchmarks.adversarial_images import (
 from benchmarks.measure import (
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
+    machine_line,
     reset_peak_rss,
     status_bytes,
     timed,
@@ -206,7 +205,7 @@ def main(argv=None) -> dict:
     if args.cases:
         images = {name: images[name] for name in args.cases.split(",")}
     os.makedirs(args.workdir, exist_ok=True)
-    print(f"machine: {machine_description()}; {machine_load()}", flush=True)
+    print(machine_line(), flush=True)
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exports = {"current": export_current(os.path.join(args.workdir, "export_current"), args.image_size)}
     baseline_missing = None

@@ -29,27 +29,21 @@ from benchmarks.measure import (
     add_stage1_arg_option,
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
+    machine_line,
     median,
     mib,
-    python_module,
     run_measured,
     scaling_ratios,
+    stage1_command,
 )
 
 
 def run_stage1(corpus: str, output: str, args, log_path: str):
     shutil.rmtree(output, ignore_errors=True)
-    argv = python_module(
-        "preprocess",
-        "--input",
+    argv = stage1_command(
         corpus,
-        "--output",
         output,
-        "--image-size",
-        str(args.image_size),
-        "--encoding",
+        args.image_size,
         args.encoding,
         "--direct_running_mode=multi_processing",
         f"--direct_num_workers={args.workers}",
@@ -104,7 +98,7 @@ def main(argv=None) -> dict:
             args.cache, args.num_images * args.factor, unique=unique, megapixels=megapixels
         ),
     }
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     for factor, corpus in corpora.items():
         files = corpus_lib.corpus_files(corpus)
         print(

@@ -52,7 +52,7 @@ import sys
 import time
 
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_description, machine_line, median
 
 MODELS = ("resnet50", "mobilenetv3small")
 # Training is input-bound when the real input pipeline leaves it below this fraction of the on-device rate.
@@ -373,7 +373,7 @@ def main(argv=None) -> dict:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m benchmarks.train_throughput " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: {command}")
-    print(f"date: {when}; machine: {machine_description()}; {machine_load()}")
+    print(f"date: {when}; {machine_line()}")
     print(
         f"tensorflow {tf.__version__}, python {platform.python_version()}; devices: "
         + ", ".join(sorted({d.device_type for d in tf.config.list_logical_devices()}))

@@ -40,7 +40,7 @@ import keras
 
 from benchmarks import accuracy_parity
 from benchmarks import corpus as corpus_lib
-from benchmarks.measure import finish_report, format_table, machine_description, machine_load, median
+from benchmarks.measure import finish_report, format_table, machine_line, median
 from dataset_contract import features, verification
 from dataset_contract import manifest as manifest_lib
 from train.config import TrainConfig
@@ -182,7 +182,7 @@ def main(argv=None) -> dict:
         for split in (manifest_lib.TRAIN, manifest_lib.VALIDATION)
     }
     stored = manifest["image"]["height"]
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     print(
         f"pretraining corpus: {shapes_root} (shapes, 5 classes); target corpus: {photos_root} (photos, 4 classes), "
         f"train {counts['train']}, validation {counts['validation']}; {args.image_size}x{args.image_size} "
