@@ -71,7 +71,8 @@ def _run_and_report(config, beam_args: list[str]) -> None:
     from preprocess.publish.commit import SupersededRunError  # noqa: PLC0415
 
     try:
-        manifest = launcher.run(config, beam_args)
+        with launcher.sigterm_as_ctrl_c(enabled=not local):
+            manifest = launcher.run(config, beam_args)
     except job_record.RelaunchRefused as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -49,18 +49,25 @@ def is_finished(result) -> bool:
         return False
 
 
-def continues_message(result, options: PipelineOptions) -> str:
-    """What an interrupted launcher says about the job that goes on."""
+def continues_message(result, options: PipelineOptions, index_upload: str | None = None) -> str:
+    """What an interrupted launcher says about the job that goes on (and the quick check's index uploaded
+    for its workers, which stays: the launcher that would remove it at the job's end is gone)."""
     cloud = options.view_as(GoogleCloudOptions)
     region = cloud.region or "REGION"
     job_id = result.job_id()
     project = f" --project {cloud.project}" if cloud.project else ""
-    return (
+    message = (
         f"interrupted: the launcher stops, but Dataflow job {job_id} goes on (Ctrl-C does not cancel it); "
         "it publishes the dataset when it finishes.\n"
         f"  to watch it:  gcloud dataflow jobs show {job_id} --region {region}{project}\n"
         f"  to cancel it: gcloud dataflow jobs cancel {job_id} --region {region}{project}"
     )
+    if index_upload:
+        message += (
+            f"\n  its workers fetch the quick check's index from {index_upload}: delete it once the job has "
+            f"ended (gcloud storage rm {index_upload})"
+        )
+    return message
 
 
 def request_digest(output_dir: str, config: dict, beam_args: list[str]) -> str:

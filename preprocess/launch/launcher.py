@@ -155,6 +155,7 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
         except BaseException:
             if claimed is not None:
                 job_record.abandon(claimed)  # no job: the next launch need not wait for one
+            shared_index.release(pipeline)  # nor its quick check's index, uploaded as the graph was built
             raise
     result = None
     # Dataflow has its own monitoring UI; a local run prints a progress line every few seconds.
@@ -179,6 +180,8 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
                             job_record.abandon(claimed)  # no job: the next launch need not wait for one
                         raise
                     result, labels = dataflow_job.attach_to_running_job(options, exc)
+                    # That job is another launch's, with an index of its own: this one's is not used.
+                    shared_index.release(pipeline)
                 if claimed is not None and dataflow_job.is_remote_job(result):
                     job_record.record_job_id(claimed, result.job_id())
             if labels is not None:
@@ -195,7 +198,7 @@ def run(args: Stage1Config, beam_args: list[str]) -> dict | None:
     except KeyboardInterrupt as interrupt:
         if not dataflow_job.is_finished(result):
             raise dataflow_job.JobContinuesError(
-                dataflow_job.continues_message(result, options)
+                dataflow_job.continues_message(result, options, shared_index.upload_of(pipeline))
             ) from interrupt
         raise
     except Exception as exc:
@@ -265,6 +268,25 @@ def stop_at_ctrl_c(output_dir: str, enabled: bool = True):
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c(enabled: bool = True):
+    """While a Dataflow launch runs, SIGTERM (an orchestrator stopping its task) ends it as Ctrl-C does: the
+    job, if it runs, goes on and is said to, and the quick check's index uploaded for a job that will not run is
+    removed. SIGTERM's default action would end the launcher where it stands, with neither."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _leftovers(output_dir: str, published: str | None) -> tuple[int, list[str]]:

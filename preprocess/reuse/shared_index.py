@@ -191,7 +191,13 @@ def share(pipeline, ledger_files, upload_dir: str | None = None) -> SharedIndex:
 
 
 def release(pipeline) -> None:
-    """The job of `pipeline` has ended: its index is freed (see HeldIndex.close)."""
+    """The job of `pipeline` has ended, or will not run: its index is freed (see HeldIndex.close)."""
     held = _held.pop(pipeline, None)
     if held is not None:
         held.close()
+
+
+def upload_of(pipeline) -> str | None:
+    """Where the index of `pipeline`'s job was uploaded for its workers (None: nowhere, or released)."""
+    held = _held.get(pipeline)
+    return None if held is None else held.uploaded

@@ -7,14 +7,18 @@ jobs list) a fake. The rest is real: the launcher's `main`, the job graph it bui
 
 import concurrent.futures
 import logging
+import os
+import signal
 import threading
+import time
 import uuid
 
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 
-from preprocess import filesystem
+from preprocess import filesystem, options
+from preprocess import pipeline as pipeline_module
 from preprocess.launch import command, dataflow_job, job_record, launcher, local_runner
 from preprocess.publish.runs import tft_temp_dir
 from tests.stage1 import write_corpus
@@ -356,3 +360,122 @@ def test_launches_of_one_request_at_once_start_exactly_one_job_and_the_others_wa
     (winner,) = submitted
     assert all(record.job_id == jobs[winner.job_name] for _, record in outcomes)
     assert list(job_record.read_records(output, "0123456789abcdef0123")) == [1]
+
+
+# ------------------------------------------------------------------ the quick check's index, uploaded
+
+# A published version whose settings a re-run keeps: the re-run's launcher builds the quick check's index and
+# uploads it to --temp_location for the job's workers (reuse/shared_index.py). The copy of a session's dataset
+# that tests/preprocess/publish/ start from too.
+PUBLISHED = {"images_per_class": 3, "image_size": 16, "encoding": "uint8", "min_shards": 1}
+
+
+@pytest.fixture
+def rerun(monkeypatch, tmp_path, shared_stage1_datasets, gcs_dir):
+    """launch(runner): the re-run's launcher, on a stub of Dataflow; (its corpus, output, temp location)."""
+    output = tmp_path / "out"
+    corpus_root, _ = shared_stage1_datasets.copy(output, **PUBLISHED)
+    temp = f"{gcs_dir}/temp"
+
+    def launch(runner, command_line=False):
+        runner.output_dir = str(output)
+        monkeypatch.setattr(launcher.uuid, "uuid4", lambda: uuid.UUID(BUILD_ID + "0" * 20))
+        monkeypatch.setattr(local_runner, "runner_for", lambda options, verbose=False: runner)
+        argv = ["--input", corpus_root, "--output", str(output), "--image-size", "16", "--encoding", "uint8"]
+        argv += ["--temp_location", temp, *DATAFLOW_FLAGS]
+        if command_line:  # only where the job goes on: the command ends an interrupted build with os._exit
+            return command.main(argv)
+        return launcher.run(*options.parse_args(argv))
+
+    return launch, temp
+
+
+def _index_uploads(temp: str) -> list[str]:
+    return [found.path for found in filesystem.FileSystems.match([f"{temp}/quick-check-*"])[0].metadata_list]
+
+
+def test_ctrl_c_while_the_job_runs_leaves_the_index_upload_for_its_workers_and_says_how_to_remove_it(rerun):
+    launch, temp = rerun
+    with pytest.raises(dataflow_job.JobContinuesError) as continues:
+        launch(StubDataflowRunner(RunningJob()))
+    [upload] = _index_uploads(temp)  # the job's workers, which start later, fetch it
+    assert f"fetch the quick check's index from {upload}: delete it once the job has ended" in str(
+        continues.value
+    )
+    assert f"(gcloud storage rm {upload})" in str(continues.value)
+
+
+class TerminatedJob(RunningJob):
+    """A running job whose launcher an orchestrator stops with SIGTERM while it waits."""
+
+    def wait_until_finish(self, duration=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # a handler that raises ends this at once
+        raise AssertionError("SIGTERM did not end the wait")
+
+
+def test_sigterm_while_the_job_runs_ends_the_launcher_as_ctrl_c_does(rerun, capsys):
+    launch, temp = rerun
+    received = []
+
+    def outside(signum, frame):  # what SIGTERM does here outside the launch (its default would end pytest)
+        received.append(signum)
+
+    before = signal.signal(signal.SIGTERM, outside)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            launch(StubDataflowRunner(TerminatedJob()), command_line=True)
+        assert signal.getsignal(signal.SIGTERM) is outside  # given back once the launch ends
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert exited.value.code == 130 and received == []
+    err = capsys.readouterr().err
+    assert "goes on" in err and "gcloud dataflow jobs cancel" in err and "Traceback" not in err
+    [upload] = _index_uploads(temp)
+    assert f"gcloud storage rm {upload}" in err
+
+
+def test_ctrl_c_before_the_job_is_submitted_removes_the_index_upload(rerun, monkeypatch):
+    launch, temp = rerun
+
+    def interrupted(*args):  # the graph's build goes on after the index is uploaded
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline_module, "reuse_published", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launch(StubDataflowRunner(RunningJob()))
+    assert _index_uploads(temp) == []
+    # While it is submitted: no job to use it either.
+    monkeypatch.undo()
+    with pytest.raises(KeyboardInterrupt):
+        launch(StubDataflowRunner(KeyboardInterrupt()))
+    assert _index_uploads(temp) == []
+
+
+def test_a_launch_that_attaches_to_another_launchs_job_removes_its_own_index_upload(rerun, monkeypatch):
+    from apache_beam.runners.dataflow.internal import apiclient
+    from google.cloud.dataflow import JobState
+
+    launch, temp = rerun
+    job = FakeJob("2026-11-26_01_02_03-999", {}, [JobState.JOB_STATE_RUNNING])
+    client = FakeJobsClient(job)
+    monkeypatch.setattr(dataflow_job, "_application_client", lambda options: client)
+    real_sleep = time.sleep
+
+    def sleep(seconds):
+        # Beam waits for the job in its own thread, polling: Ctrl-C reaches the launcher's thread, waiting.
+        if threading.current_thread() is threading.main_thread() and client.gets:
+            raise KeyboardInterrupt
+        real_sleep(0.01)
+
+    monkeypatch.setattr("time.sleep", sleep)
+    refusal = apiclient.DataflowJobAlreadyExistsError(
+        f"There is already active job named x with id: {job.id}."
+    )
+    try:
+        with pytest.raises(dataflow_job.JobContinuesError) as continues:
+            launch(StubDataflowRunner(refusal))
+    finally:
+        job._states = [JobState.JOB_STATE_DONE]  # Beam's polling thread ends
+    assert _index_uploads(temp) == []  # the running job has its own
+    assert "quick check" not in str(continues.value)
