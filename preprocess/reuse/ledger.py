@@ -29,34 +29,48 @@ MACHINE = "this machine's copy"
 CARRIED_FAILURES = (errors.NOT_AN_IMAGE, errors.TRUNCATED, errors.DECODE_ERROR, errors.TOO_MANY_PIXELS)
 
 
-def entry_of(example: dict) -> dict:
-    """The ledger entry of an example written (decoded, or carried over: both carry the same keys)."""
-    entry = {
-        "key": example["key"],
-        "sha256": example["sha256"],
-        "uri": example["uri"],
-        "label": example["label"],
-        "split": example["split"],
-        "moments": np.frombuffer(example["moments"], dtype="<f8").tolist(),
-    }
-    if example.get("signature") not in (None, ""):
-        entry["signature"] = int(example["signature"])  # text after a spill (routing.py)
-    if example.get("shard"):
-        entry["shard"] = example["shard"]
-    if example.get("input"):
-        entry.update(json.loads(example["input"]))
+def new_entry(key, sha256, uri, label, split, moments: list, signature, shard, facts: dict) -> dict:
+    """The ledger entry of an image written: its fields, its moments (floats), its near-duplicate signature
+    (None or "" without one), the shard that holds its record (or none), its input's facts (`facts_of`).
+    `entry_of` builds one from an example, stage.CarriedImage from the previous entry (no round trips)."""
+    entry = {"key": key, "sha256": sha256, "uri": uri, "label": label, "split": split, "moments": moments}
+    if signature not in (None, ""):
+        entry["signature"] = int(signature)  # text after a spill (routing.py)
+    if shard:
+        entry["shard"] = shard
+    entry.update(facts)
     return entry
 
 
-def input_facts(image, source_size=None) -> str:
-    """What the ledger keeps of an input beside its key (a UniqueInput's size and mtime, the source image's
-    size), as the example's `input` text: a text column crosses the near-duplicate spill as it is."""
+def entry_of(example: dict) -> dict:
+    """The ledger entry of an example written (decoded, or carried over: both carry the same keys)."""
+    return new_entry(
+        example["key"],
+        example["sha256"],
+        example["uri"],
+        example["label"],
+        example["split"],
+        np.frombuffer(example["moments"], dtype="<f8").tolist(),
+        signature=example.get("signature"),
+        shard=example.get("shard"),
+        facts=json.loads(example["input"]) if example.get("input") else {},
+    )
+
+
+def facts_of(image, source_size=None) -> dict:
+    """What the ledger keeps of an input beside its key: a UniqueInput's size and mtime, the source image's
+    size (width, height)."""
     facts = {}
     if getattr(image, "mtime_ns", None) is not None and image.size is not None:
         facts["size"], facts["mtime_ns"] = int(image.size), int(image.mtime_ns)
     if source_size is not None:
         facts["source_size"] = [int(side) for side in source_size]
-    return json.dumps(facts, sort_keys=True)
+    return facts
+
+
+def input_facts(image, source_size=None) -> str:
+    """`facts_of` as the example's `input` text: a text column crosses the near-duplicate spill as it is."""
+    return json.dumps(facts_of(image, source_size), sort_keys=True)
 
 
 def entry_bytes(entry: dict) -> bytes:
@@ -91,7 +105,7 @@ def failure_entry(error) -> list[dict]:
         return []
     entry = {"key": image.key, "uri": image.uri, "label": image.label}
     entry["failed"] = {"reason": error.reason, "detail": error.detail, "decoder": decoder_version()}
-    entry.update(json.loads(input_facts(image)))
+    entry.update(facts_of(image))
     return [entry]
 
 

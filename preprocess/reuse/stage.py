@@ -17,9 +17,11 @@ from preprocess.reuse.ledger import (
     decoder_version,
     entry_bytes,
     entry_of,
+    facts_of,
     input_facts,
     is_failure,
     moments_bytes,
+    new_entry,
 )
 from preprocess.transform import analysis_example
 from preprocess.write.encode import label_not_in_train
@@ -70,17 +72,17 @@ class CarriedImage:
         """Its entry in the new ledger: as ledger.entry_of(self.example() and its shard) gives it, built from the
         previous entry without the example's round trips (moments through numpy, facts through JSON)."""
         image, before = self.image, self.entry
-        entry = {"key": image.key, "sha256": before["sha256"], "uri": image.uri, "label": image.label}
-        entry.update(split=image.split, moments=before["moments"])
-        if before.get("signature") not in (None, ""):
-            entry["signature"] = int(before["signature"])
-        if self.shard:
-            entry["shard"] = self.shard
-        if image.mtime_ns is not None and image.size is not None:
-            entry["size"], entry["mtime_ns"] = int(image.size), int(image.mtime_ns)
-        if self.source_size is not None:
-            entry["source_size"] = [int(side) for side in self.source_size]
-        return entry
+        return new_entry(
+            image.key,
+            before["sha256"],
+            image.uri,
+            image.label,
+            image.split,
+            before["moments"],
+            signature=before.get("signature"),
+            shard=self.shard,
+            facts=facts_of(image, self.source_size),
+        )
 
     def signed(self):
         """As near-duplicate grouping takes it (a SignedImage): held in its split, with no part to route;
