@@ -44,9 +44,11 @@ It also runs both on half the corpus (the pool's first photos), in the whole cor
 running mode (`--in-process-below 0` when the whole corpus is at or above stage 1's
 in-process threshold), and prints the margin: the CPU ms one more image costs, the
 difference of the two sizes' CPU over the difference of their images, with and without
-the audit. Half, not a quarter: a worker-mode job of 400 photos is mostly its fixed
-~20 CPU s, and two such differences were too noisy to read (RESULTS.md, issue 30's ninth
-pass); a half job holds more images than fixed cost.
+the audit. Half, not a quarter: the margin is then read between the half and the whole
+size, not from 400 photos of 1,600, where a worker-mode job is mostly its fixed ~20 CPU s;
+the price: a job's spread (about 1 CPU s at 800 and at 1,600 photos alike, RESULTS.md,
+issue 30's tenth pass) is divided by half the images instead of three quarters, so read
+the margin over several runs.
 
 (`--unique` below `--num-images` makes every further file a variant of a pool photo with
 the same pixels: a near-duplicate the audit groups.)
