@@ -48,10 +48,10 @@ REACH = signature_lib.DEFAULT_MAX_DISTANCE + grouping.NEAR_MISS_BITS
 def buckets(num_images: int) -> list[list[tuple[str, int]]]:
     """The buckets VerifyBucketFn compares on the synthetic corpus: [(key, signature), ...] sorted, distinct."""
     found = {}
-    masks = grouping.band_masks(grouping.default_bands())
+    tables = grouping._BandTables(grouping.band_masks(grouping.default_bands()))
     for image in synthetic_images(0, num_images):
-        for bucket, point in grouping._band_entries(image, masks):
-            found.setdefault(bucket, []).append(point)
+        for bucket, (key, data) in grouping._band_entries(image, tables):
+            found.setdefault(bucket, []).append((key, grouping.signature_of(data)))
     return [
         sorted(set(points))
         for points in found.values()

@@ -93,12 +93,14 @@ def shuffle_census(num_images: int) -> list[dict]:
     from preprocess.near_duplicates import components, grouping
 
     coder = coders.FastPrimitivesCoder()
-    masks = grouping.band_masks(grouping.default_bands())
+    tables = grouping._BandTables(grouping.band_masks(grouping.default_bands()))
     images = list(full_size_images(num_images))
     crossings = {
-        "Floods (by signature: the SignedImage)": lambda image: [(hex(image.signature), image)],
+        "Floods (by signature: the SignedImage)": lambda image: [
+            (grouping.signature_bytes(image.signature), image)
+        ],
         "Buckets (per band and hash: key, signature)": lambda image: list(
-            grouping._band_entries(image, masks)
+            grouping._band_entries(image, tables)
         ),
         "Components' LastRound (key: the SignedImage and its Flood)": lambda image: [
             (image.key, (components._ENTRY, (image, grouping.Flood.of(image))))

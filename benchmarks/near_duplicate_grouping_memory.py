@@ -104,11 +104,11 @@ def _bare_shuffle(images):
     """The least a bucketing transform does: each image's band entries through one GroupByKey, counted."""
     import apache_beam as beam
 
-    from preprocess.near_duplicates.grouping import _band_entries, band_masks, default_bands
+    from preprocess.near_duplicates.grouping import _band_entries, _BandTables, band_masks, default_bands
 
     sizes = (
         images
-        | "Bands" >> beam.FlatMap(_band_entries, band_masks(default_bands()))
+        | "Bands" >> beam.FlatMap(_band_entries, _BandTables(band_masks(default_bands())))
         | "Buckets" >> beam.GroupByKey()
         | "Sizes" >> beam.MapTuple(lambda bucket, points: sum(1 for _ in points))
     )

@@ -40,11 +40,22 @@ target: the audit adds at most 10%):
     python -m benchmarks.stage1_vs_handwritten --near-duplicate-audit --num-images 600 \
         --unique 600 --repeats 2 --workdir /tmp/bench-audit
 
+It also runs both on half the corpus (the pool's first photos), in the whole corpus's
+running mode (`--in-process-below 0` when the whole corpus is at or above stage 1's
+in-process threshold), and prints the margin: the CPU ms one more image costs, the
+difference of the two sizes' CPU over the difference of their images, with and without
+the audit. Half, not a quarter: the margin is then read between the half and the whole
+size, not from 400 photos of 1,600, where a worker-mode job is mostly its fixed ~20 CPU s;
+the price: a job's spread (about 1 CPU s at 800 and at 1,600 photos alike, RESULTS.md,
+issue 30's tenth pass) is divided by half the images instead of three quarters, so read
+the margin over several runs.
+
 (`--unique` below `--num-images` makes every further file a variant of a pool photo with
 the same pixels: a near-duplicate the audit groups.)
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -62,6 +73,7 @@ from benchmarks.measure import (
     python_module,
     run_measured,
 )
+from preprocess.config import Stage1Config
 
 HANDWRITTEN_2 = "handwritten x2"
 HANDWRITTEN_1 = "handwritten x1"
@@ -232,21 +244,42 @@ def audit_cpu_ratios(runs: list[dict]) -> list[float]:
 
 def audit_marginal_ratios(runs: list[dict], small_runs: list[dict]) -> list[tuple[float, float, float]]:
     """Per repetition: (with, without, with / without) of the CPU ms one more image costs, from the runs on
-    the quarter corpus to those on the whole one."""
+    the half corpus to those on the whole one (both in the same running mode: `small_corpus_args`)."""
     margins = []
     for repeat in sorted({run["repeat"] for run in small_runs}):
         per_image = {}
         for name in AUDIT_CONTENDERS:
             whole = [run for run in runs if run["repeat"] == repeat and run["contender"] == name]
-            quarter = [run for run in small_runs if run["repeat"] == repeat and run["contender"] == name]
-            if not whole or not quarter or whole[0]["images"] <= quarter[0]["images"]:
+            half = [run for run in small_runs if run["repeat"] == repeat and run["contender"] == name]
+            if not whole or not half or whole[0]["images"] <= half[0]["images"]:
                 break
-            extra_cpu = whole[0]["tree_cpu_seconds"] - quarter[0]["tree_cpu_seconds"]
-            per_image[name] = 1000 * extra_cpu / (whole[0]["images"] - quarter[0]["images"])
+            extra_cpu = whole[0]["tree_cpu_seconds"] - half[0]["tree_cpu_seconds"]
+            per_image[name] = 1000 * extra_cpu / (whole[0]["images"] - half[0]["images"])
         if len(per_image) == len(AUDIT_CONTENDERS):
             with_ms, without_ms = per_image[BEAM_2], per_image[BEAM_2_OFF]
             margins.append((with_ms, without_ms, with_ms / without_ms))
     return margins
+
+
+def in_process_threshold(stage1_args) -> int:
+    """Stage 1's --in-process-below as the beam contenders run it: the last one in `stage1_args`, else its
+    default (a corpus of fewer inputs runs in one process, at or above it in worker processes; 0: workers)."""
+    threshold = {field.name: field.default for field in dataclasses.fields(Stage1Config)}["in_process_below"]
+    words = list(stage1_args)
+    for index, word in enumerate(words):
+        if word == "--in-process-below" and index + 1 < len(words):
+            threshold = int(words[index + 1])
+        elif word.startswith("--in-process-below="):
+            threshold = int(word.split("=", 1)[1])
+    return threshold
+
+
+def small_corpus_args(whole_images: int, stage1_args) -> tuple:
+    """The extra stage 1 words of the half corpus's runs: its whole corpus's running mode. A whole corpus in
+    worker processes has its half in them too (`--in-process-below 0`), so that the margin holds no
+    difference of the two modes' fixed costs; a whole corpus in process has its half in process anyway."""
+    threshold = in_process_threshold(stage1_args)
+    return ("--in-process-below", "0") if 0 < threshold <= whole_images else ()
 
 
 def _ratio(runs: list[dict], numerator: str, denominator: str, per_cpu_second: bool = False) -> list[float]:
@@ -290,17 +323,20 @@ def main(argv=None) -> dict:
         flush=True,
     )
 
-    # With --near-duplicate-audit, both contenders also run on a quarter of the corpus (distinct photos of
-    # the same pool), so that what one more image costs (the margin) is told from what a job costs whatever
-    # its size (stages, start-up): the audit's target is per image.
-    small_corpus = None
+    # With --near-duplicate-audit, both contenders also run on half the corpus (the pool's first photos), in
+    # the whole corpus's running mode, so that what one more image costs (the margin) is told from what a
+    # job costs whatever its size (stages, start-up): the audit's target is per image.
+    small_corpus, small_args = None, ()
     if args.near_duplicate_audit and args.num_images >= 8:
         small_corpus = corpus_lib.photo_corpus(
             args.cache,
-            args.num_images // 4,
-            unique=min(args.unique or args.num_images, args.num_images) // 4,
+            args.num_images // 2,
+            unique=min(args.unique or args.num_images, args.num_images) // 2,
             megapixels=megapixels,
         )
+        small_args = small_corpus_args(num_files, args.stage1_args)
+        mode = "worker processes forced (--in-process-below 0)" if small_args else "the same running mode"
+        print(f"margin: half corpus {small_corpus}, {mode}", flush=True)
     runs, small_runs = [], []
     for repeat in range(args.repeats):
         order = contenders[repeat % len(contenders) :] + contenders[: repeat % len(contenders)]
@@ -309,7 +345,9 @@ def main(argv=None) -> dict:
             run["repeat"] = repeat
             runs.append(run)
             if small_corpus is not None:
-                small = run_one(name, small_corpus, args, f"{repeat}-{name.replace(' ', '')}-quarter")
+                small = run_one(
+                    name, small_corpus, args, f"{repeat}-{name.replace(' ', '')}-half", small_args
+                )
                 small["repeat"] = repeat
                 small_runs.append(small)
             phase_text = ", ".join(f"{k} {v:.0f}s" for k, v in run["phases"].items())
@@ -445,8 +483,8 @@ def main(argv=None) -> dict:
     margins = audit_marginal_ratios(runs, small_runs)
     if margins:
         print(
-            "near-duplicate audit, CPU ms per image at the margin (from the quarter corpus to the whole one, "
-            "whole tree, per repetition): "
+            "near-duplicate audit, CPU ms per image at the margin (from the half corpus to the whole one, both "
+            "in the whole one's running mode, whole tree, per repetition): "
             + "; ".join(
                 f"with {with_ms:.2f}, without {without_ms:.2f}, ratio {ratio:.3f}"
                 for with_ms, without_ms, ratio in margins
@@ -471,7 +509,9 @@ def main(argv=None) -> dict:
         "fixed_cost": fixed,
         "fixed_cost_with_workers": fixed_workers,
         "near_duplicate_audit_cpu_ratio": {"values": audit_ratios, "median": median(audit_ratios)},
-        "near_duplicate_audit_quarter_runs": small_runs,
+        # The runs on half the corpus (before the fixed margin: a quarter, "near_duplicate_audit_quarter_runs").
+        "near_duplicate_audit_half_runs": small_runs,
+        "near_duplicate_audit_half_args": list(small_args),
         "near_duplicate_audit_marginal": [
             {"with_ms": with_ms, "without_ms": without_ms, "ratio": ratio}
             for with_ms, without_ms, ratio in margins

@@ -175,11 +175,27 @@ def test_stage1_audit_cost_runs_at_tiny_size_with_its_margin(cache, tmp_path, ca
         ["--tiny", "--near-duplicate-audit", "--cache", cache, "--workdir", str(tmp_path)]
     )
     assert {run["contender"] for run in report["runs"]} == {"beam x2", "beam x2 off"}
-    assert {run["images"] for run in report["near_duplicate_audit_quarter_runs"]} == {3}
+    assert {run["images"] for run in report["near_duplicate_audit_half_runs"]} == {6}
+    assert report["near_duplicate_audit_half_args"] == []  # 12 images run in process: so does the half
     (margin,) = report["near_duplicate_audit_marginal"]
-    # At 12 images against 3 the margin is noise (it can come out negative): only that it is computed.
+    # At 12 images against 6 the margin is noise (it can come out negative): only that it is computed.
     assert margin["ratio"] == margin["with_ms"] / margin["without_ms"]
     assert "CPU ms per image at the margin" in capsys.readouterr().out
+
+
+def test_audit_margin_runs_half_the_corpus_in_the_whole_corpus_running_mode():
+    # Stage 1 runs fewer inputs than --in-process-below (default 1,000) in process: a whole corpus of 1,600
+    # runs in workers, so its half (800) is forced into them too; at 800 both run in process.
+    assert stage1_vs_handwritten.small_corpus_args(1600, []) == ("--in-process-below", "0")
+    assert stage1_vs_handwritten.small_corpus_args(1000, []) == ("--in-process-below", "0")
+    assert stage1_vs_handwritten.small_corpus_args(800, []) == ()
+    # The threshold as the beam contenders get it (--stage1-arg), in either spelling; 0 means workers always.
+    assert stage1_vs_handwritten.small_corpus_args(800, ["--in-process-below", "500"]) == (
+        "--in-process-below",
+        "0",
+    )
+    assert stage1_vs_handwritten.small_corpus_args(1600, ["--in-process-below=5000"]) == ()
+    assert stage1_vs_handwritten.small_corpus_args(1600, ["--in-process-below", "0"]) == ()
 
 
 def test_jax_handoff_prints_both_rates_and_their_ratio(cache, tmp_path):

@@ -23,10 +23,13 @@ from preprocess.near_duplicates.grouping import (
     STATS_KEYS,
     FindNearDuplicateGroups,
     SignedImage,
+    VerifyBucketFn,
+    _BandTables,
     band_detection_probability,
     band_masks,
     band_value,
     cut_into_groups,
+    signature_bytes,
 )
 from preprocess.near_duplicates.signature import grey_distance, near
 
@@ -429,6 +432,36 @@ def test_bands_interleave_the_bits_and_guarantee_pairs_within_bands_minus_one_bi
     assert abs(found / 4000 - band_detection_probability(8, 4)) < 0.03
     with pytest.raises(ValueError, match="bands must be between 1 and 64"):
         band_masks(65, 64)
+
+
+def test_the_band_tables_give_band_value_of_every_band():
+    # The Bands step's tables (8 look-ups per hash) against the plain bit-by-bit band_value, for every band
+    # count the grouping takes and for signatures narrower than 64 bits (bits past the masks in no band).
+    rng = random.Random(12)
+    values = [rng.getrandbits(64) for _ in range(300)] + [0, (1 << 64) - 1]
+    for bands, bits in [(1, 64), (3, 64), (4, 64), (5, 64), (16, 64), (64, 64), (4, 40), (3, 12)]:
+        masks = band_masks(bands, bits)
+        tables = _BandTables(masks)
+        assert [tables.values(value) for value in values] == [
+            [band_value(value, positions) for positions in masks] for value in values
+        ], (bands, bits)
+
+
+def _verify(points, max_bucket_size):
+    verify = VerifyBucketFn(2, max_bucket_size)
+    verify.start_bundle()
+    entries = iter([(key, signature_bytes(_signature(grey))) for key, grey in points])  # read once only
+    return list(verify.process((0, entries)))
+
+
+def test_a_bucket_is_read_once():
+    # A bucket's entries as a one-shot iterator: what is verified, and a hot bucket's count, come from one
+    # pass (a second pass over such an iterable saw nothing: no edges, and a hot bucket's count short).
+    near_pair = [(_key("a"), 0b1), (_key("b"), 0b11), (_key("c"), 0xFFFF << 40)]
+    edges = [output for output in _verify(near_pair, 10) if not hasattr(output, "tag")]
+    assert edges == [(max(_key("a"), _key("b")), min(_key("a"), _key("b")))]
+    hot = _verify([(_key(index), index) for index in range(25)], 10)
+    assert sorted(output.value for output in hot) == [("hot_bucket_entries", 25), ("hot_buckets", 1)]
 
 
 def test_past_the_share_of_moves_allowed_no_member_moves_and_none_is_dropped():

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 
-from preprocess.near_duplicates.grouping import VerifyBucketFn, _near_matrix
+from preprocess.near_duplicates.grouping import VerifyBucketFn, _near_matrix, signature_bytes
 from preprocess.near_duplicates.signature import DEFAULT_MAX_DISTANCE, near
 from tests.python_heap import peak_heap_bytes
 
@@ -30,8 +30,9 @@ def test_a_bucket_of_near_entries_is_joined_without_a_list_of_its_pairs():
     points = [(hashlib.sha256(str(index).encode()).hexdigest(), signature) for index in range(400)]
     verify = VerifyBucketFn(DEFAULT_MAX_DISTANCE, max_bucket_size=2000)
     verify.start_bundle()
+    entries = [(key, signature_bytes(value)) for key, value in points]  # as the Bands step sends them
 
-    outputs, peak = peak_heap_bytes(lambda: list(verify.process(((0, 0), points))))
+    outputs, peak = peak_heap_bytes(lambda: list(verify.process((0, entries))))
 
     edges = [output for output in outputs if isinstance(output, tuple)]
     smallest = min(key for key, _ in points)
