@@ -66,8 +66,7 @@ from benchmarks.measure import (
     add_stage1_arg_option,
     finish_report,
     format_table,
-    machine_description,
-    machine_load,
+    machine_line,
     median,
     mib,
     python_module,
@@ -316,7 +315,7 @@ def main(argv=None) -> dict:
             f"unknown contenders {sorted(unknown)}; choose from {CONTENDERS + OPTIONAL_CONTENDERS}"
         )
     num_files = len(corpus_lib.corpus_files(corpus))
-    print(f"machine: {machine_description()}; {machine_load()}")
+    print(machine_line())
     print(
         f"corpus: {corpus}: {num_files} JPEGs, {corpus_lib.corpus_bytes(corpus) / 1e6:,.0f} MB; "
         f"{args.image_size}x{args.image_size} {args.encoding}",
