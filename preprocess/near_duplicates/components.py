@@ -129,5 +129,5 @@ class LabelComponents(beam.PTransform):
             .with_outputs("stats", "along", main="entries")
         )
         # The two steps' stats unflattened: the caller's one Flatten takes them (a Flatten of its own
-        # would be one more stage, each costing about 0.1 CPU s in worker processes).
+        # would be one more stage, each costing up to about 0.1 CPU s in worker processes).
         return {"entries": labelled.entries, "stats": (first.stats, labelled.stats), "along": labelled.along}

@@ -735,8 +735,8 @@ class FindNearDuplicateGroups(beam.PTransform):
     `more_split_counts`: ((split, label), n) of images not grouped, added to "split_counts" (the same
     combine as the stats: one shuffle).
     `run_id`: a PCollection of one element (stage 1's run id), counted as nothing: the stats' combine never
-    sees an empty input, so it needs no default, whose step is a stage of its own (about 0.1 CPU s per job
-    in worker processes). Without it the combine has its default.
+    sees an empty input, so it needs no default, whose step is a stage of its own (up to about 0.1 CPU s per
+    job in worker processes). Without it the combine has its default.
     How: docs/internals.md, "preprocess/near_duplicates/grouping.py".
     """
 
@@ -810,7 +810,7 @@ class FindNearDuplicateGroups(beam.PTransform):
                 )
             ).with_outputs("stats", main="decisions")
         )
-        # Every member and centre leaves this one step (each stage costs about 0.1 CPU s per job in worker
+        # Every member and centre leaves this one step (each stage costs up to about 0.1 CPU s per job in worker
         # processes: no Flatten of members made in two stages).
         decided = _join("Followers", grouped.decisions, collapsed.followers) | "Follow" >> beam.FlatMap(
             _follow, self._drop

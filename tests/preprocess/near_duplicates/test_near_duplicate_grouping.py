@@ -371,7 +371,7 @@ def test_stats_is_one_element_of_zeros_when_there_is_no_image(with_run_id):
 
 
 def test_no_stage_of_the_grouping_only_copies_a_flatten_and_its_stats_have_no_default_step():
-    """Each fused stage costs about 0.1 CPU s per job in worker processes (benchmarks/RESULTS.md, issue 30's
+    """Each fused stage costs up to about 0.1 CPU s per job in worker processes (benchmarks/RESULTS.md, issue 30's
     tenth pass). A Flatten whose inputs come from several stages is a stage of its own in the local runner,
     a copy: only the two joins' (a GroupByKey of several inputs) are left."""
     pipeline = beam.Pipeline()
