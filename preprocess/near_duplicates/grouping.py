@@ -460,6 +460,10 @@ class _FoldPerKey(beam.PTransform):
 _OWN = 0  # the representative's decision
 _OTHER = 1  # a follower
 
+# What `_follow` yields: a group's member, or its centre for the group's listing.
+_MEMBER = "member"
+_CENTRE = "centre"
+
 
 def _tagged(pcollection, tag, label):
     return pcollection | label >> beam.MapTuple(lambda key, value: (key, (tag, value)))
@@ -529,11 +533,12 @@ def cut_into_groups(keys, signatures, max_distance: int) -> list[tuple[int, list
     return groups
 
 
-@beam.typehints.with_output_types(GroupMember)
 class GroupComponentFn(beam.DoFn):
-    """(component, [(representative, Flood), ...]) -> GroupMembers of the representatives; tagged:
-    'decisions' (representative key, GroupDecision) for those with followers, 'listed' (group, ("centre" or
-    "distance", ...)), 'stats'. A component over `max_component_size` is left alone (read once, counted)."""
+    """(component, [(representative, Flood), ...]) -> (representative key, (GroupDecision, representative,
+    the group's centre (key, distance, flags) or None)) per grouped representative, its followers joined to
+    it next (the representative's member, the centre and the followers all leave `_follow`: one stage, where
+    three outputs met in two Flattens); tagged 'stats'. A component over `max_component_size` is left alone
+    (read once, counted)."""
 
     def __init__(self, max_distance: int, max_group_size: int, max_component_size: int, drop: bool):
         self._max_distance = max_distance
@@ -568,16 +573,12 @@ class GroupComponentFn(beam.DoFn):
         first, _ = held[members[0]]  # members are in key order
         flood = Flood.merge(held[index][1] for index in members)
         decision = decide_group(first.key, first.split, flood, self._max_group_size)
-        yield beam.pvalue.TaggedOutput(
-            "listed", (decision.group, ("centre", (held[centre][0].key, distance, decision.flags)))
-        )
         for name, value in _group_stats(decision):
             yield beam.pvalue.TaggedOutput("stats", (name, value))
-        for index in members:
-            image, image_flood = held[index]
-            if image_flood.count > 1:
-                yield beam.pvalue.TaggedOutput("decisions", (image.key, decision))
-            yield decision.member(image, self._drop)
+        listed = (held[centre][0].key, distance, decision.flags)
+        for index in members:  # the centre is one of them
+            image, _ = held[index]
+            yield image.key, (decision, image, listed if index == centre else None)
 
 
 def _group_stats(decision: GroupDecision):
@@ -594,14 +595,37 @@ def _group_stats(decision: GroupDecision):
 
 
 def _follow(element, drop: bool):
-    """(representative key, [decision, followers...]) -> the followers' GroupMembers (none without a group)."""
+    """(representative key, [(decision, representative, centre), followers...]) -> ("member", GroupMember)
+    of the representative and of each follower, and ("centre", (group, (key, distance, flags))) when the
+    representative is its group's centre; nothing without a group."""
     _, tagged = element
-    decision = next((value for tag, value in tagged if tag == _OWN), None)
-    if decision is None:
+    own = next((value for tag, value in tagged if tag == _OWN), None)
+    if own is None:
         return
+    decision, representative, centre = own
+    yield _MEMBER, decision.member(representative, drop)
+    if centre is not None:
+        yield _CENTRE, (decision.group, centre)
     for tag, image in tagged:
         if tag == _OTHER:
-            yield decision.member(image, drop)
+            yield _MEMBER, decision.member(image, drop)
+
+
+@beam.typehints.with_output_types(GroupMember)
+class GuardFn(beam.DoFn):
+    """("member", GroupMember) or ("centre", (group, centre)), and the finished stats (side input) ->
+    the member as the guard leaves it (main), and (group, ("member", member) or ("centre", centre)) on
+    'listed', for ListGroupFn: the guard and the groups' listing in one stage (no Flatten before it)."""
+
+    def process(self, item, stats):
+        kind, value = item
+        if kind == _CENTRE:
+            group, centre = value
+            yield beam.pvalue.TaggedOutput("listed", (group, ("centre", centre)))
+            return
+        member = _guarded(value, stats)
+        yield member
+        yield beam.pvalue.TaggedOutput("listed", (member.group, ("member", member)))
 
 
 class ListGroupFn(beam.CombineFn):
@@ -730,10 +754,13 @@ def _finish_stats(stats: dict, max_moved_share: float) -> dict:
     return stats
 
 
-def _member_stats(member: GroupMember):
-    """A member before the guard -> its counts: would it move (kept or not: the guard trips alike in keep
-    and drop mode), does it move (kept, to another split), is it dropped. `_finish_stats` zeroes the last two
-    when the guard withholds the changes."""
+def _member_stats(item):
+    """A `_follow` item -> a member's counts before the guard (none for a centre): would it move (kept or
+    not: the guard trips alike in keep and drop mode), does it move (kept, to another split), is it dropped.
+    `_finish_stats` zeroes the last two when the guard withholds the changes."""
+    kind, member = item
+    if kind != _MEMBER:
+        return
     moves = member.split != member.image.split
     yield "would_move", int(moves)
     yield "split_changes", int(moves and member.kept)
@@ -762,6 +789,9 @@ class FindNearDuplicateGroups(beam.PTransform):
     `max_moved_share`: when more of the images would move, none moves and none is dropped.
     `more_split_counts`: ((split, label), n) of images not grouped, added to "split_counts" (the same
     combine as the stats: one shuffle).
+    `run_id`: a PCollection of one element (stage 1's run id), counted as nothing: the stats' combine never
+    sees an empty input, so it needs no default, whose step is a stage of its own (up to about 0.1 CPU s per
+    job in worker processes). Without it the combine has its default.
     How: docs/internals.md, "preprocess/near_duplicates/grouping.py".
     """
 
@@ -778,6 +808,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         max_moved_share: float = DEFAULT_MAX_MOVED_SHARE,
         signature_bits: int = CANDIDATE_BITS,
         more_split_counts=None,
+        run_id=None,
     ):
         super().__init__()
         if max_distance < 0:
@@ -797,6 +828,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         self._max_component_size = max_component_size
         self._max_moved_share = max_moved_share
         self._more_split_counts = more_split_counts
+        self._run_id = run_id
 
     def expand(self, images):
         collapsed = (
@@ -832,13 +864,13 @@ class FindNearDuplicateGroups(beam.PTransform):
                 GroupComponentFn(
                     self._max_distance, self._max_group_size, self._max_component_size, self._drop
                 )
-            ).with_outputs("decisions", "listed", "stats", main="members")
+            ).with_outputs("stats", main="decisions")
         )
-        drop = self._drop
-        followers = _join("Followers", grouped.decisions, collapsed.followers) | "Follow" >> beam.FlatMap(
-            _follow, drop
+        # Every member and centre leaves this one step (each stage costs up to about 0.1 CPU s per job in worker
+        # processes: no Flatten of members made in two stages).
+        decided = _join("Followers", grouped.decisions, collapsed.followers) | "Follow" >> beam.FlatMap(
+            _follow, self._drop
         )
-        decided = (grouped.members, followers) | "AllMembers" >> beam.Flatten()
 
         low_information = images | "LowInformation" >> beam.FlatMap(
             lambda image: (
@@ -852,7 +884,7 @@ class FindNearDuplicateGroups(beam.PTransform):
         counts = (
             collapsed.stats,
             verified.stats,
-            components["stats"],
+            *components["stats"],
             grouped.stats,
             low_information,
             components["along"] | "NearMissHalves" >> beam.MapTuple(_near_miss_half),
@@ -865,23 +897,24 @@ class FindNearDuplicateGroups(beam.PTransform):
             counts += (
                 self._more_split_counts | "MoreSplitCounts" >> beam.Map(lambda pair: (_SPLIT_COUNTS, pair)),
             )
+        combine = beam.CombineGlobally(SumStatsFn())
+        if self._run_id is not None:
+            counts += (self._run_id | "NeverEmpty" >> beam.Map(lambda _: ("images", 0)),)
+            combine = combine.without_defaults()
         counts = counts | "AllCounts" >> beam.Flatten()
         finished = (
-            counts
-            | "Stats" >> beam.CombineGlobally(SumStatsFn())
-            | "FinishStats" >> beam.Map(_finish_stats, self._max_moved_share)
+            counts | "Stats" >> combine | "FinishStats" >> beam.Map(_finish_stats, self._max_moved_share)
         )
         stats = finished | "WithoutSplitCounts" >> beam.Map(
             lambda stats: {name: value for name, value in stats.items() if name != _SPLIT_COUNTS}
         )
         after_grouping = finished | "SplitCounts" >> beam.Map(lambda stats: stats[_SPLIT_COUNTS])
-        members = decided | "ApplyGuard" >> beam.Map(_guarded, beam.pvalue.AsSingleton(finished))
-
-        listed = (
-            members | "MemberByGroup" >> beam.Map(lambda member: (member.group, ("member", member))),
-            grouped.listed,
-        ) | "MembersAndCentres" >> beam.Flatten()
+        guarded = decided | "ApplyGuard" >> beam.ParDo(
+            GuardFn(), beam.pvalue.AsSingleton(finished)
+        ).with_outputs("listed", main="members")
         groups = (
-            listed | "ListGroups" >> _FoldPerKey(ListGroupFn()) | "ToGroups" >> beam.FlatMapTuple(_to_group)
+            guarded.listed
+            | "ListGroups" >> _FoldPerKey(ListGroupFn())
+            | "ToGroups" >> beam.FlatMapTuple(_to_group)
         )
-        return {"members": members, "groups": groups, "stats": stats, "split_counts": after_grouping}
+        return {"members": guarded.members, "groups": groups, "stats": stats, "split_counts": after_grouping}

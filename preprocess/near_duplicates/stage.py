@@ -66,6 +66,7 @@ class NearDuplicateAudit(beam.PTransform):
             max_group_size=self._max_group_size,
             max_moved_share=self._max_moved_share,
             more_split_counts=self._carried_counts,
+            run_id=self._run_id,
         )
         members = found["members"]
         overrides = members | "Overrides" >> beam.FlatMap(routing.override_of)

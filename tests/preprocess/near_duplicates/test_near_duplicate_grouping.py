@@ -15,6 +15,8 @@ import random
 
 import apache_beam as beam
 import pytest
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.worker import bundle_processor
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -361,11 +363,33 @@ def test_a_group_over_the_size_limit_is_listed_and_flagged_but_moves_no_one():
         )
 
 
-def test_stats_is_one_element_of_zeros_when_there_is_no_image():
+@pytest.mark.parametrize("with_run_id", [False, True])
+def test_stats_is_one_element_of_zeros_when_there_is_no_image(with_run_id):
+    """With the run id (stage 1's way) the stats' combine has no default: the run id's element stands in."""
     with TestPipeline() as pipeline:
-        result = pipeline | beam.Create([]) | FindNearDuplicateGroups(4)
+        run_id = pipeline | "RunId" >> beam.Create(["run"]) if with_run_id else None
+        result = pipeline | beam.Create([]) | FindNearDuplicateGroups(4, run_id=run_id)
         assert_that(result["stats"], equal_to([dict.fromkeys(STATS_KEYS, 0)]))
         assert_that(result["members"], equal_to([]), label="no members")
+
+
+def test_no_stage_of_the_grouping_only_copies_a_flatten_and_its_stats_have_no_default_step():
+    """Each fused stage costs up to about 0.1 CPU s per job in worker processes (benchmarks/RESULTS.md, issue 30's
+    tenth pass). A Flatten whose inputs come from several stages is a stage of its own in the local runner,
+    a copy: only the two joins' (a GroupByKey of several inputs) are left."""
+    pipeline = beam.Pipeline()
+    run_id = pipeline | "RunId" >> beam.Create(["run"])
+    _ = pipeline | beam.Create([]) | "Group" >> FindNearDuplicateGroups(2, run_id=run_id)
+    _, stages = fn_runner.FnApiRunner().create_stages(pipeline.to_runner_api())
+    copying = (bundle_processor.DATA_INPUT_URN, bundle_processor.DATA_OUTPUT_URN)
+    copies = sorted(
+        stage.transforms[0].unique_name
+        for stage in stages
+        if all(transform.spec.urn in copying for transform in stage.transforms)
+    )
+    assert copies == ["Group/Components/MessagesAndEntries/Read", "Group/FollowersFlatten/Read"]
+    names = [transform.unique_name for stage in stages for transform in stage.transforms]
+    assert not [name for name in names if "DoOnce" in name]
 
 
 def test_a_flood_of_one_signature_collapses_to_one_representative_and_is_one_group():
