@@ -55,7 +55,6 @@ the same pixels: a near-duplicate the audit groups.)
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -72,7 +71,7 @@ from benchmarks.measure import (
     python_module,
     run_measured,
 )
-from preprocess.config import Stage1Config
+from preprocess import options
 
 HANDWRITTEN_2 = "handwritten x2"
 HANDWRITTEN_1 = "handwritten x1"
@@ -261,16 +260,11 @@ def audit_marginal_ratios(runs: list[dict], small_runs: list[dict]) -> list[tupl
 
 
 def in_process_threshold(stage1_args) -> int:
-    """Stage 1's --in-process-below as the beam contenders run it: the last one in `stage1_args`, else its
-    default (a corpus of fewer inputs runs in one process, at or above it in worker processes; 0: workers)."""
-    threshold = {field.name: field.default for field in dataclasses.fields(Stage1Config)}["in_process_below"]
-    words = list(stage1_args)
-    for index, word in enumerate(words):
-        if word == "--in-process-below" and index + 1 < len(words):
-            threshold = int(words[index + 1])
-        elif word.startswith("--in-process-below="):
-            threshold = int(word.split("=", 1)[1])
-    return threshold
+    """Stage 1's --in-process-below as the beam contenders run it, read by stage 1's own parser from
+    `stage1_args` (else its default): a corpus of fewer inputs runs in one process, at or above it in worker
+    processes; 0: workers."""
+    known, _ = options.build_parser().parse_known_args(["--input", "-", "--output", "-", *stage1_args])
+    return known.in_process_below
 
 
 def small_corpus_args(whole_images: int, stage1_args) -> tuple:
