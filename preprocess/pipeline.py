@@ -13,6 +13,7 @@ from dataset_contract import features
 from dataset_contract import manifest as manifest_lib
 from preprocess import decode, filesystem, inputs, launch, publish, reuse, write
 from preprocess.config import NEAR_DUPLICATES_DROP, NEAR_DUPLICATES_OFF
+from preprocess.launch.beam_signatures import remember_signatures
 from preprocess.near_duplicates import NearDuplicateAudit, published_shards
 from preprocess.transform import (
     ToRecordBatches,
@@ -21,6 +22,10 @@ from preprocess.transform import (
     tensor_adapter_config,
 )
 from preprocess.write import NEAR_DUPLICATES
+
+# Building this graph, and running it in this process, asks Beam for the same functions' parameters thousands
+# of times (launch/beam_signatures.py).
+remember_signatures()
 
 # Per-record framing and metadata features around the image payload (sha256,
 # uri, class name, proto overhead): used only to size shard files.

@@ -22,10 +22,13 @@ from apache_beam.runners.worker import sdk_worker_main  # noqa: E402
 
 from dataset_contract import native_logs  # noqa: E402
 from preprocess.launch import logs  # noqa: E402
+from preprocess.launch.beam_signatures import remember_signatures  # noqa: E402
 from preprocess.launch.process_exit import exit_without_teardown  # noqa: E402
 
 
 def main() -> None:
+    # Each stage this worker runs builds its DoFns anew, asking Beam for their parameters (beam_signatures.py).
+    remember_signatures()
     logs.configure_worker(os.environ.get("PIPELINE_OPTIONS"))
     logs.quiet_worker_stderr()
     code = 0
