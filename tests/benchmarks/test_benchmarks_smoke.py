@@ -139,9 +139,11 @@ def test_training_recipe_runs_at_tiny_size(cache, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_train_throughput_prints_both_rates_their_ratio_and_the_verdict(cache, capsys):
-    report = train_throughput.main(["--tiny", "--cache", cache])
+    # One model: the script runs the same steps for each, and ResNet-50's compiled step, the heavier half of
+    # this test's time, is held by tests/train/model/test_models.py.
+    report = train_throughput.main(["--tiny", "--cache", cache, "--models", "mobilenetv3small"])
     out = capsys.readouterr().out
-    assert set(report["results"]) == set(train_throughput.MODELS)
+    assert set(report["results"]) == {"mobilenetv3small"}
     for model, result in report["results"].items():
         rates = result["images_per_second"]
         assert set(rates) == {train_throughput.ON_DEVICE, train_throughput.REAL_INPUT}
