@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import (
     accuracy_parity,
+    beam_signatures,
     corpus,
     handwritten_stage1,
     hot_key,
@@ -83,6 +84,15 @@ def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_beam_signatures_runs_both_ways_once(cache, capsys):
+    report = beam_signatures.main(["--cache", cache, "--repeats", "1"])
+    runs = report["cpu_seconds"]
+    assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in runs.values()) and len(runs) == 2
+    assert len(report["ratios"]) == 1
+    assert "remembered / Beam's own" in capsys.readouterr().out
+
+
 def test_input_pipeline_runs_at_tiny_size(cache, capsys):
     report = input_pipeline.main(["--tiny", "--cache", cache, "--encodings", "bfloat16"])
     figures = report["results"]["bfloat16"]["images_per_second"]
