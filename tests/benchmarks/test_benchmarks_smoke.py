@@ -13,6 +13,7 @@ from benchmarks import (
     hot_key,
     input_pipeline,
     listing_memory,
+    near_duplicate_audit_per_image,
     serving_memory,
     stage1_memory,
     stage1_vs_handwritten,
@@ -84,13 +85,21 @@ def test_stage1_memory_runs_at_tiny_size(cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_beam_signatures_runs_both_ways_once(cache, capsys):
     report = beam_signatures.main(["--cache", cache, "--repeats", "1"])
     runs = report["cpu_seconds"]
     assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in runs.values()) and len(runs) == 2
     assert len(report["ratios"]) == 1
     assert "remembered / Beam's own" in capsys.readouterr().out
+
+
+def test_near_duplicate_audit_per_image_runs_each_way_once(cache, capsys):
+    report = near_duplicate_audit_per_image.main(["--tiny", "--cache", cache])
+    runs = report["ms_per_image"]
+    assert set(runs) == set(near_duplicate_audit_per_image.VARIANTS)
+    assert all(len(values) == 1 and values[0] > 0 for values in runs.values())
+    assert len(report["ratios"]) == 1
+    assert "decode step with the audit's parts / without" in capsys.readouterr().out
 
 
 def test_input_pipeline_runs_at_tiny_size(cache, capsys):
