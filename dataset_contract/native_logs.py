@@ -3,6 +3,7 @@
 import contextlib
 import os
 import re
+import select
 import subprocess
 import sys
 
@@ -26,11 +27,12 @@ def is_native_noise(line: str) -> bool:
 # driver fatal error during `import tensorflow`) kills this process at once, threads included, but the
 # filter reads on to the end of the pipe, so the fatal lines reach the log as they were written.
 _FILTER_PROGRAM = """
-import re, signal, sys
+import os, re, signal, sys
 for name in ("SIGINT", "SIGHUP", "SIGTERM"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)  # it ends when the pipe does, after the last line
 noise = re.compile(sys.argv[1].encode())
 out = sys.stdout.buffer
+os.close(int(sys.argv[2]))  # ready: about to read
 for line in sys.stdin.buffer:
     if not noise.match(line):
         out.write(line)
@@ -38,6 +40,10 @@ for line in sys.stdin.buffer:
 """
 # How long the end of the block waits for the filter to pass on the last lines.
 _FILTER_DRAIN_SECONDS = 10.0
+# How long the start waits for the filter to be reading: a native abort at once (the import's first lines)
+# then finds it running, and its fatal line reaches the log while the process dies, not after whoever
+# watches that process (train.tools.supervisor) has logged its death and exited.
+_FILTER_START_SECONDS = 10.0
 
 
 @contextlib.contextmanager
@@ -49,17 +55,30 @@ def filtered_native_stderr(enabled: bool = True):
         return
     sys.stderr.flush()
     saved = os.dup(2)
+    ready_read, ready_write = os.pipe()  # the filter closes its end once it reads (or dies): EOF here
     try:
         filter_process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _FILTER_PROGRAM, NATIVE_NOISE.pattern],
+            [sys.executable, "-I", "-S", "-c", _FILTER_PROGRAM, NATIVE_NOISE.pattern, str(ready_write)],
             stdin=subprocess.PIPE,
             stdout=saved,
             stderr=saved,
+            pass_fds=(ready_write,),
         )
     except OSError:
+        filter_process = None
+    finally:
+        os.close(ready_write)
+    if filter_process is None:
+        os.close(ready_read)
         os.close(saved)
         yield  # no filter to be had: the noise stays, nothing is lost
         return
+    try:
+        ready = select.poll()  # not select.select: a process with many files open has descriptors over 1023
+        ready.register(ready_read, select.POLLIN)
+        ready.poll(_FILTER_START_SECONDS * 1000)
+    finally:
+        os.close(ready_read)
     os.dup2(filter_process.stdin.fileno(), 2)
     filter_process.stdin.close()  # fd 2 is now the pipe's only write end here
     try:
