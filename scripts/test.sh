@@ -4,6 +4,8 @@
 # Python of Cloud TPU VMs; between them the JAX leg (scripts/test_jax.sh): the trainer's tests marked `jax`
 # again on Keras' JAX backend. Extra arguments go to the main suite's pytest, e.g.
 # `bash scripts/test.sh -m "not slow"`; SKIP_PY310=1 skips the 3.10 leg, SKIP_JAX=1 the JAX leg.
+# The main suite runs in TEST_WORKERS (default 2) pytest-xdist worker processes, a test file to a worker
+# (`--dist loadfile`: a file's module fixtures are built once); TEST_WORKERS=0 runs it in this process.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 # The HTML report's test (tests/preprocess/inspect/test_report.py) opens the page in a real headless Chromium:
@@ -22,7 +24,9 @@ fi
 ruff check .
 ruff format --check .
 status=0
-python -m pytest "$@" || status=$?
+# Most tests wait on subprocesses (stage 1 jobs, trainers, installs) for much of their time: two workers
+# take the main suite from 57 to 30 minutes on a 2-core machine (docs/development.md).
+python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
 jax_status=0
 bash scripts/test_jax.sh -v --durations=15 || jax_status=$?
 py310_status=0
