@@ -24,8 +24,8 @@ fi
 ruff check .
 ruff format --check .
 status=0
-# Most tests wait on subprocesses (stage 1 jobs, trainers, installs) for much of their time: two workers
-# take the main suite from 57 to 30 minutes on a 2-core machine (docs/development.md).
+# Two workers on two cores: most tests spend much of their time waiting on the processes they start
+# (figures: docs/development.md).
 python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
 jax_status=0
 bash scripts/test_jax.sh -v --durations=15 || jax_status=$?

@@ -1,8 +1,9 @@
 """Shared pytest fixtures.
 
-GCS: ``gcs_emulator`` (one emulator per test session: per pytest-xdist worker), ``gcs_dir`` (a fresh gs:// directory in it per
-test) and ``gcs_read_faults`` (a forwarder in front of the emulator that fails object reads on demand). How
-the emulator is reached by google-cloud-storage, Beam and TensorFlow: tests/gcs_emulator.py.
+GCS: ``gcs_emulator`` (one emulator per test session, so per pytest-xdist worker), ``gcs_dir`` (a fresh
+gs:// directory in it per test) and ``gcs_read_faults`` (a forwarder in front of the emulator that fails
+object reads on demand). How the emulator is reached by google-cloud-storage, Beam and TensorFlow:
+tests/gcs_emulator.py.
 
 ``fast_gcs_backoff`` and ``short_gcs_retries``: google-api-core's GCS retries in this process, with
 shorter waits or a shorter deadline.
