@@ -3,13 +3,16 @@
     python -m benchmarks.near_duplicate_audit_per_image --num-images 600 --repeats 4
     python -m benchmarks.near_duplicate_audit_per_image --corpus /tmp/i30cost/cache/photos-pool-3200-c4-s0-mp1-3 --repeats 5
 
-Runs stage 1's decode step (DecodeImagesFn: read, decode, orient, resize) over the same photos three ways,
-in turns: without the audit; with the source signature (`signatures=True`); and with the signature, the
-spill of each decoded example to Arrow part files and the routing's read-back of every part (SpillDecodedFn,
-read_part). The clock is `time.thread_time`: what other processes take of the core is not counted, and a
-job's start-up is not in it, so the per-image figure holds on a loaded machine where a whole job's margin
-(`benchmarks.stage1_vs_handwritten --near-duplicate-audit`) moves by more than the audit costs. The grouping's
-own CPU per image is `benchmarks.near_duplicate_grouping_cpu`; a whole job's, the benchmark above.
+Runs stage 1's decode step (DecodeImagesFn: read, decode, orient, resize) over the same photos three ways:
+without the audit; with the source signature (`signatures=True`); and with the signature, the spill of each
+decoded example to Arrow part files and the routing's read-back of every part (SpillDecodedFn, read_part).
+The three take each image in turn, the first of them rotating from image to image: passes of whole variants
+in turns moved by 10-15% with the machine's speed, more than the audit costs (benchmarks/RESULTS.md, issue
+30's thirteenth pass). The clock is `time.thread_time`: what other processes take of the core is not
+counted, and a job's start-up is not in it, so the per-image figure holds on a loaded machine where a whole
+job's margin (`benchmarks.stage1_vs_handwritten --near-duplicate-audit`) moves by more than the audit costs.
+The grouping's own CPU per image is `benchmarks.near_duplicate_grouping_cpu`; a whole job's, the benchmark
+above.
 """
 
 import argparse
@@ -26,31 +29,46 @@ SPILL = "decode + signature + spill + read-back"
 VARIANTS = (DECODE, SIGNATURE, SPILL)
 
 
-def decode_step_ms_per_image(variant: str, inputs: list, image_size: int, workdir: str) -> float:
-    """Thread CPU ms per image of the decode step (and the audit's per-image parts) over `inputs`."""
+def decode_step_ms_per_image(inputs: list, image_size: int, workdir: str, first: int = 0) -> dict:
+    """{variant: thread CPU ms per image of the decode step (and the audit's per-image parts)} over `inputs`.
+
+    The variants take each image in turn, the first of them rotating from one image to the next (from
+    `first`), so that a drift of the machine's speed over the pass, or a cache warmed by the variant before,
+    weighs on each variant alike: the differences between variants are measured far below the spread of
+    whole passes. The spill's read-back of every part comes last and is the spill variant's."""
     from preprocess.decode.stage import DecodeImagesFn  # noqa: PLC0415 - after argument parsing
     from preprocess.near_duplicates.routing import SpillDecodedFn, read_part  # noqa: PLC0415
 
-    decode = DecodeImagesFn(image_size, "crop", 1 << 40, signatures=variant != DECODE)
-    spill = SpillDecodedFn(workdir) if variant == SPILL else None
-    decode.start_bundle()
-    if spill is not None:
-        spill.start_bundle()
+    decoders = {
+        variant: DecodeImagesFn(image_size, "crop", 1 << 40, signatures=variant != DECODE)
+        for variant in VARIANTS
+    }
+    spill = SpillDecodedFn(workdir)
+    for decoder in decoders.values():
+        decoder.start_bundle()
+    spill.start_bundle()
+    seconds = dict.fromkeys(VARIANTS, 0.0)
     parts = []
+    for index, item in enumerate(inputs):
+        turn = (first + index) % len(VARIANTS)
+        for variant in VARIANTS[turn:] + VARIANTS[:turn]:
+            start = time.thread_time()
+            for example in decoders[variant].process(item, None):
+                if variant == SPILL:
+                    # The main output (a SignedImage) is what grouping takes; a part's path comes tagged.
+                    parts += [
+                        output.value for output in spill.process(example, "run") if hasattr(output, "tag")
+                    ]
+            seconds[variant] += time.thread_time() - start
     start = time.thread_time()
-    for item in inputs:
-        for example in decode.process(item, None):
-            if spill is not None:
-                # The main output (a SignedImage) is what grouping takes; a part's path comes tagged.
-                parts += [output.value for output in spill.process(example, "run") if hasattr(output, "tag")]
-    if spill is not None:
-        parts += [output.value.value for output in spill.finish_bundle()]
-        for path in parts:
-            for _ in read_part(path):
-                pass
-    seconds = time.thread_time() - start
-    decode.finish_bundle()
-    return seconds / len(inputs) * 1000
+    parts += [output.value.value for output in spill.finish_bundle()]
+    for path in parts:
+        for _ in read_part(path):
+            pass
+    seconds[SPILL] += time.thread_time() - start
+    for decoder in decoders.values():
+        decoder.finish_bundle()
+    return {variant: value / len(inputs) * 1000 for variant, value in seconds.items()}
 
 
 def main(argv=None) -> dict:
@@ -85,18 +103,16 @@ def main(argv=None) -> dict:
     print(machine_line())
     print(
         f"corpus: {corpus}: {len(inputs)} photos at {args.image_size} px, one thread, "
-        f"{args.repeats} repetitions, the variants in turns"
+        f"{args.repeats} repetitions, the variants in turns on each image"
     )
     runs = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as workdir:
         for repeat in range(args.repeats):
-            order = VARIANTS if repeat % 2 == 0 else VARIANTS[::-1]
-            for variant in order:
-                runs[variant].append(
-                    decode_step_ms_per_image(
-                        variant, inputs, args.image_size, os.path.join(workdir, str(repeat))
-                    )
-                )
+            measured = decode_step_ms_per_image(
+                inputs, args.image_size, os.path.join(workdir, str(repeat)), first=repeat
+            )
+            for variant in VARIANTS:
+                runs[variant].append(measured[variant])
             print(
                 f"  repeat {repeat}: thread CPU ms per image, "
                 + ", ".join(f"{variant} {runs[variant][-1]:.3f}" for variant in VARIANTS),
